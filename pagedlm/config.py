@@ -113,7 +113,7 @@ def build_model_config(model: str | None, load_format: str, dtype: str | torch.d
                        skip_tokenizer_init: bool, tokenizer: str | None = None) -> ModelConfig:
     model = model or default_model_path()
     hf = load_hf_config(model)
-    arch = (getattr(hf, "architectures", None) or ["?"])[0]
+    arch = _architecture(hf)
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(f"model: architecture {arch!r} is not supported; supported: "
                          f"{', '.join(SUPPORTED_ARCHITECTURES)}")
@@ -141,6 +141,17 @@ def build_model_config(model: str | None, load_format: str, dtype: str | torch.d
         eos_token_ids=_eos_token_ids(hf, model),
         tokenizer=None if skip_tokenizer_init else (tokenizer or model),
     )
+
+
+def _architecture(hf: Any) -> str:
+    """configs read from GGUF carry only model_type."""
+    archs = getattr(hf, "architectures", None)
+    if archs:
+        return archs[0]
+    by_type = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+               "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+    model_type = getattr(hf, "model_type", "?")
+    return by_type.get(model_type, model_type)
 
 
 def _resolve_load_format(model: str, load_format: str) -> str:
