@@ -1,1 +1,9 @@
 """pagedlm: a high-throughput LLM inference engine."""
+from __future__ import annotations
+
+from pagedlm.config import EngineArgs
+from pagedlm.llm import LLM
+from pagedlm.outputs import CompletionOutput, RequestOutput
+from pagedlm.sampling_params import SamplingParams
+
+__all__ = ["LLM", "SamplingParams", "EngineArgs", "RequestOutput", "CompletionOutput"]

@@ -1,0 +1,65 @@
+"""The Triton attention backend: KV write, then one varlen paged kernel or, for small decode-only
+batches with long contexts, the flash-decoding split path. Every choice is made from host ints."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from pagedlm.attention.backend import AttentionMetadata
+from pagedlm.attention.triton_decode import DEFAULT_NUM_SMS, choose_num_splits, split_decode_attention
+from pagedlm.attention.triton_kv_write import kv_write
+from pagedlm.attention.triton_paged import varlen_attention
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return DEFAULT_NUM_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+class TritonAttentionBackend:
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, num_heads, head_dim]
+        k: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        meta: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None,
+    ) -> torch.Tensor:  # [T, num_heads, head_dim]; padding rows (past query_start_loc[B]) unwritten
+        """Write this step's k/v into the cache at slot_mapping, then attend."""
+        _check_attention(q, kv_cache, meta, sliding_window)
+        kv_write(k, v, kv_cache, meta.slot_mapping)
+        if meta.num_seqs == 0:
+            return torch.empty_like(q)
+        num_splits = 1
+        if meta.max_query_len == 1:
+            num_splits = choose_num_splits(meta.num_seqs, kv_cache.shape[3], meta.max_seq_len, _num_sms(q.device))
+        if num_splits > 1:
+            return split_decode_attention(q, kv_cache, meta, scale, sliding_window, num_splits)
+        return varlen_attention(q, kv_cache, meta, scale, sliding_window)
+
+
+def _check_attention(
+    q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, sliding_window: int | None
+) -> None:
+    if q.dim() != 3 or q.stride(2) != 1:
+        raise ValueError(f"q must be [T, num_heads, head_dim] with stride 1 in head_dim; got {tuple(q.shape)}")
+    num_heads, num_kv_heads = q.shape[1], kv_cache.shape[3]
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    if q.dtype != kv_cache.dtype or q.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"q and kv_cache must share one dtype of {SUPPORTED_DTYPES}; got {q.dtype}, {kv_cache.dtype}")
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be None or >= 1; got {sliding_window}")
+    if meta.query_start_loc.shape != (meta.num_seqs + 1,) or meta.seq_lens.shape != (meta.num_seqs,):
+        raise ValueError(f"query_start_loc must be [{meta.num_seqs + 1}] and seq_lens [{meta.num_seqs}]; "
+                         f"got {tuple(meta.query_start_loc.shape)}, {tuple(meta.seq_lens.shape)}")
+    if meta.block_table.dim() != 2 or meta.block_table.shape[0] < meta.num_seqs:
+        raise ValueError(f"block_table must be [>= {meta.num_seqs}, max_blocks_per_seq]; "
+                         f"got {tuple(meta.block_table.shape)}")

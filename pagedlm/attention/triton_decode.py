@@ -1,0 +1,136 @@
+"""Flash-decoding: a decode-only batch (every query_len <= 1) with long contexts split across programs.
+
+Too few (sequence, KV head) pairs leave most of the GPU idle when each pair is one program, so each
+sequence's visible keys are cut into num_splits contiguous chunks: one program per
+(sequence, KV head, split) writes an unnormalised partial output with its running max and sum, and a
+reduce kernel merges the splits. num_splits comes from host-known shapes only.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from pagedlm.attention.backend import AttentionMetadata
+from pagedlm.attention.triton_paged import LOG2_E, attend_keys, cache_strides, kernel_constexprs
+
+DEFAULT_NUM_SMS = 132  # H100/H200; used where no CUDA device can be asked
+MIN_KEYS_PER_SPLIT = 256
+MAX_SPLITS = 32
+
+
+@triton.jit(do_not_specialize=["window", "num_splits"])
+def decode_split_kernel(
+    part_out_ptr,  # [B, num_heads, num_splits, HEAD_DIM] fp32, unnormalised
+    part_max_ptr, part_sum_ptr,  # [B, num_heads, num_splits] fp32 (max in the log2 domain)
+    q_ptr,  # [T, num_heads, HEAD_DIM]
+    k_cache_ptr, v_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
+    block_table_ptr, query_start_loc_ptr, seq_lens_ptr,
+    qk_scale, window, num_splits,
+    stride_q_t, stride_q_h, stride_bt,
+    stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """One program: one split of one sequence's keys x the GROUP query heads of one KV head."""
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    q_token = tl.load(query_start_loc_ptr + seq)
+    if tl.load(query_start_loc_ptr + seq + 1) == q_token:  # no query this step (padding sequence)
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    first_key = 0
+    if USE_WINDOW:
+        first_key = tl.maximum(seq_len - window, 0)
+    chunk = tl.cdiv(tl.cdiv(seq_len - first_key, num_splits), BLOCK_N) * BLOCK_N
+    kv_lo = first_key + split * chunk
+    kv_hi = tl.minimum(kv_lo + chunk, seq_len)  # kv_lo >= kv_hi: empty split, max -inf, sum 0
+
+    rows = tl.arange(0, BLOCK_M)
+    heads = kv_head * GROUP + rows  # [BLOCK_M]
+    row_ok = rows < GROUP
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_offs = q_token.to(tl.int64) * stride_q_t + heads[:, None] * stride_q_h + offs_d[None, :]
+    q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0).to(k_cache_ptr.dtype.element_ty)
+    q_pos = tl.full([BLOCK_M], 0, tl.int32) + seq_len - 1
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc, m_i, l_i = attend_keys(
+        acc, m_i, l_i, q, q_pos, kv_lo, kv_hi, k_cache_ptr, v_cache_ptr,
+        block_table_ptr + seq.to(tl.int64) * stride_bt, kv_head, window, qk_scale,
+        stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
+        HEAD_DIM, BLOCK_N, BLOCK_SIZE, USE_WINDOW, DOT_PRECISION,
+    )
+    part_rows = ((seq * tl.num_programs(1) * GROUP + heads) * num_splits + split).to(tl.int64)  # [BLOCK_M]
+    tl.store(part_out_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None])
+    tl.store(part_max_ptr + part_rows, m_i, mask=row_ok)
+    tl.store(part_sum_ptr + part_rows, l_i, mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+def decode_reduce_kernel(
+    out_ptr,  # [T, num_heads, HEAD_DIM]
+    part_out_ptr, part_max_ptr, part_sum_ptr,  # as written by decode_split_kernel
+    query_start_loc_ptr, num_splits, stride_o_t, stride_o_h,
+    HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
+):
+    """One program per (sequence, query head): merge the splits' partial softmax states."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    q_token = tl.load(query_start_loc_ptr + seq)
+    if tl.load(query_start_loc_ptr + seq + 1) == q_token:
+        return
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, HEAD_DIM)
+    split_ok = offs_s < num_splits
+    part_rows = (seq * tl.num_programs(1) + head).to(tl.int64) * num_splits + offs_s  # [SPLITS_PAD]
+    maxes = tl.load(part_max_ptr + part_rows, mask=split_ok, other=float("-inf"))
+    sums = tl.load(part_sum_ptr + part_rows, mask=split_ok, other=0.0)
+    acc = tl.load(part_out_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :], mask=split_ok[:, None], other=0.0)
+    weights = tl.exp2(maxes - tl.max(maxes, 0))  # [SPLITS_PAD]; empty splits (max -inf) weigh 0
+    out = tl.sum(acc * weights[:, None], 0) / tl.sum(sums * weights, 0)  # [HEAD_DIM]
+    o_offs = q_token.to(tl.int64) * stride_o_t + head * stride_o_h + offs_d
+    tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty))
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int = DEFAULT_NUM_SMS) -> int:
+    """Splits per sequence for a decode-only batch: enough programs for ~2 waves over the SMs,
+    each split at least MIN_KEYS_PER_SPLIT keys, at most MAX_SPLITS; 1 means: don't split."""
+    num_programs = num_seqs * num_kv_heads
+    if num_programs >= num_sms:
+        return 1
+    by_occupancy = triton.cdiv(2 * num_sms, num_programs)
+    by_length = triton.cdiv(max_seq_len, MIN_KEYS_PER_SPLIT)
+    return max(1, min(by_occupancy, by_length, MAX_SPLITS))
+
+
+def split_decode_attention(
+    q: torch.Tensor,  # [T, num_heads, head_dim]; sequence b's query (if any) at row query_start_loc[b]
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None,
+    num_splits: int,
+    out: torch.Tensor | None = None,  # [T, num_heads, head_dim], like q; allocated when None
+) -> torch.Tensor:  # [T, num_heads, head_dim]; rows of no sequence's query are left unwritten
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = kv_cache.shape[3]
+    out = torch.empty_like(q) if out is None else out
+    part_out = torch.empty(meta.num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+    part_max = torch.empty(meta.num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    part_sum = torch.empty_like(part_max)
+    constexprs = kernel_constexprs(q, kv_cache, sliding_window)
+    decode_split_kernel[(meta.num_seqs, num_kv_heads, num_splits)](
+        part_out, part_max, part_sum, q, kv_cache[0], kv_cache[1],
+        meta.block_table, meta.query_start_loc, meta.seq_lens, scale * LOG2_E, sliding_window or 0, num_splits,
+        q.stride(0), q.stride(1), meta.block_table.stride(0), *cache_strides(kv_cache),
+        BLOCK_M=max(16, triton.next_power_of_2(constexprs["GROUP"])), **constexprs, num_warps=4,
+    )
+    decode_reduce_kernel[(meta.num_seqs, num_heads)](
+        out, part_out, part_max, part_sum, meta.query_start_loc, num_splits, out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4,
+    )
+    return out

@@ -1,0 +1,181 @@
+"""Triton varlen paged attention: one kernel for a ragged batch of prefill chunks and decodes.
+
+Each query token attends causally to its own sequence's cached keys, found through the block
+table (this step's K/V are already in the cache). Query heads sharing a KV head are processed
+together, so every K/V tile is loaded once per group: a tile row is (query token, head in group).
+Scores and the online softmax run in fp32, in the log2 domain (exp2 with scale * log2(e)).
+
+Program mapping (no host sync): the grid is (cdiv(T, BLOCK_Q) + num_seqs, num_kv_heads). Sequence b
+owns the tile indices [qsl[b] // BLOCK_Q + b, qsl[b+1] // BLOCK_Q + b + 1), which covers its
+cdiv(query_len, BLOCK_Q) tiles; each program finds its sequence by a binary search of
+query_start_loc and exits early if its tile is past the sequence's queries. Unlike a
+num_seqs x cdiv(max_query_len, BLOCK_Q) grid, this launches ~T / BLOCK_Q programs for a mixed batch
+with one long prefill, and the grid depends only on (T, num_seqs), which CUDA graphs keep fixed.
+
+Decode-only batches too small to fill the GPU take the flash-decoding path in triton_decode.py.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from pagedlm.attention.backend import AttentionMetadata
+from pagedlm.ops.triton_compat import patch_interpreter
+
+patch_interpreter()
+LOG2_E = 1.4426950408889634
+
+
+@triton.jit
+def attend_keys(
+    acc, m_i, l_i,  # [BLOCK_M, HEAD_DIM], [BLOCK_M], [BLOCK_M] fp32 running state
+    q,  # [BLOCK_M, HEAD_DIM], cache dtype
+    q_pos,  # [BLOCK_M] position of each row's query token
+    kv_lo, kv_hi,  # key positions [kv_lo, kv_hi) to visit; all < seq_len, so all written
+    k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head, window, qk_scale,
+    stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Online softmax over the keys j in [kv_lo, kv_hi) with j <= q_pos (and q_pos - j < window)."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    for start in range(kv_lo, kv_hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
+        in_range = offs_n < kv_hi
+        block_ids = tl.load(block_table_row_ptr + offs_n // BLOCK_SIZE, mask=in_range, other=0).to(tl.int64)
+        slots = offs_n % BLOCK_SIZE
+        k_offs = block_ids * stride_kc_blk + slots * stride_kc_slot + kv_head * stride_kc_h  # [BLOCK_N]
+        v_offs = block_ids * stride_vc_blk + slots * stride_vc_slot + kv_head * stride_vc_h  # [BLOCK_N]
+        k = tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=in_range[None, :], other=0.0)
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+        visible = in_range[None, :] & (offs_n[None, :] <= q_pos[:, None])
+        if USE_WINDOW:
+            visible = visible & (q_pos[:, None] - offs_n[None, :] < window)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)  # rows that have seen no key yet
+        p = tl.exp2(s - m_ref[:, None])  # [BLOCK_M, BLOCK_N]
+        alpha = tl.exp2(m_i - m_ref)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :], mask=in_range[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def find_seq(query_start_loc_ptr, num_seqs, tile, BLOCK_Q: tl.constexpr):
+    """The largest b < num_seqs with qsl[b] // BLOCK_Q + b <= tile (strictly increasing in b)."""
+    lo = tl.program_id(0) * 0
+    hi = lo + num_seqs - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        first_tile = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if first_tile <= tile:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@triton.jit(do_not_specialize=["num_seqs", "window"])
+def paged_attention_kernel(
+    out_ptr,  # [T, num_heads, HEAD_DIM]
+    q_ptr,  # [T, num_heads, HEAD_DIM]
+    k_cache_ptr, v_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
+    block_table_ptr,  # [B, max_blocks_per_seq] int32
+    query_start_loc_ptr,  # [B + 1] int32
+    seq_lens_ptr,  # [B] int32
+    num_seqs, qk_scale, window,
+    stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt,
+    stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """One program: BLOCK_Q query tokens of one sequence x the GROUP query heads of one KV head."""
+    BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_PAD
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = find_seq(query_start_loc_ptr, num_seqs, tile, BLOCK_Q)
+    q_seq_start = tl.load(query_start_loc_ptr + seq)
+    q_seq_end = tl.load(query_start_loc_ptr + seq + 1)
+    q_first = q_seq_start + (tile - q_seq_start // BLOCK_Q - seq) * BLOCK_Q
+    if q_first >= q_seq_end:
+        return
+    first_pos = tl.load(seq_lens_ptr + seq) - (q_seq_end - q_seq_start)  # position of token q_seq_start
+
+    rows = tl.arange(0, BLOCK_M)
+    tokens = q_first + rows // GROUP_PAD  # [BLOCK_M]
+    heads = kv_head * GROUP + rows % GROUP_PAD  # [BLOCK_M]
+    row_ok = (tokens < q_seq_end) & (rows % GROUP_PAD < GROUP)
+    q_pos = first_pos + tokens - q_seq_start  # [BLOCK_M]
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_offs = tokens.to(tl.int64)[:, None] * stride_q_t + heads[:, None] * stride_q_h + offs_d[None, :]
+    q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0).to(k_cache_ptr.dtype.element_ty)
+
+    kv_hi = first_pos + tl.minimum(q_first + BLOCK_Q, q_seq_end) - q_seq_start  # last query position + 1
+    kv_lo = 0
+    if USE_WINDOW:
+        kv_lo = tl.maximum(first_pos + q_first - q_seq_start - window + 1, 0)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc, m_i, l_i = attend_keys(
+        acc, m_i, l_i, q, q_pos, kv_lo, kv_hi, k_cache_ptr, v_cache_ptr,
+        block_table_ptr + seq.to(tl.int64) * stride_bt, kv_head, window, qk_scale,
+        stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
+        HEAD_DIM, BLOCK_N, BLOCK_SIZE, USE_WINDOW, DOT_PRECISION,
+    )
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    o_offs = tokens.to(tl.int64)[:, None] * stride_o_t + heads[:, None] * stride_o_h + offs_d[None, :]
+    tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+def kernel_constexprs(
+    q: torch.Tensor,  # [T, num_heads, head_dim]
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+    sliding_window: int | None,
+) -> dict:
+    """The compile-time parameters shared by the varlen and the split-decode kernels."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    group = num_heads // kv_cache.shape[3]
+    return dict(
+        GROUP=group, HEAD_DIM=head_dim,
+        BLOCK_N=32 if head_dim > 128 else 64, BLOCK_SIZE=kv_cache.shape[2],
+        USE_WINDOW=sliding_window is not None,
+        DOT_PRECISION="ieee" if kv_cache.dtype == torch.float32 else "tf32",
+    )
+
+
+def varlen_block_m(max_query_len: int, group_pad: int) -> int:
+    """Rows per tile: 16 when every sequence's queries fit a small tile (decode), else 64."""
+    return max(group_pad, 16 if max_query_len * group_pad <= 16 else 64)
+
+
+def cache_strides(kv_cache: torch.Tensor) -> tuple[int, ...]:
+    """(block, slot, head) strides of the key half, then of the value half."""
+    return tuple(kv_cache[0].stride()[:3]) + tuple(kv_cache[1].stride()[:3])
+
+
+def varlen_attention(
+    q: torch.Tensor,  # [T, num_heads, head_dim]
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None,
+    out: torch.Tensor | None = None,  # [T, num_heads, head_dim], like q; allocated when None
+) -> torch.Tensor:  # [T, num_heads, head_dim]; rows past query_start_loc[num_seqs] are left unwritten
+    out = torch.empty_like(q) if out is None else out
+    constexprs = kernel_constexprs(q, kv_cache, sliding_window)
+    group_pad = triton.next_power_of_2(constexprs["GROUP"])
+    block_m = varlen_block_m(meta.max_query_len, group_pad)
+    grid = (triton.cdiv(q.shape[0], block_m // group_pad) + meta.num_seqs, kv_cache.shape[3])
+    paged_attention_kernel[grid](
+        out, q, kv_cache[0], kv_cache[1], meta.block_table, meta.query_start_loc, meta.seq_lens,
+        meta.num_seqs, scale * LOG2_E, sliding_window or 0,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), meta.block_table.stride(0),
+        *cache_strides(kv_cache), GROUP_PAD=group_pad, BLOCK_M=block_m, **constexprs, num_warps=4,
+    )
+    return out

@@ -1,0 +1,146 @@
+"""The `pagedlm` command: generate | chat | bench throughput."""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import MISSING, fields
+from typing import Any
+
+from pagedlm.config import EngineArgs
+
+_ENGINE_HELP = {
+    "model": "a Hugging Face model folder or a .gguf file (default: SmolLM2-135M-Instruct GGUF)",
+    "tokenizer": "where the tokenizer lives (default: the model)",
+    "dtype": "auto | float32 | bfloat16 | float16",
+    "load_format": "auto | safetensors | gguf | dummy (random weights)",
+    "max_model_len": "longest sequence, prompt plus output (default: the model's)",
+    "max_num_seqs": "most requests in one batch",
+    "max_num_batched_tokens": "most tokens in one step (prefill chunks share it)",
+    "block_size": "tokens per KV-cache block",
+    "enable_prefix_caching": "reuse the KV cache of shared prompt prefixes",
+    "gpu_memory_utilization": "share of GPU memory the engine may use",
+    "num_gpu_blocks_override": "number of KV-cache blocks (skips memory profiling)",
+    "kv_cache_memory_gib": "KV-cache size in GiB",
+    "skip_tokenizer_init": "no tokenizer: prompts must be token ids",
+    "seed": "random seed (generate and chat also seed each request with it)",
+    "scheduling_policy": "fcfs | priority",
+    "async_scheduling": "plan step N+1 while step N runs (default: on for GPUs)",
+    "enforce_eager": "no CUDA graphs",
+    "attention_backend": "auto | torch | triton",
+    "device": "auto | cpu | cuda",
+}
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """One flag per EngineArgs field (`max_num_seqs` → `--max-num-seqs`; booleans get
+    `--x/--no-x`), defaults taken from the dataclass."""
+    group = parser.add_argument_group("engine")
+    for f in fields(EngineArgs):
+        flag = "--" + f.name.replace("_", "-")
+        default = None if f.default is MISSING else f.default
+        help_text = f"{_ENGINE_HELP.get(f.name, f.name)} (default: {default})"
+        type_name = str(f.type)
+        if "bool" in type_name:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
+                               help=help_text)
+        else:
+            group.add_argument(flag, type=_scalar_type(type_name), default=default, help=help_text)
+    return parser
+
+
+def _scalar_type(type_name: str) -> type:
+    for name, kind in (("int", int), ("float", float)):
+        if name in type_name.replace(" ", "").split("|"):
+            return kind
+    return str
+
+
+def engine_args_from(namespace: argparse.Namespace) -> EngineArgs:
+    return EngineArgs(**{f.name: getattr(namespace, f.name) for f in fields(EngineArgs)})
+
+
+def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    """Sampling flags; the seed is the engine's --seed."""
+    group = parser.add_argument_group("sampling")
+    group.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default: 0)")
+    group.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default: 1)")
+    group.add_argument("--top-k", type=int, default=0, help="0: off (default: 0)")
+    group.add_argument("--min-p", type=float, default=0.0, help="(default: 0)")
+    group.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default: 64)")
+    group.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
+
+
+def sampling_params_from(namespace: argparse.Namespace) -> Any:
+    from pagedlm.sampling_params import SamplingParams
+
+    return SamplingParams(temperature=namespace.temperature, top_p=namespace.top_p,
+                          top_k=namespace.top_k, min_p=namespace.min_p,
+                          max_tokens=namespace.max_tokens, seed=namespace.seed,
+                          ignore_eos=namespace.ignore_eos)
+
+
+def _run_generate(args: argparse.Namespace) -> None:
+    from pagedlm.llm import LLM
+
+    params = sampling_params_from(args)
+    llm = LLM(**vars(engine_args_from(args)))
+    outputs = llm.generate(args.prompts, params, use_tqdm=False)
+    for output in outputs:
+        print(f"Prompt: {output.prompt!r}")
+        print(f"Output: {output.outputs[0].text}")
+        print("-" * 60)
+
+
+def _run_chat(args: argparse.Namespace) -> None:
+    from pagedlm.engine.chat_repl import run_chat_repl
+    from pagedlm.llm import LLM
+
+    params = sampling_params_from(args)
+    llm = LLM(**vars(engine_args_from(args)))
+    run_chat_repl(llm, params, sys.stdin, sys.stdout, args.system)
+
+
+def _run_bench_throughput(args: argparse.Namespace) -> None:
+    from pagedlm.bench.throughput import run_throughput
+
+    run_throughput(args, engine_args_from(args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pagedlm", description="pagedlm: LLM inference engine")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    generate = commands.add_parser("generate", help="complete prompts and print the outputs")
+    generate.add_argument("prompts", nargs="+", metavar="PROMPT")
+    add_engine_args(generate)
+    add_sampling_args(generate)
+    generate.set_defaults(func=_run_generate)
+
+    chat = commands.add_parser("chat", help="interactive chat on stdin (/exit or EOF ends)")
+    chat.add_argument("--system", default=None, help="a system message")
+    add_engine_args(chat)
+    add_sampling_args(chat)
+    chat.set_defaults(func=_run_chat)
+
+    from pagedlm.bench.throughput import add_throughput_args
+
+    bench = commands.add_parser("bench", help="benchmarks")
+    bench_commands = bench.add_subparsers(dest="bench_command", required=True)
+    throughput = bench_commands.add_parser("throughput", help="offline throughput on a dataset")
+    add_throughput_args(throughput)
+    add_engine_args(throughput)
+    throughput.set_defaults(func=_run_bench_throughput)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except ValueError as exc:
+        print(f"pagedlm: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""Per-request block lists on top of the block pool, with prefix caching.
+
+A request's `block_hashes` is a hash chain over its FULL blocks of known tokens:
+    hash_i = hash((hash_{i-1}, tuple(tokens of block i), extra_keys))   (hash_{-1} = None)
+so equal hashes mean equal prefixes. A block is registered in the prefix cache once it is full
+of known tokens and its KV is scheduled (KV writes run in step order, so a later step, or a
+later sequence in the same step, may read it). Requests with `prompt_embeds` are never cached
+or looked up.
+"""
+from __future__ import annotations
+
+from pagedlm.core.block_pool import BlockPool
+from pagedlm.request import Request
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks)
+        self.req_to_blocks: dict[str, list[int]] = {}
+        self.num_cached_blocks: dict[str, int] = {}  # leading blocks of a request registered so far
+        self.prefix_cache_queries = 0  # tokens looked up, counted when the lookup is allocated
+        self.prefix_cache_hits = 0  # tokens found
+
+    @property
+    def usage(self) -> float:
+        return self.pool.usage
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.pool.num_usable_blocks * self.block_size
+
+    def get_block_ids(self, req_id: str) -> list[int]:
+        return self.req_to_blocks.get(req_id, [])
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
+        """Longest cached prefix of full blocks, leaving at least one token to compute.
+        Returns (block ids, number of tokens they hold). Nothing is taken yet."""
+        if not self._cacheable(request):
+            return [], 0
+        max_hit_blocks = request.num_tokens // self.block_size
+        self._hash_full_blocks(request, max_hit_blocks)
+        hit_blocks: list[int] = []
+        for block_hash in request.block_hashes[:max_hit_blocks]:
+            block_id = self.pool.lookup(block_hash)
+            if block_id is None:
+                break
+            hit_blocks.append(block_id)
+        return hit_blocks, len(hit_blocks) * self.block_size
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       computed_blocks: list[int] | None = None) -> list[int] | None:
+        """Makes room for `num_computed_tokens` (+ the prefix hit in `computed_blocks`, for a request
+        holding no blocks yet) + `num_new_tokens` tokens. Returns the newly taken block ids (hits
+        excluded), or None, changing nothing, when the pool is short."""
+        computed_blocks = computed_blocks or []
+        req_id = request.request_id
+        is_first = req_id not in self.req_to_blocks
+        if computed_blocks and not is_first:
+            raise ValueError("computed_blocks: only a request that holds no blocks takes prefix hits")
+        held = self.req_to_blocks.get(req_id, [])
+        num_total_tokens = (request.num_computed_tokens + len(computed_blocks) * self.block_size
+                            + num_new_tokens)
+        num_new_blocks = max(cdiv(num_total_tokens, self.block_size) - len(held) - len(computed_blocks), 0)
+        # Hits on free (evictable) blocks take them out of the free queue too.
+        num_free_hits = sum(1 for block_id in computed_blocks if self.pool.ref_cnts[block_id] == 0)
+        if num_new_blocks + num_free_hits > self.pool.num_free_blocks:
+            return None
+        self.pool.touch(computed_blocks)
+        new_blocks = self.pool.allocate(num_new_blocks)
+        if is_first:
+            self._count_lookup(request, len(computed_blocks))
+            self.num_cached_blocks[req_id] = len(computed_blocks)
+        self.req_to_blocks.setdefault(req_id, []).extend(computed_blocks + new_blocks)
+        self._cache_full_blocks(request, num_total_tokens)
+        return new_blocks
+
+    def free(self, request: Request) -> None:
+        """Releases the request's blocks, tail first, so the tail is evicted first."""
+        self.num_cached_blocks.pop(request.request_id, None)
+        block_ids = self.req_to_blocks.pop(request.request_id, None)
+        if block_ids:
+            self.pool.free(reversed(block_ids))
+
+    def _cacheable(self, request: Request) -> bool:
+        return self.enable_prefix_caching and request.prompt_embeds is None
+
+    def _count_lookup(self, request: Request, num_hit_blocks: int) -> None:
+        if self._cacheable(request):
+            self.prefix_cache_queries += request.num_tokens
+            self.prefix_cache_hits += num_hit_blocks * self.block_size
+
+    def _cache_full_blocks(self, request: Request, num_total_tokens: int) -> None:
+        """Registers blocks that are full of known tokens once this allocation is computed."""
+        if not self._cacheable(request):
+            return
+        req_id = request.request_id
+        num_full = min(num_total_tokens, request.num_tokens) // self.block_size
+        start = self.num_cached_blocks[req_id]
+        if num_full <= start:
+            return
+        self._hash_full_blocks(request, num_full)
+        block_ids = self.req_to_blocks[req_id]
+        for i in range(start, num_full):
+            self.pool.cache_block(block_ids[i], request.block_hashes[i])
+        self.num_cached_blocks[req_id] = num_full
+
+    def _hash_full_blocks(self, request: Request, num_blocks: int) -> None:
+        """Extends the request's hash chain to its first `num_blocks` blocks (all of known tokens)."""
+        hashes = request.block_hashes
+        if len(hashes) >= num_blocks:
+            return
+        token_ids = request.all_token_ids
+        parent = hashes[-1] if hashes else None
+        for i in range(len(hashes), num_blocks):
+            block_tokens = tuple(token_ids[i * self.block_size:(i + 1) * self.block_size])
+            parent = hash((parent, block_tokens, None))  # None: extra_keys (none yet)
+            hashes.append(parent)

@@ -1,0 +1,298 @@
+"""The scheduler: no prefill or decode phase, only tokens to catch up under a token budget.
+
+Each step, RUNNING requests (in priority order) get `min(num_tokens_to_compute, budget_left)`
+tokens, then WAITING ones are admitted (prefix-cache lookup, then allocation) while the budget,
+`max_num_seqs` and the pool allow. A request whose scheduled tokens reach the end of its
+sequence samples this step and gets a placeholder for the token in flight, so step N+1 may be
+scheduled before step N's tokens are back (async scheduling).
+
+Order: `running` is sorted by the policy key (fcfs: arrival order; priority: (priority,
+arrival_time, arrival order)), so its last request is the lowest, the one preempted first.
+`waiting` is FCFS with preempted requests at the front, or sorted by the priority key.
+Preemption is by recompute: blocks freed, `num_computed_tokens = 0`, back to waiting; the
+prefix cache usually finds the computed prefix again.
+"""
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from pagedlm.config import CacheConfig, SchedulerConfig
+from pagedlm.core.kv_cache_manager import KVCacheManager
+from pagedlm.core.sched_output import (CachedRequestData, EngineCoreOutput, Logprobs,
+                                       ModelRunnerOutput, NewRequestData, SchedulerOutput)
+from pagedlm.request import Request, RequestStatus
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    prefix_cache_queries: int  # tokens
+    prefix_cache_hits: int  # tokens
+    num_preemptions: int
+
+
+@dataclass(slots=True)
+class _StepPlan:
+    """What one schedule() call has decided so far."""
+
+    token_budget: int
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)  # batch order
+    new_reqs: list[NewRequestData] = field(default_factory=list)
+    cached_reqs: list[CachedRequestData] = field(default_factory=list)
+    sampling_req_ids: set[str] = field(default_factory=set)
+    num_preempted: int = 0
+
+
+class Scheduler:
+    def __init__(self, sched_config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int,
+                 max_model_len: int) -> None:
+        self.config = sched_config
+        self.max_model_len = max_model_len
+        self.kv_cache_manager = KVCacheManager(num_blocks, cache_config.block_size,
+                                               cache_config.enable_prefix_caching)
+        self.requests: dict[str, Request] = {}  # every unfinished request
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self._sort_keys: dict[str, tuple] = {}
+        self._finished_req_ids: set[str] = set()  # left the worker since the last schedule()
+        self._num_added = 0
+        self._step_id = 0
+        self.num_preemptions = 0
+
+    # ---- requests in and out ----
+
+    def add_request(self, request: Request) -> None:
+        req_id = request.request_id
+        if req_id in self.requests:
+            raise ValueError(f"request_id {req_id!r} is already in use")
+        self._check_fits(request)
+        if self.config.policy == "priority":
+            self._sort_keys[req_id] = (request.priority, request.arrival_time, self._num_added)
+        else:
+            self._sort_keys[req_id] = (self._num_added,)
+        self._num_added += 1
+        self.requests[req_id] = request
+        request.status = RequestStatus.WAITING
+        self._enqueue_waiting(request, front=False)
+
+    def abort_requests(self, req_ids: Iterable[str]) -> list[EngineCoreOutput]:
+        """Finishes the requests with reason "abort" and frees their blocks now; unknown ids are
+        ignored (they may have finished already)."""
+        return [EngineCoreOutput(req.request_id, [], finish_reason=req.status.finish_reason,
+                                 num_cached_tokens=max(req.num_cached_tokens, 0))
+                for req in self._finish_ids(req_ids, RequestStatus.FINISHED_ABORTED)]
+
+    def finish_requests(self, req_ids: Iterable[str], status: RequestStatus) -> None:
+        """Finishes requests for a reason found outside (e.g. the detokenizer saw a stop string)."""
+        if not status.finished:
+            raise ValueError(f"status must be a finished status, got {status.name}")
+        self._finish_ids(req_ids, status)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_stats(self) -> SchedulerStats:
+        kv = self.kv_cache_manager
+        return SchedulerStats(
+            num_running=len(self.running), num_waiting=len(self.waiting), kv_cache_usage=kv.usage,
+            prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits,
+            num_preemptions=self.num_preemptions)
+
+    # ---- one step ----
+
+    def schedule(self) -> SchedulerOutput:
+        plan = _StepPlan(token_budget=self.config.max_num_batched_tokens)
+        self._schedule_running(plan)
+        if plan.num_preempted == 0:  # a step that had to preempt admits nobody new
+            self._schedule_waiting(plan)
+        self._step_id += 1
+        total = self.config.max_num_batched_tokens - plan.token_budget
+        output = SchedulerOutput(
+            new_reqs=plan.new_reqs, cached_reqs=plan.cached_reqs,
+            num_scheduled_tokens=plan.num_scheduled_tokens, total_num_scheduled_tokens=total,
+            finished_req_ids=self._finished_req_ids, sampling_req_ids=plan.sampling_req_ids,
+            step_id=self._step_id)
+        self._finished_req_ids = set()
+        return output
+
+    def update_from_output(self, sched_output: SchedulerOutput,
+                           runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        """Appends the sampled tokens, checks token-level stops, frees finished requests."""
+        if set(runner_output.req_ids) != sched_output.sampling_req_ids:
+            raise ValueError(f"runner_output.req_ids must be the step's sampling_req_ids; got "
+                             f"{sorted(runner_output.req_ids)}, expected {sorted(sched_output.sampling_req_ids)}")
+        outputs = []
+        for i, (req_id, token_ids) in enumerate(zip(runner_output.req_ids, runner_output.sampled_token_ids)):
+            request = self.requests.get(req_id)
+            if request is None:  # finished or aborted while the step ran
+                continue
+            request.num_output_placeholders -= 1
+            logprobs = runner_output.logprobs[i] if runner_output.logprobs is not None else None
+            outputs.append(self._append_tokens(request, token_ids, logprobs,
+                                               runner_output.prompt_logprobs.get(req_id)))
+        for req_id, prompt_logprobs in runner_output.prompt_logprobs.items():
+            if req_id in self.requests and req_id not in sched_output.sampling_req_ids:
+                outputs.append(EngineCoreOutput(req_id, [], prompt_logprobs=prompt_logprobs))
+        self._drop_finished_running()
+        return outputs
+
+    # ---- scheduling ----
+
+    def _schedule_running(self, plan: _StepPlan) -> None:
+        i = 0
+        while i < len(self.running) and plan.token_budget > 0:
+            request = self.running[i]
+            num_new = self._num_new_tokens(request, plan.token_budget)
+            if num_new == 0:
+                i += 1
+                continue
+            new_blocks = self._allocate_or_preempt(request, num_new, plan)
+            if new_blocks is None:  # the request was the lowest and preempted itself
+                break
+            plan.cached_reqs.append(CachedRequestData(request.request_id, new_blocks,
+                                                      request.num_computed_tokens))
+            self._commit(request, num_new, plan)
+            i += 1
+
+    def _allocate_or_preempt(self, request: Request, num_new: int, plan: _StepPlan) -> list[int] | None:
+        """Preempts from the end of `running` (never a request scheduled this step: those sit
+        before `request`) until the allocation fits; None if `request` itself had to go."""
+        while True:
+            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new)
+            if new_blocks is not None:
+                return new_blocks
+            victim = self.running.pop()
+            self._preempt(victim)
+            plan.num_preempted += 1
+            if victim is request:
+                return None
+
+    def _schedule_waiting(self, plan: _StepPlan) -> None:
+        kv = self.kv_cache_manager
+        i = 0
+        while (i < len(self.waiting) and plan.token_budget > 0
+               and len(self.running) < self.config.max_num_seqs):
+            request = self.waiting[i]
+            if request.num_output_placeholders > 0:  # preempted with a token still in flight
+                i += 1
+                continue
+            hit_blocks, num_hit_tokens = kv.get_computed_blocks(request)
+            num_new = min(request.num_tokens - num_hit_tokens, plan.token_budget)
+            if kv.allocate_slots(request, num_new, hit_blocks) is None:
+                break
+            del self.waiting[i]
+            self._start_running(request, num_hit_tokens)
+            plan.new_reqs.append(NewRequestData(
+                req_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
+                output_token_ids=list(request.output_token_ids), sampling_params=request.sampling_params,
+                block_ids=list(kv.get_block_ids(request.request_id)),
+                num_computed_tokens=num_hit_tokens, prompt_embeds=request.prompt_embeds))
+            self._commit(request, num_new, plan)
+
+    def _num_new_tokens(self, request: Request, token_budget: int) -> int:
+        """0 when the request's next sample would pass max_tokens or max_model_len."""
+        num_next = request.num_output_placeholders
+        if (request.num_output_tokens + num_next >= request.max_tokens
+                or request.num_tokens + num_next >= self.max_model_len):
+            return 0
+        return min(request.num_tokens_to_compute, token_budget)
+
+    def _commit(self, request: Request, num_new: int, plan: _StepPlan) -> None:
+        plan.num_scheduled_tokens[request.request_id] = num_new
+        plan.token_budget -= num_new
+        request.num_computed_tokens += num_new
+        if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders:
+            plan.sampling_req_ids.add(request.request_id)
+            request.num_output_placeholders += 1
+
+    def _start_running(self, request: Request, num_hit_tokens: int) -> None:
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = num_hit_tokens
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = num_hit_tokens
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = time.time()
+        bisect.insort(self.running, request, key=self._sort_key)
+
+    def _preempt(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self._finished_req_ids.add(request.request_id)
+        self._enqueue_waiting(request, front=True)
+
+    def _enqueue_waiting(self, request: Request, front: bool) -> None:
+        if self.config.policy == "priority":
+            bisect.insort(self.waiting, request, key=self._sort_key)
+        elif front:
+            self.waiting.insert(0, request)
+        else:
+            self.waiting.append(request)
+
+    def _sort_key(self, request: Request) -> tuple:
+        return self._sort_keys[request.request_id]
+
+    # ---- finishing ----
+
+    def _append_tokens(self, request: Request, token_ids: list[int], logprobs: list[Logprobs] | None,
+                       prompt_logprobs: list[Logprobs | None] | None) -> EngineCoreOutput:
+        new_token_ids: list[int] = []
+        status = None
+        for token_id in token_ids:
+            request.append_output_token(token_id)
+            new_token_ids.append(token_id)
+            status = request.check_stop(self.max_model_len)
+            if status is not None:
+                self._finish(request, status)
+                break
+        return EngineCoreOutput(
+            req_id=request.request_id, new_token_ids=new_token_ids,
+            new_logprobs=logprobs[:len(new_token_ids)] if logprobs is not None else None,
+            prompt_logprobs=prompt_logprobs, finish_reason=request.status.finish_reason,
+            stop_reason=request.stop_reason if status is not None else None,
+            num_cached_tokens=max(request.num_cached_tokens, 0))
+
+    def _finish_ids(self, req_ids: Iterable[str], status: RequestStatus) -> list[Request]:
+        if isinstance(req_ids, str):
+            req_ids = [req_ids]
+        finished = [self.requests[req_id] for req_id in dict.fromkeys(req_ids) if req_id in self.requests]
+        for request in finished:
+            self._finish(request, status)
+        self._drop_finished_running()
+        return finished
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        """Frees the request; a running one leaves `running` in `_drop_finished_running`."""
+        if request.status != RequestStatus.RUNNING:
+            self.waiting.remove(request)
+        request.status = status
+        self.kv_cache_manager.free(request)
+        del self.requests[request.request_id]
+        del self._sort_keys[request.request_id]
+        self._finished_req_ids.add(request.request_id)
+
+    def _drop_finished_running(self) -> None:
+        self.running = [request for request in self.running if not request.is_finished]
+
+    def _check_fits(self, request: Request) -> None:
+        num_prompt = request.num_prompt_tokens
+        if num_prompt == 0:
+            raise ValueError("prompt_token_ids must not be empty")
+        if num_prompt >= self.max_model_len:
+            raise ValueError(f"prompt_token_ids: {num_prompt} tokens leave no room to generate "
+                             f"within max_model_len={self.max_model_len}")
+        if request.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {request.max_tokens}")
+        # The last sampled token needs no KV.
+        num_kv_tokens = min(num_prompt + request.max_tokens, self.max_model_len) - 1
+        capacity = self.kv_cache_manager.capacity_tokens
+        if num_kv_tokens > capacity:
+            raise ValueError(f"max_tokens: the request may need KV for {num_kv_tokens} tokens, "
+                             f"more than the KV cache holds ({capacity})")

@@ -1,0 +1,100 @@
+"""The step loop: schedule → execute → update, in process.
+
+Sync mode runs one step at a time. Async mode keeps one step in flight: step N+1 is planned
+and launched before step N's sampled tokens reach the host, so the CPU plans while the device
+computes. The scheduler accounts for the tokens still in flight (placeholders), so both modes
+produce the same tokens.
+"""
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Any
+
+from pagedlm.config import EngineConfig
+from pagedlm.core.sched_output import EngineCoreOutput, SchedulerOutput
+from pagedlm.request import Request, RequestStatus
+
+logger = logging.getLogger(__name__)
+
+_MAX_STEPS_IN_FLIGHT = 2
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self._init_model_runner()
+        self._init_scheduler()
+        self.model_runner.init_kv_cache(self.num_blocks)
+        async_scheduling = config.scheduler.async_scheduling
+        self._max_steps_in_flight = _MAX_STEPS_IN_FLIGHT if async_scheduling else 1
+        self._in_flight: deque[tuple[SchedulerOutput, Any]] = deque()  # (plan, pending output)
+
+    def _init_model_runner(self) -> None:
+        from pagedlm.worker.model_runner import ModelRunner
+
+        self.model_runner = ModelRunner(self.config)
+        self.model_runner.load_model()
+        self.num_blocks = self.model_runner.determine_num_blocks()
+        logger.info("KV cache: %d blocks of %d tokens", self.num_blocks,
+                    self.config.cache.block_size)
+
+    def _init_scheduler(self) -> None:
+        from pagedlm.core.scheduler import Scheduler
+
+        max_model_len = self.config.model.max_model_len
+        self.scheduler = Scheduler(self.config.scheduler, self.config.cache, self.num_blocks,
+                                   max_model_len)
+        _check_kv_capacity(self.scheduler.kv_cache_manager.capacity_tokens, max_model_len,
+                           self.num_blocks)
+
+    def add_request(self, request: Request) -> None:
+        self.scheduler.add_request(request)
+
+    def abort_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
+        return self.scheduler.abort_requests(request_ids)
+
+    def finish_requests(self, request_ids: list[str]) -> None:
+        """Requests a stop string ended (the detokenizer decides): free them."""
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_STOPPED)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests() or bool(self._in_flight)
+
+    def get_stats(self) -> Any:
+        return self.scheduler.get_stats()
+
+    def step(self) -> list[EngineCoreOutput]:
+        """Launches the next step when there is work and a free slot; collects the oldest step
+        once the pipeline is full or nothing new could be launched."""
+        launched = False
+        if len(self._in_flight) < self._max_steps_in_flight and \
+                self.scheduler.has_unfinished_requests():
+            launched = self._launch()
+        if not self._in_flight:
+            return []
+        if launched and len(self._in_flight) < self._max_steps_in_flight:
+            return []
+        sched_output, pending = self._in_flight.popleft()
+        return self.scheduler.update_from_output(sched_output, pending.get_output())
+
+    def _launch(self) -> bool:
+        sched_output = self.scheduler.schedule()
+        if sched_output.is_empty and not sched_output.finished_req_ids:
+            if not self._in_flight and self.scheduler.has_unfinished_requests():
+                raise RuntimeError("scheduler: unfinished requests but nothing could be "
+                                   "scheduled with no step in flight (is the KV cache too small?)")
+            return False
+        self._in_flight.append((sched_output, self.model_runner.execute_model(sched_output)))
+        return not sched_output.is_empty
+
+
+def _check_kv_capacity(capacity_tokens: int, max_model_len: int, num_blocks: int) -> None:
+    """A request of max_model_len tokens must fit (its last sampled token needs no KV),
+    or a long request could never run."""
+    if capacity_tokens < max_model_len - 1:
+        raise ValueError(
+            f"KV cache: {num_blocks} blocks hold {capacity_tokens} tokens, fewer than "
+            f"max_model_len={max_model_len} needs ({max_model_len - 1}); raise "
+            "num_gpu_blocks_override, kv_cache_memory_gib or gpu_memory_utilization, or lower "
+            "max_model_len")

@@ -1,0 +1,182 @@
+"""LLMEngine: prompts in, RequestOutputs out; the engine core runs in the same process."""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any, Union
+
+import torch
+
+from pagedlm.config import EngineArgs, EngineConfig
+from pagedlm.engine.engine_core import EngineCore
+from pagedlm.engine.output_processor import OutputProcessor
+from pagedlm.engine.tokenizer import bad_words_token_ids, encode_prompt, load_tokenizer
+from pagedlm.outputs import RequestOutput
+from pagedlm.request import Request
+from pagedlm.sampling_params import SamplingParams
+
+# A string, token ids, {"prompt": str}, {"prompt_token_ids": [...]} (optionally with "prompt"),
+# or {"prompt_embeds": Tensor [num_tokens, hidden_size]}.
+PromptType = Union[str, list[int], dict[str, Any]]
+_PROMPT_KEYS = {"prompt", "prompt_token_ids", "prompt_embeds"}
+
+
+@dataclass
+class ProcessedRequest:
+    """A validated request, ready to enter the engine."""
+
+    prompt: str | None
+    prompt_token_ids: list[int]
+    prompt_embeds: torch.Tensor | None  # [num_prompt_tokens, hidden_size]
+    params: SamplingParams
+    max_tokens: int
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.model_config = config.model
+        self.tokenizer = load_tokenizer(config.model)
+        self.engine_core = EngineCore(config)
+        self.output_processor = OutputProcessor(self.tokenizer)
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
+        return cls(args.create_engine_config())
+
+    def process_request(self, prompt: PromptType, params: SamplingParams) -> ProcessedRequest:
+        """Validates and tokenises without touching the engine; raises ValueError."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        text, token_ids, embeds = self._parse_prompt(prompt)
+        num_tokens = len(token_ids)
+        max_model_len = self.model_config.max_model_len
+        if num_tokens == 0:
+            raise ValueError("prompt is empty: at least one token is needed")
+        if num_tokens >= max_model_len:
+            raise ValueError(f"prompt has {num_tokens} tokens but max_model_len is {max_model_len}: "
+                             f"a prompt may have at most {max_model_len - 1} tokens, leaving room "
+                             "for one generated token")
+        params = self._resolve_params(params)
+        room = max_model_len - num_tokens
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        return ProcessedRequest(text, token_ids, embeds, params, max_tokens)
+
+    def _parse_prompt(self, prompt: PromptType) -> tuple[str | None, list[int], torch.Tensor | None]:
+        if isinstance(prompt, str):
+            return prompt, self._encode(prompt), None
+        if isinstance(prompt, list):
+            return None, self._check_token_ids(prompt), None
+        if not isinstance(prompt, dict):
+            raise ValueError("prompt must be a string, a list of token ids or a dict with "
+                             f"'prompt', 'prompt_token_ids' or 'prompt_embeds'; got {type(prompt).__name__}")
+        unknown = set(prompt) - _PROMPT_KEYS
+        if unknown:
+            raise ValueError(f"prompt: unknown keys {sorted(unknown)}; allowed: {sorted(_PROMPT_KEYS)}")
+        text = prompt.get("prompt")
+        if "prompt_embeds" in prompt:
+            embeds = self._check_embeds(prompt["prompt_embeds"])
+            return text, [0] * embeds.shape[0], embeds  # placeholder ids, one per embedding
+        if "prompt_token_ids" in prompt:
+            return text, self._check_token_ids(prompt["prompt_token_ids"]), None
+        if isinstance(text, str):
+            return text, self._encode(text), None
+        raise ValueError("prompt: a dict prompt needs 'prompt' (a string), 'prompt_token_ids' "
+                         "or 'prompt_embeds'")
+
+    def _encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("prompt: a text prompt needs a tokenizer, but skip_tokenizer_init=True; "
+                             "give prompt_token_ids instead")
+        return encode_prompt(self.tokenizer, text)
+
+    def _check_token_ids(self, token_ids: Any) -> list[int]:
+        vocab_size = self.model_config.vocab_size
+        if not isinstance(token_ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in token_ids):
+            raise ValueError("prompt_token_ids must be a list of integers")
+        bad = [t for t in token_ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"prompt_token_ids must be in [0, vocab_size={vocab_size}), got {bad[:5]}")
+        return list(token_ids)
+
+    def _check_embeds(self, embeds: Any) -> torch.Tensor:
+        hidden_size = self.model_config.hidden_size
+        if not isinstance(embeds, torch.Tensor) or embeds.dim() != 2 or embeds.shape[1] != hidden_size:
+            shape = tuple(embeds.shape) if isinstance(embeds, torch.Tensor) else type(embeds).__name__
+            raise ValueError(f"prompt_embeds must be a tensor [num_tokens, hidden_size={hidden_size}], "
+                             f"got {shape}")
+        return embeds
+
+    def _resolve_params(self, params: SamplingParams) -> SamplingParams:
+        """A private copy, checked against the vocabulary and the tokenizer."""
+        params = dataclasses.replace(params)
+        params.check_vocab(self.model_config.vocab_size)
+        detokenizes = self.tokenizer is not None and params.detokenize
+        if params.stop and not detokenizes:
+            raise ValueError("stop: stop strings need detokenisation (a tokenizer and detokenize=True)")
+        if params.bad_words:
+            if self.tokenizer is None:
+                raise ValueError("bad_words: needs a tokenizer, but skip_tokenizer_init=True")
+            params.bad_words_token_ids = bad_words_token_ids(self.tokenizer, params.bad_words)
+        return params
+
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                    priority: int = 0, arrival_time: float | None = None) -> None:
+        self.add_processed_request(request_id, self.process_request(prompt, params), priority,
+                                   arrival_time)
+
+    def add_processed_request(self, request_id: str, processed: ProcessedRequest,
+                              priority: int = 0, arrival_time: float | None = None) -> None:
+        if self.output_processor.has_request(request_id):
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        arrival_time = time.time() if arrival_time is None else arrival_time
+        params = processed.params
+        prime_ids = [] if processed.prompt_embeds is not None else processed.prompt_token_ids
+        core_ids = self.output_processor.add_request(
+            request_id, processed.prompt, processed.prompt_token_ids, params, arrival_time,
+            prime_ids)
+        for index, core_id in enumerate(core_ids):
+            self.engine_core.add_request(Request(
+                request_id=core_id, prompt_token_ids=list(processed.prompt_token_ids),
+                sampling_params=_sample_params(params, index),
+                eos_token_ids=frozenset(self.model_config.eos_token_ids),
+                max_tokens=processed.max_tokens, arrival_time=arrival_time, priority=priority,
+                prompt_embeds=processed.prompt_embeds))
+
+    def abort_request(self, request_ids: str | list[str]) -> None:
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        core_ids = self.output_processor.abort_requests(ids)
+        if core_ids:
+            self.engine_core.abort_requests(core_ids)
+
+    def step(self) -> list[RequestOutput]:
+        """One engine step; outputs of every request that got new tokens or finished."""
+        processed = self.output_processor.process_outputs(self.engine_core.step())
+        if processed.reqs_to_finish:
+            self.engine_core.finish_requests(processed.reqs_to_finish)
+        return processed.request_outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return self.output_processor.num_unfinished_requests() > 0 or \
+            self.engine_core.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.output_processor.num_unfinished_requests()
+
+    def get_stats(self) -> Any:
+        return self.engine_core.get_stats()
+
+    def get_tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            raise ValueError("tokenizer: none was loaded (skip_tokenizer_init=True)")
+        return self.tokenizer
+
+
+def _sample_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Sample `index` of a parallel-sampling request: n=1, seed + index when seeded."""
+    if params.n == 1:
+        return params
+    seed = None if params.seed is None else params.seed + index
+    return dataclasses.replace(params, n=1, seed=seed)

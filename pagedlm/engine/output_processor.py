@@ -1,0 +1,197 @@
+"""EngineCoreOutput → RequestOutput: detokenise, check stop strings, gather parallel samples.
+
+A user request with `n` samples is `n` core requests (`f"{id}_{i}"`, or just `id` when n=1);
+their outputs are gathered into one RequestOutput whose `outputs[i]` is sample i.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from pagedlm.core.sched_output import EngineCoreOutput, Logprobs
+from pagedlm.engine.detokenizer import IncrementalDetokenizer
+from pagedlm.engine.tokenizer import Tokenizer
+from pagedlm.outputs import (CompletionOutput, Logprob, PromptLogprobs, RequestMetrics,
+                             RequestOutput, SampleLogprobs)
+from pagedlm.sampling_params import SamplingParams
+
+
+def core_request_ids(request_id: str, n: int) -> list[str]:
+    return [request_id] if n == 1 else [f"{request_id}_{i}" for i in range(n)]
+
+
+@dataclass
+class _SampleState:
+    """One core request: its tokens, text and end."""
+
+    index: int
+    detokenizer: IncrementalDetokenizer | None
+    want_logprobs: bool
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: SampleLogprobs = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    def to_output(self) -> CompletionOutput:
+        finished = self.finish_reason is not None
+        text = self.detokenizer.output_text(finished) if self.detokenizer else ""
+        return CompletionOutput(
+            index=self.index, text=text, token_ids=list(self.token_ids),
+            cumulative_logprob=self.cumulative_logprob if self.want_logprobs else None,
+            logprobs=list(self.logprobs) if self.want_logprobs else None,
+            finish_reason=self.finish_reason, stop_reason=self.stop_reason)
+
+
+@dataclass
+class _RequestState:
+    """One user request: its prompt and its n samples."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    samples: list[_SampleState]
+    metrics: RequestMetrics
+    want_prompt_logprobs: bool
+    prompt_logprobs: PromptLogprobs = field(default_factory=list)
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finish_reason is not None for s in self.samples)
+
+    def to_output(self) -> RequestOutput:
+        return RequestOutput(
+            request_id=self.request_id, prompt=self.prompt,
+            prompt_token_ids=self.prompt_token_ids,
+            outputs=[s.to_output() for s in self.samples], finished=self.finished,
+            metrics=self.metrics,
+            prompt_logprobs=self.prompt_logprobs if self.want_prompt_logprobs else None,
+            num_cached_tokens=self.num_cached_tokens)
+
+
+@dataclass
+class ProcessedOutputs:
+    request_outputs: list[RequestOutput]
+    # Core requests a stop string finished: the core must free them.
+    reqs_to_finish: list[str]
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Tokenizer | None) -> None:
+        self._tokenizer = tokenizer
+        self._requests: dict[str, _RequestState] = {}
+        # core request id -> (its user request, its sample)
+        self._samples: dict[str, tuple[_RequestState, _SampleState]] = {}
+
+    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                    params: SamplingParams, arrival_time: float,
+                    prime_token_ids: list[int]) -> list[str]:
+        """Registers a user request; returns its core request ids."""
+        core_ids = core_request_ids(request_id, params.n)
+        samples = [self._new_sample(i, params, prime_token_ids) for i in range(params.n)]
+        state = _RequestState(
+            request_id=request_id, prompt=prompt, prompt_token_ids=prompt_token_ids,
+            samples=samples, metrics=RequestMetrics(arrival_time=arrival_time),
+            want_prompt_logprobs=params.prompt_logprobs is not None)
+        self._requests[request_id] = state
+        for core_id, sample in zip(core_ids, samples):
+            self._samples[core_id] = (state, sample)
+        return core_ids
+
+    def _new_sample(self, index: int, params: SamplingParams,
+                    prime_token_ids: list[int]) -> _SampleState:
+        detokenizer = None
+        if self._tokenizer is not None and params.detokenize:
+            detokenizer = IncrementalDetokenizer(self._tokenizer, prime_token_ids, params)
+        return _SampleState(index=index, detokenizer=detokenizer,
+                            want_logprobs=params.logprobs is not None)
+
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self._requests
+
+    def num_unfinished_requests(self) -> int:
+        return len(self._requests)
+
+    def abort_requests(self, request_ids: list[str]) -> list[str]:
+        """Forgets the user requests; returns their unfinished core request ids."""
+        core_ids = []
+        for request_id in request_ids:
+            state = self._requests.pop(request_id, None)
+            if state is None:
+                continue
+            n = len(state.samples)
+            for core_id in core_request_ids(request_id, n):
+                if self._samples.pop(core_id, None) is not None:
+                    core_ids.append(core_id)
+        return core_ids
+
+    def process_outputs(self, core_outputs: list[EngineCoreOutput]) -> ProcessedOutputs:
+        now = time.time()
+        updated: dict[str, _RequestState] = {}
+        reqs_to_finish: list[str] = []
+        for out in core_outputs:
+            entry = self._samples.get(out.req_id)
+            if entry is None:  # finished by a stop string or aborted while a step was in flight
+                continue
+            state, sample = entry
+            self._update_request(state, out, now)
+            if self._update_sample(sample, out) and not out.finished:
+                reqs_to_finish.append(out.req_id)
+            if sample.finish_reason is not None:
+                del self._samples[out.req_id]
+            updated[state.request_id] = state
+        return ProcessedOutputs(self._emit(updated.values(), now), reqs_to_finish)
+
+    def _emit(self, states: Iterable[_RequestState], now: float) -> list[RequestOutput]:
+        outputs = []
+        for state in states:
+            if state.finished:
+                state.metrics.finished_time = now
+                del self._requests[state.request_id]
+            outputs.append(state.to_output())
+        return outputs
+
+    def _update_request(self, state: _RequestState, out: EngineCoreOutput, now: float) -> None:
+        metrics = state.metrics
+        if out.new_token_ids:
+            if metrics.first_token_time is None:
+                metrics.first_token_time = now
+            metrics.last_token_time = now
+        state.num_cached_tokens = max(state.num_cached_tokens, out.num_cached_tokens)
+        if out.prompt_logprobs is not None and state.want_prompt_logprobs:
+            state.prompt_logprobs.extend(self._to_logprob_dict(lp) for lp in out.prompt_logprobs)
+
+    def _update_sample(self, sample: _SampleState, out: EngineCoreOutput) -> bool:
+        """Appends the new tokens up to a stop string; True when a stop string ended it."""
+        for i, token_id in enumerate(out.new_token_ids):
+            sample.token_ids.append(token_id)
+            if sample.want_logprobs and out.new_logprobs is not None:
+                self._append_logprobs(sample, out.new_logprobs[i])
+            stop = sample.detokenizer.push(token_id) if sample.detokenizer else None
+            if stop is not None:
+                sample.finish_reason, sample.stop_reason = "stop", stop
+                return True
+        if out.finished:
+            sample.finish_reason, sample.stop_reason = out.finish_reason, out.stop_reason
+        return False
+
+    def _append_logprobs(self, sample: _SampleState, logprobs: Logprobs) -> None:
+        sample.logprobs.append(self._to_logprob_dict(logprobs))
+        sample.cumulative_logprob += logprobs.logprobs[0]
+
+    def _to_logprob_dict(self, logprobs: Logprobs | None) -> dict[int, Logprob] | None:
+        """Sampled token (with its rank) first, then the top-N ranked 1..N."""
+        if logprobs is None:
+            return None
+        ranks = [logprobs.sampled_rank] + list(range(1, len(logprobs.token_ids)))
+        result: dict[int, Logprob] = {}
+        for token_id, logprob, rank in zip(logprobs.token_ids, logprobs.logprobs, ranks):
+            if token_id not in result:
+                result[token_id] = Logprob(logprob=logprob, rank=rank,
+                                           decoded_token=self._decode_token(token_id))
+        return result
+
+    def _decode_token(self, token_id: int) -> str | None:
+        return self._tokenizer.decode([token_id]) if self._tokenizer is not None else None

@@ -1,0 +1,125 @@
+"""Building blocks of the Llama family in plain torch, one op per module.
+
+A later pass swaps fused Triton kernels in behind the same calls. Parameters are created
+uninitialised (torch.empty, in the model dtype): the loader fills every one of them.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Linear(nn.Module):
+    """y = x W^T (+ b), without nn.Linear's random init (the loader overwrites it anyway)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), requires_grad=False)
+        self.bias = (nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False)
+                     if bias else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class Embedding(nn.Module):
+    def __init__(self, num_embeddings: int, embedding_dim: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim, dtype=dtype),
+                                   requires_grad=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.weight)  # [T, embedding_dim]
+
+
+class RMSNorm(nn.Module):
+    """HF Llama RMSNorm (normalise in float32, scale in the input dtype), with an optional
+    fused residual add: forward(x, residual) normalises x + residual and returns the sum too."""
+
+    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(hidden_size, dtype=dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is not None:
+            x = x + residual
+        x_fp32 = x.float()
+        variance = x_fp32.pow(2).mean(dim=-1, keepdim=True)
+        normed = (x_fp32 * torch.rsqrt(variance + self.eps)).to(x.dtype)
+        return self.weight * normed, x
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[..., 2 * d] (gate then up, concatenated) -> [..., d] silu(gate) * up."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+class SiluAndMul(nn.Module):
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return silu_and_mul(gate_up)
+
+
+def rope_inv_freq(head_dim: int, rope_theta: float, rope_scaling: dict | None) -> torch.Tensor:
+    """[head_dim // 2] float32 inverse frequencies; plain, `linear` or `llama3` scaling."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    inv_freq = 1.0 / (rope_theta ** exponents)
+    rope_type = (rope_scaling or {}).get("rope_type", "default")
+    if rope_type == "default":
+        return inv_freq
+    if rope_type == "linear":
+        return inv_freq / rope_scaling["factor"]
+    if rope_type == "llama3":
+        return _llama3_inv_freq(inv_freq, rope_scaling)
+    raise ValueError(f"rope_scaling: rope_type {rope_type!r} is not supported; "
+                     "supported: default, linear, llama3")
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Llama 3.1: long wavelengths divided by `factor`, short kept, a smooth blend between."""
+    factor = scaling["factor"]
+    low_freq_factor = scaling["low_freq_factor"]
+    high_freq_factor = scaling["high_freq_factor"]
+    old_context_len = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    scaled = torch.where(wavelen > old_context_len / low_freq_factor, inv_freq / factor, inv_freq)
+    is_medium = (wavelen >= old_context_len / high_freq_factor) & (wavelen <= old_context_len / low_freq_factor)
+    return torch.where(is_medium, blended, scaled)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, num_heads, head_dim]; cos, sin: [T, head_dim] (neox / HF rotate-half layout)."""
+    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin for every position below max_position, computed in float32 once, then stored
+    in the model dtype (HF computes them in float32 and casts them the same way)."""
+
+    def __init__(self, head_dim: int, max_position: int, rope_theta: float,
+                 rope_scaling: dict | None, dtype: torch.dtype) -> None:
+        super().__init__()
+        inv_freq = rope_inv_freq(head_dim, rope_theta, rope_scaling)
+        positions = torch.arange(max_position, dtype=torch.float32)
+        freqs = torch.outer(positions, inv_freq)  # [max_position, head_dim // 2]
+        angles = torch.cat((freqs, freqs), dim=-1)  # [max_position, head_dim]
+        self.register_buffer("cos_cache", angles.cos().to(dtype), persistent=False)
+        self.register_buffer("sin_cache", angles.sin().to(dtype), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        cos = self.cos_cache[positions]  # [T, head_dim]
+        sin = self.sin_cache[positions]
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)

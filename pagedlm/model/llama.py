@@ -1,0 +1,175 @@
+"""One model for the Llama family: Llama 2/3, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm),
+SmolLM2 (tied embeddings). Inputs are one ragged batch of tokens; attention goes through
+the paged KV cache of an AttentionBackend.
+
+Parameter names follow Hugging Face, except the fused projections: q/k/v live in
+`qkv_proj` (rows q, then k, then v) and gate/up in `gate_up_proj` (rows gate, then up).
+`checkpoint_layout` says where each checkpoint tensor goes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pagedlm.attention.backend import AttentionBackend, AttentionMetadata
+from pagedlm.config import ModelConfig
+from pagedlm.model.layers import Embedding, Linear, RMSNorm, RotaryEmbedding, SiluAndMul
+
+
+@dataclass(frozen=True)
+class WeightShard:
+    """A checkpoint tensor fills rows [row_start, row_start + num_rows) of a parameter."""
+
+    param: str
+    row_start: int
+    num_rows: int
+
+
+def layer_sliding_window(config: ModelConfig, layer: int) -> int | None:
+    """Mistral: every layer; Qwen2/3: the layers `layer_types` marks as sliding."""
+    layer_types = getattr(config.hf_config, "layer_types", None)
+    if config.sliding_window is None or not layer_types:
+        return config.sliding_window
+    return config.sliding_window if layer_types[layer] == "sliding_attention" else None
+
+
+def o_proj_bias(config: ModelConfig) -> bool:
+    """Llama and Qwen3 put `attention_bias` on o_proj too; Qwen2 and Mistral never do."""
+    if config.architecture in ("Qwen2ForCausalLM", "MistralForCausalLM"):
+        return False
+    return bool(getattr(config.hf_config, "attention_bias", False))
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int, attn_backend: AttentionBackend,
+                 rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+        self.scale = config.head_dim ** -0.5
+        self.sliding_window = layer_sliding_window(config, layer)
+        self.attn_backend = attn_backend
+        self.rotary = rotary
+        dtype = config.dtype
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
+                               config.attention_bias, dtype)
+        self.o_proj = Linear(self.q_size, config.hidden_size, o_proj_bias(config), dtype)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor,
+                attn_metadata: AttentionMetadata) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        qkv = self.qkv_proj(hidden)  # [T, q_size + 2 * kv_size]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, num_heads, head_dim]
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, num_kv_heads, head_dim]
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:  # Qwen3: per-head RMSNorm before RoPE
+            q, _ = self.q_norm(q)
+            k, _ = self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        out = self.attn_backend.forward(q, k, v, kv_cache, attn_metadata, self.scale,
+                                        self.sliding_window)  # [T, num_heads, head_dim]
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        bias = bool(getattr(config.hf_config, "mlp_bias", False))
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias, config.dtype)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias, config.dtype)
+        self.act = SiluAndMul()
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(hidden)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int, attn_backend: AttentionBackend,
+                 rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer, attn_backend, rotary)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.dtype)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
+                kv_cache: torch.Tensor, attn_metadata: AttentionMetadata
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (this layer's MLP output, the residual stream before it); the next norm adds them."""
+        normed, residual = self.input_layernorm(hidden, residual)
+        attn_out = self.self_attn(positions, normed, kv_cache, attn_metadata)
+        normed, residual = self.post_attention_layernorm(attn_out, residual)
+        return self.mlp(normed), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig, attn_backend: AttentionBackend) -> None:
+        super().__init__()
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, config.dtype)
+        # one cos/sin table shared by every layer; not a parameter, so not in the layout
+        rotary = RotaryEmbedding(config.head_dim, config.max_model_len, config.rope_theta,
+                                 config.rope_scaling, config.dtype)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, layer, attn_backend, rotary)
+                                    for layer in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.dtype)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, kv_caches: list[torch.Tensor],
+                attn_metadata: AttentionMetadata) -> torch.Tensor:
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden, residual = layer(positions, hidden, residual, kv_cache, attn_metadata)
+        normed, _ = self.norm(hidden, residual)
+        return normed  # [T, hidden_size]
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, attn_backend: AttentionBackend) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config, attn_backend)
+        if not config.tie_word_embeddings:
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, False, config.dtype)
+        kv_rows = config.num_kv_heads * config.head_dim
+        self._fused_splits = {
+            "qkv_proj": (("q_proj", config.num_heads * config.head_dim), ("k_proj", kv_rows),
+                         ("v_proj", kv_rows)),
+            "gate_up_proj": (("gate_proj", config.intermediate_size),
+                             ("up_proj", config.intermediate_size)),
+        }
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)  # [T, hidden_size]
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+                attn_metadata: AttentionMetadata, inputs_embeds: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        return self.model(positions, hidden, kv_caches, attn_metadata)  # [T, hidden_size]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
+        return F.linear(hidden, weight).float()  # [N, vocab_size]
+
+    def checkpoint_layout(self) -> dict[str, WeightShard]:
+        """Hugging Face tensor name -> where it goes. Every entry must be filled by a loader."""
+        layout: dict[str, WeightShard] = {}
+        for name, param in self.named_parameters():
+            module, _, leaf = name.rpartition(".")  # e.g. "model.layers.0.mlp.gate_up_proj", "weight"
+            parent, _, kind = module.rpartition(".")
+            if kind not in self._fused_splits:
+                layout[name] = WeightShard(name, 0, param.shape[0])
+                continue
+            row_start = 0
+            for part, num_rows in self._fused_splits[kind]:
+                layout[f"{parent}.{part}.{leaf}"] = WeightShard(name, row_start, num_rows)
+                row_start += num_rows
+        return layout

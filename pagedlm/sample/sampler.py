@@ -1,0 +1,142 @@
+"""One sampling step on the device, for a batch whose parameters the host has laid out.
+
+Order, as in vLLM: logprobs from the raw logits; allowed_token_ids; min_tokens bans; logit_bias;
+penalties; greedy rows take the argmax here. Random rows then go through temperature, min-p,
+top-k, top-p and draw argmax(probs / E), E ~ Exp(1) from a counter-based hash (noise.py).
+A feature no row of the batch uses is None in the batch and launches nothing.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from pagedlm.sample.filters import apply_min_p, apply_top_k_top_p
+from pagedlm.sample.noise import exponential_noise
+from pagedlm.sample.penalties import apply_penalties
+
+Logprobs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+@dataclass(slots=True)
+class SamplerOutput:
+    sampled_token_ids: torch.Tensor  # [N] int64, device
+    # token_ids [N, 1 + K] int64 (sampled first, then the top-K), logprobs [N, 1 + K] float32,
+    # ranks [N] int64 (1-based rank of the sampled token); K = max requested in the batch.
+    logprobs: Logprobs | None = None
+
+
+@dataclass(slots=True)
+class TokenLists:
+    """Per-row token-id lists of the batch rows that use a feature."""
+
+    index: torch.Tensor  # [M] int64: positions in the batch (distinct)
+    token_ids: torch.Tensor  # [M, W] int64, padded with one of the row's own ids
+    values: torch.Tensor | None = None  # [M, W] float32 (logit_bias), 0 on padding
+
+
+@dataclass(slots=True)
+class Penalties:
+    index: torch.Tensor  # [M] int64: positions in the batch
+    rows: torch.Tensor  # [M] int64: persistent rows (to record the sampled tokens)
+    prompt_mask: torch.Tensor  # [M, V] bool
+    output_counts: torch.Tensor  # [M, V] int32
+    repetition: torch.Tensor  # [M] float32
+    frequency: torch.Tensor  # [M] float32
+    presence: torch.Tensor  # [M] float32
+
+
+@dataclass(slots=True)
+class TopKTopP:
+    index: torch.Tensor  # [M] int64: positions in the batch
+    top_k: torch.Tensor  # [M] int64, 0: off
+    top_p: torch.Tensor  # [M] float32, 1: off
+
+
+@dataclass(slots=True)
+class RandomParams:
+    noise_keys: torch.Tensor  # [N] int64
+    is_greedy: torch.Tensor | None = None  # [N] bool; None: no greedy row in the batch
+    temperature: torch.Tensor | None = None  # [N] float32, 1 on rows that keep the logits
+    min_p: torch.Tensor | None = None  # [N] float32, 0: off
+    top_k_top_p: TopKTopP | None = None
+
+
+@dataclass(slots=True)
+class SamplingBatch:
+    """One step's sampling parameters on the device; None: no row of the batch uses it."""
+
+    num_logprobs: int | None = None  # K
+    allowed: TokenLists | None = None
+    banned: TokenLists | None = None  # min_tokens: EOS and stop ids, while too few outputs
+    bias: TokenLists | None = None
+    penalties: Penalties | None = None
+    random: RandomParams | None = None  # None: every row is greedy
+
+
+def sample_batch(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+    """logits [N, V] float32, modified in place."""
+    raw_logprobs = None if batch.num_logprobs is None else logits.log_softmax(dim=-1)  # [N, V]
+    logits = process_logits(logits, batch)
+    sampled = draw(logits, batch.random)
+    if raw_logprobs is None:
+        return SamplerOutput(sampled)
+    return SamplerOutput(sampled, gather_logprobs(raw_logprobs, sampled, batch.num_logprobs))
+
+
+def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Masks, bias and penalties: what greedy rows take the argmax of. [N, V], in place."""
+    allowed, banned, bias, pen = batch.allowed, batch.banned, batch.bias, batch.penalties
+    if allowed is not None:
+        _on_rows(logits, allowed.index, lambda sub: _allow_only(sub, allowed.token_ids))
+    if banned is not None:
+        _on_rows(logits, banned.index, lambda sub: sub.scatter_(1, banned.token_ids, float("-inf")))
+    if bias is not None:
+        _on_rows(logits, bias.index, lambda sub: sub.scatter_add_(1, bias.token_ids, bias.values))
+    if pen is not None:
+        _on_rows(logits, pen.index, lambda sub: apply_penalties(
+            sub, pen.prompt_mask, pen.output_counts, pen.repetition, pen.frequency, pen.presence))
+    return logits
+
+
+def draw(logits: torch.Tensor, params: RandomParams | None) -> torch.Tensor:
+    """Processed logits [N, V] (modified) -> sampled token ids [N] int64."""
+    if params is None:
+        return logits.argmax(dim=-1)
+    greedy_ids = None if params.is_greedy is None else logits.argmax(dim=-1)  # [N]
+    if params.temperature is not None:
+        logits.div_(params.temperature[:, None])
+    if params.min_p is not None:
+        apply_min_p(logits, params.min_p)
+    if params.top_k_top_p is not None:
+        tktp = params.top_k_top_p
+        _on_rows(logits, tktp.index, lambda sub: apply_top_k_top_p(sub, tktp.top_k, tktp.top_p))
+    probs = logits.softmax(dim=-1)  # [N, V]
+    probs.div_(exponential_noise(params.noise_keys, logits.shape[-1]))
+    random_ids = probs.argmax(dim=-1)  # [N]
+    if greedy_ids is None:
+        return random_ids
+    return torch.where(params.is_greedy, greedy_ids, random_ids)
+
+
+def gather_logprobs(raw_logprobs: torch.Tensor, sampled: torch.Tensor, num_logprobs: int) -> Logprobs:
+    """raw_logprobs [N, V], sampled [N] -> (token_ids [N, 1+K], logprobs [N, 1+K], ranks [N])."""
+    sampled_logprobs = raw_logprobs.gather(1, sampled[:, None])  # [N, 1]
+    ranks = (raw_logprobs >= sampled_logprobs).sum(dim=-1)  # [N]
+    top_logprobs, top_ids = raw_logprobs.topk(num_logprobs, dim=-1)  # [N, K]
+    token_ids = torch.cat([sampled[:, None], top_ids], dim=1)
+    logprobs = torch.cat([sampled_logprobs, top_logprobs], dim=1)
+    return token_ids, logprobs, ranks
+
+
+def _on_rows(logits: torch.Tensor, index: torch.Tensor,
+             fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Apply `fn` to the rows `index` [M] (distinct) of logits [N, V] only."""
+    logits.index_copy_(0, index, fn(logits.index_select(0, index)))
+
+
+def _allow_only(logits: torch.Tensor, allowed_ids: torch.Tensor) -> torch.Tensor:
+    """logits [M, V], allowed_ids [M, W]: every other token gets -inf."""
+    mask = torch.full_like(logits, float("-inf")).scatter_(1, allowed_ids, 0.0)
+    return logits.add_(mask)

@@ -1,0 +1,231 @@
+"""SamplingState: the sampling parameters of the requests in persistent rows, and the step.
+
+Per-row parameters live in host numpy tables (kept by add/remove); numeric ones are mirrored to
+the device when rows change and gathered there by row index. Each step the host decides from
+per-row feature flags which features the batch uses, uploads only what those need (pinned,
+non_blocking) and launches nothing for the rest. No Python loop over requests, no sync.
+"""
+from __future__ import annotations
+
+import enum
+import random
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from pagedlm.sample.noise import row_keys, to_int64
+from pagedlm.sample.penalties import PenaltyTables
+from pagedlm.sample.sampler import (Penalties, RandomParams, SamplerOutput, SamplingBatch,
+                                    TokenLists, TopKTopP, sample_batch)
+from pagedlm.sample.tables import MirroredTable, PaddedRows, upload
+from pagedlm.sampling_params import SamplingParams
+
+
+class Feature(enum.IntEnum):
+    RANDOM = 0  # not greedy
+    TEMPERATURE = 1  # random, temperature != 1
+    MIN_P = 2
+    TOP_K_TOP_P = 3
+    PENALTIES = 4
+    BIAS = 5
+    ALLOWED = 6
+    MIN_TOKENS = 7  # min_tokens > 0 with ids to ban (whether still below: num_sampled_np)
+    LOGPROBS = 8
+
+
+# Columns of the mirrored tables; the defaults are the neutral values.
+TEMPERATURE, TOP_P, MIN_P, REPETITION, FREQUENCY, PRESENCE = range(6)
+_FLOAT_DEFAULTS = np.array([1.0, 1.0, 0.0, 1.0, 0.0, 0.0], dtype=np.float32)
+SEED, TOP_K = range(2)
+_INT_DEFAULTS = np.array([0, 0], dtype=np.int64)
+
+
+class SamplingState:
+    def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device | str,
+                 seed: int) -> None:
+        if max_num_reqs < 1:
+            raise ValueError(f"max_num_reqs must be at least 1, got {max_num_reqs}")
+        if vocab_size < 1:
+            raise ValueError(f"vocab_size must be at least 1, got {vocab_size}")
+        self.max_num_reqs = max_num_reqs
+        self.vocab_size = vocab_size
+        self.device = torch.device(device)
+        self._rng = random.Random(seed)  # seeds of requests that bring none
+        self._init_host_rows()
+        self._init_tables()
+
+    def _init_host_rows(self) -> None:
+        num_rows = self.max_num_reqs
+        self._active_np = np.zeros(num_rows, dtype=bool)
+        self._flags_np = np.zeros((num_rows, len(Feature)), dtype=bool)
+        self._num_sampled_np = np.zeros(num_rows, dtype=np.int64)  # outputs so far, per request
+        self._min_tokens_np = np.zeros(num_rows, dtype=np.int64)
+        self._num_logprobs_np = np.zeros(num_rows, dtype=np.int64)
+
+    def _init_tables(self) -> None:
+        num_rows = self.max_num_reqs
+        self._floats = MirroredTable(_FLOAT_DEFAULTS, num_rows, self.device)
+        self._ints = MirroredTable(_INT_DEFAULTS, num_rows, self.device)
+        self._allowed = PaddedRows(num_rows, with_values=False)
+        self._banned = PaddedRows(num_rows, with_values=False)  # EOS and stop ids (min_tokens)
+        self._bias = PaddedRows(num_rows, with_values=True)
+        self._penalty_tables: PenaltyTables | None = None  # [num_rows, V] each: made on first use
+
+    # ---- rows ----------------------------------------------------------------------------
+
+    def add_request(self, row: int, params: SamplingParams, prompt_token_ids: list[int],
+                    output_token_ids: list[int], eos_token_ids: Sequence[int] = ()) -> None:
+        """Give `row` to a request; `output_token_ids` is non-empty for a resumed one."""
+        if not 0 <= row < self.max_num_reqs:
+            raise ValueError(f"row must be in [0, {self.max_num_reqs}), got {row}")
+        if self._active_np[row]:
+            raise ValueError(f"row {row} already holds a request; remove_request it first")
+        params.check_vocab(self.vocab_size)
+        bad_eos = [t for t in eos_token_ids if not 0 <= t < self.vocab_size]
+        if bad_eos:
+            raise ValueError(f"eos_token_ids must be in [0, {self.vocab_size}), got {bad_eos[:5]}")
+        self._active_np[row] = True
+        self._num_sampled_np[row] = len(output_token_ids)
+        self._set_numeric_params(row, params)
+        self._set_token_lists(row, params, len(output_token_ids), eos_token_ids)
+        if self._flags_np[row, Feature.PENALTIES]:
+            self._penalties().reset_row(row, prompt_token_ids, output_token_ids)
+
+    def remove_request(self, row: int) -> None:
+        if not 0 <= row < self.max_num_reqs or not self._active_np[row]:
+            raise ValueError(f"row {row} holds no request")
+        self._active_np[row] = False
+        self._flags_np[row] = False
+
+    def _set_numeric_params(self, row: int, params: SamplingParams) -> None:
+        """Greedy rows keep neutral temperature and truncation: they take the argmax."""
+        is_random = not params.greedy
+        temperature = params.temperature if is_random else 1.0
+        top_k = params.top_k if is_random and params.top_k < self.vocab_size else 0
+        top_p = params.top_p if is_random else 1.0
+        min_p = params.min_p if is_random else 0.0
+        seed = params.seed if params.seed is not None else self._rng.getrandbits(64)
+        flags = self._flags_np[row]
+        flags[Feature.RANDOM] = is_random
+        flags[Feature.TEMPERATURE] = temperature != 1.0
+        flags[Feature.MIN_P] = min_p > 0.0
+        flags[Feature.TOP_K_TOP_P] = top_k > 0 or top_p < 1.0
+        flags[Feature.PENALTIES] = (params.repetition_penalty != 1.0 or params.frequency_penalty != 0.0
+                                    or params.presence_penalty != 0.0)
+        flags[Feature.LOGPROBS] = params.logprobs is not None
+        self._num_logprobs_np[row] = params.logprobs or 0
+        self._floats.set_row(row, (temperature, top_p, min_p, params.repetition_penalty,
+                                   params.frequency_penalty, params.presence_penalty))
+        self._ints.set_row(row, (to_int64(seed), top_k))
+
+    def _set_token_lists(self, row: int, params: SamplingParams, num_outputs: int,
+                         eos_token_ids: Sequence[int]) -> None:
+        flags = self._flags_np[row]
+        flags[Feature.ALLOWED] = self._allowed.set_row(row, params.allowed_token_ids or [])
+        bias = params.logit_bias or {}
+        flags[Feature.BIAS] = self._bias.set_row(row, list(bias), list(bias.values()))
+        banned: list[int] = []
+        if params.min_tokens > num_outputs:
+            banned = list(params.stop_token_ids or [])
+            banned += [] if params.ignore_eos else list(eos_token_ids)
+        self._min_tokens_np[row] = params.min_tokens
+        flags[Feature.MIN_TOKENS] = self._banned.set_row(row, banned)
+
+    def _penalties(self) -> PenaltyTables:
+        if self._penalty_tables is None:
+            self._penalty_tables = PenaltyTables(self.max_num_reqs, self.vocab_size, self.device)
+        return self._penalty_tables
+
+    # ---- the step ------------------------------------------------------------------------
+
+    def sample(self, logits: torch.Tensor, rows_np: np.ndarray) -> SamplerOutput:
+        """logits [N, V] float32 (modified in place), rows_np [N] distinct persistent rows."""
+        rows_np = self._check_batch(logits, rows_np)
+        batch = self.make_batch(rows_np)
+        output = sample_batch(logits.float(), batch)
+        self._num_sampled_np[rows_np] += 1
+        if batch.penalties is not None:
+            sampled = output.sampled_token_ids.index_select(0, batch.penalties.index)
+            self._penalties().record(batch.penalties.rows, sampled)
+        return output
+
+    def make_batch(self, rows_np: np.ndarray) -> SamplingBatch:
+        """The device view of the features the rows [N] use this step (no state changes)."""
+        flags_np = self._flags_np[rows_np]  # [N, F]
+        used = flags_np.any(axis=0)  # [F]
+        batch = SamplingBatch()
+        if used[Feature.LOGPROBS]:
+            batch.num_logprobs = int(self._num_logprobs_np[rows_np].max())
+        if used[Feature.ALLOWED]:
+            batch.allowed = self._token_lists(rows_np, flags_np[:, Feature.ALLOWED], self._allowed)
+        if used[Feature.MIN_TOKENS]:
+            below = self._num_sampled_np[rows_np] < self._min_tokens_np[rows_np]  # [N]
+            if below.any():
+                batch.banned = self._token_lists(rows_np, flags_np[:, Feature.MIN_TOKENS] & below,
+                                                 self._banned)
+        if used[Feature.BIAS]:
+            batch.bias = self._token_lists(rows_np, flags_np[:, Feature.BIAS], self._bias)
+        if used[Feature.PENALTIES]:
+            batch.penalties = self._batch_penalties(rows_np, flags_np[:, Feature.PENALTIES])
+        if used[Feature.RANDOM]:
+            batch.random = self._random_params(rows_np, flags_np, used)
+        return batch
+
+    def _check_batch(self, logits: torch.Tensor, rows_np: np.ndarray) -> np.ndarray:
+        rows_np = np.asarray(rows_np, dtype=np.int64)
+        if rows_np.ndim != 1 or rows_np.size == 0:
+            raise ValueError(f"rows_np must be a non-empty 1-D array, got shape {rows_np.shape}")
+        if tuple(logits.shape) != (rows_np.size, self.vocab_size):
+            raise ValueError(f"logits must have shape [{rows_np.size}, {self.vocab_size}] "
+                             f"(num rows, vocab_size), got {list(logits.shape)}")
+        if rows_np.min() < 0 or rows_np.max() >= self.max_num_reqs:
+            raise ValueError(f"rows_np must be in [0, {self.max_num_reqs}), got {rows_np}")
+        if not self._active_np[rows_np].all():
+            raise ValueError(f"rows_np holds rows without a request: {rows_np[~self._active_np[rows_np]]}")
+        return rows_np
+
+    def _select(self, rows_np: np.ndarray, mask_np: np.ndarray) -> torch.Tensor:
+        """The batch positions where mask_np [N] holds, and their rows: [2, M] int64, device."""
+        index_np = np.flatnonzero(mask_np)
+        return upload(np.stack([index_np, rows_np[index_np]]), self.device)
+
+    def _token_lists(self, rows_np: np.ndarray, mask_np: np.ndarray, table: PaddedRows) -> TokenLists:
+        index_np = np.flatnonzero(mask_np)
+        ids_np, values_np = table.gather(rows_np[index_np])  # [M, W]
+        packed = upload(np.concatenate([index_np[:, None], ids_np], axis=1), self.device)
+        values = None if values_np is None else upload(values_np, self.device)
+        return TokenLists(index=packed[:, 0], token_ids=packed[:, 1:], values=values)
+
+    def _batch_penalties(self, rows_np: np.ndarray, mask_np: np.ndarray) -> Penalties:
+        self._floats.sync()
+        tables = self._penalties()
+        index, rows = self._select(rows_np, mask_np)
+        floats = self._floats.gpu.index_select(0, rows)  # [M, 6]
+        return Penalties(index=index, rows=rows,
+                         prompt_mask=tables.prompt_mask.index_select(0, rows),
+                         output_counts=tables.output_counts.index_select(0, rows),
+                         repetition=floats[:, REPETITION], frequency=floats[:, FREQUENCY],
+                         presence=floats[:, PRESENCE])
+
+    def _random_params(self, rows_np: np.ndarray, flags_np: np.ndarray,
+                       used: np.ndarray) -> RandomParams:
+        self._floats.sync()
+        self._ints.sync()
+        is_random_np = flags_np[:, Feature.RANDOM]
+        packed_np = np.stack([rows_np, self._num_sampled_np[rows_np], is_random_np])  # [3, N]
+        rows, num_sampled, is_random = upload(packed_np.astype(np.int64), self.device)
+        params = RandomParams(noise_keys=row_keys(self._ints.gpu[:, SEED].index_select(0, rows),
+                                                  num_sampled))
+        if not is_random_np.all():
+            params.is_greedy = is_random == 0
+        if used[Feature.TEMPERATURE] or used[Feature.MIN_P]:
+            floats = self._floats.gpu.index_select(0, rows)  # [N, 6]
+            params.temperature = floats[:, TEMPERATURE] if used[Feature.TEMPERATURE] else None
+            params.min_p = floats[:, MIN_P] if used[Feature.MIN_P] else None
+        if used[Feature.TOP_K_TOP_P]:
+            index, sel_rows = self._select(rows_np, flags_np[:, Feature.TOP_K_TOP_P])
+            params.top_k_top_p = TopKTopP(
+                index=index, top_k=self._ints.gpu[:, TOP_K].index_select(0, sel_rows),
+                top_p=self._floats.gpu[:, TOP_P].index_select(0, sel_rows))
+        return params

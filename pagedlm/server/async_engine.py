@@ -1,0 +1,275 @@
+"""AsyncLLM: the server's front end to an engine core running in its own process.
+
+Here: tokenisation and validation (LLMEngine.process_request), detokenisation, stop strings and
+the gathering of parallel samples (the engine's OutputProcessor), admission control, and one
+asyncio queue per request that a background task fills from the core's output socket.
+There: the EngineCore step loop (core_process.py). Messages go over ZeroMQ (ipc sockets)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import zmq
+import zmq.asyncio
+
+from pagedlm.config import EngineConfig
+from pagedlm.engine.llm_engine import LLMEngine, ProcessedRequest
+from pagedlm.engine.output_processor import OutputProcessor, core_request_ids
+from pagedlm.engine.tokenizer import load_tokenizer
+from pagedlm.outputs import RequestOutput
+from pagedlm.server import wire
+from pagedlm.server.core_process import run_core
+from pagedlm.server.metrics import ServerMetrics
+from pagedlm.server.remote_core import RemoteCore
+
+logger = logging.getLogger("pagedlm.server")
+
+_CORE_EXIT_TIMEOUT_S = 10.0
+
+
+class EngineDeadError(RuntimeError):
+    """The engine-core process died; no request can be served."""
+
+
+class RequestAborted(RuntimeError):
+    """The server aborted the request (it is shutting down)."""
+
+
+class Overloaded(RuntimeError):
+    """Admission control refused the request; retry later."""
+
+
+@dataclass(frozen=True)
+class AdmissionLimits:
+    max_num_queued_reqs: int | None = None  # core requests in flight (a request with n counts n)
+    max_num_queued_tokens: int | None = None  # prompt tokens of core requests still in prefill
+
+
+class FrontEndEngine(LLMEngine):
+    """LLMEngine whose core is a RemoteCore: its input processing, output processor and
+    add/abort logic run here unchanged; stepping is the output task's job."""
+
+    def __init__(self, config: EngineConfig, core: RemoteCore) -> None:  # noqa: D107
+        self.config = config
+        self.model_config = config.model
+        self.tokenizer = load_tokenizer(config.model)
+        self.engine_core = core
+        self.output_processor = OutputProcessor(self.tokenizer)
+
+
+class AsyncLLM:
+    def __init__(self, config: EngineConfig, model_name: str, limits: AdmissionLimits,
+                 core_cls: type | None = None, log_stats_interval_s: float = 5.0) -> None:
+        self.config = config
+        self.limits = limits
+        self.metrics = ServerMetrics(model_name)
+        self._core_cls = core_cls
+        self._log_stats_interval_s = log_stats_interval_s
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._num_samples: dict[str, int] = {}  # request id -> n
+        self._core_to_request: dict[str, str] = {}
+        self._tasks: list[asyncio.Task] = []
+        self.dead_error: str | None = None
+        self.shutting_down = False
+        self._init_sockets()
+        self.core = RemoteCore(self._send, self.metrics)
+        self.engine: FrontEndEngine | None = None
+
+    def _init_sockets(self) -> None:
+        self._ipc_dir = tempfile.mkdtemp(prefix="pagedlm-")
+        self._input_addr = f"ipc://{self._ipc_dir}/input"
+        self._output_addr = f"ipc://{self._ipc_dir}/output"
+        self._ctx = zmq.Context()
+        self._input = self._ctx.socket(zmq.PUSH)
+        self._input.setsockopt(zmq.SNDHWM, 0)
+        self._input.bind(self._input_addr)
+        self._actx = zmq.asyncio.Context()
+        self._output = self._actx.socket(zmq.PULL)
+        self._output.setsockopt(zmq.RCVHWM, 0)
+        self._output.bind(self._output_addr)
+
+    def _send(self, data: bytes) -> None:
+        self._input.send(data, flags=zmq.NOBLOCK)
+
+    # ---- life cycle ----
+
+    async def start(self) -> None:
+        """Starts the core process, loads the tokenizer meanwhile, waits until the core is ready."""
+        spawn = multiprocessing.get_context("spawn")
+        self._proc = spawn.Process(
+            target=run_core, name="pagedlm-engine-core", daemon=True,
+            args=(self.config, self._input_addr, self._output_addr, os.getpid(), self._core_cls))
+        self._proc.start()
+        self.engine = await asyncio.to_thread(FrontEndEngine, self.config, self.core)
+        msg = await self._recv_or_core_exit()
+        if not isinstance(msg, wire.Ready):
+            raise RuntimeError(f"engine core failed to start:\n{getattr(msg, 'error', msg)}")
+        self._tasks = [asyncio.create_task(self._output_loop(), name="pagedlm-outputs"),
+                       asyncio.create_task(self._watch_core(), name="pagedlm-core-watch"),
+                       asyncio.create_task(self._log_loop(), name="pagedlm-log-stats")]
+
+    async def _recv_or_core_exit(self) -> wire.FromCore | None:
+        recv = asyncio.ensure_future(self._output.recv())
+        while not recv.done():
+            await asyncio.wait([recv], timeout=0.5)
+            if not recv.done() and not self._proc.is_alive():
+                recv.cancel()
+                return None
+        return wire.from_core_decoder().decode(recv.result())
+
+    def stop_accepting(self) -> None:
+        """New requests get 503; those in flight are aborted (their streams end now)."""
+        self.shutting_down = True
+        self.abort_all()
+
+    async def shutdown(self) -> None:
+        """Aborts what is in flight, stops the core process, releases sockets."""
+        self.stop_accepting()
+        for task in self._tasks:
+            task.cancel()
+        proc = getattr(self, "_proc", None)
+        if proc is not None and proc.is_alive():
+            if self._tasks:  # ready: it reads its socket
+                self.core.send(wire.Shutdown())
+            else:  # still loading the model
+                proc.terminate()
+            await asyncio.to_thread(proc.join, _CORE_EXIT_TIMEOUT_S)
+            if proc.is_alive():
+                logger.warning("engine core did not stop in %.0f s; killing it", _CORE_EXIT_TIMEOUT_S)
+                proc.kill()
+                await asyncio.to_thread(proc.join)
+        self._input.close(linger=0)
+        self._output.close(linger=0)
+        self._ctx.term()
+        self._actx.term()
+        shutil.rmtree(self._ipc_dir, ignore_errors=True)
+
+    @property
+    def is_healthy(self) -> bool:
+        return self.dead_error is None and self._proc.is_alive()
+
+    # ---- requests ----
+
+    def admit(self, num_requests: int, num_prompt_tokens: int) -> None:
+        """Raises Overloaded when adding `num_requests` core requests holding `num_prompt_tokens`
+        prompt tokens would pass a cap, ValueError when the request alone is over a cap."""
+        self.check_alive()
+        if self.shutting_down:
+            raise Overloaded("the server is shutting down")
+        for cap, name, current, new in (
+                (self.limits.max_num_queued_reqs, "max_num_queued_reqs", self.core.num_in_flight,
+                 num_requests),
+                (self.limits.max_num_queued_tokens, "max_num_queued_tokens",
+                 self.core.num_prefill_tokens, num_prompt_tokens)):
+            if cap is None:
+                continue
+            if new > cap:
+                raise ValueError(f"the request needs {new} of {name}={cap} on its own")
+            if current + new > cap:
+                self.metrics.observe_rejected(name)
+                raise Overloaded(f"server overloaded: {current} in use + {new} requested > "
+                                 f"{name}={cap}; retry later")
+
+    def check_alive(self) -> None:
+        if self.dead_error is not None:
+            raise EngineDeadError(f"the engine core died: {self.dead_error}")
+
+    def add_request(self, request_id: str, processed: ProcessedRequest, priority: int = 0) -> None:
+        """Adds the request at once (call admit() first); read it with outputs(request_id)."""
+        self.check_alive()
+        self.engine.add_processed_request(request_id, processed, priority)
+        self._queues[request_id] = asyncio.Queue()
+        self._num_samples[request_id] = processed.params.n
+        for core_id in core_request_ids(request_id, processed.params.n):
+            self._core_to_request[core_id] = request_id
+
+    async def outputs(self, request_id: str) -> AsyncIterator[RequestOutput]:
+        """The request's cumulative outputs up to the last one; then (or when the iterator is
+        closed early) the request is released."""
+        queue = self._queues[request_id]
+        try:
+            while True:
+                output = _latest(await queue.get(), queue)
+                yield output
+                if output.finished:
+                    return
+        finally:
+            self.release(request_id)
+
+    def release(self, request_id: str) -> None:
+        """Forgets the request and aborts it in the engine if unfinished; idempotent."""
+        if self._queues.pop(request_id, None) is None:
+            return
+        for core_id in core_request_ids(request_id, self._num_samples.pop(request_id)):
+            self._core_to_request.pop(core_id, None)
+        if self.dead_error is None:
+            self.engine.abort_request(request_id)  # a no-op when it has finished
+
+    def abort_all(self) -> None:
+        for request_id, queue in list(self._queues.items()):
+            if self.dead_error is None:
+                self.engine.abort_request(request_id)
+            queue.put_nowait(RequestAborted("the server is shutting down"))
+
+    # ---- background tasks ----
+
+    async def _output_loop(self) -> None:
+        decoder = wire.from_core_decoder()
+        while True:
+            msg = decoder.decode(await self._output.recv())
+            if isinstance(msg, wire.Dead):
+                self._on_core_dead(msg.error)
+                return
+            self._on_outputs(msg)
+
+    def _on_outputs(self, msg: wire.CoreOutputs) -> None:
+        self.metrics.update_core_stats(msg.stats)
+        self.core.on_outputs(msg)
+        for core_id, error in msg.errors.items():
+            request_id = self._core_to_request.get(core_id)
+            if request_id is not None:
+                self.engine.abort_request(request_id)
+                self._queues[request_id].put_nowait(ValueError(error))
+        processed = self.engine.output_processor.process_outputs(msg.outputs)
+        if processed.reqs_to_finish:
+            self.core.finish_requests(processed.reqs_to_finish)
+        for output in processed.request_outputs:
+            queue = self._queues.get(output.request_id)
+            if queue is not None:
+                queue.put_nowait(output)
+
+    async def _watch_core(self) -> None:
+        while self._proc.is_alive():
+            await asyncio.sleep(0.5)
+        if not self.shutting_down:
+            self._on_core_dead(f"the process exited with code {self._proc.exitcode}")
+
+    def _on_core_dead(self, error: str) -> None:
+        if self.dead_error is not None:
+            return
+        logger.error("engine core died: %s", error)
+        self.dead_error = error
+        for queue in self._queues.values():
+            queue.put_nowait(EngineDeadError(f"the engine core died: {error}"))
+
+    async def _log_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._log_stats_interval_s)
+            self.metrics.log_line()
+
+
+def _latest(item: RequestOutput | Exception, queue: asyncio.Queue) -> RequestOutput:
+    """Outputs are cumulative: of several queued ones only the newest matters."""
+    while True:
+        if isinstance(item, Exception):
+            raise item
+        if queue.empty():
+            return item
+        item = queue.get_nowait()

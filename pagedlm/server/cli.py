@@ -1,0 +1,58 @@
+"""`pagedlm serve [MODEL]`: the subcommand's flags (the engine's, plus the server's)."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Adds `serve` to `pagedlm`'s subcommands; imports nothing of the server until it runs."""
+    from pagedlm.cli import add_engine_args
+
+    parser = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server",
+                                   description="Serve a model over OpenAI's HTTP API.")
+    parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                        help="a model folder or .gguf file (same as --model; default: SmolLM2-135M)")
+    group = parser.add_argument_group("server")
+    group.add_argument("--host", default="127.0.0.1", help="(default: 127.0.0.1)")
+    group.add_argument("--port", type=int, default=8000, help="(default: 8000)")
+    group.add_argument("--served-model-name", default=None,
+                       help="the name clients use in `model` (default: MODEL as given, or the "
+                            "default model's file name)")
+    group.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer KEY' on /v1 routes")
+    group.add_argument("--max-num-queued-reqs", type=_positive, default=None,
+                       help="admission control: most requests in flight (waiting + running; a "
+                            "request with n counts n); over it: 503 (default: no limit)")
+    group.add_argument("--max-num-queued-tokens", type=_positive, default=None,
+                       help="admission control: most prompt tokens of requests still in prefill; "
+                            "over it: 503 (default: no limit)")
+    group.add_argument("--max-request-body-bytes", type=_positive, default=DEFAULT_MAX_BODY_BYTES,
+                       help=f"larger bodies get 413 (default: {DEFAULT_MAX_BODY_BYTES})")
+    group.add_argument("--log-stats-interval", type=float, default=5.0,
+                       help="seconds between two stats log lines (default: 5)")
+    group.add_argument("--uvicorn-log-level", default="info",
+                       choices=["critical", "error", "warning", "info", "debug", "trace"])
+    add_engine_args(parser)
+    parser.set_defaults(func=run_serve)
+    return parser
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def run_serve(args: argparse.Namespace) -> None:
+    if args.model_tag is not None:
+        if args.model is not None and args.model != args.model_tag:
+            raise ValueError(f"model: given twice, as MODEL={args.model_tag!r} and "
+                             f"--model={args.model!r}")
+        args.model = args.model_tag
+    from pagedlm.server.launch import run_server
+
+    run_server(args)

@@ -1,0 +1,146 @@
+"""The engine core in its own process: receive requests and aborts over ZeroMQ, step the
+EngineCore while it has work, send each step's outputs and the scheduler's stats back.
+
+The process never blocks on the front end: inputs are drained without waiting while requests
+are live, and waited for (with a timeout that checks the parent is alive) when idle."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import traceback
+from typing import Any
+
+import zmq
+
+from pagedlm.config import EngineConfig
+from pagedlm.core.sched_output import EngineCoreOutput
+from pagedlm.request import Request
+from pagedlm.server import wire
+from pagedlm.server.metrics import CoreStats
+
+logger = logging.getLogger("pagedlm.server.core")
+
+IDLE_POLL_MS = 500  # when idle, how often to check that the parent is still alive
+
+
+def run_core(config: EngineConfig, input_addr: str, output_addr: str, parent_pid: int,
+             core_cls: type | None = None) -> None:
+    """Process entry point. core_cls defaults to pagedlm.engine.engine_core.EngineCore."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front end decides when the core stops
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    ctx = zmq.Context()
+    inputs, outputs = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    inputs.connect(input_addr)
+    outputs.connect(output_addr)
+    encoder = wire.encoder()
+    try:
+        if core_cls is None:
+            from pagedlm.engine.engine_core import EngineCore as core_cls
+        core = core_cls(config)
+        outputs.send(encoder.encode(wire.Ready()))
+        CoreLoop(core, config.model.eos_token_ids, inputs, outputs, parent_pid).run()
+    except Exception:  # noqa: BLE001 - the front end must learn why the core died
+        logger.exception("engine core failed")
+        outputs.send(encoder.encode(wire.Dead(error=traceback.format_exc(limit=8))))
+    finally:
+        outputs.close(linger=1000)
+        inputs.close(linger=0)
+        ctx.term()
+
+
+def core_stats(core: Any) -> CoreStats:
+    stats = core.get_stats()  # the scheduler's SchedulerStats
+    return CoreStats(
+        num_running=stats.num_running, num_waiting=stats.num_waiting,
+        kv_cache_usage=float(stats.kv_cache_usage),
+        prefix_cache_queries=stats.prefix_cache_queries, prefix_cache_hits=stats.prefix_cache_hits,
+        num_preemptions=stats.num_preemptions)
+
+
+class CoreLoop:
+    def __init__(self, core: Any, eos_token_ids: tuple[int, ...], inputs: zmq.Socket,
+                 outputs: zmq.Socket, parent_pid: int) -> None:
+        self.core = core
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.inputs = inputs
+        self.outputs = outputs
+        self.parent_pid = parent_pid
+        self.encoder = wire.encoder()
+        self.decoder = wire.to_core_decoder()
+        self.live: dict[str, Request] = {}  # requests added and not yet finished
+        self.unreported_schedule: set[str] = set()  # live ids whose first schedule is unsent
+
+    def run(self) -> None:
+        while True:
+            if not self._receive(block=not self.core.has_unfinished_requests()):
+                return
+            if self.core.has_unfinished_requests():
+                self._step()
+
+    def _receive(self, block: bool) -> bool:
+        """Handle every pending message; wait for the first one when `block`. False: stop."""
+        errors: dict[str, str] = {}
+        aborted = False
+        timeout = IDLE_POLL_MS if block else 0
+        while self.inputs.poll(timeout):
+            timeout = 0
+            msg = self.decoder.decode(self.inputs.recv())
+            if isinstance(msg, wire.Shutdown):
+                return False
+            if isinstance(msg, wire.AbortRequests):
+                self._abort(msg)
+                aborted = True
+            else:
+                self._add(msg, errors)
+        if block and os.getppid() != self.parent_pid:
+            return False  # orphaned: the front end is gone
+        if errors or (aborted and not self.core.has_unfinished_requests()):
+            self._send([], errors)  # idle: the front end still needs the news and fresh stats
+        return True
+
+    def _add(self, msg: wire.AddRequest, errors: dict[str, str]) -> None:
+        request = Request(request_id=msg.request_id, prompt_token_ids=msg.prompt_token_ids,
+                          sampling_params=msg.sampling_params,
+                          eos_token_ids=self.eos_token_ids, max_tokens=msg.max_tokens,
+                          arrival_time=msg.arrival_time, priority=msg.priority)
+        try:
+            self.core.add_request(request)
+        except ValueError as exc:
+            errors[msg.request_id] = str(exc)
+            return
+        self.live[msg.request_id] = request
+        self.unreported_schedule.add(msg.request_id)
+
+    def _abort(self, msg: wire.AbortRequests) -> None:
+        ids = [i for i in msg.request_ids if i in self.live]
+        if ids and msg.stopped:
+            self.core.finish_requests(ids)
+        elif ids:
+            self.core.abort_requests(ids)
+        for i in ids:
+            del self.live[i]
+            self.unreported_schedule.discard(i)
+
+    def _step(self) -> None:
+        outputs = self.core.step()
+        first_scheduled = self._newly_scheduled()
+        for out in outputs:
+            if out.finished:
+                self.live.pop(out.req_id, None)
+        self._send(outputs, {}, first_scheduled)
+
+    def _newly_scheduled(self) -> dict[str, float]:
+        found = {}
+        for req_id in list(self.unreported_schedule):
+            when = self.live[req_id].first_scheduled_time
+            if when is not None:
+                found[req_id] = when
+                self.unreported_schedule.discard(req_id)
+        return found
+
+    def _send(self, outputs: list[EngineCoreOutput], errors: dict[str, str],
+              first_scheduled: dict[str, float] | None = None) -> None:
+        msg = wire.CoreOutputs(outputs=outputs, stats=core_stats(self.core),
+                               first_scheduled=first_scheduled or {}, errors=errors)
+        self.outputs.send(self.encoder.encode(msg))

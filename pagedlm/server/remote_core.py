@@ -1,0 +1,96 @@
+"""The engine core as LLMEngine calls it (add_request / abort_requests / finish_requests), living in
+another process: every call becomes a message. It also keeps, per core request, what admission
+control and the latency metrics need: in flight or not, still in prefill or not, and its times."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pagedlm.request import Request
+from pagedlm.server import wire
+from pagedlm.server.metrics import FinishedRequestTimes, ServerMetrics
+
+
+@dataclass(slots=True)
+class _CoreRequest:
+    num_prompt_tokens: int
+    arrival: float
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    num_output_tokens: int = 0
+
+
+class RemoteCore:
+    def __init__(self, send: Callable[[bytes], None], metrics: ServerMetrics) -> None:
+        self._send = send
+        self._metrics = metrics
+        self._encoder = wire.encoder()
+        self._requests: dict[str, _CoreRequest] = {}  # core requests in flight
+        self.num_prefill_tokens = 0  # prompt tokens of in-flight requests without a first token
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._requests)
+
+    def send(self, msg: wire.ToCore) -> None:
+        self._send(self._encoder.encode(msg))
+
+    def add_request(self, request: Request) -> None:
+        self.send(wire.AddRequest(
+            request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
+            sampling_params=request.sampling_params, max_tokens=request.max_tokens,
+            arrival_time=request.arrival_time, priority=request.priority))
+        self._requests[request.request_id] = _CoreRequest(request.num_prompt_tokens,
+                                                          request.arrival_time)
+        self.num_prefill_tokens += request.num_prompt_tokens
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self.send(wire.AbortRequests(request_ids))
+        for req_id in request_ids:
+            self._finish(req_id, "abort", time.time())
+
+    def finish_requests(self, request_ids: list[str]) -> None:
+        """Requests a stop string ended in the front end."""
+        self.send(wire.AbortRequests(request_ids, stopped=True))
+        for req_id in request_ids:
+            self._finish(req_id, "stop", time.time())
+
+    def on_outputs(self, msg: wire.CoreOutputs) -> None:
+        now = time.time()
+        for req_id, when in msg.first_scheduled.items():
+            if req_id in self._requests:
+                self._requests[req_id].first_scheduled = when
+        for out in msg.outputs:
+            request = self._requests.get(out.req_id)
+            if request is None:  # finished here already (stop string, abort)
+                continue
+            if out.new_token_ids:
+                self._on_tokens(request, len(out.new_token_ids), now)
+            if out.finished:
+                self._finish(out.req_id, out.finish_reason, now)
+        for req_id in msg.errors:
+            self._finish(req_id, "abort", now)
+
+    def _on_tokens(self, request: _CoreRequest, num_new: int, now: float) -> None:
+        if request.first_token is None:
+            request.first_token = now
+            self.num_prefill_tokens -= request.num_prompt_tokens
+            self._metrics.observe_first_tokens(num_new)
+        else:
+            self._metrics.observe_token_gap(now - request.last_token, num_new)
+        request.last_token = now
+        request.num_output_tokens += num_new
+
+    def _finish(self, req_id: str, reason: str, now: float) -> None:
+        request = self._requests.pop(req_id, None)
+        if request is None:
+            return
+        if request.first_token is None:
+            self.num_prefill_tokens -= request.num_prompt_tokens
+        self._metrics.observe_finished(FinishedRequestTimes(
+            arrival=request.arrival, first_scheduled=request.first_scheduled,
+            first_token=request.first_token, finished=now,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_output_tokens=request.num_output_tokens, finish_reason=reason))

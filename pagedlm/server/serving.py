@@ -1,0 +1,252 @@
+"""What both generation endpoints share: errors in OpenAI's shape, model and parameter checks,
+prompt processing with the context check, admission, merged output streams, disconnects, SSE."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+from pydantic import BaseModel
+
+from pagedlm.engine.llm_engine import ProcessedRequest
+from pagedlm.outputs import CompletionOutput, RequestOutput
+from pagedlm.sampling_params import SamplingParams
+from pagedlm.server.async_engine import AsyncLLM, EngineDeadError, Overloaded, RequestAborted
+from pagedlm.server.protocol import PromptTokensDetails, SamplingFields, UsageInfo
+
+RETRY_AFTER_S = 1
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+    @property
+    def type(self) -> str:
+        return _ERROR_TYPES.get(self.status, "invalid_request_error" if self.status < 500
+                                else "server_error")
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+_ERROR_TYPES = {401: "authentication_error", 404: "invalid_request_error",
+                503: "service_unavailable_error"}
+
+
+def bad_request(exc: ValueError, fields: type[BaseModel]) -> APIError:
+    """A ValueError from validation; its first word names the parameter when it is a field."""
+    message = str(exc)
+    first = message.split(" ", 1)[0].rstrip(":")
+    return APIError(400, message, param=first if first in fields.model_fields else None)
+
+
+@dataclass
+class ServingContext:
+    engine: AsyncLLM
+    model_name: str
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"The model `{model}` does not exist.", param="model",
+                           code="model_not_found")
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.config.model.max_model_len
+
+
+_request_counter = itertools.count()
+
+
+def new_request_id(raw: Request, body: SamplingFields) -> str:
+    """The caller's request_id (body) or X-Request-Id (header), else a random one."""
+    return body.request_id or raw.headers.get("x-request-id") or uuid.uuid4().hex
+
+
+def build_params(ctx: ServingContext, body: SamplingFields, max_tokens: int | None,
+                 logprobs: int | None) -> SamplingParams:
+    if body.priority != 0 and ctx.engine.config.scheduler.policy != "priority":
+        raise APIError(400, "priority: only supported with --scheduling-policy priority",
+                       param="priority")
+    try:
+        return body.to_sampling_params(max_tokens, logprobs, ctx.engine.config.model.vocab_size)
+    except ValueError as exc:
+        raise bad_request(exc, type(body)) from None
+
+
+def process_prompt(ctx: ServingContext, prompt: Any, params: SamplingParams,
+                   requested_max_tokens: int | None, body: SamplingFields) -> ProcessedRequest:
+    """Tokenises and validates one prompt; a prompt plus max_tokens over the context is a 400."""
+    try:
+        processed = ctx.engine.engine.process_request(prompt, params)
+    except ValueError as exc:
+        code = "context_length_exceeded" if "max_model_len" in str(exc) else None
+        error = bad_request(exc, type(body))
+        error.code = code
+        raise error from None
+    num_prompt = len(processed.prompt_token_ids)
+    if requested_max_tokens is not None and num_prompt + requested_max_tokens > ctx.max_model_len:
+        raise APIError(
+            400, f"This model's maximum context length is {ctx.max_model_len} tokens "
+            f"(max_model_len), but {num_prompt + requested_max_tokens} tokens were requested "
+            f"({num_prompt} in the prompt, {requested_max_tokens} for the completion). "
+            "Reduce the prompt or max_tokens.", param="max_tokens", code="context_length_exceeded")
+    return processed
+
+
+def admit(ctx: ServingContext, processed: list[ProcessedRequest], n: int) -> None:
+    num_tokens = n * sum(len(p.prompt_token_ids) for p in processed)
+    try:
+        ctx.engine.admit(n * len(processed), num_tokens)
+    except Overloaded as exc:
+        raise APIError(503, str(exc), code="server_overloaded",
+                       headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+    except EngineDeadError as exc:
+        raise APIError(503, str(exc), code="engine_dead") from None
+    except ValueError as exc:
+        raise APIError(400, str(exc)) from None
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+class Generation:
+    """One HTTP request's engine requests (one per prompt), added at once, with their outputs
+    merged in arrival order. A client disconnect, or closing the iteration early, aborts them."""
+
+    def __init__(self, ctx: ServingContext, raw: Request, request_id: str,
+                 processed: list[ProcessedRequest], priority: int) -> None:
+        self._engine = ctx.engine
+        unique = f"{request_id}-{next(_request_counter)}"  # callers may reuse request ids
+        self._ids = [f"{unique}-{i}" for i in range(len(processed))]
+        for engine_id, prompt in zip(self._ids, processed):
+            self._engine.add_request(engine_id, prompt, priority)
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._pumps = [asyncio.create_task(self._pump(i, engine_id))
+                       for i, engine_id in enumerate(self._ids)]
+        self._watcher = asyncio.create_task(self._watch(raw))
+
+    async def _pump(self, index: int, engine_id: str) -> None:
+        try:
+            async for output in self._engine.outputs(engine_id):
+                self._queue.put_nowait((index, output))
+            self._queue.put_nowait((index, None))
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer
+            self._queue.put_nowait((index, exc))
+
+    async def _watch(self, raw: Request) -> None:
+        while (await raw.receive())["type"] != "http.disconnect":
+            pass
+        self._abort()
+        self._queue.put_nowait((-1, ClientDisconnected()))
+
+    def _abort(self) -> None:
+        for task in self._pumps:
+            task.cancel()
+        for engine_id in self._ids:
+            self._engine.release(engine_id)
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(prompt index, cumulative output) until every prompt has finished."""
+        try:
+            num_running = len(self._pumps)
+            while num_running:
+                index, item = await self._queue.get()
+                if isinstance(item, Exception):
+                    raise item
+                if item is None:
+                    num_running -= 1
+                else:
+                    yield index, item
+        finally:
+            self._watcher.cancel()
+            self._abort()
+
+
+def generation_error(exc: Exception) -> APIError:
+    """An error that ends a request the engine had accepted."""
+    if isinstance(exc, RequestAborted):
+        return APIError(503, str(exc), code="shutting_down")
+    if isinstance(exc, EngineDeadError):
+        return APIError(500, str(exc), code="engine_dead")
+    if isinstance(exc, ClientDisconnected):
+        return APIError(499, "client disconnected")
+    return APIError(400, str(exc))
+
+
+GENERATION_ERRORS = (RequestAborted, EngineDeadError, ClientDisconnected, ValueError)
+
+
+def usage(outputs: list[RequestOutput | None]) -> UsageInfo:
+    """Prompt tokens count once per prompt; completion tokens over every choice."""
+    done = [o for o in outputs if o is not None]
+    prompt = sum(len(o.prompt_token_ids) for o in done)
+    completion = sum(len(c.token_ids) for o in done for c in o.outputs)
+    cached = sum(o.num_cached_tokens for o in done)
+    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
+                     total_tokens=prompt + completion,
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+
+
+def sse(payload: BaseModel | dict[str, Any]) -> str:
+    data = payload.model_dump_json(exclude_none=True) if isinstance(payload, BaseModel) \
+        else json.dumps(payload)
+    return f"data: {data}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+@dataclass(slots=True)
+class Delta:
+    """What a choice gained since the last chunk."""
+
+    text: str
+    token_start: int  # its new tokens are token_ids[token_start:token_end]
+    token_end: int
+    char_start: int  # where the new text starts in the choice's text
+    first: bool  # the choice's first chunk
+    finish_reason: str | None
+
+
+class DeltaTracker:
+    """Outputs are cumulative: remember per choice what was sent, hand out only the new part."""
+
+    def __init__(self) -> None:
+        self._sent: dict[int, tuple[int, int]] = {}  # choice index -> (num chars, num tokens)
+        self._done: set[int] = set()
+
+    def delta(self, index: int, choice: CompletionOutput) -> Delta | None:
+        if index in self._done:
+            return None
+        num_chars, num_tokens = self._sent.get(index, (0, 0))
+        first = index not in self._sent
+        text = choice.text[num_chars:]
+        if not text and len(choice.token_ids) == num_tokens and choice.finish_reason is None \
+                and not first:
+            return None
+        self._sent[index] = (len(choice.text), len(choice.token_ids))
+        if choice.finish_reason is not None:
+            self._done.add(index)
+        return Delta(text, num_tokens, len(choice.token_ids), num_chars, first,
+                     choice.finish_reason)

@@ -1,0 +1,126 @@
+"""POST /v1/chat/completions: the model's chat template over system/user/assistant messages,
+n choices, whole or streamed (a role chunk first per choice, then content deltas)."""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from pagedlm.engine.llm_engine import ProcessedRequest
+from pagedlm.engine.tokenizer import apply_chat_template
+from pagedlm.outputs import CompletionOutput, RequestOutput, SampleLogprobs
+from pagedlm.server.protocol import (ChatChoice, ChatChoiceLogprobs, ChatCompletionChunk,
+                                     ChatCompletionRequest, ChatCompletionResponse, ChatLogprob,
+                                     ChatMessage, ChatMessageOut, ChatStreamChoice, DeltaMessage,
+                                     TopLogprob)
+from pagedlm.server.serving import (GENERATION_ERRORS, SSE_DONE, APIError, Delta, DeltaTracker,
+                                    Generation, ServingContext, admit, build_params,
+                                    generation_error, new_request_id, process_prompt, sse, usage)
+
+
+async def create_chat_completion(ctx: ServingContext, body: ChatCompletionRequest,
+                                 raw: Request) -> Response:
+    ctx.check_model(body.model)
+    if body.top_logprobs is not None and not body.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    params = build_params(ctx, body, max_tokens, (body.top_logprobs or 0) if body.logprobs else None)
+    processed = process_prompt(ctx, render_chat(ctx, body.messages), params, max_tokens, body)
+    admit(ctx, [processed], body.n)
+    request_id = new_request_id(raw, body)
+    writer = _ChatWriter(ctx, body, f"chatcmpl-{request_id}")
+    generation = Generation(ctx, raw, request_id, [processed], body.priority)
+    if body.stream:
+        return StreamingResponse(writer.stream(generation), media_type="text/event-stream")
+    final: RequestOutput | None = None
+    try:
+        async for _, final in generation:
+            pass
+    except GENERATION_ERRORS as exc:
+        raise generation_error(exc) from None
+    return JSONResponse(writer.response(final).model_dump())
+
+
+def render_chat(ctx: ServingContext, messages: list[ChatMessage]) -> dict[str, Any]:
+    """The conversation through the chat template, as a prompt for process_request."""
+    conversation = [{"role": m.role, "content": m.text()} for m in messages]
+    if ctx.tokenizer is None:
+        raise APIError(400, "messages: chat needs a tokenizer (the server skips it)", param="messages")
+    try:
+        text, token_ids = apply_chat_template(ctx.tokenizer, conversation)
+    except Exception as exc:  # noqa: BLE001 - a template may raise anything on odd input
+        raise APIError(400, f"messages: the chat template failed: {exc}", param="messages") from None
+    return {"prompt": text, "prompt_token_ids": token_ids}
+
+
+class _ChatWriter:
+    def __init__(self, ctx: ServingContext, body: ChatCompletionRequest, response_id: str) -> None:
+        self.body = body
+        self.response_id = response_id
+        self.model_name = ctx.model_name
+
+    def response(self, final: RequestOutput) -> ChatCompletionResponse:
+        choices = [ChatChoice(index=c.index, message=ChatMessageOut(content=c.text),
+                              logprobs=self._logprobs(c, 0, len(c.token_ids)),
+                              finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+                   for c in final.outputs]
+        return ChatCompletionResponse(id=self.response_id, model=self.model_name,
+                                      choices=choices, usage=usage([final]))
+
+    def _logprobs(self, choice: CompletionOutput, start: int, end: int) -> ChatChoiceLogprobs | None:
+        if choice.logprobs is None:
+            return None
+        return ChatChoiceLogprobs(content=_chat_logprobs(choice.logprobs[start:end],
+                                                         self.body.top_logprobs or 0))
+
+    async def stream(self, generation: Generation) -> AsyncIterator[str]:
+        tracker = DeltaTracker()
+        final: RequestOutput | None = None
+        try:
+            async for _, final in generation:
+                for choice in final.outputs:
+                    delta = tracker.delta(choice.index, choice)
+                    if delta is not None:
+                        # one event per choice update, as OpenAI sends them
+                        yield "".join(sse(self._chunk([update]))
+                                      for update in self._stream_choices(choice, delta))
+            if self.body.include_usage:
+                yield sse(self._chunk([], usage([final])))
+        except GENERATION_ERRORS as exc:
+            yield sse(generation_error(exc).body())
+        yield SSE_DONE
+
+    def _stream_choices(self, choice: CompletionOutput, delta: Delta) -> list[ChatStreamChoice]:
+        """A role chunk first for a new choice, then its content (and end, if it came)."""
+        result = []
+        if delta.first:
+            result.append(ChatStreamChoice(index=choice.index,
+                                           delta=DeltaMessage(role="assistant", content="")))
+        if delta.text or delta.finish_reason is not None:
+            result.append(ChatStreamChoice(
+                index=choice.index, delta=DeltaMessage(content=delta.text or None),
+                logprobs=self._logprobs(choice, delta.token_start, delta.token_end),
+                finish_reason=delta.finish_reason, stop_reason=choice.stop_reason))
+        return result
+
+    def _chunk(self, choices: list[ChatStreamChoice], usage_info: Any = None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(id=self.response_id, model=self.model_name, choices=choices,
+                                   usage=usage_info)
+
+
+def _chat_logprobs(positions: SampleLogprobs, num_top: int) -> list[ChatLogprob]:
+    result = []
+    for position in positions:
+        sampled = next(iter(position.values()))  # the sampled token comes first
+        ranked = sorted(position.values(), key=lambda lp: lp.rank if lp.rank is not None else 1 << 30)
+        top = [_top(lp.decoded_token, lp.logprob) for lp in ranked[:num_top]]
+        result.append(ChatLogprob(**_top(sampled.decoded_token, sampled.logprob).model_dump(),
+                                  top_logprobs=top))
+    return result
+
+
+def _top(token: str | None, logprob: float) -> TopLogprob:
+    token = token or ""
+    return TopLogprob(token=token, logprob=logprob, bytes=list(token.encode("utf-8")))

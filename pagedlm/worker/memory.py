@@ -1,0 +1,82 @@
+"""How many KV-cache blocks fit: an override, an explicit budget, or a measured GPU profile."""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import torch
+
+from pagedlm.config import EngineConfig, ModelConfig
+from pagedlm.worker.input_batch import cdiv
+
+logger = logging.getLogger("pagedlm")
+
+GiB = 1 << 30
+DEFAULT_CPU_KV_CACHE_GIB = 2.0
+
+
+def kv_cache_bytes_per_block(model: ModelConfig, block_size: int) -> int:
+    """Keys and values of block_size tokens in every layer."""
+    dtype_size = torch.empty((), dtype=model.dtype).element_size()
+    return 2 * model.num_layers * block_size * model.num_kv_heads * model.head_dim * dtype_size
+
+
+def determine_num_blocks(config: EngineConfig, profile: Callable[[], int], weights_bytes: int) -> int:
+    """num_gpu_blocks_override wins; then kv_cache_memory_gib (default 2 GiB on CPU); on CUDA
+    without either, what the profile leaves of total x gpu_memory_utilization. `profile` runs
+    one step of the largest batch and returns the bytes of the KV cache it used itself."""
+    cache = config.cache
+    bytes_per_block = kv_cache_bytes_per_block(config.model, cache.block_size)
+    if cache.num_gpu_blocks_override is not None:
+        num_blocks = cache.num_gpu_blocks_override
+        logger.info("KV cache: num_gpu_blocks_override=%d", num_blocks)
+    elif cache.kv_cache_memory_gib is not None or config.device.type != "cuda":
+        gib = cache.kv_cache_memory_gib or DEFAULT_CPU_KV_CACHE_GIB
+        num_blocks = int(gib * GiB) // bytes_per_block
+        logger.info("KV cache: %.2f GiB / %d bytes per block = %d blocks", gib, bytes_per_block,
+                    num_blocks)
+    else:
+        num_blocks = _profiled_num_blocks(config, profile, weights_bytes, bytes_per_block)
+    check_max_model_len_fits(config, num_blocks)
+    return num_blocks
+
+
+def _profiled_num_blocks(config: EngineConfig, profile: Callable[[], int], weights_bytes: int,
+                         bytes_per_block: int) -> int:
+    device = config.device
+    torch.cuda.synchronize(device)  # sync-ok: start-up profiling, not a step
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    baseline = torch.cuda.memory_allocated(device)  # weights + persistent runner/sampler buffers
+    profile_kv_bytes = profile()
+    torch.cuda.synchronize(device)  # sync-ok: start-up profiling, not a step
+    peak = torch.cuda.max_memory_allocated(device)
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    non_torch = max(0, total - free - torch.cuda.memory_reserved(device))
+    activation = max(0, peak - baseline - profile_kv_bytes)
+    budget = total * config.cache.gpu_memory_utilization
+    kv_bytes = budget - baseline - activation - non_torch
+    logger.info(
+        "GPU memory: total %.2f GiB x gpu_memory_utilization %.2f = %.2f GiB; weights %.2f GiB; "
+        "other persistent buffers %.2f GiB; peak activation (profile of %d tokens) %.2f GiB; "
+        "non-torch %.2f GiB; left for the KV cache %.2f GiB",
+        total / GiB, config.cache.gpu_memory_utilization, budget / GiB, weights_bytes / GiB,
+        (baseline - weights_bytes) / GiB, config.scheduler.max_num_batched_tokens,
+        activation / GiB, non_torch / GiB, kv_bytes / GiB)
+    if kv_bytes < bytes_per_block:
+        raise ValueError(f"no GPU memory is left for the KV cache ({kv_bytes / GiB:.2f} GiB after "
+                         "weights and activations); raise gpu_memory_utilization or lower "
+                         "max_num_batched_tokens / max_num_seqs")
+    return int(kv_bytes) // bytes_per_block
+
+
+def check_max_model_len_fits(config: EngineConfig, num_blocks: int) -> None:
+    block_size = config.cache.block_size
+    max_model_len = config.model.max_model_len
+    if num_blocks < cdiv(max_model_len, block_size):
+        raise ValueError(
+            f"max_model_len={max_model_len} does not fit in the KV cache: {num_blocks} blocks of "
+            f"{block_size} tokens hold {num_blocks * block_size} tokens; lower max_model_len to at "
+            f"most {num_blocks * block_size} or give the cache more memory "
+            "(gpu_memory_utilization, kv_cache_memory_gib or num_gpu_blocks_override)")

@@ -1,0 +1,310 @@
+"""ModelRunner: a SchedulerOutput becomes one ragged batch, runs through the model and the
+sampler, and comes back as sampled token ids, without a host-device sync inside the step.
+
+Per step: the host lays the batch out with numpy in one of two pinned staging sets (alternating,
+so the CPU never writes memory an in-flight copy reads), copies it non-blocking into persistent
+device buffers, and the model reads slices of those. Each step's sampled ids are scattered into
+`last_sampled` (by row) on the device, where the next step's placeholder inputs read them, and
+are copied to pinned host memory on a side stream; AsyncRunnerOutput.get_output() waits for that
+copy's event only. On a CPU device the same code runs, synchronously, without pinning or events.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import numpy as np
+import torch
+
+from pagedlm.attention.backend import AttentionMetadata, get_attention_backend
+from pagedlm.config import EngineConfig
+from pagedlm.core.sched_output import Logprobs, ModelRunnerOutput, NewRequestData, SchedulerOutput
+from pagedlm.sampling_params import MAX_LOGPROBS, SamplingParams
+from pagedlm.worker import memory
+from pagedlm.worker.input_batch import BatchLayout, InputBatch, StepBuffers, cdiv
+
+NUM_STAGING_SETS = 2
+
+
+class AsyncRunnerOutput:
+    """A launched step. get_output() waits for this step's device->host copy and nothing else."""
+
+    def __init__(self, step_id: int, layout: BatchLayout | None = None,
+                 sampled_cpu: torch.Tensor | None = None,  # [num_samples] int64, pinned
+                 logprobs_cpu: tuple[torch.Tensor, ...] | None = None,
+                 event: torch.cuda.Event | None = None, input_batch: InputBatch | None = None) -> None:
+        self._step_id = step_id
+        self._layout = layout
+        self._sampled_cpu = sampled_cpu
+        self._logprobs_cpu = logprobs_cpu
+        self._event = event
+        self._input_batch = input_batch
+        self._result: ModelRunnerOutput | None = None
+
+    def get_output(self) -> ModelRunnerOutput:
+        """Idempotent; the first call also records the sampled tokens into their rows."""
+        if self._result is None:
+            self._result = self._build()
+        return self._result
+
+    def _build(self) -> ModelRunnerOutput:
+        layout = self._layout
+        if layout is None or layout.num_samples == 0:
+            return ModelRunnerOutput(req_ids=[], sampled_token_ids=[], step_id=self._step_id)
+        if self._event is not None:
+            self._event.synchronize()  # sync-ok: waits for this step's sampled ids only
+        token_ids = self._sampled_cpu.numpy().tolist()  # sync-ok: host memory, copy complete
+        self._input_batch.record_sampled(layout.sample_rows_np, layout.sample_epochs_np,
+                                         layout.sample_positions_np, token_ids)
+        return ModelRunnerOutput(req_ids=layout.sampling_req_ids,
+                                 sampled_token_ids=[[t] for t in token_ids],
+                                 logprobs=self._logprobs(), step_id=self._step_id)
+
+    def _logprobs(self) -> list[list[Logprobs]] | None:
+        """Per sampling request, the sampled token and its top-N (N as it asked; [] if it did
+        not ask while others did)."""
+        if self._logprobs_cpu is None:
+            return None
+        ids_np, logprobs_np, ranks_np = (t.numpy() for t in self._logprobs_cpu)
+        result: list[list[Logprobs]] = []
+        for i, num in enumerate(self._layout.sample_num_logprobs_np.tolist()):
+            if num < 0:
+                result.append([])
+                continue
+            result.append([Logprobs(token_ids=ids_np[i, :1 + num].tolist(),
+                                    logprobs=logprobs_np[i, :1 + num].tolist(),
+                                    sampled_rank=int(ranks_np[i]))])
+        return result
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = config.device
+        self.use_cuda = self.device.type == "cuda"
+        self.max_num_reqs = config.scheduler.max_num_seqs
+        self.max_num_tokens = config.scheduler.max_num_batched_tokens
+        self.block_size = config.cache.block_size
+        self.model: Any = None
+        self.kv_caches: list[torch.Tensor] = []  # per layer [2, num_blocks, block_size, Hkv, D]
+        self.weights_bytes = 0
+        self.input_batch = InputBatch(self.max_num_reqs, config.model.max_model_len,
+                                      self.block_size)
+        self._init_buffers()
+        self._init_streams()
+        self.sampler = self._init_sampler()
+        self._num_steps = 0
+
+    def _init_buffers(self) -> None:
+        sizes = (self.max_num_tokens, self.max_num_reqs, self.input_batch.max_num_blocks_per_req)
+        cpu = torch.device("cpu")
+        self._staging = [StepBuffers(*sizes, cpu, pin=self.use_cuda) for _ in range(NUM_STAGING_SETS)]
+        self._inputs = StepBuffers(*sizes, self.device, pin=False)
+        self._last_sampled = torch.zeros(self.max_num_reqs, dtype=torch.int64,
+                                         device=self.device)  # [max_num_reqs], by row
+        self._sampled_cpu = [torch.zeros(self.max_num_reqs, dtype=torch.int64, pin_memory=self.use_cuda)
+                             for _ in range(NUM_STAGING_SETS)]  # [max_num_reqs]
+        self._in_flight: list[AsyncRunnerOutput | None] = [None] * NUM_STAGING_SETS
+
+    def _init_streams(self) -> None:
+        if not self.use_cuda:
+            self._copy_stream = None
+            self._staging_events = [None] * NUM_STAGING_SETS
+            self._output_events = [None] * NUM_STAGING_SETS
+            return
+        self._copy_stream = torch.cuda.Stream(self.device)
+        self._staging_events = [torch.cuda.Event() for _ in range(NUM_STAGING_SETS)]
+        self._output_events = [torch.cuda.Event() for _ in range(NUM_STAGING_SETS)]
+
+    def _init_sampler(self) -> Any:
+        from pagedlm.sample.state import SamplingState
+
+        return SamplingState(self.max_num_reqs, self.config.model.vocab_size, self.device,
+                             self.config.seed)
+
+    def load_model(self) -> None:
+        from pagedlm.model.loader import load_model
+
+        backend = get_attention_backend(self.config.attention_backend, self.device)
+        before = torch.cuda.memory_allocated(self.device) if self.use_cuda else 0
+        self.model = load_model(self.config.model, backend, self.device)
+        if self.use_cuda:
+            self.weights_bytes = torch.cuda.memory_allocated(self.device) - before
+
+    def determine_num_blocks(self) -> int:
+        return memory.determine_num_blocks(self.config, self._profile_run, self.weights_bytes)
+
+    def init_kv_cache(self, num_blocks: int) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        self.kv_caches = [self._new_kv_cache(num_blocks) for _ in range(self.config.model.num_layers)]
+        self.input_batch.num_kv_blocks = num_blocks
+
+    def _new_kv_cache(self, num_blocks: int) -> torch.Tensor:
+        model = self.config.model
+        shape = (2, num_blocks, self.block_size, model.num_kv_heads, model.head_dim)
+        return torch.zeros(shape, dtype=model.dtype, device=self.device)
+
+    @torch.inference_mode()
+    def execute_model(self, sched: SchedulerOutput) -> AsyncRunnerOutput:
+        """Launch one step; never waits for the device (beyond a staging set two steps old)."""
+        self._update_states(sched)
+        if sched.is_empty:
+            return AsyncRunnerOutput(sched.step_id)
+        slot = self._num_steps % NUM_STAGING_SETS
+        self._num_steps += 1
+        self._reclaim(slot)
+        staging = self._staging[slot]
+        layout = self.input_batch.prepare(sched, staging)
+        self._inputs.copy_from(staging, layout)
+        if self._staging_events[slot] is not None:
+            self._staging_events[slot].record()
+        hidden = self._forward(layout, self._attention_metadata(staging, layout))
+        sample = self._sample(hidden, layout)
+        output = self._launch_output(slot, layout, sample, sched.step_id)
+        self._in_flight[slot] = output
+        return output
+
+    def _update_states(self, sched: SchedulerOutput) -> None:
+        for req_id in sched.finished_req_ids:
+            self._remove_request(req_id)
+        for new in sched.new_reqs:
+            self._remove_request(new.req_id)  # resumed after preemption
+            row = self.input_batch.add_request(new, self._prompt_embeds_to_device(new))
+            self.sampler.add_request(row, new.sampling_params, new.prompt_token_ids,
+                                     new.output_token_ids)
+        for cached in sched.cached_reqs:
+            self.input_batch.update_request(cached)
+
+    def _remove_request(self, req_id: str) -> None:
+        row = self.input_batch.remove_request(req_id)
+        if row is not None:
+            self.sampler.remove_request(row)
+
+    def _prompt_embeds_to_device(self, new: NewRequestData) -> torch.Tensor | None:
+        embeds = new.prompt_embeds
+        if embeds is None:
+            return None
+        expected = (len(new.prompt_token_ids), self.config.model.hidden_size)
+        if tuple(embeds.shape) != expected:
+            raise ValueError(f"prompt_embeds of request {new.req_id} must have shape "
+                             f"[num_prompt_tokens, hidden_size] = {list(expected)}, "
+                             f"got {list(embeds.shape)}")
+        return embeds.to(device=self.device, dtype=self.config.model.dtype, non_blocking=True)
+
+    def _reclaim(self, slot: int) -> None:
+        """Before reusing a staging set and its output buffer: the copies that read or wrote them
+        are done (normally long since) and the step that used them has its output read."""
+        event = self._staging_events[slot]
+        if event is not None:
+            event.synchronize()  # sync-ok: the copies of two steps ago, long finished
+        previous = self._in_flight[slot]
+        if previous is not None:
+            previous.get_output()
+            self._in_flight[slot] = None
+
+    def _attention_metadata(self, staging: StepBuffers, layout: BatchLayout) -> AttentionMetadata:
+        num_tokens, num_seqs, num_cols = layout.num_tokens, layout.num_seqs, layout.num_block_cols
+        inputs = self._inputs
+        return AttentionMetadata(
+            num_tokens=num_tokens, num_seqs=num_seqs, max_query_len=layout.max_query_len,
+            max_seq_len=layout.max_seq_len,
+            query_start_loc=inputs.query_start_loc[:num_seqs + 1],
+            seq_lens=inputs.seq_lens[:num_seqs],
+            slot_mapping=inputs.slot_mapping[:num_tokens],
+            block_table=inputs.block_table[:num_seqs * num_cols].view(num_seqs, num_cols),
+            query_start_loc_cpu=staging.query_start_loc[:num_seqs + 1],
+            seq_lens_cpu=staging.seq_lens[:num_seqs])
+
+    def _forward(self, layout: BatchLayout, meta: AttentionMetadata) -> torch.Tensor:
+        """[num_tokens, hidden_size]: the model over the ragged batch."""
+        num_tokens, num_placeholders = layout.num_tokens, layout.num_placeholders
+        input_ids = self._inputs.input_ids[:num_tokens]  # [T]
+        if num_placeholders:
+            rows = self._inputs.placeholder_rows[:num_placeholders]
+            input_ids.index_copy_(0, self._inputs.placeholder_idx[:num_placeholders],
+                                  self._last_sampled.index_select(0, rows))
+        inputs_embeds = self._inputs_embeds(input_ids, layout)
+        return self.model(input_ids, self._inputs.positions[:num_tokens], self.kv_caches, meta,
+                          inputs_embeds=inputs_embeds)
+
+    def _inputs_embeds(self, input_ids: torch.Tensor, layout: BatchLayout) -> torch.Tensor | None:
+        """[num_tokens, hidden_size] token embeddings with prompt_embeds rows written over, or
+        None when no request in the batch brought prompt_embeds for its scheduled positions."""
+        if not layout.embeds_spans:
+            return None
+        embeds = self.model.embed_tokens(input_ids)  # [T, hidden_size]
+        for span in layout.embeds_spans:
+            source = self.input_batch.prompt_embeds[span.row]  # [num_prompt_tokens, hidden_size]
+            embeds[span.batch_start:span.batch_start + span.length] = \
+                source[span.prompt_start:span.prompt_start + span.length]
+        return embeds
+
+    def _sample(self, hidden: torch.Tensor, layout: BatchLayout) -> Any:
+        """Logits of each sampling request's last token, sampled; ids scattered by row into
+        last_sampled. None when no request samples this step."""
+        num_samples = layout.num_samples
+        if num_samples == 0:
+            return None
+        hidden = hidden.index_select(0, self._inputs.logits_indices[:num_samples])  # [N, hidden]
+        logits = self.model.compute_logits(hidden)  # [N, vocab_size] float32
+        sample = self.sampler.sample(logits, layout.sample_rows_np)
+        self._last_sampled.index_copy_(0, self._inputs.sample_rows[:num_samples],
+                                       sample.sampled_token_ids)
+        return sample
+
+    def _launch_output(self, slot: int, layout: BatchLayout, sample: Any,
+                       step_id: int) -> AsyncRunnerOutput:
+        """Start the device->host copy of the sampled ids (side stream, after the step)."""
+        if sample is None:
+            return AsyncRunnerOutput(step_id, layout)
+        sampled_cpu = self._sampled_cpu[slot][:layout.num_samples]
+        logprobs_cpu = None
+        event = self._output_events[slot]
+        with self._copy_stream_context():
+            sampled_cpu.copy_(sample.sampled_token_ids, non_blocking=True)
+            if sample.logprobs is not None:
+                logprobs_cpu = tuple(t.to("cpu", non_blocking=True) for t in sample.logprobs)
+            if event is not None:
+                event.record()
+        if self._copy_stream is not None:  # the caching allocator must not reuse them early
+            for tensor in (sample.sampled_token_ids, *(sample.logprobs or ())):
+                tensor.record_stream(self._copy_stream)
+        return AsyncRunnerOutput(step_id, layout, sampled_cpu, logprobs_cpu, event, self.input_batch)
+
+    def _copy_stream_context(self) -> contextlib.AbstractContextManager:
+        if self._copy_stream is None:
+            return contextlib.nullcontext()
+        self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+        return torch.cuda.stream(self._copy_stream)
+
+    def _profile_run(self) -> int:
+        """One step of the largest batch (max_num_batched_tokens tokens over up to max_num_seqs
+        sampling requests, with top-k/top-p and logprobs) on a KV cache of its own; returns that
+        cache's bytes."""
+        max_model_len = self.config.model.max_model_len
+        num_tokens = min(self.max_num_tokens, self.max_num_reqs * max_model_len)
+        num_seqs = min(self.max_num_reqs, num_tokens)
+        seq_lens = np.full(num_seqs, num_tokens // num_seqs)
+        seq_lens[:num_tokens % num_seqs] += 1
+        first_blocks = np.concatenate([[0], np.cumsum(cdiv(seq_lens, self.block_size))])
+        cache = self._new_kv_cache(int(first_blocks[-1]))
+        saved = self.kv_caches, self.input_batch.num_kv_blocks
+        self.kv_caches = [cache] * self.config.model.num_layers
+        self.input_batch.num_kv_blocks = int(first_blocks[-1])
+        params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, logprobs=MAX_LOGPROBS)
+        req_ids = [f"_profile_{i}" for i in range(num_seqs)]
+        new_reqs = [NewRequestData(req_id=req_id, prompt_token_ids=[0] * int(seq_len),
+                                   output_token_ids=[], sampling_params=params,
+                                   block_ids=list(range(first_blocks[i], first_blocks[i + 1])),
+                                   num_computed_tokens=0)
+                    for i, (req_id, seq_len) in enumerate(zip(req_ids, seq_lens.tolist()))]
+        sched = SchedulerOutput(new_reqs=new_reqs, cached_reqs=[],
+                                num_scheduled_tokens=dict(zip(req_ids, seq_lens.tolist())),
+                                total_num_scheduled_tokens=num_tokens, sampling_req_ids=set(req_ids))
+        self.execute_model(sched).get_output()
+        self.execute_model(SchedulerOutput(new_reqs=[], cached_reqs=[], num_scheduled_tokens={},
+                                           total_num_scheduled_tokens=0,
+                                           finished_req_ids=set(req_ids)))
+        self.kv_caches, self.input_batch.num_kv_blocks = saved
+        return cache.numel() * cache.element_size()

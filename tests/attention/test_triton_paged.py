@@ -1,0 +1,221 @@
+"""Triton KV write + paged attention (varlen and split-decode) against a dense float64 reference.
+
+Runs under TRITON_INTERPRET=1 on CPU (tests/conftest.py sets it before this module imports).
+Every case builds a fresh random ragged batch whose KV cache is NaN everywhere except the slots
+that hold the sequences' earlier tokens; unused block-table entries point at NaN blocks, and
+outputs are NaN-poisoned, so any stray read or missing write shows up as NaN.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from pagedlm.attention.backend import AttentionMetadata
+from pagedlm.attention.triton_backend import TritonAttentionBackend
+from pagedlm.attention.triton_decode import MAX_SPLITS, choose_num_splits, split_decode_attention
+from pagedlm.attention.triton_kv_write import kv_write
+from pagedlm.attention.triton_paged import varlen_attention
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ATOL = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
+@dataclass
+class PagedBatch:
+    q: torch.Tensor  # [T, num_heads, head_dim]
+    k: torch.Tensor  # [T, num_kv_heads, head_dim]; this step's keys (padding rows have slot -1)
+    v: torch.Tensor  # [T, num_kv_heads, head_dim]
+    kv_cache: torch.Tensor  # [2, num_blocks, block_size, num_kv_heads, head_dim], NaN but earlier tokens
+    meta: AttentionMetadata
+    keys: list[torch.Tensor]  # per sequence [seq_len, num_kv_heads, head_dim]: every key it may see
+    values: list[torch.Tensor]  # per sequence [seq_len, num_kv_heads, head_dim]
+
+
+def make_batch(
+    ctx_lens: list[int], query_lens: list[int], *, num_heads: int, num_kv_heads: int, head_dim: int,
+    block_size: int, dtype: torch.dtype, num_pad_tokens: int = 0, device: str = DEVICE,
+) -> PagedBatch:
+    """Sequence b holds ctx_lens[b] cached tokens and brings query_lens[b] new ones this step."""
+    seq_lens = [c + n for c, n in zip(ctx_lens, query_lens)]
+    num_blocks_per_seq = [math.ceil(s / block_size) for s in seq_lens]
+    num_spare_blocks = 3  # never part of a sequence: stay NaN, fill the block table's tail
+    num_blocks = sum(num_blocks_per_seq) + num_spare_blocks
+    perm = torch.randperm(num_blocks)
+    spare = perm[-num_spare_blocks:]
+    block_table = spare[torch.randint(num_spare_blocks, (len(seq_lens), max(num_blocks_per_seq) + 1))]
+    kv_cache = torch.full((2, num_blocks, block_size, num_kv_heads, head_dim), float("nan"), dtype=dtype)
+    flat_cache = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim)
+    keys, values, slots = [], [], []
+    first_block = 0
+    for b, seq_len in enumerate(seq_lens):
+        block_table[b, : num_blocks_per_seq[b]] = perm[first_block : first_block + num_blocks_per_seq[b]]
+        first_block += num_blocks_per_seq[b]
+        pos = torch.arange(seq_len)
+        seq_slots = block_table[b, pos // block_size] * block_size + pos % block_size
+        keys.append(torch.randn(seq_len, num_kv_heads, head_dim).to(dtype))
+        values.append(torch.randn(seq_len, num_kv_heads, head_dim).to(dtype))
+        flat_cache[0, seq_slots[: ctx_lens[b]]] = keys[b][: ctx_lens[b]]
+        flat_cache[1, seq_slots[: ctx_lens[b]]] = values[b][: ctx_lens[b]]
+        slots.append(seq_slots[ctx_lens[b] :])
+    pad = torch.randn(num_pad_tokens, num_kv_heads, head_dim).to(dtype)
+    k = torch.cat([key[c:] for key, c in zip(keys, ctx_lens)] + [pad])
+    v = torch.cat([val[c:] for val, c in zip(values, ctx_lens)] + [pad])
+    slot_mapping = torch.cat(slots + [torch.full((num_pad_tokens,), -1)])
+    query_start_loc = torch.tensor([0] + query_lens).cumsum(0).to(torch.int32)
+    seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32)
+    meta = AttentionMetadata(
+        num_tokens=k.shape[0], num_seqs=len(seq_lens), max_query_len=max(query_lens), max_seq_len=max(seq_lens),
+        query_start_loc=query_start_loc.to(device), seq_lens=seq_lens_t.to(device),
+        slot_mapping=slot_mapping.to(device), block_table=block_table.to(torch.int32).to(device),
+        query_start_loc_cpu=query_start_loc, seq_lens_cpu=seq_lens_t,
+    )
+    q = torch.randn(k.shape[0], num_heads, head_dim).to(dtype)
+    return PagedBatch(q.to(device), k.to(device), v.to(device), kv_cache.to(device), meta, keys, values)
+
+
+def reference_attention(batch: PagedBatch, scale: float, sliding_window: int | None) -> torch.Tensor:
+    """Dense causal attention per sequence in float64: [T, num_heads, head_dim], NaN on padding rows."""
+    q = batch.q.double().cpu()
+    out = torch.full_like(q, float("nan"))
+    qsl = batch.meta.query_start_loc_cpu.tolist()
+    group = q.shape[1] // batch.keys[0].shape[1]
+    for b, (keys, values) in enumerate(zip(batch.keys, batch.values)):
+        seq_len, query_len = keys.shape[0], qsl[b + 1] - qsl[b]
+        k = keys.double().repeat_interleave(group, dim=1)  # [seq_len, num_heads, head_dim]
+        v = values.double().repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q[qsl[b] : qsl[b + 1]], k) * scale
+        pos = torch.arange(seq_len - query_len, seq_len)[:, None]  # [query_len, 1]
+        key_pos = torch.arange(seq_len)[None, :]
+        visible = key_pos <= pos
+        if sliding_window is not None:
+            visible &= pos - key_pos < sliding_window
+        probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+        out[qsl[b] : qsl[b + 1]] = torch.einsum("hqk,khd->qhd", probs, v)
+    return out
+
+
+def expected_cache(batch: PagedBatch) -> torch.Tensor:
+    """The cache after this step's KV write, built with plain indexing."""
+    cache = batch.kv_cache.clone()
+    flat = cache.view(2, -1, *cache.shape[3:])
+    written = batch.meta.slot_mapping >= 0
+    flat[0, batch.meta.slot_mapping[written]] = batch.k[written]
+    flat[1, batch.meta.slot_mapping[written]] = batch.v[written]
+    return cache
+
+
+def check_output(out: torch.Tensor, batch: PagedBatch, scale: float, sliding_window: int | None) -> None:
+    ref = reference_attention(batch, scale, sliding_window)
+    num_real = batch.meta.query_start_loc_cpu[-1].item()
+    torch.testing.assert_close(out[:num_real].double().cpu(), ref[:num_real], atol=ATOL[out.dtype], rtol=1e-2)
+    assert out[num_real:].isnan().all(), "padding rows must stay unwritten"
+
+
+def write_and_check_cache(batch: PagedBatch) -> None:
+    expected = expected_cache(batch)
+    kv_write(batch.k, batch.v, batch.kv_cache, batch.meta.slot_mapping)
+    torch.testing.assert_close(batch.kv_cache, expected, rtol=0, atol=0, equal_nan=True)
+
+
+# (ctx_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, sliding_window, dtype, num_pad_tokens)
+VARLEN_CASES = {
+    "decode": ([5, 33, 0], [1, 1, 1], 4, 4, 64, 16, None, torch.float32, 0),
+    "prefill": ([0, 0], [20, 7], 4, 2, 128, 32, None, torch.float16, 0),
+    "mixed_chunks_in_block": ([0, 10, 40, 3, 7], [17, 1, 1, 6, 0], 8, 2, 64, 16, None, torch.float32, 3),
+    "window_gqa8": ([0, 21, 30], [19, 1, 5], 8, 1, 64, 16, 8, torch.float16, 2),
+    "group3_window": ([4, 0], [9, 13], 6, 2, 32, 32, 5, torch.float32, 0),
+    "gqa4_d128_bs32": ([35, 2], [4, 30], 8, 2, 128, 32, None, torch.float16, 1),
+}
+
+
+@pytest.mark.parametrize("case", list(VARLEN_CASES))
+def test_varlen_attention(case: str) -> None:
+    ctx_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, window, dtype, num_pad = VARLEN_CASES[case]
+    batch = make_batch(ctx_lens, query_lens, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                       block_size=block_size, dtype=dtype, num_pad_tokens=num_pad)
+    write_and_check_cache(batch)
+    scale = head_dim**-0.5
+    out = varlen_attention(batch.q, batch.kv_cache, batch.meta, scale, window, out=torch.full_like(batch.q, math.nan))
+    check_output(out, batch, scale, window)
+
+
+# (ctx_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, sliding_window, dtype, num_splits)
+SPLIT_CASES = {
+    "split3_gqa2": ([40, 70, 5, 9], [1, 1, 1, 0], 4, 2, 128, 16, None, torch.float16, 3),
+    "split4_window": ([50, 12], [1, 1], 8, 2, 64, 32, 20, torch.float32, 4),
+    "split2_gqa8": ([0, 90], [1, 1], 8, 1, 64, 16, None, torch.float32, 2),
+}
+
+
+@pytest.mark.parametrize("case", list(SPLIT_CASES))
+def test_split_decode_attention(case: str) -> None:
+    ctx_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, window, dtype, num_splits = SPLIT_CASES[case]
+    batch = make_batch(ctx_lens, query_lens, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                       block_size=block_size, dtype=dtype, num_pad_tokens=1)
+    write_and_check_cache(batch)
+    scale = 0.3
+    out = split_decode_attention(batch.q, batch.kv_cache, batch.meta, scale, window, num_splits,
+                                 out=torch.full_like(batch.q, math.nan))
+    check_output(out, batch, scale, window)
+
+
+def test_window_cases_really_cut_keys() -> None:
+    """A window case whose window covers every key would test nothing."""
+    for cases in (VARLEN_CASES, SPLIT_CASES):
+        for ctx_lens, query_lens, *_, window, _dtype, _ in cases.values():
+            if window is not None:
+                assert max(c + n for c, n in zip(ctx_lens, query_lens)) > window
+
+
+def test_reference_sees_window_and_causality() -> None:
+    """The reference itself must depend on the mask, or the kernel checks above would be vacuous."""
+    batch = make_batch([6], [4], num_heads=2, num_kv_heads=1, head_dim=32, block_size=16, dtype=torch.float32)
+    full = reference_attention(batch, 0.5, None)
+    windowed = reference_attention(batch, 0.5, 3)
+    assert not torch.allclose(full, windowed)
+    batch.keys[0][-1] += 5.0  # the last key is visible only to the last query
+    changed = reference_attention(batch, 0.5, None)
+    torch.testing.assert_close(changed[:3], full[:3])
+    assert not torch.allclose(changed[3], full[3])
+
+
+def test_choose_num_splits() -> None:
+    assert choose_num_splits(num_seqs=256, num_kv_heads=8, max_seq_len=4096, num_sms=132) == 1
+    assert choose_num_splits(num_seqs=1, num_kv_heads=8, max_seq_len=100, num_sms=132) == 1
+    assert choose_num_splits(num_seqs=2, num_kv_heads=2, max_seq_len=600, num_sms=132) == 3
+    assert choose_num_splits(num_seqs=1, num_kv_heads=1, max_seq_len=10**6, num_sms=132) == MAX_SPLITS
+    assert choose_num_splits(num_seqs=4, num_kv_heads=8, max_seq_len=10**6, num_sms=132) == 9
+
+
+@pytest.mark.parametrize("max_query_len", [1, 3])
+def test_backend_forward(monkeypatch: pytest.MonkeyPatch, max_query_len: int) -> None:
+    """forward writes the cache and picks the split path exactly for small decode-only batches."""
+    import pagedlm.attention.triton_backend as triton_backend
+
+    calls = []
+    monkeypatch.setattr(triton_backend, "split_decode_attention",
+                        lambda *args: calls.append(args[-1]) or split_decode_attention(*args))
+    query_lens = [1, max_query_len]
+    batch = make_batch([300, 20], query_lens, num_heads=4, num_kv_heads=2, head_dim=32, block_size=16,
+                       dtype=torch.float32)
+    expected = expected_cache(batch)
+    out = TritonAttentionBackend().forward(batch.q, batch.k, batch.v, batch.kv_cache, batch.meta, 0.2, None)
+    torch.testing.assert_close(batch.kv_cache, expected, rtol=0, atol=0, equal_nan=True)
+    check_output(out, batch, 0.2, None)
+    assert calls == ([2] if max_query_len == 1 else [])
+
+
+def test_backend_rejects_bad_input() -> None:
+    batch = make_batch([3], [2], num_heads=4, num_kv_heads=2, head_dim=32, block_size=16, dtype=torch.float32)
+    backend = TritonAttentionBackend()
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        backend.forward(batch.q[:, :3], batch.k, batch.v, batch.kv_cache, batch.meta, 1.0, None)
+    with pytest.raises(ValueError, match="sliding_window"):
+        backend.forward(batch.q, batch.k, batch.v, batch.kv_cache, batch.meta, 1.0, 0)
+    with pytest.raises(ValueError, match="dtype"):
+        backend.forward(batch.q.half(), batch.k, batch.v, batch.kv_cache, batch.meta, 1.0, None)
+    with pytest.raises(ValueError, match="head_dim"):
+        kv_write(batch.k[..., :24], batch.v[..., :24], batch.kv_cache[..., :24], batch.meta.slot_mapping)

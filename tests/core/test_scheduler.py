@@ -1,0 +1,287 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pagedlm.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from pagedlm.core.scheduler import Scheduler
+from pagedlm.request import Request, RequestStatus
+
+from .fakes import (VOCAB, FakeRunner, Result, collect, make_request, make_scheduler,
+                    mixing_next_token, position_next_token, reference_output, run_engine)
+
+
+def _assert_all_free(sched: Scheduler) -> None:
+    kv = sched.kv_cache_manager
+    assert kv.pool.num_free_blocks == kv.pool.num_usable_blocks and not kv.req_to_blocks
+    stats = sched.get_stats()
+    assert (stats.num_running, stats.num_waiting, stats.kv_cache_usage) == (0, 0, 0.0)
+
+
+def _assert_reference(sched: Scheduler, requests: list[Request], results: dict[str, Result],
+                      next_token=mixing_next_token) -> None:
+    for request in requests:
+        got = results[request.request_id]
+        assert (got.token_ids, got.finish_reason) == reference_output(request, sched.max_model_len, next_token)
+
+
+def _prompts(num: int, base_len: int = 12) -> list[list[int]]:
+    """Prompts sharing a prefix, so the prefix cache has work."""
+    base = [(7 * i + 3) % VOCAB for i in range(base_len)]
+    return [base[: base_len - i] + [i] * (i + 1) for i in range(num)]
+
+
+def test_chunked_prefill_mixes_with_decodes():
+    sched = make_scheduler(max_num_batched_tokens=16)
+    short = make_request("short", [1, 2, 3], max_tokens=12)
+    long = make_request("long", list(range(40)), max_tokens=4)
+    sched.add_request(short)
+    steps: list[SchedulerOutput] = []
+
+    def on_step(s: Scheduler, so: SchedulerOutput) -> None:
+        if not steps:
+            s.add_request(long)
+        assert so.total_num_scheduled_tokens <= 16
+        steps.append(so)
+
+    results = run_engine(sched, FakeRunner(8), on_step=on_step)
+    prefill_steps = steps[1:4]
+    assert [so.num_scheduled_tokens["long"] for so in prefill_steps] == [15, 15, 10]
+    assert [("long" in so.sampling_req_ids) for so in prefill_steps] == [False, False, True]
+    assert all(so.num_scheduled_tokens["short"] == 1 for so in prefill_steps)  # the decode goes on
+    assert all(list(so.num_scheduled_tokens)[0] == "short" for so in prefill_steps)  # running first
+    _assert_reference(sched, [short, long], results)
+    _assert_all_free(sched)
+
+
+def test_max_num_seqs_is_respected():
+    sched = make_scheduler(max_num_seqs=2)
+    requests = [make_request(f"r{i}", p, max_tokens=5) for i, p in enumerate(_prompts(5))]
+    for request in requests:
+        sched.add_request(request)
+    batch_sizes = []
+
+    def on_step(s: Scheduler, so: SchedulerOutput) -> None:
+        assert len(s.running) <= 2
+        batch_sizes.append(len(so.num_scheduled_tokens))
+
+    results = run_engine(sched, FakeRunner(8), on_step=on_step)
+    assert max(batch_sizes) == 2
+    _assert_reference(sched, requests, results)
+    _assert_all_free(sched)
+
+
+@pytest.mark.parametrize("policy, expected", [("fcfs", ["a", "b", "c", "d", "e"]),
+                                              ("priority", ["e", "d", "b", "c", "a"])])
+def test_admission_order(policy: str, expected: list[str]):
+    sched = make_scheduler(max_num_seqs=1, policy=policy)
+    # "d" has b's priority but arrived earlier, though it is added later.
+    specs = [("a", 3, 1.0), ("b", 1, 2.0), ("c", 2, 3.0), ("d", 1, 0.5), ("e", 0, 5.0)]
+    for req_id, priority, arrival in specs:
+        sched.add_request(make_request(req_id, [1, 2, 3], max_tokens=2, priority=priority,
+                                       arrival_time=arrival))
+    order: list[str] = []
+    run_engine(sched, FakeRunner(8), on_step=lambda s, so: order.extend(n.req_id for n in so.new_reqs))
+    assert order == expected
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_preemption_in_a_tiny_pool(policy: str, async_scheduling: bool):
+    sched = make_scheduler(num_blocks=8, max_model_len=64, max_num_batched_tokens=32, policy=policy)
+    requests = [make_request(f"r{i}", p, max_tokens=16, priority=i % 2) for i, p in enumerate(_prompts(5, 16))]
+    for request in requests:
+        sched.add_request(request)
+    num_in_flight_preemptions = 0
+
+    def on_step(s: Scheduler, so: SchedulerOutput) -> None:
+        nonlocal num_in_flight_preemptions
+        preempted = [s.requests[r] for r in so.finished_req_ids if r in s.requests]
+        num_in_flight_preemptions += sum(r.num_output_placeholders > 0 for r in preempted)
+        assert not set(so.finished_req_ids) & set(so.num_scheduled_tokens)
+
+    results = run_engine(sched, FakeRunner(8), async_scheduling, on_step=on_step)
+    assert sched.get_stats().num_preemptions > 0
+    assert sum(r.num_preemptions for r in requests) == sched.get_stats().num_preemptions
+    if async_scheduling:  # a preempted request still had a token in flight, which was kept
+        assert num_in_flight_preemptions > 0
+    _assert_reference(sched, requests, results)
+    _assert_all_free(sched)
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_the_lowest_request_is_preempted(policy: str):
+    # 4 usable blocks of 8: either request fits alone, both do not.
+    sched = make_scheduler(num_blocks=5, max_model_len=64, policy=policy)
+    low = make_request("low", list(range(8)), max_tokens=20, priority=1)
+    high = make_request("high", list(range(10, 18)), max_tokens=20, priority=0)
+    for request in ([high, low] if policy == "fcfs" else [low, high]):  # fcfs: the newest is lowest
+        sched.add_request(request)
+    results = run_engine(sched, FakeRunner(8))
+    assert high.num_preemptions == 0 and low.num_preemptions > 0
+    assert results["low"].num_cached_tokens == 0  # set by the first schedule only
+    _assert_reference(sched, [low, high], results)
+
+
+def test_async_gives_the_same_tokens_as_sync():
+    def run(async_scheduling: bool) -> dict[str, Result]:
+        sched = make_scheduler(num_blocks=12, max_model_len=48, max_num_batched_tokens=20, max_num_seqs=3)
+        for i, prompt in enumerate(_prompts(6)):
+            sched.add_request(make_request(f"r{i}", prompt, max_tokens=3 + 2 * i, eos=(40,)))
+        results = run_engine(sched, FakeRunner(8), async_scheduling)
+        _assert_all_free(sched)
+        return results
+
+    sync, async_ = run(False), run(True)
+    assert sync == async_
+    assert {r.finish_reason for r in sync.values()} == {"stop", "length"}
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_abort_frees_blocks_and_drops_late_outputs(async_scheduling: bool):
+    sched = make_scheduler(max_num_seqs=2)
+    requests = [make_request(f"r{i}", p, max_tokens=6) for i, p in enumerate(_prompts(3))]
+    for request in requests:
+        sched.add_request(request)
+    runner = FakeRunner(8)
+    results: dict[str, Result] = {}
+    first = sched.schedule()
+    first_out = runner.execute(first)
+    if not async_scheduling:
+        collect(results, sched.update_from_output(first, first_out))
+    # r0 is running (in async mode its sampled token is still in flight), r2 is waiting.
+    aborted = sched.abort_requests(["r0", "r2", "unknown"])
+    assert [(o.req_id, o.finish_reason) for o in aborted] == [("r0", "abort"), ("r2", "abort")]
+    assert set(sched.kv_cache_manager.req_to_blocks) == {"r1"}
+    collect(results, aborted)
+    if async_scheduling:
+        assert "r0" in first_out.req_ids
+        late = sched.update_from_output(first, first_out)
+        assert [o.req_id for o in late] == ["r1"]  # r0's late token is dropped
+        collect(results, late)
+    following = sched.schedule()
+    assert following.finished_req_ids == {"r0", "r2"}
+    collect(results, sched.update_from_output(following, runner.execute(following)))
+    rest = run_engine(sched, runner)
+    assert results["r0"].finish_reason == results["r2"].finish_reason == "abort"
+    assert results["r2"].token_ids == []
+    expected = reference_output(requests[1], sched.max_model_len, mixing_next_token)
+    assert (results["r1"].token_ids + rest["r1"].token_ids, rest["r1"].finish_reason) == expected
+    _assert_all_free(sched)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("params, max_model_len, expected", [
+    (dict(eos=(6,)), 64, ([4, 5, 6], "stop", None)),
+    (dict(eos=(6,), ignore_eos=True), 64, ([4, 5, 6, 7, 8], "length", None)),
+    (dict(eos=(5, 7), min_tokens=3), 64, ([4, 5, 6, 7], "stop", None)),
+    (dict(stop_token_ids=[5]), 64, ([4, 5], "stop", 5)),
+    (dict(stop_token_ids=[5], min_tokens=2), 64, ([4, 5], "stop", 5)),
+    (dict(max_tokens=3), 64, ([4, 5, 6], "length", None)),
+    (dict(), 7, ([4, 5, 6], "length", None)),  # max_model_len
+])
+def test_token_level_stops(params: dict, max_model_len: int, expected: tuple, async_scheduling: bool):
+    sched = make_scheduler(max_model_len=max_model_len)
+    params = {"max_tokens": 5, **params}
+    sched.add_request(make_request("r", [0, 1, 2, 3], **params))  # the model emits its position
+    results = run_engine(sched, FakeRunner(8, position_next_token), async_scheduling)
+    got = results["r"]
+    assert (got.token_ids, got.finish_reason, got.stop_reason) == expected
+    _assert_all_free(sched)
+
+
+def test_finish_requests_from_outside():
+    sched = make_scheduler()
+    sched.add_request(make_request("r", [1, 2, 3]))
+    runner = FakeRunner(8)
+    step = sched.schedule()
+    sched.update_from_output(step, runner.execute(step))
+    with pytest.raises(ValueError, match="status must be a finished status"):
+        sched.finish_requests(["r"], RequestStatus.RUNNING)
+    sched.finish_requests("r", RequestStatus.FINISHED_STOPPED)  # e.g. a stop string
+    assert not sched.has_unfinished_requests()
+    assert sched.schedule().finished_req_ids == {"r"}
+    _assert_all_free(sched)
+
+
+def test_repeat_prompt_hits_the_prefix_cache():
+    sched = make_scheduler()
+    prompt = list(range(20))
+    runner = FakeRunner(8)  # one KV cache for both runs
+    sched.add_request(make_request("a", prompt, max_tokens=2))
+    first = run_engine(sched, runner)
+    sched.add_request(make_request("b", prompt, max_tokens=2))
+    second = run_engine(sched, runner)
+    assert (first["a"].num_cached_tokens, second["b"].num_cached_tokens) == (0, 16)
+    assert first["a"].token_ids == second["b"].token_ids
+    stats = sched.get_stats()
+    assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (40, 16)
+
+
+def test_bad_requests_are_rejected():
+    sched = make_scheduler(num_blocks=3, max_model_len=32)  # 16 tokens of KV cache
+    sched.add_request(make_request("ok", [1] * 4, max_tokens=13))
+    with pytest.raises(ValueError, match="request_id 'ok' is already in use"):
+        sched.add_request(make_request("ok", [1, 2]))
+    with pytest.raises(ValueError, match="prompt_token_ids must not be empty"):
+        sched.add_request(make_request("empty", []))
+    with pytest.raises(ValueError, match="max_model_len=32"):
+        sched.add_request(make_request("long", [1] * 32))
+    with pytest.raises(ValueError, match="max_tokens: the request may need KV for 17 tokens"):
+        sched.add_request(make_request("big", [1] * 4, max_tokens=14))
+    runner = FakeRunner(8)
+    step = sched.schedule()
+    with pytest.raises(ValueError, match="runner_output.req_ids"):
+        sched.update_from_output(step, ModelRunnerOutput(req_ids=[], sampled_token_ids=[]))
+    sched.update_from_output(step, runner.execute(step))
+
+
+_request_spec = st.tuples(st.integers(0, 1), st.lists(st.integers(0, VOCAB - 1), max_size=10),
+                          st.integers(1, 12), st.integers(0, 2))
+
+
+@settings(max_examples=80, deadline=None)
+@given(specs=st.lists(_request_spec, min_size=1, max_size=6), num_blocks=st.integers(3, 14),
+       budget=st.integers(1, 40), max_num_seqs=st.integers(1, 4), policy=st.sampled_from(["fcfs", "priority"]),
+       async_scheduling=st.booleans(), caching=st.booleans(),
+       aborts=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 5)), max_size=2))
+def test_random_workloads_match_the_reference(specs, num_blocks, budget, max_num_seqs, policy,
+                                              async_scheduling, caching, aborts):
+    sched = make_scheduler(num_blocks=num_blocks, max_model_len=40, max_num_seqs=max_num_seqs,
+                           max_num_batched_tokens=budget, policy=policy, enable_prefix_caching=caching)
+    bases = _prompts(2, 10)
+    requests = []
+    for i, (base, suffix, max_tokens, priority) in enumerate(specs):
+        request = make_request(f"r{i}", bases[base] + suffix, max_tokens, eos=(3,), priority=priority)
+        try:
+            sched.add_request(request)
+        except ValueError:  # more KV than the pool holds
+            continue
+        requests.append(request)
+    abort_at = {step: f"r{i}" for step, i in aborts}
+    aborted: dict[str, Result] = {}
+    num_steps = 0
+
+    def on_step(s: Scheduler, so: SchedulerOutput) -> None:
+        nonlocal num_steps
+        assert so.total_num_scheduled_tokens <= budget
+        if so.is_empty:  # no livelock: an empty step only waits for tokens in flight (async)
+            assert any(r.num_output_placeholders > 0 for r in s.requests.values())
+        assert len(s.running) <= max_num_seqs and len(so.num_scheduled_tokens) <= max_num_seqs
+        assert all(n > 0 for n in so.num_scheduled_tokens.values())
+        assert not {n.req_id for n in so.new_reqs} & {c.req_id for c in so.cached_reqs}
+        if num_steps in abort_at:  # between this step's schedule and its update
+            collect(aborted, s.abort_requests([abort_at[num_steps]]))
+        num_steps += 1
+
+    results = run_engine(sched, FakeRunner(8), async_scheduling, on_step=on_step)
+    for request in requests:
+        expected = reference_output(request, sched.max_model_len, mixing_next_token)
+        got = results.get(request.request_id, Result())
+        if request.request_id in aborted:
+            assert got.finish_reason in (None, "abort")
+            assert got.token_ids == expected[0][: len(got.token_ids)]
+        else:
+            assert (got.token_ids, got.finish_reason) == expected
+    _assert_all_free(sched)

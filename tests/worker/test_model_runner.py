@@ -1,0 +1,118 @@
+"""The runner end to end on a tiny random Llama: greedy tokens equal transformers' generate in
+sync and async mode, with chunked prefill, row reuse, preemption and prompt embeddings."""
+from __future__ import annotations
+
+import pytest
+import torch
+from worker_helpers import (HIDDEN, VOCAB, MiniScheduler, Req, hf_greedy, make_config, make_runner,
+                            run_requests, save_tiny_llama)
+
+from pagedlm.sampling_params import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_llama")
+    return path, save_tiny_llama(path)
+
+
+def _prompt(length: int, seed: int) -> list[int]:
+    return torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _spy_placeholders(runner) -> list[int]:
+    """Records how many placeholder inputs each step had."""
+    counts: list[int] = []
+    prepare = runner.input_batch.prepare
+
+    def spy(sched, buf):
+        layout = prepare(sched, buf)
+        counts.append(layout.num_placeholders)
+        return layout
+
+    runner.input_batch.prepare = spy
+    return counts
+
+
+@pytest.mark.parametrize("async_mode", [False, True])
+def test_greedy_equals_transformers(tiny, async_mode):
+    folder, hf_model = tiny
+    runner = make_runner(make_config(folder, max_num_seqs=4, max_num_batched_tokens=12))
+    placeholders = _spy_placeholders(runner)
+    sched = MiniScheduler(block_size=8, max_num_seqs=4, token_budget=12)
+    specs = {"a": (5, 6), "b": (19, 4), "c": (9, 7)}  # prompt length, max_tokens
+    for i, (req_id, (num_prompt, max_tokens)) in enumerate(specs.items()):
+        sched.add(Req(req_id, _prompt(num_prompt, i), max_tokens))
+    done = run_requests(runner, sched, async_mode)
+    for i, (req_id, (num_prompt, max_tokens)) in enumerate(specs.items()):
+        assert done[req_id] == hf_greedy(hf_model, max_tokens, _prompt(num_prompt, i)), req_id
+    assert (sum(placeholders) > 0) == async_mode
+
+
+def test_rows_are_reused_after_finish(tiny):
+    folder, hf_model = tiny
+    runner = make_runner(make_config(folder, max_num_seqs=2, max_num_batched_tokens=16))
+    sched = MiniScheduler(block_size=8, max_num_seqs=2, token_budget=16)
+    specs = {"long": (14, 3), "short": (3, 2), "next": (6, 4), "last": (2, 3)}
+    for i, (req_id, (num_prompt, max_tokens)) in enumerate(specs.items()):
+        sched.add(Req(req_id, _prompt(num_prompt, 10 + i), max_tokens))
+    done = run_requests(runner, sched, async_mode=True)
+    for i, (req_id, (num_prompt, max_tokens)) in enumerate(specs.items()):
+        assert done[req_id] == hf_greedy(hf_model, max_tokens, _prompt(num_prompt, 10 + i)), req_id
+    assert sched.rows_seen == {"long": 0, "short": 1, "next": 1, "last": 0}
+
+
+def test_preempted_request_resumes_with_its_outputs(tiny):
+    folder, hf_model = tiny
+    runner = make_runner(make_config(folder, max_num_seqs=2, max_num_batched_tokens=16))
+    sched = MiniScheduler(block_size=8, max_num_seqs=2, token_budget=16)
+    sched.add(Req("p", _prompt(10, 20), 8))
+    sched.add(Req("q", _prompt(7, 21), 6))
+    done = run_requests(runner, sched, async_mode=False, preempt_at={3: "p"})
+    assert done["p"] == hf_greedy(hf_model, 8, _prompt(10, 20))
+    assert done["q"] == hf_greedy(hf_model, 6, _prompt(7, 21))
+
+
+@pytest.mark.parametrize("async_mode", [False, True])
+def test_prompt_embeds(tiny, async_mode):
+    """A prompt given as embeddings (chunked over steps) next to a prompt given as ids."""
+    folder, hf_model = tiny
+    runner = make_runner(make_config(folder, max_num_seqs=4, max_num_batched_tokens=16))
+    sched = MiniScheduler(block_size=8, max_num_seqs=4, token_budget=6)
+    embeds = torch.randn(11, HIDDEN, generator=torch.Generator().manual_seed(30)) * 0.3
+    sched.add(Req("ids", _prompt(5, 31), 5))
+    sched.add(Req("emb", [0] * 11, 5, prompt_embeds=embeds))
+    done = run_requests(runner, sched, async_mode)
+    assert done["ids"] == hf_greedy(hf_model, 5, _prompt(5, 31))
+    assert done["emb"] == hf_greedy(hf_model, 5, prompt_embeds=embeds)
+    assert done["emb"] != hf_greedy(hf_model, 5, [0] * 11)  # the embeddings were used
+
+
+def test_logprobs_per_request(tiny):
+    folder, _ = tiny
+    runner = make_runner(make_config(folder))
+    sched = MiniScheduler(block_size=8, max_num_seqs=4, token_budget=16)
+    sched.add(Req("lp", _prompt(4, 40), 1, SamplingParams(temperature=0.0, logprobs=3)))
+    sched.add(Req("no", _prompt(6, 41), 1))
+    output = runner.execute_model(sched.schedule()).get_output()
+    assert output.req_ids == ["lp", "no"]
+    with_lp, without = output.logprobs
+    assert without == []
+    (entry,) = with_lp
+    assert len(entry.token_ids) == len(entry.logprobs) == 4
+    assert entry.token_ids[0] == output.sampled_token_ids[0][0] and entry.sampled_rank == 1
+    assert entry.logprobs[0] == pytest.approx(max(entry.logprobs)) and entry.logprobs[0] < 0
+
+
+def test_profile_run_leaves_no_trace(tiny):
+    folder, hf_model = tiny
+    runner = make_runner(make_config(folder, max_num_seqs=3, max_num_batched_tokens=16))
+    kv_caches = runner.kv_caches
+    profile_bytes = runner._profile_run()
+    assert runner.kv_caches is kv_caches and runner.input_batch.num_kv_blocks == 64
+    # 16 tokens over 3 sequences (6, 5, 5): one block each, 2 x 2 kv heads x 8 dims x fp32
+    assert profile_bytes == 3 * 8 * 2 * 2 * 8 * 4
+    assert runner.input_batch.num_reqs == 0 and runner.sampler.params == {}
+    sched = MiniScheduler(block_size=8, max_num_seqs=3, token_budget=16)
+    sched.add(Req("after", _prompt(7, 50), 3))
+    assert run_requests(runner, sched, async_mode=True)["after"] == hf_greedy(hf_model, 3, _prompt(7, 50))
