@@ -45,7 +45,7 @@ class KVCacheManager:
         Returns (block ids, number of tokens they hold). Nothing is taken yet."""
         if not self._cacheable(request):
             return [], 0
-        max_hit_blocks = request.num_tokens // self.block_size
+        max_hit_blocks = (request.num_tokens - 1) // self.block_size
         self._hash_full_blocks(request, max_hit_blocks)
         hit_blocks: list[int] = []
         for block_hash in request.block_hashes[:max_hit_blocks]:

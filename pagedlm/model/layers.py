@@ -90,7 +90,8 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
     blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
     scaled = torch.where(wavelen > old_context_len / low_freq_factor, inv_freq / factor, inv_freq)
-    is_medium = (wavelen >= old_context_len / high_freq_factor) & (wavelen <= old_context_len / low_freq_factor)
+    is_medium = ((wavelen >= old_context_len / high_freq_factor)
+                 & (wavelen <= old_context_len / low_freq_factor))
     return torch.where(is_medium, blended, scaled)
 
 

@@ -2,7 +2,8 @@
 
 Order, as in vLLM: logprobs from the raw logits; allowed_token_ids; min_tokens bans; logit_bias;
 penalties; greedy rows take the argmax here. Random rows then go through temperature, min-p,
-top-k, top-p and draw argmax(probs / E), E ~ Exp(1) from a counter-based hash (noise.py).
+top-k, top-p and draw argmax(probs / E), E ~ Exp(1) from a counter-based hash, computed as
+argmax(logits - log E) (gumbel.py).
 A feature no row of the batch uses is None in the batch and launches nothing.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedlm.sample.filters import apply_min_p, apply_top_k_top_p
-from pagedlm.sample.noise import exponential_noise
+from pagedlm.sample.gumbel import gumbel_argmax
 from pagedlm.sample.penalties import apply_penalties
 
 Logprobs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -56,7 +57,7 @@ class TopKTopP:
 
 @dataclass(slots=True)
 class RandomParams:
-    noise_keys: torch.Tensor  # [N] int64
+    noise_keys: torch.Tensor  # [N] int64: noise.row_keys_np of (seed, tokens sampled so far)
     is_greedy: torch.Tensor | None = None  # [N] bool; None: no greedy row in the batch
     temperature: torch.Tensor | None = None  # [N] float32, 1 on rows that keep the logits
     min_p: torch.Tensor | None = None  # [N] float32, 0: off
@@ -112,9 +113,7 @@ def draw(logits: torch.Tensor, params: RandomParams | None) -> torch.Tensor:
     if params.top_k_top_p is not None:
         tktp = params.top_k_top_p
         _on_rows(logits, tktp.index, lambda sub: apply_top_k_top_p(sub, tktp.top_k, tktp.top_p))
-    probs = logits.softmax(dim=-1)  # [N, V]
-    probs.div_(exponential_noise(params.noise_keys, logits.shape[-1]))
-    random_ids = probs.argmax(dim=-1)  # [N]
+    random_ids = gumbel_argmax(logits, params.noise_keys)  # [N]
     if greedy_ids is None:
         return random_ids
     return torch.where(params.is_greedy, greedy_ids, random_ids)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from pagedlm.sample.noise import row_keys, to_int64
+from pagedlm.sample.noise import MASK64, row_keys_np
 from pagedlm.sample.penalties import PenaltyTables
 from pagedlm.sample.sampler import (Penalties, RandomParams, SamplerOutput, SamplingBatch,
                                     TokenLists, TopKTopP, sample_batch)
@@ -37,8 +37,8 @@ class Feature(enum.IntEnum):
 # Columns of the mirrored tables; the defaults are the neutral values.
 TEMPERATURE, TOP_P, MIN_P, REPETITION, FREQUENCY, PRESENCE = range(6)
 _FLOAT_DEFAULTS = np.array([1.0, 1.0, 0.0, 1.0, 0.0, 0.0], dtype=np.float32)
-SEED, TOP_K = range(2)
-_INT_DEFAULTS = np.array([0, 0], dtype=np.int64)
+TOP_K = 0
+_INT_DEFAULTS = np.array([0], dtype=np.int64)
 
 
 class SamplingState:
@@ -60,6 +60,7 @@ class SamplingState:
         self._active_np = np.zeros(num_rows, dtype=bool)
         self._flags_np = np.zeros((num_rows, len(Feature)), dtype=bool)
         self._num_sampled_np = np.zeros(num_rows, dtype=np.int64)  # outputs so far, per request
+        self._seeds_np = np.zeros(num_rows, dtype=np.uint64)
         self._min_tokens_np = np.zeros(num_rows, dtype=np.int64)
         self._num_logprobs_np = np.zeros(num_rows, dtype=np.int64)
 
@@ -117,7 +118,8 @@ class SamplingState:
         self._num_logprobs_np[row] = params.logprobs or 0
         self._floats.set_row(row, (temperature, top_p, min_p, params.repetition_penalty,
                                    params.frequency_penalty, params.presence_penalty))
-        self._ints.set_row(row, (to_int64(seed), top_k))
+        self._seeds_np[row] = seed & MASK64
+        self._ints.set_row(row, (top_k,))
 
     def _set_token_lists(self, row: int, params: SamplingParams, num_outputs: int,
                          eos_token_ids: Sequence[int]) -> None:
@@ -213,10 +215,10 @@ class SamplingState:
         self._floats.sync()
         self._ints.sync()
         is_random_np = flags_np[:, Feature.RANDOM]
-        packed_np = np.stack([rows_np, self._num_sampled_np[rows_np], is_random_np])  # [3, N]
-        rows, num_sampled, is_random = upload(packed_np.astype(np.int64), self.device)
-        params = RandomParams(noise_keys=row_keys(self._ints.gpu[:, SEED].index_select(0, rows),
-                                                  num_sampled))
+        keys_np = row_keys_np(self._seeds_np[rows_np], self._num_sampled_np[rows_np])
+        packed_np = np.stack([rows_np, keys_np, is_random_np.astype(np.int64)])  # [3, N]
+        rows, keys, is_random = upload(packed_np, self.device)
+        params = RandomParams(noise_keys=keys)
         if not is_random_np.all():
             params.is_greedy = is_random == 0
         if used[Feature.TEMPERATURE] or used[Feature.MIN_P]:

@@ -56,17 +56,19 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 def validation_api_error(errors: Any) -> APIError:
-    """pydantic's first complaint as a 400 naming the parameter (`messages.0.role`)."""
+    """pydantic's first complaint as a 400 naming the parameter; the message gives the place
+    inside it (`messages.0.role`)."""
     first = list(errors)[0]
+    if first.get("type") == "json_invalid":
+        return APIError(400, "the request body is not valid JSON: "
+                        f"{first.get('ctx', {}).get('error')}")
     loc = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = ".".join(loc) or None
+    where = ".".join(loc)
     if first.get("type") == "extra_forbidden":
-        message = f"{param}: unrecognized or unsupported parameter"
-    elif first.get("type") == "json_invalid":
-        param, message = None, f"the request body is not valid JSON: {first.get('ctx', {}).get('error')}"
+        message = f"{where}: unrecognized or unsupported parameter"
     else:
-        message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
-    return APIError(400, message, param=param)
+        message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
+    return APIError(400, message, param=loc[0] if loc else None)
 
 
 def _add_generation_routes(app: FastAPI, ctx: ServingContext) -> None:

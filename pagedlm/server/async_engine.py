@@ -109,8 +109,11 @@ class AsyncLLM:
         self._proc.start()
         self.engine = await asyncio.to_thread(FrontEndEngine, self.config, self.core)
         msg = await self._recv_or_core_exit()
+        if msg is None:
+            raise RuntimeError(f"the engine-core process exited with code {self._proc.exitcode} "
+                               "while starting (see its log above)")
         if not isinstance(msg, wire.Ready):
-            raise RuntimeError(f"engine core failed to start:\n{getattr(msg, 'error', msg)}")
+            raise RuntimeError(f"the engine core failed to start:\n{msg.error}")
         self._tasks = [asyncio.create_task(self._output_loop(), name="pagedlm-outputs"),
                        asyncio.create_task(self._watch_core(), name="pagedlm-core-watch"),
                        asyncio.create_task(self._log_loop(), name="pagedlm-log-stats")]

@@ -48,10 +48,13 @@ _ERROR_TYPES = {401: "authentication_error", 404: "invalid_request_error",
                 503: "service_unavailable_error"}
 
 
-def bad_request(exc: ValueError, fields: type[BaseModel]) -> APIError:
-    """A ValueError from validation; its first word names the parameter when it is a field."""
+def bad_request(exc: ValueError, fields: type[BaseModel], prompt_param: str = "prompt") -> APIError:
+    """A ValueError from validation; its first word names the parameter when it is a field
+    (`prompt...` words name the prompt: `prompt` or `messages`)."""
     message = str(exc)
     first = message.split(" ", 1)[0].rstrip(":")
+    if first.startswith("prompt"):
+        return APIError(400, message, param=prompt_param)
     return APIError(400, message, param=first if first in fields.model_fields else None)
 
 
@@ -94,14 +97,15 @@ def build_params(ctx: ServingContext, body: SamplingFields, max_tokens: int | No
 
 
 def process_prompt(ctx: ServingContext, prompt: Any, params: SamplingParams,
-                   requested_max_tokens: int | None, body: SamplingFields) -> ProcessedRequest:
+                   requested_max_tokens: int | None, body: SamplingFields,
+                   prompt_param: str = "prompt") -> ProcessedRequest:
     """Tokenises and validates one prompt; a prompt plus max_tokens over the context is a 400."""
     try:
         processed = ctx.engine.engine.process_request(prompt, params)
     except ValueError as exc:
-        code = "context_length_exceeded" if "max_model_len" in str(exc) else None
-        error = bad_request(exc, type(body))
-        error.code = code
+        error = bad_request(exc, type(body), prompt_param)
+        if "max_model_len" in str(exc):
+            error.code = "context_length_exceeded"
         raise error from None
     num_prompt = len(processed.prompt_token_ids)
     if requested_max_tokens is not None and num_prompt + requested_max_tokens > ctx.max_model_len:
@@ -242,8 +246,7 @@ class DeltaTracker:
         num_chars, num_tokens = self._sent.get(index, (0, 0))
         first = index not in self._sent
         text = choice.text[num_chars:]
-        if not text and len(choice.token_ids) == num_tokens and choice.finish_reason is None \
-                and not first:
+        if not text and len(choice.token_ids) == num_tokens and choice.finish_reason is None:
             return None
         self._sent[index] = (len(choice.text), len(choice.token_ids))
         if choice.finish_reason is not None:

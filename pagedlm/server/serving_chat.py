@@ -27,7 +27,8 @@ async def create_chat_completion(ctx: ServingContext, body: ChatCompletionReques
         raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
     max_tokens = body.max_completion_tokens or body.max_tokens
     params = build_params(ctx, body, max_tokens, (body.top_logprobs or 0) if body.logprobs else None)
-    processed = process_prompt(ctx, render_chat(ctx, body.messages), params, max_tokens, body)
+    processed = process_prompt(ctx, render_chat(ctx, body.messages), params, max_tokens, body,
+                               prompt_param="messages")
     admit(ctx, [processed], body.n)
     request_id = new_request_id(raw, body)
     writer = _ChatWriter(ctx, body, f"chatcmpl-{request_id}")

@@ -172,7 +172,7 @@ class ModelRunner:
             self._remove_request(new.req_id)  # resumed after preemption
             row = self.input_batch.add_request(new, self._prompt_embeds_to_device(new))
             self.sampler.add_request(row, new.sampling_params, new.prompt_token_ids,
-                                     new.output_token_ids)
+                                     new.output_token_ids, self.config.model.eos_token_ids)
         for cached in sched.cached_reqs:
             self.input_batch.update_request(cached)
 

@@ -116,7 +116,8 @@ def test_matches_dense_reference(scenario: str, num_kv_heads: int, block_size: i
     seqs, window = SCENARIOS[scenario]
     case = make_case(seqs, num_kv_heads, block_size, dtype, seed=list(SCENARIOS).index(scenario) * 10 + num_kv_heads)
     scale = HEAD_DIM ** -0.5
-    out = TorchAttentionBackend().forward(case.q, case.k, case.v, case.kv_cache, case.meta, scale, window)
+    out = TorchAttentionBackend().forward(case.q, case.k, case.v, case.kv_cache, case.meta, scale,
+                                          window)
     assert out.dtype == dtype and out.shape == case.q.shape
     tol = 1e-5 if dtype == torch.float32 else 2e-3
     starts = case.meta.query_start_loc_cpu.tolist()

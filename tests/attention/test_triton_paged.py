@@ -76,19 +76,22 @@ def make_batch(
     return PagedBatch(q.to(device), k.to(device), v.to(device), kv_cache.to(device), meta, keys, values)
 
 
-def reference_attention(batch: PagedBatch, scale: float, sliding_window: int | None) -> torch.Tensor:
-    """Dense causal attention per sequence in float64: [T, num_heads, head_dim], NaN on padding rows."""
-    q = batch.q.double().cpu()
+def reference_attention(
+    batch: PagedBatch, scale: float, sliding_window: int | None, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
+    """Dense causal attention per sequence in `dtype` on q's device: [T, num_heads, head_dim],
+    NaN on padding rows."""
+    q = batch.q.to(dtype)
     out = torch.full_like(q, float("nan"))
     qsl = batch.meta.query_start_loc_cpu.tolist()
     group = q.shape[1] // batch.keys[0].shape[1]
     for b, (keys, values) in enumerate(zip(batch.keys, batch.values)):
         seq_len, query_len = keys.shape[0], qsl[b + 1] - qsl[b]
-        k = keys.double().repeat_interleave(group, dim=1)  # [seq_len, num_heads, head_dim]
-        v = values.double().repeat_interleave(group, dim=1)
+        k = keys.to(q.device, dtype).repeat_interleave(group, dim=1)  # [seq_len, num_heads, head_dim]
+        v = values.to(q.device, dtype).repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q[qsl[b] : qsl[b + 1]], k) * scale
-        pos = torch.arange(seq_len - query_len, seq_len)[:, None]  # [query_len, 1]
-        key_pos = torch.arange(seq_len)[None, :]
+        pos = torch.arange(seq_len - query_len, seq_len, device=q.device)[:, None]  # [query_len, 1]
+        key_pos = torch.arange(seq_len, device=q.device)[None, :]
         visible = key_pos <= pos
         if sliding_window is not None:
             visible &= pos - key_pos < sliding_window
@@ -110,7 +113,7 @@ def expected_cache(batch: PagedBatch) -> torch.Tensor:
 def check_output(out: torch.Tensor, batch: PagedBatch, scale: float, sliding_window: int | None) -> None:
     ref = reference_attention(batch, scale, sliding_window)
     num_real = batch.meta.query_start_loc_cpu[-1].item()
-    torch.testing.assert_close(out[:num_real].double().cpu(), ref[:num_real], atol=ATOL[out.dtype], rtol=1e-2)
+    torch.testing.assert_close(out[:num_real].double(), ref[:num_real], atol=ATOL[out.dtype], rtol=1e-2)
     assert out[num_real:].isnan().all(), "padding rows must stay unwritten"
 
 
@@ -206,6 +209,20 @@ def test_backend_forward(monkeypatch: pytest.MonkeyPatch, max_query_len: int) ->
     torch.testing.assert_close(batch.kv_cache, expected, rtol=0, atol=0, equal_nan=True)
     check_output(out, batch, 0.2, None)
     assert calls == ([2] if max_query_len == 1 else [])
+
+
+def test_backend_matches_torch_reference_backend() -> None:
+    """Same batch, same caches, through TorchAttentionBackend and TritonAttentionBackend."""
+    from pagedlm.attention.torch_ref import TorchAttentionBackend
+
+    batch = make_batch([0, 13, 29, 4], [11, 1, 3, 1], num_heads=8, num_kv_heads=2, head_dim=64, block_size=16,
+                       dtype=torch.float16, num_pad_tokens=2)
+    torch_cache = batch.kv_cache.clone()
+    expected = TorchAttentionBackend().forward(batch.q, batch.k, batch.v, torch_cache, batch.meta, 0.125, 9)
+    out = TritonAttentionBackend().forward(batch.q, batch.k, batch.v, batch.kv_cache, batch.meta, 0.125, 9)
+    torch.testing.assert_close(batch.kv_cache, torch_cache, rtol=0, atol=0, equal_nan=True)
+    num_real = batch.meta.query_start_loc_cpu[-1].item()
+    torch.testing.assert_close(out[:num_real], expected[:num_real], atol=ATOL[torch.float16], rtol=1e-2)
 
 
 def test_backend_rejects_bad_input() -> None:

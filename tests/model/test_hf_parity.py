@@ -123,13 +123,19 @@ def test_sharded_checkpoint_loads(tmp_path: Path) -> None:
     assert (ragged_logits(model, [ids])[0] - hf_logits(hf_model, ids)).abs().max() <= TOL
 
 
-def test_missing_tensor_is_named(tmp_path: Path) -> None:
+def save_without(folder: Path, name: str) -> dict[str, torch.Tensor]:
+    """A tiny Llama checkpoint in folder, minus tensor `name`; returns the tensors kept."""
     from safetensors.torch import load_file, save_file
 
-    save_tiny_model(FAMILIES["llama"](), tmp_path)
-    tensors = load_file(tmp_path / "model.safetensors")
-    del tensors["model.layers.1.mlp.up_proj.weight"]
-    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    save_tiny_model(FAMILIES["llama"](), folder)
+    tensors = load_file(folder / "model.safetensors")
+    del tensors[name]
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    return tensors
+
+
+def test_missing_tensor_is_named(tmp_path: Path) -> None:
+    save_without(tmp_path, "model.layers.1.mlp.up_proj.weight")
     with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp\.up_proj\.weight"):
         load_ours(tmp_path)
 
@@ -138,3 +144,9 @@ def test_missing_weight_file_is_named(tmp_path: Path) -> None:
     FAMILIES["llama"]().save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="model.safetensors"):
         load_ours(tmp_path)
+
+
+def test_absent_lm_head_ties_to_embeddings(tmp_path: Path) -> None:
+    tensors = save_without(tmp_path, "lm_head.weight")
+    model = load_ours(tmp_path)
+    assert torch.equal(model.lm_head.weight, tensors["model.embed_tokens.weight"])

@@ -1,11 +1,15 @@
-"""The counter-based noise: splitmix64 in int64 torch ops equals the unsigned original."""
+"""The counter-based noise: splitmix64 in numpy, torch int64 and Triton equals the unsigned
+original; the fused Triton draw (interpreted on CPU) equals the torch one."""
 from __future__ import annotations
 
 import random
 
+import numpy as np
+import pytest
 import torch
 
-from pagedlm.sample.noise import exponential_noise, mix64_, row_keys, to_int64
+from pagedlm.sample.gumbel import gumbel_argmax_torch, gumbel_argmax_triton
+from pagedlm.sample.noise import exponential_noise, mix64_, mix64_np, row_keys_np, to_int64
 
 MASK64 = (1 << 64) - 1
 
@@ -20,16 +24,18 @@ def splitmix64_output(z: int) -> int:
 def test_mix64_matches_unsigned_reference() -> None:
     rng = random.Random(1)
     values = [rng.getrandbits(64) for _ in range(2000)] + [0, 1, MASK64, 1 << 63, (1 << 63) - 1]
+    want = [splitmix64_output(v) for v in values]
     got = mix64_(torch.tensor([to_int64(v) for v in values], dtype=torch.int64))
-    assert [v & MASK64 for v in got.tolist()] == [splitmix64_output(v) for v in values]
+    assert [v & MASK64 for v in got.tolist()] == want
+    assert mix64_np(np.array(values, dtype=np.uint64)).tolist() == want
 
 
 def test_row_keys_are_the_splitmix_stream_of_the_mixed_seed() -> None:
-    seeds = [0, 7, -3, (1 << 63) - 1]
+    seeds = [0, 7, MASK64 - 2, (1 << 63) - 1]
     counters = [0, 1, 5, 100]
-    got = row_keys(torch.tensor(seeds), torch.tensor(counters)).tolist()
+    got = row_keys_np(np.array(seeds, dtype=np.uint64), np.array(counters)).tolist()
     for key, seed, counter in zip(got, seeds, counters):
-        state = (splitmix64_output(seed & MASK64) + counter * 0x9E3779B97F4A7C15) & MASK64
+        state = (splitmix64_output(seed) + counter * 0x9E3779B97F4A7C15) & MASK64
         assert key & MASK64 == splitmix64_output(state)
 
 
@@ -46,7 +52,7 @@ def test_noise_element_depends_on_key_and_index_only() -> None:
 
 
 def test_noise_is_exponential() -> None:
-    keys = row_keys(torch.arange(64, dtype=torch.int64), torch.zeros(64, dtype=torch.int64))
+    keys = torch.from_numpy(row_keys_np(np.arange(64, dtype=np.uint64), np.zeros(64)))
     noise = exponential_noise(keys, 4096).double()  # 262,144 draws
     assert torch.isfinite(noise).all() and (noise > 0).all()
     assert abs(noise.mean().item() - 1.0) < 0.01
@@ -54,3 +60,27 @@ def test_noise_is_exponential() -> None:
     # P(E > 1) = e^-1, P(E > 3) = e^-3
     assert abs((noise > 1).double().mean().item() - 0.36788) < 0.004
     assert abs((noise > 3).double().mean().item() - 0.04979) < 0.002
+
+
+@pytest.mark.parametrize("vocab_size", [7, 2048, 5000])
+def test_triton_draw_equals_torch_draw(vocab_size: int) -> None:
+    """The fused kernel (interpreted here, compiled on CUDA) against the torch path."""
+    torch.manual_seed(vocab_size)
+    num_rows = 5
+    keys = torch.from_numpy(row_keys_np(np.arange(num_rows, dtype=np.uint64) * 977, np.arange(num_rows)))
+    logits = torch.randn(num_rows, vocab_size) * 2
+    logits[1, : vocab_size // 2] = float("-inf")  # excluded tokens, whole blocks of them too
+    want = gumbel_argmax_torch(logits.clone(), keys)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    got = gumbel_argmax_triton(logits.to(device), keys.to(device)).cpu()
+    assert torch.equal(got, want)
+    assert got[1] >= vocab_size // 2
+
+
+def test_torch_draw_follows_the_softmax() -> None:
+    """argmax(logits + Gumbel) over many keys hits each token with its softmax probability."""
+    logits = torch.tensor([1.0, 0.0, -1.0, float("-inf")])
+    keys = torch.from_numpy(row_keys_np(np.arange(40000, dtype=np.uint64), np.zeros(40000)))
+    counts = torch.bincount(gumbel_argmax_torch(logits.expand(40000, -1), keys), minlength=4)
+    assert counts[3] == 0
+    assert torch.allclose(counts[:3] / 40000.0, logits[:3].softmax(dim=-1), atol=0.01)

@@ -64,7 +64,7 @@ def test_seeded_request_is_reproducible_anywhere() -> None:
     assert run_seeded(row=2, num_others=4, state_seed=3, first_step=3, outputs=alone[:3]) == alone[3:]
 
 
-def test_other_seed_other_tokens() -> None:
+def test_other_seed_or_step_other_tokens() -> None:
     state = SamplingState(2, VOCAB_SIZE, "cpu", seed=0)
     state.add_request(0, SamplingParams(seed=1), [1], [])
     state.add_request(1, SamplingParams(seed=2), [1], [])
@@ -72,6 +72,7 @@ def test_other_seed_other_tokens() -> None:
     tokens = [state.sample(logits.clone(), np.array([0, 1])).sampled_token_ids.tolist()
               for _ in range(10)]
     assert [t[0] for t in tokens] != [t[1] for t in tokens]
+    assert len({t[0] for t in tokens}) > 3  # fresh noise at each step
 
 
 class Calls:
@@ -87,7 +88,7 @@ class Calls:
 def calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, Calls]:
     """Count the device work of each optional feature (and every host-to-device upload)."""
     watched = {"upload": (state_module, "upload"), "sort": (sampler_module, "apply_top_k_top_p"),
-               "min_p": (sampler_module, "apply_min_p"), "noise": (sampler_module, "exponential_noise"),
+               "min_p": (sampler_module, "apply_min_p"), "noise": (sampler_module, "gumbel_argmax"),
                "penalties": (sampler_module, "apply_penalties")}
     counters = {}
     for name, (module, attr) in watched.items():

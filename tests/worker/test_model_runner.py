@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from worker_helpers import (HIDDEN, VOCAB, MiniScheduler, Req, hf_greedy, make_config, make_runner,
+from worker_helpers import (HEAD_DIM, HIDDEN, NUM_KV_HEADS, VOCAB, MiniScheduler, Req, hf_greedy, make_config, make_runner,
                             run_requests, save_tiny_llama)
 
 from pagedlm.sampling_params import SamplingParams
@@ -59,7 +59,8 @@ def test_rows_are_reused_after_finish(tiny):
     done = run_requests(runner, sched, async_mode=True)
     for i, (req_id, (num_prompt, max_tokens)) in enumerate(specs.items()):
         assert done[req_id] == hf_greedy(hf_model, max_tokens, _prompt(num_prompt, 10 + i)), req_id
-    assert sched.rows_seen == {"long": 0, "short": 1, "next": 1, "last": 0}
+    # "long" (14 prompt tokens) finishes first; "next" takes its row over its stale tokens
+    assert sched.rows_seen == {"long": 0, "short": 1, "next": 0, "last": 1}
 
 
 def test_preempted_request_resumes_with_its_outputs(tiny):
@@ -88,6 +89,21 @@ def test_prompt_embeds(tiny, async_mode):
     assert done["emb"] != hf_greedy(hf_model, 5, [0] * 11)  # the embeddings were used
 
 
+def test_random_sampling_same_in_sync_and_async(tiny):
+    folder, _ = tiny
+    results = []
+    for async_mode in (False, True):
+        runner = make_runner(make_config(folder, max_num_seqs=4, max_num_batched_tokens=12))
+        sched = MiniScheduler(block_size=8, max_num_seqs=4, token_budget=12)
+        for i, seed in enumerate((None, 7, 8)):
+            params = SamplingParams(temperature=1.5, top_k=20, top_p=0.9, seed=seed,
+                                    frequency_penalty=0.5 * i)
+            sched.add(Req(f"r{i}", _prompt(6 + 5 * i, 60 + i), 6, params))
+        results.append(run_requests(runner, sched, async_mode))
+    assert results[0] == results[1]
+    assert len({tuple(tokens) for tokens in results[0].values()}) == 3
+
+
 def test_logprobs_per_request(tiny):
     folder, _ = tiny
     runner = make_runner(make_config(folder))
@@ -110,9 +126,9 @@ def test_profile_run_leaves_no_trace(tiny):
     kv_caches = runner.kv_caches
     profile_bytes = runner._profile_run()
     assert runner.kv_caches is kv_caches and runner.input_batch.num_kv_blocks == 64
-    # 16 tokens over 3 sequences (6, 5, 5): one block each, 2 x 2 kv heads x 8 dims x fp32
-    assert profile_bytes == 3 * 8 * 2 * 2 * 8 * 4
-    assert runner.input_batch.num_reqs == 0 and runner.sampler.params == {}
+    # 16 tokens over 3 sequences (6, 5, 5): one block of 8 slots each, K and V, fp32
+    assert profile_bytes == 3 * 8 * 2 * NUM_KV_HEADS * HEAD_DIM * 4
+    assert runner.input_batch.num_reqs == 0  # and the sampler's rows are free: row 0 is reused
     sched = MiniScheduler(block_size=8, max_num_seqs=3, token_budget=16)
     sched.add(Req("after", _prompt(7, 50), 3))
     assert run_requests(runner, sched, async_mode=True)["after"] == hf_greedy(hf_model, 3, _prompt(7, 50))

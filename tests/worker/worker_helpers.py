@@ -6,9 +6,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 
-import numpy as np
 import torch
 
 from pagedlm.config import EngineArgs, EngineConfig
@@ -18,15 +16,19 @@ from pagedlm.sampling_params import SamplingParams
 from pagedlm.worker.model_runner import ModelRunner
 
 VOCAB = 96
-HIDDEN = 32
+HIDDEN = 64
+NUM_LAYERS = 2
+NUM_KV_HEADS = 2
+HEAD_DIM = 16  # the Triton kernels need a power of two >= 16
 
 
 def save_tiny_llama(folder: Path, seed: int = 0) -> torch.nn.Module:
     """A 2-layer GQA Llama with peaked random weights (greedy picks are far from ties)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    hf_config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64,
-                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    hf_config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=96,
+                            num_hidden_layers=NUM_LAYERS, num_attention_heads=HIDDEN // HEAD_DIM,
+                            num_key_value_heads=NUM_KV_HEADS,
                             max_position_embeddings=128, initializer_range=0.3,
                             tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
                             pad_token_id=None)
@@ -37,53 +39,20 @@ def save_tiny_llama(folder: Path, seed: int = 0) -> torch.nn.Module:
 
 
 def make_config(folder: Path, *, max_num_seqs: int = 4, max_num_batched_tokens: int = 16,
-                block_size: int = 8, num_blocks: int = 64, max_model_len: int = 64) -> EngineConfig:
-    return EngineArgs(model=str(folder), load_format="safetensors", dtype="float32", device="cpu",
+                block_size: int = 8, num_blocks: int | None = 64, max_model_len: int = 64,
+                device: str = "cpu", attention_backend: str = "torch",
+                gpu_memory_utilization: float = 0.9) -> EngineConfig:
+    return EngineArgs(model=str(folder), load_format="safetensors", dtype="float32", device=device,
                       max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                       max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
                       num_gpu_blocks_override=num_blocks, skip_tokenizer_init=True,
-                      attention_backend="torch").create_engine_config()
-
-
-class GreedySampler:
-    """Stands in for pagedlm.sample.state.SamplingState: argmax, and the top-k logprobs when
-    a request in the batch asked. Checks the runner's row bookkeeping as it goes."""
-
-    def __init__(self) -> None:
-        self.params: dict[int, SamplingParams] = {}
-
-    def add_request(self, row: int, params: SamplingParams, prompt_token_ids: list[int],
-                    output_token_ids: list[int]) -> None:
-        assert row not in self.params, f"row {row} handed out twice"
-        self.params[row] = params
-
-    def remove_request(self, row: int) -> None:
-        del self.params[row]
-
-    def sample(self, logits: torch.Tensor, rows_np: np.ndarray) -> SimpleNamespace:
-        assert logits.dtype == torch.float32 and logits.shape[0] == len(rows_np)
-        assert all(int(r) in self.params for r in rows_np), "sampling a free row"
-        sampled = logits.argmax(dim=-1)  # [N]
-        asked = [self.params[int(r)].logprobs for r in rows_np]
-        logprobs = None
-        if any(n is not None for n in asked):
-            num_top = max(n or 0 for n in asked)
-            log_probs = torch.log_softmax(logits, dim=-1)
-            top = log_probs.topk(num_top, dim=-1)
-            ids = torch.cat([sampled[:, None], top.indices], dim=1)  # [N, 1 + K]
-            ranks = (log_probs > log_probs.gather(1, sampled[:, None])).sum(dim=1) + 1
-            logprobs = (ids, log_probs.gather(1, ids), ranks)
-        return SimpleNamespace(sampled_token_ids=sampled, logprobs=logprobs)
-
-
-class FakeSamplerRunner(ModelRunner):
-    def _init_sampler(self) -> GreedySampler:
-        return GreedySampler()
+                      attention_backend=attention_backend,
+                      gpu_memory_utilization=gpu_memory_utilization).create_engine_config()
 
 
 def make_runner(config: EngineConfig) -> ModelRunner:
     """Loaded, with a NaN-poisoned KV cache: attending to a slot nobody wrote gives NaN logits."""
-    runner = FakeSamplerRunner(config)
+    runner = ModelRunner(config)
     runner.load_model()
     runner.init_kv_cache(runner.determine_num_blocks())
     for kv_cache in runner.kv_caches:

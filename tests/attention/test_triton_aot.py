@@ -1,0 +1,153 @@
+"""Ahead-of-time compile of every Triton kernel configuration the host code launches, for sm_90.
+
+The interpreter accepts things the GPU compiler refuses (dot shapes, layouts, shared memory), so
+this compiles for real with Triton's own ptxas. It must run without TRITON_INTERPRET, hence in a
+subprocess: this file is also that subprocess's script. The host wrappers are called on empty CPU
+tensors with JITFunction.run replaced by a recorder; each recorded launch is then bound, specialised
+and compiled exactly as the runtime would do on an H100/H200 (the same binder and _pack_args).
+Shapes: every dtype x head_dim, with GQA group, block size and sliding window cycled among them.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+TARGET_ARCH = 90
+MAX_SHARED_BYTES = 232448  # opt-in shared memory per block on sm_90
+
+
+@pytest.mark.slow
+def test_aot_compile_all_kernels_for_sm90() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    results = json.loads(proc.stdout.splitlines()[-1])
+    names = [r["kernel"] for r in results]
+    assert names.count("paged_attention_kernel") == 2 * len(attention_scenarios())  # prefill and decode tiles
+    assert set(names) == {"kv_write_kernel", "paged_attention_kernel", "decode_split_kernel",
+                          "decode_reduce_kernel", "rms_norm_kernel", "rotary_kernel", "silu_and_mul_kernel"}
+    for r in results:
+        assert r["cubin_bytes"] > 0, r
+        assert r["shared"] <= MAX_SHARED_BYTES, r
+
+
+def attention_scenarios() -> list[dict]:
+    import torch
+
+    combos = itertools.product([torch.float16, torch.bfloat16, torch.float32], [32, 64, 128, 256])
+    return [
+        dict(dtype=dtype, head_dim=head_dim, group=(1, 2, 4, 8, 3)[i % 5], block_size=(16, 32)[i % 2],
+             num_kv_heads=(1, 2, 8)[i % 3], sliding_window=(None, 128)[(i // 2) % 2])
+        for i, (dtype, head_dim) in enumerate(combos)
+    ]
+
+
+def run_attention_wrappers(dtype, head_dim: int, group: int, block_size: int, num_kv_heads: int,
+                           sliding_window: int | None) -> None:
+    import torch
+
+    from pagedlm.attention.backend import AttentionMetadata
+    from pagedlm.attention.triton_decode import split_decode_attention
+    from pagedlm.attention.triton_kv_write import kv_write
+    from pagedlm.attention.triton_paged import varlen_attention
+
+    num_tokens, num_seqs = 40, 3
+    q = torch.empty(num_tokens, num_kv_heads * group, head_dim, dtype=dtype)
+    k = torch.empty(num_tokens, num_kv_heads, head_dim, dtype=dtype)
+    kv_cache = torch.empty(2, 64, block_size, num_kv_heads, head_dim, dtype=dtype)
+    int32 = dict(dtype=torch.int32)
+    qsl, seq_lens = torch.zeros(num_seqs + 1, **int32), torch.zeros(num_seqs, **int32)
+    for max_query_len in (20, 1):
+        meta = AttentionMetadata(num_tokens, num_seqs, max_query_len, 500, qsl, seq_lens,
+                                 torch.zeros(num_tokens, dtype=torch.int64), torch.zeros(num_seqs, 8, **int32),
+                                 qsl, seq_lens)
+        if max_query_len > 1:
+            kv_write(k, k, kv_cache, meta.slot_mapping)
+        varlen_attention(q, kv_cache, meta, 0.1, sliding_window)
+    split_decode_attention(q, kv_cache, meta, 0.1, sliding_window, num_splits=5)
+
+
+def run_op_wrappers() -> None:
+    import torch
+
+    from pagedlm.ops import activation, norm, rotary
+
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        for hidden in (576, 4096):
+            x = torch.empty(8, hidden, dtype=dtype)
+            norm.rms_norm_triton(x, torch.empty(hidden, dtype=dtype), 1e-6)
+            norm.fused_add_rms_norm_triton(x, x, torch.empty(hidden, dtype=dtype), 1e-6)
+        for num_heads, num_kv_heads, head_dim in ((9, 3, 64), (32, 8, 128)):
+            q = torch.empty(8, num_heads, head_dim, dtype=dtype)
+            k = torch.empty(8, num_kv_heads, head_dim, dtype=dtype)
+            rotary.rotary_embedding_triton(torch.zeros(8, dtype=torch.int64), q, k,
+                                           torch.empty(100, head_dim, dtype=torch.float32))
+        for d in (1536, 14336):
+            activation.silu_and_mul_triton(torch.empty(8, 2 * d, dtype=dtype))
+
+
+def record_launches(attention_cases: list[dict], with_ops: bool = False) -> list[tuple]:
+    """Call the host wrappers with kernel launches replaced by a recorder; nothing runs."""
+    from triton.runtime.jit import JITFunction
+
+    launches = []
+
+    def record(self, *args, grid, warmup, **kwargs):
+        launches.append((self, args, kwargs))
+
+    original = JITFunction.run
+    JITFunction.run = record
+    try:
+        for case in attention_cases:
+            run_attention_wrappers(**case)
+        if with_ops:
+            run_op_wrappers()
+    finally:
+        JITFunction.run = original
+    return launches
+
+
+def specialise(fn, args: tuple, kwargs: dict, backend) -> tuple:
+    """Bind and specialise like JITFunction.run: (signature, constexprs, attrs, options)."""
+    from triton import knobs
+    from triton.runtime.jit import create_function_from_signature
+
+    kwargs = dict(kwargs, debug=kwargs.get("debug", fn.debug) or knobs.runtime.debug,
+                  instrumentation_mode=knobs.compilation.instrumentation_mode)
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound_args, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound_args, specialization, options)
+    return signature, constexprs, attrs, options
+
+
+def main() -> None:
+    """Subprocess entry: compile each distinct recorded launch; print one JSON line of results."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+
+    assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "the AOT compile must not run in the interpreter"
+    target = GPUTarget("cuda", TARGET_ARCH, 32)
+    backend = make_backend(target)
+    seen, results = set(), []
+    for fn, args, kwargs in record_launches(attention_scenarios(), with_ops=True):
+        signature, constexprs, attrs, options = specialise(fn, args, kwargs, backend)
+        key = repr((fn.__name__, signature, constexprs, attrs, options))
+        if key in seen:
+            continue
+        seen.add(key)
+        source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+        compiled = triton.compile(source, target=target, options=options.__dict__)
+        results.append(dict(kernel=fn.__name__, cubin_bytes=len(compiled.asm.get("cubin", b"")),
+                            shared=compiled.metadata.shared, constexprs=repr(constexprs)))
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    main()

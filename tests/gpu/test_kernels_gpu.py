@@ -1,0 +1,109 @@
+"""The Triton kernels on a real GPU: bf16 (and fp16) against an fp32 torch reference on random ragged
+batches of up to 4k tokens. Skipped without CUDA (tests/conftest.py)."""
+from __future__ import annotations
+
+import importlib.util
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from pagedlm.attention.triton_backend import TritonAttentionBackend
+from pagedlm.attention.triton_decode import split_decode_attention
+from pagedlm.ops import activation, norm, rotary
+
+pytestmark = pytest.mark.gpu
+MAX_REL_ERROR = 1e-2
+
+
+def _load_paged_helpers():
+    """make_batch / reference_attention / expected_cache live beside the interpreter tests."""
+    path = Path(__file__).parents[1] / "attention" / "test_triton_paged.py"
+    spec = importlib.util.spec_from_file_location("triton_paged_helpers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+helpers = _load_paged_helpers()
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def random_lens(rng: random.Random, num_seqs: int, max_ctx: int, max_query: int, max_tokens: int
+                ) -> tuple[list[int], list[int]]:
+    ctx_lens = [rng.randint(0, max_ctx) for _ in range(num_seqs)]
+    query_lens = [rng.randint(1, max_query) for _ in range(num_seqs)]
+    while sum(query_lens) > max_tokens:
+        query_lens[query_lens.index(max(query_lens))] //= 2
+    return ctx_lens, query_lens
+
+
+# (num_seqs, max_ctx, max_query, num_heads, num_kv_heads, head_dim, block_size, sliding_window)
+SCENARIOS = {
+    "mixed_llama8b": (8, 3000, 1000, 32, 8, 128, 16, None),
+    "mixed_smollm_window": (12, 2000, 600, 9, 3, 64, 32, 700),
+    "prefill_4k": (1, 0, 4096, 16, 2, 128, 16, None),
+    "decode_many": (200, 4000, 1, 32, 8, 128, 16, None),
+    "decode_few_long": (2, 4000, 1, 32, 8, 128, 32, None),  # the flash-decoding split path
+    "decode_few_window_d256": (3, 3000, 1, 8, 1, 256, 16, 1000),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_attention_backend_gpu(scenario: str, dtype: torch.dtype) -> None:
+    num_seqs, max_ctx, max_query, num_heads, num_kv_heads, head_dim, block_size, window = SCENARIOS[scenario]
+    rng = random.Random(f"{scenario}-{dtype}")
+    ctx_lens, query_lens = random_lens(rng, num_seqs, max_ctx, max_query, max_tokens=4096)
+    batch = helpers.make_batch(ctx_lens, query_lens, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                               head_dim=head_dim, block_size=block_size, dtype=dtype, num_pad_tokens=5,
+                               device="cuda")
+    expected_cache = helpers.expected_cache(batch)
+    scale = head_dim**-0.5
+    out = TritonAttentionBackend().forward(batch.q, batch.k, batch.v, batch.kv_cache, batch.meta, scale, window)
+    torch.testing.assert_close(batch.kv_cache, expected_cache, rtol=0, atol=0, equal_nan=True)
+    ref = helpers.reference_attention(batch, scale, window, dtype=torch.float32)
+    num_real = sum(query_lens)
+    assert out[:num_real].isfinite().all()
+    assert rel_error(out[:num_real], ref[:num_real]) <= MAX_REL_ERROR
+
+
+@pytest.mark.parametrize("num_splits", [2, 7, 32])
+def test_split_decode_gpu(num_splits: int) -> None:
+    batch = helpers.make_batch([3000, 17, 1200], [1, 1, 1], num_heads=16, num_kv_heads=4, head_dim=128,
+                               block_size=16, dtype=torch.bfloat16, num_pad_tokens=2, device="cuda")
+    helpers.write_and_check_cache(batch)
+    out = split_decode_attention(batch.q, batch.kv_cache, batch.meta, 0.09, None, num_splits,
+                                 out=torch.full_like(batch.q, float("nan")))
+    ref = helpers.reference_attention(batch, 0.09, None, dtype=torch.float32)
+    assert rel_error(out[:3], ref[:3]) <= MAX_REL_ERROR
+    assert out[3:].isnan().all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_ops_gpu(dtype: torch.dtype) -> None:
+    x = torch.randn(4096, 2048, device="cuda").to(dtype)
+    residual = torch.randn_like(x)
+    weight = torch.randn(2048, device="cuda").to(dtype)
+    out, new_residual = norm.fused_add_rms_norm_triton(x, residual, weight, 1e-6)
+    ref_residual = x.float() + residual.float()
+    assert rel_error(new_residual, ref_residual) <= MAX_REL_ERROR
+    assert rel_error(out, norm.rms_norm_torch(ref_residual, weight.float(), 1e-6)) <= MAX_REL_ERROR
+    assert rel_error(norm.rms_norm_triton(x, weight, 1e-6), norm.rms_norm_torch(x.float(), weight.float(), 1e-6)) \
+        <= MAX_REL_ERROR
+
+    positions = torch.randint(8192, (4096,), device="cuda")
+    cos_sin_cache = torch.randn(8192, 128, device="cuda")
+    q = torch.randn(4096, 32, 128, device="cuda").to(dtype)
+    k = torch.randn(4096, 8, 128, device="cuda").to(dtype)
+    q_out, k_out = rotary.rotary_embedding_triton(positions, q, k, cos_sin_cache)
+    q_ref, k_ref = rotary.rotary_embedding_torch(positions, q.float(), k.float(), cos_sin_cache)
+    assert rel_error(q_out, q_ref) <= MAX_REL_ERROR and rel_error(k_out, k_ref) <= MAX_REL_ERROR
+
+    gate_up = torch.randn(4096, 2 * 5632, device="cuda").to(dtype)
+    assert rel_error(activation.silu_and_mul_triton(gate_up), activation.silu_and_mul_torch(gate_up.float())) \
+        <= MAX_REL_ERROR

@@ -1,0 +1,52 @@
+"""KV-cache sizing on the CPU: override, explicit budget, default budget, and the error when
+max_model_len does not fit."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from pagedlm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from pagedlm.worker.memory import GiB, determine_num_blocks, kv_cache_bytes_per_block
+
+
+def _config(cache: CacheConfig, max_model_len: int = 4096, dtype=torch.float32) -> EngineConfig:
+    model = ModelConfig(
+        model="none", load_format="dummy", hf_config=None, architecture="LlamaForCausalLM",
+        dtype=dtype, max_model_len=max_model_len, vocab_size=100, hidden_size=64, num_layers=3,
+        num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128, rms_norm_eps=1e-5,
+        rope_theta=1e4, rope_scaling=None, tie_word_embeddings=True, attention_bias=False,
+        qk_norm=False, sliding_window=None, eos_token_ids=(), tokenizer=None)
+    return EngineConfig(model=model, cache=cache, scheduler=SchedulerConfig(max_model_len=max_model_len),
+                        device=torch.device("cpu"))
+
+
+def _never(*_args) -> int:
+    raise AssertionError("the CPU path must not profile")
+
+
+def test_bytes_per_block():
+    config = _config(CacheConfig(block_size=16), dtype=torch.bfloat16)
+    assert kv_cache_bytes_per_block(config.model, 16) == 2 * 3 * 16 * 2 * 16 * 2
+
+
+def test_override_wins():
+    config = _config(CacheConfig(num_gpu_blocks_override=300, kv_cache_memory_gib=0.001))
+    assert determine_num_blocks(config, _never, 0) == 300
+
+
+def test_cpu_budget_explicit_and_default():
+    per_block = 2 * 3 * 16 * 2 * 16 * 4  # fp32
+    config = _config(CacheConfig(kv_cache_memory_gib=0.01))
+    assert determine_num_blocks(config, _never, 0) == int(0.01 * GiB) // per_block
+    default = _config(CacheConfig())
+    assert determine_num_blocks(default, _never, 0) == 2 * GiB // per_block
+
+
+def test_max_model_len_must_fit():
+    config = _config(CacheConfig(block_size=16, num_gpu_blocks_override=10), max_model_len=161)
+    with pytest.raises(ValueError, match=r"max_model_len=161 .* 160 tokens"):
+        determine_num_blocks(config, _never, 0)
+    fits = dataclasses.replace(config, model=dataclasses.replace(config.model, max_model_len=160))
+    assert determine_num_blocks(fits, _never, 0) == 10
