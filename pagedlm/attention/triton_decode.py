@@ -116,6 +116,9 @@ def split_decode_attention(
     num_splits: int,
     out: torch.Tensor | None = None,  # [T, num_heads, head_dim], like q; allocated when None
 ) -> torch.Tensor:  # [T, num_heads, head_dim]; rows of no sequence's query are left unwritten
+    if meta.max_query_len > 1 or num_splits < 1:
+        raise ValueError(f"split decode needs max_query_len <= 1 and num_splits >= 1; "
+                         f"got {meta.max_query_len}, {num_splits}")
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = kv_cache.shape[3]
     out = torch.empty_like(q) if out is None else out

@@ -67,7 +67,7 @@ def attend_keys(
 @triton.jit
 def find_seq(query_start_loc_ptr, num_seqs, tile, BLOCK_Q: tl.constexpr):
     """The largest b < num_seqs with qsl[b] // BLOCK_Q + b <= tile (strictly increasing in b)."""
-    lo = tl.program_id(0) * 0
+    lo = tl.program_id(0) * 0  # an int32 tensor from the start: lo and hi are loop-carried
     hi = lo + num_seqs - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2

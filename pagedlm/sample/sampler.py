@@ -32,14 +32,14 @@ class SamplerOutput:
 class TokenLists:
     """Per-row token-id lists of the batch rows that use a feature."""
 
-    index: torch.Tensor  # [M] int64: positions in the batch (distinct)
+    index: torch.Tensor | None  # [M] int64: positions in the batch (distinct); None: all rows
     token_ids: torch.Tensor  # [M, W] int64, padded with one of the row's own ids
     values: torch.Tensor | None = None  # [M, W] float32 (logit_bias), 0 on padding
 
 
 @dataclass(slots=True)
 class Penalties:
-    index: torch.Tensor  # [M] int64: positions in the batch
+    index: torch.Tensor | None  # [M] int64: positions in the batch; None: all rows
     rows: torch.Tensor  # [M] int64: persistent rows (to record the sampled tokens)
     prompt_mask: torch.Tensor  # [M, V] bool
     output_counts: torch.Tensor  # [M, V] int32
@@ -50,9 +50,10 @@ class Penalties:
 
 @dataclass(slots=True)
 class TopKTopP:
-    index: torch.Tensor  # [M] int64: positions in the batch
+    index: torch.Tensor | None  # [M] int64: positions in the batch; None: all rows
     top_k: torch.Tensor  # [M] int64, 0: off
     top_p: torch.Tensor  # [M] float32, 1: off
+    max_top_k: int | None  # the largest k, when every row has a small one: top-k, not a sort
 
 
 @dataclass(slots=True)
@@ -112,14 +113,16 @@ def draw(logits: torch.Tensor, params: RandomParams | None) -> torch.Tensor:
         apply_min_p(logits, params.min_p)
     if params.top_k_top_p is not None:
         tktp = params.top_k_top_p
-        _on_rows(logits, tktp.index, lambda sub: apply_top_k_top_p(sub, tktp.top_k, tktp.top_p))
+        _on_rows(logits, tktp.index,
+                 lambda sub: apply_top_k_top_p(sub, tktp.top_k, tktp.top_p, tktp.max_top_k))
     random_ids = gumbel_argmax(logits, params.noise_keys)  # [N]
     if greedy_ids is None:
         return random_ids
     return torch.where(params.is_greedy, greedy_ids, random_ids)
 
 
-def gather_logprobs(raw_logprobs: torch.Tensor, sampled: torch.Tensor, num_logprobs: int) -> Logprobs:
+def gather_logprobs(raw_logprobs: torch.Tensor, sampled: torch.Tensor,
+                    num_logprobs: int) -> Logprobs:
     """raw_logprobs [N, V], sampled [N] -> (token_ids [N, 1+K], logprobs [N, 1+K], ranks [N])."""
     sampled_logprobs = raw_logprobs.gather(1, sampled[:, None])  # [N, 1]
     ranks = (raw_logprobs >= sampled_logprobs).sum(dim=-1)  # [N]
@@ -129,10 +132,15 @@ def gather_logprobs(raw_logprobs: torch.Tensor, sampled: torch.Tensor, num_logpr
     return token_ids, logprobs, ranks
 
 
-def _on_rows(logits: torch.Tensor, index: torch.Tensor,
+def _on_rows(logits: torch.Tensor, index: torch.Tensor | None,
              fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
-    """Apply `fn` to the rows `index` [M] (distinct) of logits [N, V] only."""
-    logits.index_copy_(0, index, fn(logits.index_select(0, index)))
+    """Apply `fn` to the rows `index` [M] (distinct; None: all) of logits [N, V] only."""
+    if index is not None:
+        logits.index_copy_(0, index, fn(logits.index_select(0, index)))
+        return
+    out = fn(logits)
+    if out is not logits:
+        logits.copy_(out)
 
 
 def _allow_only(logits: torch.Tensor, allowed_ids: torch.Tensor) -> torch.Tensor:

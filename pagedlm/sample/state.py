@@ -35,13 +35,20 @@ class Feature(enum.IntEnum):
 
 
 # Columns of the mirrored tables; the defaults are the neutral values.
-TEMPERATURE, TOP_P, MIN_P, REPETITION, FREQUENCY, PRESENCE = range(6)
+COL_TEMPERATURE, COL_TOP_P, COL_MIN_P, COL_REPETITION, COL_FREQUENCY, COL_PRESENCE = range(6)
 _FLOAT_DEFAULTS = np.array([1.0, 1.0, 0.0, 1.0, 0.0, 0.0], dtype=np.float32)
-TOP_K = 0
+COL_TOP_K = 0
 _INT_DEFAULTS = np.array([0], dtype=np.int64)
+_MAX_TOP_K_WITHOUT_SORT = 1024  # a batch whose top-k rows all have k <= this skips the sort
 
 
 class SamplingState:
+    """Sampling for up to `max_num_reqs` requests, each in a persistent row from add_request to
+    remove_request. `sample(logits, rows_np)` draws one token per row of the batch: rows_np
+    must be distinct rows that hold requests; logits are modified in place. What a row has
+    sampled is counted here (host counter, device token counts): the caller's history of a
+    request is read once, at add_request."""
+
     def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device | str,
                  seed: int) -> None:
         if max_num_reqs < 1:
@@ -112,7 +119,8 @@ class SamplingState:
         flags[Feature.TEMPERATURE] = temperature != 1.0
         flags[Feature.MIN_P] = min_p > 0.0
         flags[Feature.TOP_K_TOP_P] = top_k > 0 or top_p < 1.0
-        flags[Feature.PENALTIES] = (params.repetition_penalty != 1.0 or params.frequency_penalty != 0.0
+        flags[Feature.PENALTIES] = (params.repetition_penalty != 1.0
+                                    or params.frequency_penalty != 0.0
                                     or params.presence_penalty != 0.0)
         flags[Feature.LOGPROBS] = params.logprobs is not None
         self._num_logprobs_np[row] = params.logprobs or 0
@@ -148,7 +156,8 @@ class SamplingState:
         output = sample_batch(logits.float(), batch)
         self._num_sampled_np[rows_np] += 1
         if batch.penalties is not None:
-            sampled = output.sampled_token_ids.index_select(0, batch.penalties.index)
+            index, sampled = batch.penalties.index, output.sampled_token_ids
+            sampled = sampled if index is None else sampled.index_select(0, index)
             self._penalties().record(batch.penalties.rows, sampled)
         return output
 
@@ -184,20 +193,25 @@ class SamplingState:
         if rows_np.min() < 0 or rows_np.max() >= self.max_num_reqs:
             raise ValueError(f"rows_np must be in [0, {self.max_num_reqs}), got {rows_np}")
         if not self._active_np[rows_np].all():
-            raise ValueError(f"rows_np holds rows without a request: {rows_np[~self._active_np[rows_np]]}")
+            idle_np = rows_np[~self._active_np[rows_np]]
+            raise ValueError(f"rows_np holds rows without a request: {idle_np}")
         return rows_np
 
-    def _select(self, rows_np: np.ndarray, mask_np: np.ndarray) -> torch.Tensor:
-        """The batch positions where mask_np [N] holds, and their rows: [2, M] int64, device."""
+    def _select(self, rows_np: np.ndarray,
+                mask_np: np.ndarray) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The batch positions where mask_np [N] holds (None: all) and their rows, [M] each."""
         index_np = np.flatnonzero(mask_np)
-        return upload(np.stack([index_np, rows_np[index_np]]), self.device)
+        index, rows = upload(np.stack([index_np, rows_np[index_np]]), self.device)
+        return (None if index_np.size == rows_np.size else index), rows
 
-    def _token_lists(self, rows_np: np.ndarray, mask_np: np.ndarray, table: PaddedRows) -> TokenLists:
+    def _token_lists(self, rows_np: np.ndarray, mask_np: np.ndarray,
+                     table: PaddedRows) -> TokenLists:
         index_np = np.flatnonzero(mask_np)
         ids_np, values_np = table.gather(rows_np[index_np])  # [M, W]
         packed = upload(np.concatenate([index_np[:, None], ids_np], axis=1), self.device)
         values = None if values_np is None else upload(values_np, self.device)
-        return TokenLists(index=packed[:, 0], token_ids=packed[:, 1:], values=values)
+        index = None if index_np.size == rows_np.size else packed[:, 0]
+        return TokenLists(index=index, token_ids=packed[:, 1:], values=values)
 
     def _batch_penalties(self, rows_np: np.ndarray, mask_np: np.ndarray) -> Penalties:
         self._floats.sync()
@@ -207,8 +221,8 @@ class SamplingState:
         return Penalties(index=index, rows=rows,
                          prompt_mask=tables.prompt_mask.index_select(0, rows),
                          output_counts=tables.output_counts.index_select(0, rows),
-                         repetition=floats[:, REPETITION], frequency=floats[:, FREQUENCY],
-                         presence=floats[:, PRESENCE])
+                         repetition=floats[:, COL_REPETITION], frequency=floats[:, COL_FREQUENCY],
+                         presence=floats[:, COL_PRESENCE])
 
     def _random_params(self, rows_np: np.ndarray, flags_np: np.ndarray,
                        used: np.ndarray) -> RandomParams:
@@ -223,11 +237,16 @@ class SamplingState:
             params.is_greedy = is_random == 0
         if used[Feature.TEMPERATURE] or used[Feature.MIN_P]:
             floats = self._floats.gpu.index_select(0, rows)  # [N, 6]
-            params.temperature = floats[:, TEMPERATURE] if used[Feature.TEMPERATURE] else None
-            params.min_p = floats[:, MIN_P] if used[Feature.MIN_P] else None
+            params.temperature = floats[:, COL_TEMPERATURE] if used[Feature.TEMPERATURE] else None
+            params.min_p = floats[:, COL_MIN_P] if used[Feature.MIN_P] else None
         if used[Feature.TOP_K_TOP_P]:
-            index, sel_rows = self._select(rows_np, flags_np[:, Feature.TOP_K_TOP_P])
-            params.top_k_top_p = TopKTopP(
-                index=index, top_k=self._ints.gpu[:, TOP_K].index_select(0, sel_rows),
-                top_p=self._floats.gpu[:, TOP_P].index_select(0, sel_rows))
+            params.top_k_top_p = self._top_k_top_p(rows_np, flags_np[:, Feature.TOP_K_TOP_P])
         return params
+
+    def _top_k_top_p(self, rows_np: np.ndarray, mask_np: np.ndarray) -> TopKTopP:
+        index, rows = self._select(rows_np, mask_np)
+        top_k_np = self._ints.np[rows_np[mask_np], COL_TOP_K]  # [M]
+        small_k = top_k_np.min() > 0 and top_k_np.max() <= _MAX_TOP_K_WITHOUT_SORT
+        return TopKTopP(index=index, top_k=self._ints.gpu[:, COL_TOP_K].index_select(0, rows),
+                        top_p=self._floats.gpu[:, COL_TOP_P].index_select(0, rows),
+                        max_top_k=int(top_k_np.max()) if small_k else None)

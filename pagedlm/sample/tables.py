@@ -65,7 +65,7 @@ class PaddedRows:
         return True
 
     def gather(self, rows_np: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """The lists of `rows_np` (non-empty rows), cut to the longest: ids [M, W], values [M, W]."""
+        """The lists of `rows_np` (non-empty), cut to the longest: ids [M, W], values [M, W]."""
         width = int(self.lengths_np[rows_np].max())
         ids_np = self.ids_np[rows_np, :width]
         values_np = None if self.values_np is None else self.values_np[rows_np, :width]

@@ -11,7 +11,6 @@ copy's event only. On a CPU device the same code runs, synchronously, without pi
 from __future__ import annotations
 
 import contextlib
-from typing import Any
 
 import numpy as np
 import torch
@@ -19,6 +18,10 @@ import torch
 from pagedlm.attention.backend import AttentionMetadata, get_attention_backend
 from pagedlm.config import EngineConfig
 from pagedlm.core.sched_output import Logprobs, ModelRunnerOutput, NewRequestData, SchedulerOutput
+from pagedlm.model.llama import LlamaForCausalLM
+from pagedlm.model.loader import load_model
+from pagedlm.sample.sampler import SamplerOutput
+from pagedlm.sample.state import SamplingState
 from pagedlm.sampling_params import MAX_LOGPROBS, SamplingParams
 from pagedlm.worker import memory
 from pagedlm.worker.input_batch import BatchLayout, InputBatch, StepBuffers, cdiv
@@ -78,6 +81,8 @@ class AsyncRunnerOutput:
 
 
 class ModelRunner:
+    """Persistent rows (InputBatch), static step buffers, the model, the KV cache, the sampler."""
+
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.device = config.device
@@ -85,14 +90,15 @@ class ModelRunner:
         self.max_num_reqs = config.scheduler.max_num_seqs
         self.max_num_tokens = config.scheduler.max_num_batched_tokens
         self.block_size = config.cache.block_size
-        self.model: Any = None
+        self.model: LlamaForCausalLM | None = None
         self.kv_caches: list[torch.Tensor] = []  # per layer [2, num_blocks, block_size, Hkv, D]
         self.weights_bytes = 0
         self.input_batch = InputBatch(self.max_num_reqs, config.model.max_model_len,
                                       self.block_size)
         self._init_buffers()
         self._init_streams()
-        self.sampler = self._init_sampler()
+        self.sampler = SamplingState(self.max_num_reqs, config.model.vocab_size, self.device,
+                                     config.seed)
         self._num_steps = 0
 
     def _init_buffers(self) -> None:
@@ -116,15 +122,7 @@ class ModelRunner:
         self._staging_events = [torch.cuda.Event() for _ in range(NUM_STAGING_SETS)]
         self._output_events = [torch.cuda.Event() for _ in range(NUM_STAGING_SETS)]
 
-    def _init_sampler(self) -> Any:
-        from pagedlm.sample.state import SamplingState
-
-        return SamplingState(self.max_num_reqs, self.config.model.vocab_size, self.device,
-                             self.config.seed)
-
     def load_model(self) -> None:
-        from pagedlm.model.loader import load_model
-
         backend = get_attention_backend(self.config.attention_backend, self.device)
         before = torch.cuda.memory_allocated(self.device) if self.use_cuda else 0
         self.model = load_model(self.config.model, backend, self.device)
@@ -169,12 +167,20 @@ class ModelRunner:
         for req_id in sched.finished_req_ids:
             self._remove_request(req_id)
         for new in sched.new_reqs:
-            self._remove_request(new.req_id)  # resumed after preemption
-            row = self.input_batch.add_request(new, self._prompt_embeds_to_device(new))
-            self.sampler.add_request(row, new.sampling_params, new.prompt_token_ids,
-                                     new.output_token_ids, self.config.model.eos_token_ids)
+            self._add_request(new)
         for cached in sched.cached_reqs:
             self.input_batch.update_request(cached)
+
+    def _add_request(self, new: NewRequestData) -> None:
+        self._remove_request(new.req_id)  # resumed after preemption
+        row = self.input_batch.add_request(new, self._prompt_embeds_to_device(new))
+        try:
+            self.sampler.add_request(row, new.sampling_params, new.prompt_token_ids,
+                                     new.output_token_ids,
+                                     eos_token_ids=self.config.model.eos_token_ids)
+        except ValueError:
+            self.input_batch.remove_request(new.req_id)
+            raise
 
     def _remove_request(self, req_id: str) -> None:
         row = self.input_batch.remove_request(req_id)
@@ -240,7 +246,7 @@ class ModelRunner:
                 source[span.prompt_start:span.prompt_start + span.length]
         return embeds
 
-    def _sample(self, hidden: torch.Tensor, layout: BatchLayout) -> Any:
+    def _sample(self, hidden: torch.Tensor, layout: BatchLayout) -> SamplerOutput | None:
         """Logits of each sampling request's last token, sampled; ids scattered by row into
         last_sampled. None when no request samples this step."""
         num_samples = layout.num_samples
@@ -253,7 +259,7 @@ class ModelRunner:
                                        sample.sampled_token_ids)
         return sample
 
-    def _launch_output(self, slot: int, layout: BatchLayout, sample: Any,
+    def _launch_output(self, slot: int, layout: BatchLayout, sample: SamplerOutput | None,
                        step_id: int) -> AsyncRunnerOutput:
         """Start the device->host copy of the sampled ids (side stream, after the step)."""
         if sample is None:
@@ -292,7 +298,8 @@ class ModelRunner:
         saved = self.kv_caches, self.input_batch.num_kv_blocks
         self.kv_caches = [cache] * self.config.model.num_layers
         self.input_batch.num_kv_blocks = int(first_blocks[-1])
-        params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, logprobs=MAX_LOGPROBS)
+        # a fixed seed: the sampler draws no seed from its generator for these requests
+        params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, logprobs=MAX_LOGPROBS, seed=0)
         req_ids = [f"_profile_{i}" for i in range(num_seqs)]
         new_reqs = [NewRequestData(req_id=req_id, prompt_token_ids=[0] * int(seq_len),
                                    output_token_ids=[], sampling_params=params,

@@ -234,5 +234,7 @@ def test_backend_rejects_bad_input() -> None:
         backend.forward(batch.q, batch.k, batch.v, batch.kv_cache, batch.meta, 1.0, 0)
     with pytest.raises(ValueError, match="dtype"):
         backend.forward(batch.q.half(), batch.k, batch.v, batch.kv_cache, batch.meta, 1.0, None)
+    with pytest.raises(ValueError, match="max_query_len"):
+        split_decode_attention(batch.q, batch.kv_cache, batch.meta, 1.0, None, 2)
     with pytest.raises(ValueError, match="head_dim"):
         kv_write(batch.k[..., :24], batch.v[..., :24], batch.kv_cache[..., :24], batch.meta.slot_mapping)

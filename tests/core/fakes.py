@@ -2,6 +2,7 @@
 (sync and async) and a reference generator that needs no scheduler."""
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -140,25 +141,20 @@ def collect(results: dict[str, Result], outputs: list[EngineCoreOutput]) -> None
 StepHook = Callable[[Scheduler, SchedulerOutput], None]
 
 
-def run_engine(sched: Scheduler, runner: FakeRunner, async_scheduling: bool = False,
-               on_step: StepHook | None = None, max_steps: int = 2000) -> dict[str, Result]:
-    """Sync: schedule, execute, update. Async: step N+1 is scheduled (and run) before step N's
-    output reaches the scheduler."""
+def run_engine(sched: Scheduler, runner: FakeRunner, depth: int = 0, on_step: StepHook | None = None,
+               max_steps: int = 2000) -> dict[str, Result]:
+    """depth 0: schedule, execute, update (sync). depth d > 0: step N+d is scheduled (and run)
+    before step N's output reaches the scheduler (async scheduling; the engine uses d = 1)."""
     results: dict[str, Result] = {}
-    pending: tuple[SchedulerOutput, ModelRunnerOutput] | None = None
+    in_flight: deque[tuple[SchedulerOutput, ModelRunnerOutput]] = deque()
     for _ in range(max_steps):
-        step = None
         if sched.has_unfinished_requests():
             so = sched.schedule()
             if on_step is not None:
                 on_step(sched, so)
-            step = (so, runner.execute(so))
-        if async_scheduling:
-            if pending is not None:
-                collect(results, sched.update_from_output(*pending))
-            pending = step
-        elif step is not None:
-            collect(results, sched.update_from_output(*step))
-        if pending is None and not sched.has_unfinished_requests():
+            in_flight.append((so, runner.execute(so)))
+        while len(in_flight) > depth or (in_flight and not sched.has_unfinished_requests()):
+            collect(results, sched.update_from_output(*in_flight.popleft()))
+        if not in_flight and not sched.has_unfinished_requests():
             return results
     raise AssertionError(f"not finished after {max_steps} steps")

@@ -86,9 +86,9 @@ def test_admission_order(policy: str, expected: list[str]):
     assert order == expected
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("depth", [0, 1, 2])
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
-def test_preemption_in_a_tiny_pool(policy: str, async_scheduling: bool):
+def test_preemption_in_a_tiny_pool(policy: str, depth: int):
     sched = make_scheduler(num_blocks=8, max_model_len=64, max_num_batched_tokens=32, policy=policy)
     requests = [make_request(f"r{i}", p, max_tokens=16, priority=i % 2) for i, p in enumerate(_prompts(5, 16))]
     for request in requests:
@@ -101,10 +101,10 @@ def test_preemption_in_a_tiny_pool(policy: str, async_scheduling: bool):
         num_in_flight_preemptions += sum(r.num_output_placeholders > 0 for r in preempted)
         assert not set(so.finished_req_ids) & set(so.num_scheduled_tokens)
 
-    results = run_engine(sched, FakeRunner(8), async_scheduling, on_step=on_step)
+    results = run_engine(sched, FakeRunner(8), depth, on_step=on_step)
     assert sched.get_stats().num_preemptions > 0
     assert sum(r.num_preemptions for r in requests) == sched.get_stats().num_preemptions
-    if async_scheduling:  # a preempted request still had a token in flight, which was kept
+    if depth > 0:  # a preempted request still had a token in flight, which was kept
         assert num_in_flight_preemptions > 0
     _assert_reference(sched, requests, results)
     _assert_all_free(sched)
@@ -124,17 +124,49 @@ def test_the_lowest_request_is_preempted(policy: str):
     _assert_reference(sched, [low, high], results)
 
 
+def test_preempted_request_goes_to_the_front_and_keeps_its_first_hit():
+    # 4 usable blocks of 8, two sequences at a time: "b" is preempted when "a" grows past 16
+    # tokens (3 blocks at most); "c", waiting since the start, must not overtake it.
+    sched = make_scheduler(num_blocks=5, max_model_len=64, max_num_seqs=2)
+    requests = [make_request("a", list(range(8)), 12), make_request("b", list(range(10, 18)), 20),
+                make_request("c", [1, 2, 3, 4], 2)]
+    for request in requests:
+        sched.add_request(request)
+    admitted: list[tuple[str, int]] = []
+    results = run_engine(sched, FakeRunner(8), on_step=lambda s, so: admitted.extend(
+        (n.req_id, n.num_computed_tokens) for n in so.new_reqs))
+    assert admitted == [("a", 0), ("b", 0), ("b", 8), ("c", 0)]  # "b" resumes with a prefix hit
+    assert results["b"].num_cached_tokens == 0  # the first schedule's hit
+    _assert_reference(sched, requests, results)
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_preempted_request_waits_for_its_tokens_in_flight(depth: int):
+    sched = make_scheduler(num_blocks=5, max_model_len=64, max_num_batched_tokens=16)
+    requests = [make_request("a", list(range(8)), 20), make_request("b", list(range(10, 18)), 20)]
+    for request in requests:
+        sched.add_request(request)
+
+    def on_step(s: Scheduler, so: SchedulerOutput) -> None:
+        for new in so.new_reqs:
+            assert s.requests[new.req_id].num_output_placeholders == (new.req_id in so.sampling_req_ids)
+
+    results = run_engine(sched, FakeRunner(8), depth, on_step=on_step)
+    assert requests[1].num_preemptions > 0
+    _assert_reference(sched, requests, results)
+
+
 def test_async_gives_the_same_tokens_as_sync():
-    def run(async_scheduling: bool) -> dict[str, Result]:
+    def run(depth: int) -> dict[str, Result]:
         sched = make_scheduler(num_blocks=12, max_model_len=48, max_num_batched_tokens=20, max_num_seqs=3)
         for i, prompt in enumerate(_prompts(6)):
             sched.add_request(make_request(f"r{i}", prompt, max_tokens=3 + 2 * i, eos=(40,)))
-        results = run_engine(sched, FakeRunner(8), async_scheduling)
+        results = run_engine(sched, FakeRunner(8), depth)
         _assert_all_free(sched)
         return results
 
-    sync, async_ = run(False), run(True)
-    assert sync == async_
+    sync = run(0)
+    assert sync == run(1) == run(3)
     assert {r.finish_reason for r in sync.values()} == {"stop", "length"}
 
 
@@ -171,7 +203,7 @@ def test_abort_frees_blocks_and_drops_late_outputs(async_scheduling: bool):
     _assert_all_free(sched)
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("depth", [0, 1, 2])
 @pytest.mark.parametrize("params, max_model_len, expected", [
     (dict(eos=(6,)), 64, ([4, 5, 6], "stop", None)),
     (dict(eos=(6,), ignore_eos=True), 64, ([4, 5, 6, 7, 8], "length", None)),
@@ -181,11 +213,11 @@ def test_abort_frees_blocks_and_drops_late_outputs(async_scheduling: bool):
     (dict(max_tokens=3), 64, ([4, 5, 6], "length", None)),
     (dict(), 7, ([4, 5, 6], "length", None)),  # max_model_len
 ])
-def test_token_level_stops(params: dict, max_model_len: int, expected: tuple, async_scheduling: bool):
+def test_token_level_stops(params: dict, max_model_len: int, expected: tuple, depth: int):
     sched = make_scheduler(max_model_len=max_model_len)
     params = {"max_tokens": 5, **params}
     sched.add_request(make_request("r", [0, 1, 2, 3], **params))  # the model emits its position
-    results = run_engine(sched, FakeRunner(8, position_next_token), async_scheduling)
+    results = run_engine(sched, FakeRunner(8, position_next_token), depth)
     got = results["r"]
     assert (got.token_ids, got.finish_reason, got.stop_reason) == expected
     _assert_all_free(sched)
@@ -237,6 +269,11 @@ def test_bad_requests_are_rejected():
     sched.update_from_output(step, runner.execute(step))
 
 
+def _policy_key(request: Request, policy: str) -> tuple:
+    order = int(request.request_id[1:])  # ids are r<add order>
+    return (request.priority, request.arrival_time, order) if policy == "priority" else (order,)
+
+
 _request_spec = st.tuples(st.integers(0, 1), st.lists(st.integers(0, VOCAB - 1), max_size=10),
                           st.integers(1, 12), st.integers(0, 2))
 
@@ -244,10 +281,10 @@ _request_spec = st.tuples(st.integers(0, 1), st.lists(st.integers(0, VOCAB - 1),
 @settings(max_examples=80, deadline=None)
 @given(specs=st.lists(_request_spec, min_size=1, max_size=6), num_blocks=st.integers(3, 14),
        budget=st.integers(1, 40), max_num_seqs=st.integers(1, 4), policy=st.sampled_from(["fcfs", "priority"]),
-       async_scheduling=st.booleans(), caching=st.booleans(),
+       depth=st.integers(0, 3), caching=st.booleans(),
        aborts=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 5)), max_size=2))
 def test_random_workloads_match_the_reference(specs, num_blocks, budget, max_num_seqs, policy,
-                                              async_scheduling, caching, aborts):
+                                              depth, caching, aborts):
     sched = make_scheduler(num_blocks=num_blocks, max_model_len=40, max_num_seqs=max_num_seqs,
                            max_num_batched_tokens=budget, policy=policy, enable_prefix_caching=caching)
     bases = _prompts(2, 10)
@@ -271,11 +308,16 @@ def test_random_workloads_match_the_reference(specs, num_blocks, budget, max_num
         assert len(s.running) <= max_num_seqs and len(so.num_scheduled_tokens) <= max_num_seqs
         assert all(n > 0 for n in so.num_scheduled_tokens.values())
         assert not {n.req_id for n in so.new_reqs} & {c.req_id for c in so.cached_reqs}
+        keys = [_policy_key(r, policy) for r in s.running]  # the last one is preempted first
+        assert keys == sorted(keys)
+        for r in s.running:  # no sample past max_tokens, no KV for the last token of max_model_len
+            assert r.num_output_tokens + r.num_output_placeholders <= r.max_tokens
+            assert r.num_computed_tokens < min(r.num_prompt_tokens + r.max_tokens, sched.max_model_len)
         if num_steps in abort_at:  # between this step's schedule and its update
             collect(aborted, s.abort_requests([abort_at[num_steps]]))
         num_steps += 1
 
-    results = run_engine(sched, FakeRunner(8), async_scheduling, on_step=on_step)
+    results = run_engine(sched, FakeRunner(8), depth, on_step=on_step)
     for request in requests:
         expected = reference_output(request, sched.max_model_len, mixing_next_token)
         got = results.get(request.request_id, Result())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ def _load_paged_helpers():
     path = Path(__file__).parents[1] / "attention" / "test_triton_paged.py"
     spec = importlib.util.spec_from_file_location("triton_paged_helpers", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 

@@ -5,6 +5,7 @@ import random
 from collections import Counter
 
 import numpy as np
+import pytest
 import torch
 
 from pagedlm.sample import SamplingState
@@ -34,9 +35,9 @@ def reference_logits(logits: list[float], params: SamplingParams, prompt: list[i
     return x
 
 
-def random_params(rng: random.Random) -> SamplingParams:
+def random_params(rng: random.Random, every_feature: bool) -> SamplingParams:
     def maybe(value: object, default: object) -> object:
-        return value if rng.random() < 0.5 else default
+        return value if every_feature or rng.random() < 0.5 else default
 
     return SamplingParams(
         temperature=rng.choice([0.0, 0.7, 1.0]),
@@ -52,7 +53,8 @@ def random_params(rng: random.Random) -> SamplingParams:
     )
 
 
-def test_processed_logits_match_reference_over_steps() -> None:
+@pytest.mark.parametrize("every_feature", [False, True])  # some rows of a batch use it / all do
+def test_processed_logits_match_reference_over_steps(every_feature: bool) -> None:
     rng = random.Random(0)
     torch.manual_seed(0)
     num_rows, num_reqs = 16, 12
@@ -60,7 +62,7 @@ def test_processed_logits_match_reference_over_steps() -> None:
     reqs: dict[int, tuple[SamplingParams, list[int], list[int]]] = {}
 
     def add(row: int) -> None:
-        params = random_params(rng)
+        params = random_params(rng, every_feature)
         prompt = [rng.randrange(VOCAB_SIZE) for _ in range(rng.randint(1, 12))]
         outputs = [rng.randrange(VOCAB_SIZE) for _ in range(rng.choice([0, 0, 2, 5]))]  # resumed
         state.add_request(row, params, prompt, list(outputs), eos_token_ids=EOS)

@@ -136,6 +136,13 @@ def test_bad_schedules_raise(folder):
                                 prompt_embeds=torch.zeros(5, HIDDEN))
     with pytest.raises(ValueError, match="prompt_embeds"):
         runner.execute_model(SchedulerOutput([bad_embeds], [], {"E": 4}, 4))
+    # the sampler refuses the parameters: the request must not keep its row
+    num_reqs = runner.input_batch.num_reqs
+    bad_params = NewRequestData("V", _prompt(4, 9), [], SamplingParams(stop_token_ids=[VOCAB + 5]),
+                                [3], 0)
+    with pytest.raises(ValueError, match="stop_token_ids"):
+        runner.execute_model(SchedulerOutput([bad_params], [], {"V": 4}, 4))
+    assert runner.input_batch.num_reqs == num_reqs and "V" not in runner.input_batch.req_id_to_row
     # a position past the known tokens that no earlier step is sampling
     ok = SchedulerOutput([NewRequestData("P", _prompt(4, 8), [], GREEDY, [2], 0)], [], {"P": 4}, 4)
     runner.execute_model(ok).get_output()

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 import torch
-from worker_helpers import (HEAD_DIM, NUM_KV_HEADS, NUM_LAYERS, VOCAB, MiniScheduler, Req, hf_greedy, make_config, make_runner,
-                            run_requests, save_tiny_llama)
+from worker_helpers import (HEAD_DIM, NUM_KV_HEADS, NUM_LAYERS, VOCAB, MiniScheduler, Req,
+                            hf_greedy, make_config, make_runner, run_requests, save_tiny_llama)
 
 from pagedlm.sampling_params import SamplingParams
 from pagedlm.worker.model_runner import ModelRunner

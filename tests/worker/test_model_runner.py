@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from worker_helpers import (HEAD_DIM, HIDDEN, NUM_KV_HEADS, VOCAB, MiniScheduler, Req, hf_greedy, make_config, make_runner,
-                            run_requests, save_tiny_llama)
+from worker_helpers import (HEAD_DIM, HIDDEN, NUM_KV_HEADS, VOCAB, MiniScheduler, Req, hf_greedy,
+                            make_config, make_runner, run_requests, save_tiny_llama)
 
 from pagedlm.sampling_params import SamplingParams
 

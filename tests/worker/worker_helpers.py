@@ -120,7 +120,8 @@ class MiniScheduler:
                               step_id=self._step)
         self._to_free, self._step = set(), self._step + 1
         for req in self.running:
-            num_new = min(req.num_tokens - req.num_computed, self.token_budget - out.total_num_scheduled_tokens)
+            budget_left = self.token_budget - out.total_num_scheduled_tokens
+            num_new = min(req.num_tokens - req.num_computed, budget_left)
             if req.done_scheduling or num_new <= 0:
                 continue
             self._schedule(req, num_new, out)

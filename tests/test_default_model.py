@@ -1,0 +1,62 @@
+"""The default model (SmolLM2-135M-Instruct, a Q4_1 GGUF file): LLM() loads it without
+arguments, its greedy tokens equal transformers' on the same file, and it answers sensibly."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from pagedlm import LLM, SamplingParams
+from pagedlm.config import default_model_path
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a little robot"]
+NUM_NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def llm() -> LLM:
+    return LLM()
+
+
+@pytest.fixture(scope="module")
+def hf_model() -> Any:
+    from transformers import AutoModelForCausalLM
+
+    path = Path(default_model_path())
+    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                dtype=torch.float32).eval()
+
+
+def test_greedy_tokens_match_transformers_on_the_same_gguf(llm: LLM, hf_model: Any) -> None:
+    tokenizer = llm.get_tokenizer()
+    params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS)
+    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+    for prompt, output in zip(PROMPTS, outputs):
+        input_ids = torch.tensor([tokenizer.encode(prompt)])
+        assert output.prompt_token_ids == input_ids[0].tolist()
+        with torch.no_grad():
+            generated = hf_model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                                          do_sample=False, max_new_tokens=NUM_NEW_TOKENS,
+                                          eos_token_id=list(llm.llm_engine.model_config.eos_token_ids),
+                                          pad_token_id=tokenizer.eos_token_id)
+        expected = generated[0, input_ids.shape[1]:].tolist()
+        assert output.outputs[0].token_ids == expected, prompt
+        assert output.outputs[0].text == tokenizer.decode(expected, skip_special_tokens=True)
+
+
+def test_capital_of_france(llm: LLM) -> None:
+    (output,) = llm.generate("The capital of France is",
+                             SamplingParams(temperature=0.0, max_tokens=16), use_tqdm=False)
+    assert "Paris" in output.outputs[0].text
+
+
+def test_chat_answers_the_question(llm: LLM) -> None:
+    conversation = [{"role": "user", "content": "What is the capital of France? Answer briefly."}]
+    (output,) = llm.chat(conversation, SamplingParams(temperature=0.0, max_tokens=32),
+                         use_tqdm=False)
+    assert "Paris" in output.outputs[0].text
+    assert "<|im_start|>assistant" in output.prompt  # the template's generation prompt
