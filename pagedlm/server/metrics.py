@@ -12,9 +12,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 logger = logging.getLogger("pagedlm.server")
 
+FINISH_REASONS = ("stop", "length", "abort")
+REJECT_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-_TOKEN_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
+_TOKENFINISH_REASONS = ("stop", "length", "abort")
+REJECT_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
                           0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 
 
@@ -75,8 +79,15 @@ class ServerMetrics:
                                        ("finished_reason",))
         self.rejected = counter("num_requests_rejected", "Requests refused by admission control.",
                                 ("reason",))
-        for gauge_ in (self.num_running, self.num_waiting, self.kv_usage):
-            gauge_.labels(model_name=self.model_name).set(0)
+        # Every series exists from the start (at 0), so dashboards and rates see it.
+        for metric in (self.num_running, self.num_waiting, self.kv_usage, self.prefix_queries,
+                       self.prefix_hits, self.preemptions, self.prompt_tokens,
+                       self.generation_tokens):
+            metric.labels(model_name=self.model_name)
+        for reason in FINISH_REASONS:
+            self.request_success.labels(model_name=self.model_name, finished_reason=reason)
+        for reason in REJECT_REASONS:
+            self.rejected.labels(model_name=self.model_name, reason=reason)
 
     def _init_histograms(self) -> None:
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
