@@ -1,7 +1,6 @@
-"""Building blocks of the Llama family in plain torch, one op per module.
-
-A later pass swaps fused Triton kernels in behind the same calls. Parameters are created
-uninitialised (torch.empty, in the model dtype): the loader fills every one of them.
+"""Building blocks of the Llama family, one op per module. The elementwise ops come from
+pagedlm.ops: fused Triton kernels on CUDA tensors, plain torch elsewhere. Parameters are
+created uninitialised (torch.empty, in the model dtype): the loader fills every one of them.
 """
 from __future__ import annotations
 
@@ -10,6 +9,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from pagedlm import ops
 
 
 class Linear(nn.Module):
@@ -46,23 +47,15 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is not None:
-            x = x + residual
-        x_fp32 = x.float()
-        variance = x_fp32.pow(2).mean(dim=-1, keepdim=True)
-        normed = (x_fp32 * torch.rsqrt(variance + self.eps)).to(x.dtype)
-        return self.weight * normed, x
-
-
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """[..., 2 * d] (gate then up, concatenated) -> [..., d] silu(gate) * up."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
+        if residual is None:
+            return ops.rms_norm(x, self.weight, self.eps), x
+        return ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class SiluAndMul(nn.Module):
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
-        return silu_and_mul(gate_up)
+        """[..., 2 * d] (gate then up, concatenated) -> [..., d] silu(gate) * up."""
+        return ops.silu_and_mul(gate_up)
 
 
 def rope_inv_freq(head_dim: int, rope_theta: float, rope_scaling: dict | None) -> torch.Tensor:
@@ -95,19 +88,10 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     return torch.where(is_medium, blended, scaled)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat((-second, first), dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, num_heads, head_dim]; cos, sin: [T, head_dim] (neox / HF rotate-half layout)."""
-    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
-
-
 class RotaryEmbedding(nn.Module):
-    """cos/sin for every position below max_position, computed in float32 once, then stored
-    in the model dtype (HF computes them in float32 and casts them the same way)."""
+    """Neox / HF rotate-half RoPE. cos and sin for every position below max_position are
+    computed in float32 once: `cos_sin_cache` [max_position, head_dim] holds cos in the first
+    half and sin in the second."""
 
     def __init__(self, head_dim: int, max_position: int, rope_theta: float,
                  rope_scaling: dict | None, dtype: torch.dtype) -> None:
@@ -115,12 +99,10 @@ class RotaryEmbedding(nn.Module):
         inv_freq = rope_inv_freq(head_dim, rope_theta, rope_scaling)
         positions = torch.arange(max_position, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)  # [max_position, head_dim // 2]
-        angles = torch.cat((freqs, freqs), dim=-1)  # [max_position, head_dim]
-        self.register_buffer("cos_cache", angles.cos().to(dtype), persistent=False)
-        self.register_buffer("sin_cache", angles.sin().to(dtype), persistent=False)
+        self.register_buffer("cos_sin_cache", torch.cat((freqs.cos(), freqs.sin()), dim=-1),
+                             persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos_cache[positions]  # [T, head_dim]
-        sin = self.sin_cache[positions]
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        """q: [T, num_heads, head_dim], k: [T, num_kv_heads, head_dim] -> rotated copies."""
+        return ops.rotary_embedding(positions, q, k, self.cos_sin_cache)

@@ -8,7 +8,8 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import (LlamaRMSNorm, LlamaRotaryEmbedding,
                                                       apply_rotary_pos_emb)
 
-from pagedlm.model.layers import RMSNorm, RotaryEmbedding, rope_inv_freq, silu_and_mul
+from pagedlm.model.layers import RMSNorm, RotaryEmbedding, rope_inv_freq
+from pagedlm.ops import silu_and_mul
 
 HEAD_DIM = 16
 ROPE_SCALINGS = {
