@@ -9,18 +9,19 @@ from typing import Any
 from pagedlm.config import EngineArgs
 
 _ENGINE_HELP = {
-    "model": "a Hugging Face model folder or a .gguf file (default: SmolLM2-135M-Instruct GGUF)",
+    "model": "a Hugging Face model folder or a .gguf file (default: SmolLM2-135M-Instruct, GGUF)",
     "tokenizer": "where the tokenizer lives (default: the model)",
     "dtype": "auto | float32 | bfloat16 | float16",
     "load_format": "auto | safetensors | gguf | dummy (random weights)",
     "max_model_len": "longest sequence, prompt plus output (default: the model's)",
-    "max_num_seqs": "most requests in one batch",
-    "max_num_batched_tokens": "most tokens in one step (prefill chunks share it)",
+    "max_num_seqs": "most requests in one batch (default: chosen by device)",
+    "max_num_batched_tokens": "most tokens in one step, prefill chunks included "
+                              "(default: chosen by device)",
     "block_size": "tokens per KV-cache block",
     "enable_prefix_caching": "reuse the KV cache of shared prompt prefixes",
     "gpu_memory_utilization": "share of GPU memory the engine may use",
-    "num_gpu_blocks_override": "number of KV-cache blocks (skips memory profiling)",
-    "kv_cache_memory_gib": "KV-cache size in GiB",
+    "num_gpu_blocks_override": "number of KV-cache blocks, skipping memory profiling (default: none)",
+    "kv_cache_memory_gib": "KV-cache size in GiB (default: measured on GPU, fixed on CPU)",
     "skip_tokenizer_init": "no tokenizer: prompts must be token ids",
     "seed": "random seed (generate and chat also seed each request with it)",
     "scheduling_policy": "fcfs | priority",
@@ -38,7 +39,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     for f in fields(EngineArgs):
         flag = "--" + f.name.replace("_", "-")
         default = None if f.default is MISSING else f.default
-        help_text = f"{_ENGINE_HELP.get(f.name, f.name)} (default: {default})"
+        description = _ENGINE_HELP.get(f.name, f.name)
+        help_text = description if "(default" in description else f"{description} (default: %(default)s)"
         type_name = str(f.type)
         if "bool" in type_name:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,

@@ -72,7 +72,8 @@ class LLM:
         pending = set()
         try:
             for request_id, request, priority in zip(request_ids, processed, priorities):
-                self.llm_engine.add_processed_request(request_id, request, priority)
+                self.llm_engine.add_processed_request(request_id, request, priority,
+                                                      final_only=True)
                 pending.add(request_id)
             finished = self._drain(pending, use_tqdm)
         except BaseException:

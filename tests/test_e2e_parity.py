@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_hf_models import FAMILIES, hf_greedy, random_prompts, save_tiny_model
+from tiny_hf_models import hf_greedy, random_prompts, save_tiny_model
 
 from pagedlm import LLM, SamplingParams
 

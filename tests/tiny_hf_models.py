@@ -1,12 +1,16 @@
 """Tiny random-weight transformers checkpoints of every supported family, saved as Hugging Face
-folders, with transformers' own greedy generation as the reference (engine and CLI tests)."""
+folders, with transformers' own greedy generation as the reference; small hand-built tokenizers
+(engine and CLI tests)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (AutoModelForCausalLM, GenerationConfig, LlamaConfig, MistralConfig,
-                          PretrainedConfig, Qwen2Config, Qwen3Config)
+                          PreTrainedTokenizerFast, PretrainedConfig, Qwen2Config, Qwen3Config)
 
 VOCAB_SIZE = 256
 EOS_TOKEN_ID = 1
@@ -24,10 +28,12 @@ FAMILIES = {
 }
 
 
-def save_tiny_model(folder: Path, family: str, seed: int = 0) -> torch.nn.Module:
+def save_tiny_model(folder: Path, family: str, seed: int = 0, vocab_size: int = VOCAB_SIZE
+                    ) -> torch.nn.Module:
     """Peaked random weights (initializer_range 0.3), so greedy picks are far from ties;
     norms and biases perturbed away from 1s and 0s."""
     hf_config: PretrainedConfig = FAMILIES[family]()
+    hf_config.vocab_size = vocab_size
     hf_config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32).eval()
@@ -59,3 +65,56 @@ def hf_greedy(model: torch.nn.Module, prompts: list[list[int]], num_new_tokens: 
                                        generation_config=config)
             outputs.append(generated[0, len(prompt):].tolist())
     return outputs
+
+
+CORPUS = ["hello world, the cat sat on the mat. Hello again world! Stop here. The end."] * 20
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def _wrap(tokenizer: Tokenizer) -> Any:
+    tokenizer.add_special_tokens(SPECIAL_TOKENS)
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>",
+                                      bos_token="<s>", eos_token="</s>")
+    wrapped.chat_template = CHAT_TEMPLATE
+    return wrapped
+
+
+def byte_level_tokenizer() -> Any:
+    """GPT-2 style: every byte is a token, spaces are part of the following word (~300 ids)."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(CORPUS, trainer)
+    return _wrap(tokenizer)
+
+
+def sentencepiece_tokenizer() -> Any:
+    """Llama-2 style: '▁' marks a word start, the decoder strips the space the first token
+    would get, unknown characters fall back to <0xNN> byte tokens."""
+    trained = Tokenizer(models.BPE(unk_token="<unk>"))
+    trained.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    trained.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=80,
+                                                            special_tokens=SPECIAL_TOKENS))
+    model = json.loads(trained.to_str())["model"]
+    vocab = dict(model["vocab"])
+    for byte in range(256):
+        vocab[f"<0x{byte:02X}>"] = len(vocab)
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    tokenizer = Tokenizer(models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tokenizer.decoder = decoders.Sequence([
+        decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+        decoders.Strip(" ", 1, 0)])
+    return _wrap(tokenizer)
+
+
+def save_tiny_model_with_tokenizer(folder: Path, family: str = "llama") -> Any:
+    """A tiny checkpoint whose folder also holds the byte-level tokenizer (with a chat template)."""
+    tokenizer = byte_level_tokenizer()
+    save_tiny_model(folder, family, vocab_size=len(tokenizer))
+    tokenizer.save_pretrained(folder)
+    return tokenizer

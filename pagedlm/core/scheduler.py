@@ -123,9 +123,10 @@ class Scheduler:
     def update_from_output(self, sched_output: SchedulerOutput,
                            runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """Appends the sampled tokens, checks token-level stops, frees finished requests."""
-        if set(runner_output.req_ids) != sched_output.sampling_req_ids:
+        expected = sched_output.sampling_req_ids
+        if set(runner_output.req_ids) != expected:
             raise ValueError(f"runner_output.req_ids must be the step's sampling_req_ids; got "
-                             f"{sorted(runner_output.req_ids)}, expected {sorted(sched_output.sampling_req_ids)}")
+                             f"{sorted(runner_output.req_ids)}, expected {sorted(expected)}")
         outputs = []
         for i, (req_id, token_ids) in enumerate(zip(runner_output.req_ids, runner_output.sampled_token_ids)):
             request = self.requests.get(req_id)

@@ -46,7 +46,7 @@ def stream_reply(llm: LLM, conversation: Conversation, params: SamplingParams, r
     shown = ""
     finished = False
     try:
-        while not finished:
+        while not finished and engine.has_unfinished_requests():
             for output in engine.step():
                 if output.request_id != request_id:
                     continue

@@ -123,27 +123,33 @@ class LLMEngine:
         return params
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                    priority: int = 0, arrival_time: float | None = None) -> None:
+                    priority: int = 0, arrival_time: float | None = None,
+                    final_only: bool = False) -> None:
+        """`final_only`: step() reports the request only once it finished (no streaming)."""
         self.add_processed_request(request_id, self.process_request(prompt, params), priority,
-                                   arrival_time)
+                                   arrival_time, final_only)
 
     def add_processed_request(self, request_id: str, processed: ProcessedRequest,
-                              priority: int = 0, arrival_time: float | None = None) -> None:
-        if self.output_processor.has_request(request_id):
-            raise ValueError(f"request_id {request_id!r} is already in use")
+                              priority: int = 0, arrival_time: float | None = None,
+                              final_only: bool = False) -> None:
+        """All of a request's samples enter the core, or none (the error is raised)."""
         arrival_time = time.time() if arrival_time is None else arrival_time
         params = processed.params
         prime_ids = [] if processed.prompt_embeds is not None else processed.prompt_token_ids
         core_ids = self.output_processor.add_request(
             request_id, processed.prompt, processed.prompt_token_ids, params, arrival_time,
-            prime_ids)
-        for index, core_id in enumerate(core_ids):
-            self.engine_core.add_request(Request(
-                request_id=core_id, prompt_token_ids=list(processed.prompt_token_ids),
-                sampling_params=_sample_params(params, index),
-                eos_token_ids=frozenset(self.model_config.eos_token_ids),
-                max_tokens=processed.max_tokens, arrival_time=arrival_time, priority=priority,
-                prompt_embeds=processed.prompt_embeds))
+            prime_ids, final_only)
+        try:
+            for index, core_id in enumerate(core_ids):
+                self.engine_core.add_request(Request(
+                    request_id=core_id, prompt_token_ids=list(processed.prompt_token_ids),
+                    sampling_params=_sample_params(params, index),
+                    eos_token_ids=frozenset(self.model_config.eos_token_ids),
+                    max_tokens=processed.max_tokens, arrival_time=arrival_time,
+                    priority=priority, prompt_embeds=processed.prompt_embeds))
+        except BaseException:
+            self.abort_request(request_id)
+            raise
 
     def abort_request(self, request_ids: str | list[str]) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
@@ -159,11 +165,8 @@ class LLMEngine:
         return processed.request_outputs
 
     def has_unfinished_requests(self) -> bool:
-        return self.output_processor.num_unfinished_requests() > 0 or \
-            self.engine_core.has_unfinished_requests()
-
-    def get_num_unfinished_requests(self) -> int:
-        return self.output_processor.num_unfinished_requests()
+        """Requests in the core, or steps still in flight (async scheduling)."""
+        return self.engine_core.has_unfinished_requests()
 
     def get_stats(self) -> Any:
         return self.engine_core.get_stats()

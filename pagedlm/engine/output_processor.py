@@ -54,6 +54,7 @@ class _RequestState:
     samples: list[_SampleState]
     metrics: RequestMetrics
     want_prompt_logprobs: bool
+    final_only: bool  # no RequestOutput until it finishes (offline generate)
     prompt_logprobs: PromptLogprobs = field(default_factory=list)
     num_cached_tokens: int = 0
 
@@ -86,15 +87,18 @@ class OutputProcessor:
         self._samples: dict[str, tuple[_RequestState, _SampleState]] = {}
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    params: SamplingParams, arrival_time: float,
-                    prime_token_ids: list[int]) -> list[str]:
-        """Registers a user request; returns its core request ids."""
+                    params: SamplingParams, arrival_time: float, prime_token_ids: list[int],
+                    final_only: bool = False) -> list[str]:
+        """Registers a user request; returns its core request ids. `prime_token_ids`: the
+        prompt tokens the detokenizer decodes the first output tokens after."""
         core_ids = core_request_ids(request_id, params.n)
+        if request_id in self._requests or any(core_id in self._samples for core_id in core_ids):
+            raise ValueError(f"request_id {request_id!r} is already in use")
         samples = [self._new_sample(i, params, prime_token_ids) for i in range(params.n)]
         state = _RequestState(
             request_id=request_id, prompt=prompt, prompt_token_ids=prompt_token_ids,
             samples=samples, metrics=RequestMetrics(arrival_time=arrival_time),
-            want_prompt_logprobs=params.prompt_logprobs is not None)
+            want_prompt_logprobs=params.prompt_logprobs is not None, final_only=final_only)
         self._requests[request_id] = state
         for core_id, sample in zip(core_ids, samples):
             self._samples[core_id] = (state, sample)
@@ -107,9 +111,6 @@ class OutputProcessor:
             detokenizer = IncrementalDetokenizer(self._tokenizer, prime_token_ids, params)
         return _SampleState(index=index, detokenizer=detokenizer,
                             want_logprobs=params.logprobs is not None)
-
-    def has_request(self, request_id: str) -> bool:
-        return request_id in self._requests
 
     def num_unfinished_requests(self) -> int:
         return len(self._requests)
@@ -150,6 +151,8 @@ class OutputProcessor:
             if state.finished:
                 state.metrics.finished_time = now
                 del self._requests[state.request_id]
+            elif state.final_only:
+                continue  # building outputs every step costs O(length) per request
             outputs.append(state.to_output())
         return outputs
 

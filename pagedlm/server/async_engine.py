@@ -96,7 +96,13 @@ class AsyncLLM:
         self._output.bind(self._output_addr)
 
     def _send(self, data: bytes) -> None:
-        self._input.send(data, flags=zmq.NOBLOCK)
+        """Never blocks (no send limit); a core that is gone marks the engine dead instead."""
+        if self.dead_error is not None:
+            return
+        try:
+            self._input.send(data, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            self._on_core_dead("its input socket has no reader (the process is gone)")
 
     # ---- life cycle ----
 
@@ -156,7 +162,8 @@ class AsyncLLM:
 
     @property
     def is_healthy(self) -> bool:
-        return self.dead_error is None and self._proc.is_alive()
+        self._check_process()
+        return self.dead_error is None
 
     # ---- requests ----
 
@@ -181,17 +188,28 @@ class AsyncLLM:
                                  f"{name}={cap}; retry later")
 
     def check_alive(self) -> None:
+        self._check_process()
         if self.dead_error is not None:
             raise EngineDeadError(f"the engine core died: {self.dead_error}")
+
+    def _check_process(self) -> None:
+        if self.dead_error is None and not self.shutting_down and not self._proc.is_alive():
+            self._on_core_dead(f"the process exited with code {self._proc.exitcode}")
 
     def add_request(self, request_id: str, processed: ProcessedRequest, priority: int = 0) -> None:
         """Adds the request at once (call admit() first); read it with outputs(request_id)."""
         self.check_alive()
-        self.engine.add_processed_request(request_id, processed, priority)
-        self._queues[request_id] = asyncio.Queue()
+        if request_id in self._queues:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        self._queues[request_id] = asyncio.Queue()  # first: a death while adding reaches it
         self._num_samples[request_id] = processed.params.n
         for core_id in core_request_ids(request_id, processed.params.n):
             self._core_to_request[core_id] = request_id
+        try:
+            self.engine.add_processed_request(request_id, processed, priority)
+        except ValueError:
+            self.release(request_id)
+            raise
 
     async def outputs(self, request_id: str) -> AsyncIterator[RequestOutput]:
         """The request's cumulative outputs up to the last one; then (or when the iterator is
@@ -249,18 +267,18 @@ class AsyncLLM:
                 queue.put_nowait(output)
 
     async def _watch_core(self) -> None:
-        while self._proc.is_alive():
+        while self.dead_error is None and not self.shutting_down:
             await asyncio.sleep(0.5)
-        if not self.shutting_down:
-            self._on_core_dead(f"the process exited with code {self._proc.exitcode}")
+            self._check_process()
 
     def _on_core_dead(self, error: str) -> None:
+        """Logs the whole story; clients get its last line."""
         if self.dead_error is not None:
             return
         logger.error("engine core died: %s", error)
-        self.dead_error = error
+        self.dead_error = error.strip().splitlines()[-1]
         for queue in self._queues.values():
-            queue.put_nowait(EngineDeadError(f"the engine core died: {error}"))
+            queue.put_nowait(EngineDeadError(f"the engine core died: {self.dead_error}"))
 
     async def _log_loop(self) -> None:
         while True:

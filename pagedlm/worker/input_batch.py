@@ -46,13 +46,27 @@ class StepBuffers:
         """The numpy view of a host buffer (shares memory)."""
         return getattr(self, name).numpy()
 
-    def copy_from(self, src: StepBuffers, layout: BatchLayout) -> None:
-        """Non-blocking copy of the used prefix of every buffer of src into self."""
-        num_tokens, num_seqs = layout.num_tokens, layout.num_seqs
+    def pad_decode(self, num_seqs: int, num_padded: int) -> None:
+        """Rows [num_seqs, num_padded) of a decode batch (one token per sequence) as padding,
+        for a CUDA graph of num_padded sequences: token 0 at position 0, slot -1 (no KV write),
+        seq_len 0 and no query (query_start_loc stays at num_seqs): the attention kernels skip
+        such a sequence."""
+        pad = slice(num_seqs, num_padded)
+        self.np("input_ids")[pad] = 0
+        self.np("positions")[pad] = 0
+        self.np("slot_mapping")[pad] = 0
+        self.np("seq_lens")[pad] = 0
+        self.np("query_start_loc")[num_seqs + 1:num_padded + 1] = num_seqs
+
+    def copy_from(self, src: StepBuffers, layout: BatchLayout, num_padded: int = 0) -> None:
+        """Non-blocking copy of the used prefix of every buffer of src into self; num_padded:
+        the token and sequence buffers of a decode batch padded (pad_decode) to that size."""
+        num_tokens = max(layout.num_tokens, num_padded)
+        num_seqs = max(layout.num_seqs, num_padded)
         sizes = {
             "input_ids": num_tokens, "positions": num_tokens, "slot_mapping": num_tokens,
             "query_start_loc": num_seqs + 1, "seq_lens": num_seqs,
-            "block_table": num_seqs * layout.num_block_cols,
+            "block_table": layout.num_seqs * layout.num_block_cols,
             "logits_indices": layout.num_samples, "sample_rows": layout.num_samples,
             "placeholder_idx": layout.num_placeholders, "placeholder_rows": layout.num_placeholders,
         }

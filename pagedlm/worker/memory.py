@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Callable, TypeVar
 
 import torch
 
@@ -13,6 +13,7 @@ logger = logging.getLogger("pagedlm")
 
 GiB = 1 << 30
 DEFAULT_CPU_KV_CACHE_GIB = 2.0
+T = TypeVar("T")
 
 
 def kv_cache_bytes_per_block(model: ModelConfig, block_size: int) -> int:
@@ -21,10 +22,12 @@ def kv_cache_bytes_per_block(model: ModelConfig, block_size: int) -> int:
     return 2 * model.num_layers * block_size * model.num_kv_heads * model.head_dim * dtype_size
 
 
-def determine_num_blocks(config: EngineConfig, profile: Callable[[], int], weights_bytes: int) -> int:
+def determine_num_blocks(config: EngineConfig, profile: Callable[[], int], weights_bytes: int,
+                         profile_graphs: Callable[[], int] | None = None) -> int:
     """num_gpu_blocks_override wins; then kv_cache_memory_gib (default 2 GiB on CPU); on CUDA
     without either, what the profile leaves of total x gpu_memory_utilization. `profile` runs
-    one step of the largest batch and returns the bytes of the KV cache it used itself."""
+    one step of the largest batch and returns the bytes of the KV cache it used itself;
+    `profile_graphs` (when CUDA graphs are on) returns the device bytes the graphs take."""
     cache = config.cache
     bytes_per_block = kv_cache_bytes_per_block(config.model, cache.block_size)
     if cache.num_gpu_blocks_override is not None:
@@ -36,13 +39,14 @@ def determine_num_blocks(config: EngineConfig, profile: Callable[[], int], weigh
         logger.info("KV cache: %.2f GiB / %d bytes per block = %d blocks", gib, bytes_per_block,
                     num_blocks)
     else:
-        num_blocks = _profiled_num_blocks(config, profile, weights_bytes, bytes_per_block)
+        num_blocks = _profiled_num_blocks(config, profile, weights_bytes, bytes_per_block,
+                                          profile_graphs)
     check_max_model_len_fits(config, num_blocks)
     return num_blocks
 
 
 def _profiled_num_blocks(config: EngineConfig, profile: Callable[[], int], weights_bytes: int,
-                         bytes_per_block: int) -> int:
+                         bytes_per_block: int, profile_graphs: Callable[[], int] | None) -> int:
     device = config.device
     torch.cuda.synchronize(device)  # sync-ok: start-up profiling, not a step
     torch.cuda.empty_cache()
@@ -55,20 +59,33 @@ def _profiled_num_blocks(config: EngineConfig, profile: Callable[[], int], weigh
     free, total = torch.cuda.mem_get_info(device)
     non_torch = max(0, total - free - torch.cuda.memory_reserved(device))
     activation = max(0, peak - baseline - profile_kv_bytes)
+    graph_bytes = 0 if profile_graphs is None else profile_graphs()
     budget = total * config.cache.gpu_memory_utilization
-    kv_bytes = budget - baseline - activation - non_torch
+    kv_bytes = budget - baseline - activation - non_torch - graph_bytes
     logger.info(
         "GPU memory: total %.2f GiB x gpu_memory_utilization %.2f = %.2f GiB; weights %.2f GiB; "
         "other persistent buffers %.2f GiB; peak activation (profile of %d tokens) %.2f GiB; "
-        "non-torch %.2f GiB; left for the KV cache %.2f GiB",
+        "non-torch %.2f GiB; CUDA graphs (trial capture) %.3f GiB; left for the KV cache %.2f GiB",
         total / GiB, config.cache.gpu_memory_utilization, budget / GiB, weights_bytes / GiB,
         (baseline - weights_bytes) / GiB, config.scheduler.max_num_batched_tokens,
-        activation / GiB, non_torch / GiB, kv_bytes / GiB)
+        activation / GiB, non_torch / GiB, graph_bytes / GiB, kv_bytes / GiB)
     if kv_bytes < bytes_per_block:
         raise ValueError(f"no GPU memory is left for the KV cache ({kv_bytes / GiB:.2f} GiB after "
-                         "weights and activations); raise gpu_memory_utilization or lower "
-                         "max_num_batched_tokens / max_num_seqs")
+                         "weights, activations and CUDA graphs); raise gpu_memory_utilization, "
+                         "lower max_num_batched_tokens / max_num_seqs or set enforce_eager")
     return int(kv_bytes) // bytes_per_block
+
+
+def device_bytes_taken(device: torch.device, build: Callable[[], T]) -> tuple[T, int]:
+    """build()'s result and the device memory it holds on to (torch pools and driver memory
+    alike): the drop in free device memory, with the allocator's unused blocks released."""
+    torch.cuda.synchronize(device)  # sync-ok: start-up measurement, not a step
+    torch.cuda.empty_cache()
+    free_before = torch.cuda.mem_get_info(device)[0]
+    result = build()
+    torch.cuda.synchronize(device)  # sync-ok: start-up measurement, not a step
+    torch.cuda.empty_cache()
+    return result, free_before - torch.cuda.mem_get_info(device)[0]
 
 
 def check_max_model_len_fits(config: EngineConfig, num_blocks: int) -> None:

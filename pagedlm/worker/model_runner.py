@@ -7,10 +7,16 @@ device buffers, and the model reads slices of those. Each step's sampled ids are
 `last_sampled` (by row) on the device, where the next step's placeholder inputs read them, and
 are copied to pinned host memory on a side stream; AsyncRunnerOutput.get_output() waits for that
 copy's event only. On a CPU device the same code runs, synchronously, without pinning or events.
+
+On CUDA (Triton backend, not enforce_eager) a pure-decode step of at most the largest capture
+size replays a CUDA graph (cuda_graphs.py) instead: the host pads the batch in the staging set,
+the same copies fill the static buffers, and logits and sampling run eagerly after the replay.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
+import time
 
 import numpy as np
 import torch
@@ -24,8 +30,10 @@ from pagedlm.sample.sampler import SamplerOutput
 from pagedlm.sample.state import SamplingState
 from pagedlm.sampling_params import MAX_LOGPROBS, SamplingParams
 from pagedlm.worker import memory
+from pagedlm.worker.cuda_graphs import DecodeGraphs, graphs_enabled
 from pagedlm.worker.input_batch import BatchLayout, InputBatch, StepBuffers, cdiv
 
+logger = logging.getLogger("pagedlm")
 NUM_STAGING_SETS = 2
 
 
@@ -93,6 +101,10 @@ class ModelRunner:
         self.model: LlamaForCausalLM | None = None
         self.kv_caches: list[torch.Tensor] = []  # per layer [2, num_blocks, block_size, Hkv, D]
         self.weights_bytes = 0
+        self.use_cuda_graphs = graphs_enabled(config)
+        self.graphs: DecodeGraphs | None = None  # captured by init_kv_cache
+        self.graph_bytes_reserved: int | None = None  # trial capture, before sizing the KV cache
+        self.graph_bytes = 0  # what the captured graphs take
         self.input_batch = InputBatch(self.max_num_reqs, config.model.max_model_len,
                                       self.block_size)
         self._init_buffers()
@@ -130,13 +142,49 @@ class ModelRunner:
             self.weights_bytes = torch.cuda.memory_allocated(self.device) - before
 
     def determine_num_blocks(self) -> int:
-        return memory.determine_num_blocks(self.config, self._profile_run, self.weights_bytes)
+        profile_graphs = self._profile_graphs if self.use_cuda_graphs else None
+        return memory.determine_num_blocks(self.config, self._profile_run, self.weights_bytes,
+                                           profile_graphs)
 
     def init_kv_cache(self, num_blocks: int) -> None:
+        """Allocates the KV cache, then captures the CUDA graphs, which bind its address."""
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        self.graphs = None  # graphs of a previous cache go first
         self.kv_caches = [self._new_kv_cache(num_blocks) for _ in range(self.config.model.num_layers)]
         self.input_batch.num_kv_blocks = num_blocks
+        if self.use_cuda_graphs:
+            self._capture_graphs()
+
+    def _capture_graphs(self) -> None:
+        start = time.perf_counter()
+        self.graphs, self.graph_bytes = memory.device_bytes_taken(
+            self.device, lambda: self._new_graphs(self.kv_caches))
+        reserved = self.graph_bytes_reserved
+        logger.info("CUDA graphs: %d pure-decode batch sizes (%d..%d) captured in %.2f s; they "
+                    "take %.3f GiB (reserved before sizing the KV cache: %s)",
+                    len(self.graphs.sizes), self.graphs.sizes[0], self.graphs.max_size,
+                    time.perf_counter() - start, self.graph_bytes / memory.GiB,
+                    "none, its size was given" if reserved is None
+                    else f"{reserved / memory.GiB:.3f} GiB")
+
+    def _new_graphs(self, kv_caches: list[torch.Tensor]) -> DecodeGraphs:
+        graphs = DecodeGraphs(self.config, self.model, kv_caches, self._inputs,
+                              self.input_batch.max_num_blocks_per_req)
+        graphs.capture()
+        return graphs
+
+    def _profile_graphs(self) -> int:
+        """Device bytes the decode graphs take, from a trial capture over a one-block KV cache
+        (no graph reads or writes it), released afterwards: the real graphs bind the real cache,
+        so they are captured once it exists."""
+        trial_kv_caches = [self._new_kv_cache(1) for _ in range(self.config.model.num_layers)]
+        graphs, num_bytes = memory.device_bytes_taken(
+            self.device, lambda: self._new_graphs(trial_kv_caches))
+        del graphs
+        torch.cuda.empty_cache()
+        self.graph_bytes_reserved = num_bytes
+        return num_bytes
 
     def _new_kv_cache(self, num_blocks: int) -> torch.Tensor:
         model = self.config.model
@@ -154,10 +202,13 @@ class ModelRunner:
         self._reclaim(slot)
         staging = self._staging[slot]
         layout = self.input_batch.prepare(sched, staging)
-        self._inputs.copy_from(staging, layout)
+        graph_size = self._graph_size(layout)
+        if graph_size:
+            staging.pad_decode(layout.num_seqs, graph_size)
+        self._inputs.copy_from(staging, layout, graph_size)
         if self._staging_events[slot] is not None:
             self._staging_events[slot].record()
-        hidden = self._forward(layout, self._attention_metadata(staging, layout))
+        hidden = self._forward(staging, layout, graph_size)
         sample = self._sample(hidden, layout)
         output = self._launch_output(slot, layout, sample, sched.step_id)
         self._in_flight[slot] = output
@@ -209,8 +260,16 @@ class ModelRunner:
             previous.get_output()
             self._in_flight[slot] = None
 
-    def _attention_metadata(self, staging: StepBuffers, layout: BatchLayout) -> AttentionMetadata:
-        num_tokens, num_seqs, num_cols = layout.num_tokens, layout.num_seqs, layout.num_block_cols
+    def _graph_size(self, layout: BatchLayout) -> int:
+        """The CUDA graph to replay for this step, 0 to run eagerly: graphs cover pure-decode
+        batches (one token per sequence, no prompt_embeds) up to the largest capture size."""
+        if self.graphs is None or layout.num_tokens != layout.num_seqs or layout.embeds_spans:
+            return 0
+        return self.graphs.padded_size(layout.num_seqs) or 0
+
+    def _attention_metadata(self, staging: StepBuffers, layout: BatchLayout,
+                            block_table: torch.Tensor) -> AttentionMetadata:
+        num_tokens, num_seqs = layout.num_tokens, layout.num_seqs
         inputs = self._inputs
         return AttentionMetadata(
             num_tokens=num_tokens, num_seqs=num_seqs, max_query_len=layout.max_query_len,
@@ -218,21 +277,28 @@ class ModelRunner:
             query_start_loc=inputs.query_start_loc[:num_seqs + 1],
             seq_lens=inputs.seq_lens[:num_seqs],
             slot_mapping=inputs.slot_mapping[:num_tokens],
-            block_table=inputs.block_table[:num_seqs * num_cols].view(num_seqs, num_cols),
+            block_table=block_table,
             query_start_loc_cpu=staging.query_start_loc[:num_seqs + 1],
             seq_lens_cpu=staging.seq_lens[:num_seqs])
 
-    def _forward(self, layout: BatchLayout, meta: AttentionMetadata) -> torch.Tensor:
-        """[num_tokens, hidden_size]: the model over the ragged batch."""
-        num_tokens, num_placeholders = layout.num_tokens, layout.num_placeholders
+    def _forward(self, staging: StepBuffers, layout: BatchLayout, graph_size: int) -> torch.Tensor:
+        """[num_tokens (graph_size when replayed), hidden_size]: the model over the batch."""
+        num_tokens, num_seqs, num_cols = layout.num_tokens, layout.num_seqs, layout.num_block_cols
         input_ids = self._inputs.input_ids[:num_tokens]  # [T]
+        self._write_placeholders(input_ids, layout.num_placeholders)
+        block_table = self._inputs.block_table[:num_seqs * num_cols].view(num_seqs, num_cols)
+        if graph_size:
+            return self.graphs.replay(graph_size, block_table)
+        meta = self._attention_metadata(staging, layout, block_table)
+        return self.model(input_ids, self._inputs.positions[:num_tokens], self.kv_caches, meta,
+                          inputs_embeds=self._inputs_embeds(input_ids, layout))
+
+    def _write_placeholders(self, input_ids: torch.Tensor, num_placeholders: int) -> None:
+        """Input tokens sampled by the previous step, still on the device: from last_sampled."""
         if num_placeholders:
             rows = self._inputs.placeholder_rows[:num_placeholders]
             input_ids.index_copy_(0, self._inputs.placeholder_idx[:num_placeholders],
                                   self._last_sampled.index_select(0, rows))
-        inputs_embeds = self._inputs_embeds(input_ids, layout)
-        return self.model(input_ids, self._inputs.positions[:num_tokens], self.kv_caches, meta,
-                          inputs_embeds=inputs_embeds)
 
     def _inputs_embeds(self, input_ids: torch.Tensor, layout: BatchLayout) -> torch.Tensor | None:
         """[num_tokens, hidden_size] token embeddings with prompt_embeds rows written over, or
@@ -295,8 +361,8 @@ class ModelRunner:
         seq_lens[:num_tokens % num_seqs] += 1
         first_blocks = np.concatenate([[0], np.cumsum(cdiv(seq_lens, self.block_size))])
         cache = self._new_kv_cache(int(first_blocks[-1]))
-        saved = self.kv_caches, self.input_batch.num_kv_blocks
-        self.kv_caches = [cache] * self.config.model.num_layers
+        saved = self.kv_caches, self.input_batch.num_kv_blocks, self.graphs
+        self.kv_caches, self.graphs = [cache] * self.config.model.num_layers, None  # eager
         self.input_batch.num_kv_blocks = int(first_blocks[-1])
         # a fixed seed: the sampler draws no seed from its generator for these requests
         params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, logprobs=MAX_LOGPROBS, seed=0)
@@ -313,5 +379,5 @@ class ModelRunner:
         self.execute_model(SchedulerOutput(new_reqs=[], cached_reqs=[], num_scheduled_tokens={},
                                            total_num_scheduled_tokens=0,
                                            finished_req_ids=set(req_ids)))
-        self.kv_caches, self.input_batch.num_kv_blocks = saved
+        self.kv_caches, self.input_batch.num_kv_blocks, self.graphs = saved
         return cache.numel() * cache.element_size()

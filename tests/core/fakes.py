@@ -2,6 +2,7 @@
 (sync and async) and a reference generator that needs no scheduler."""
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,8 +28,14 @@ def position_next_token(context: list[int]) -> int:
     return len(context) % VOCAB
 
 
+_arrival_clock = itertools.count()
+
+
 def make_request(req_id: str, prompt: list[int], max_tokens: int = 8, *, eos: tuple[int, ...] = (),
-                 priority: int = 0, arrival_time: float = 0.0, **params) -> Request:
+                 priority: int = 0, arrival_time: float | None = None, **params) -> Request:
+    """Requests made later arrive later, unless arrival_time says otherwise."""
+    if arrival_time is None:
+        arrival_time = float(next(_arrival_clock))
     return Request(request_id=req_id, prompt_token_ids=list(prompt),
                    sampling_params=SamplingParams(max_tokens=max_tokens, **params),
                    eos_token_ids=frozenset(eos), max_tokens=max_tokens, priority=priority,

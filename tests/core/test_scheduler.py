@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagedlm.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from pagedlm.core.sched_output import Logprobs, ModelRunnerOutput, SchedulerOutput
 from pagedlm.core.scheduler import Scheduler
 from pagedlm.request import Request, RequestStatus
 
@@ -24,6 +24,27 @@ def _assert_reference(sched: Scheduler, requests: list[Request], results: dict[s
     for request in requests:
         got = results[request.request_id]
         assert (got.token_ids, got.finish_reason) == reference_output(request, sched.max_model_len, next_token)
+
+
+def _check_step(sched: Scheduler, so: SchedulerOutput) -> None:
+    """Invariants of every step (test requests arrive in add order, see make_request)."""
+    config = sched.config
+    assert so.total_num_scheduled_tokens <= config.max_num_batched_tokens
+    if so.is_empty:  # no livelock: an empty step only waits for tokens in flight (async)
+        assert any(r.num_output_placeholders > 0 for r in sched.requests.values())
+    assert len(sched.running) <= config.max_num_seqs and len(so.num_scheduled_tokens) <= config.max_num_seqs
+    assert all(n > 0 for n in so.num_scheduled_tokens.values())
+    new_ids = {n.req_id for n in so.new_reqs}
+    assert not new_ids & {c.req_id for c in so.cached_reqs}
+    assert not so.finished_req_ids & set(so.num_scheduled_tokens)
+    preempted = {req_id for req_id in so.finished_req_ids if req_id in sched.requests}
+    assert not (preempted and new_ids)  # a step that preempts admits nobody
+    keys = [(r.priority, r.arrival_time) if config.policy == "priority" else (r.arrival_time,)
+            for r in sched.running]
+    assert keys == sorted(keys)  # the last running request is the one preempted first
+    for r in sched.running:  # no sample past max_tokens, no KV for the last token of max_model_len
+        assert r.num_output_tokens + r.num_output_placeholders <= r.max_tokens
+        assert r.num_computed_tokens < min(r.num_prompt_tokens + r.max_tokens, sched.max_model_len)
 
 
 def _prompts(num: int, base_len: int = 12) -> list[list[int]]:
@@ -99,7 +120,7 @@ def test_preemption_in_a_tiny_pool(policy: str, depth: int):
         nonlocal num_in_flight_preemptions
         preempted = [s.requests[r] for r in so.finished_req_ids if r in s.requests]
         num_in_flight_preemptions += sum(r.num_output_placeholders > 0 for r in preempted)
-        assert not set(so.finished_req_ids) & set(so.num_scheduled_tokens)
+        _check_step(s, so)
 
     results = run_engine(sched, FakeRunner(8), depth, on_step=on_step)
     assert sched.get_stats().num_preemptions > 0
@@ -142,18 +163,26 @@ def test_preempted_request_goes_to_the_front_and_keeps_its_first_hit():
 
 @pytest.mark.parametrize("depth", [1, 2])
 def test_preempted_request_waits_for_its_tokens_in_flight(depth: int):
-    sched = make_scheduler(num_blocks=5, max_model_len=64, max_num_batched_tokens=16)
+    # 4 usable blocks of 8: "a" growing to its 3rd block preempts "b"; then "a" is aborted, so
+    # "b" fits again at once but must wait until no token of it is in flight.
+    sched = make_scheduler(num_blocks=5, max_model_len=64)
     requests = [make_request("a", list(range(8)), 20), make_request("b", list(range(10, 18)), 20)]
     for request in requests:
         sched.add_request(request)
+    aborted: dict[str, Result] = {}
+    num_in_flight_at_preemption = []
 
     def on_step(s: Scheduler, so: SchedulerOutput) -> None:
+        _check_step(s, so)
         for new in so.new_reqs:
             assert s.requests[new.req_id].num_output_placeholders == (new.req_id in so.sampling_req_ids)
+        if "b" in so.finished_req_ids and not aborted:
+            num_in_flight_at_preemption.append(requests[1].num_output_placeholders)
+            collect(aborted, s.abort_requests(["a"]))
 
     results = run_engine(sched, FakeRunner(8), depth, on_step=on_step)
-    assert requests[1].num_preemptions > 0
-    _assert_reference(sched, requests, results)
+    assert num_in_flight_at_preemption == [depth]
+    assert results["b"].token_ids == reference_output(requests[1], 64, mixing_next_token)[0]
 
 
 def test_async_gives_the_same_tokens_as_sync():
@@ -217,7 +246,7 @@ def test_token_level_stops(params: dict, max_model_len: int, expected: tuple, de
     sched = make_scheduler(max_model_len=max_model_len)
     params = {"max_tokens": 5, **params}
     sched.add_request(make_request("r", [0, 1, 2, 3], **params))  # the model emits its position
-    results = run_engine(sched, FakeRunner(8, position_next_token), depth)
+    results = run_engine(sched, FakeRunner(8, position_next_token), depth, on_step=_check_step)
     got = results["r"]
     assert (got.token_ids, got.finish_reason, got.stop_reason) == expected
     _assert_all_free(sched)
@@ -234,6 +263,21 @@ def test_finish_requests_from_outside():
     sched.finish_requests("r", RequestStatus.FINISHED_STOPPED)  # e.g. a stop string
     assert not sched.has_unfinished_requests()
     assert sched.schedule().finished_req_ids == {"r"}
+    _assert_all_free(sched)
+
+
+def test_logprobs_are_passed_along():
+    sched = make_scheduler(max_num_batched_tokens=8)
+    sched.add_request(make_request("r", list(range(12)), max_tokens=2, eos=(99,)))
+    prompt_lps = [None] + [Logprobs([i], [-0.5], 1) for i in range(1, 8)]
+    chunk = sched.schedule()  # 8 of 12 prompt tokens: no sample, prompt logprobs only
+    outs = sched.update_from_output(chunk, ModelRunnerOutput([], [], prompt_logprobs={"r": prompt_lps}))
+    assert [(o.req_id, o.new_token_ids, o.prompt_logprobs) for o in outs] == [("r", [], prompt_lps)]
+    last = sched.schedule()
+    assert last.sampling_req_ids == {"r"}
+    sampled = [Logprobs([99, 5], [-0.1, -2.0], 1), Logprobs([7], [-0.3], 1)]  # the 2nd is cut off
+    outs = sched.update_from_output(last, ModelRunnerOutput(["r"], [[99, 7]], logprobs=[sampled]))
+    assert [(o.new_token_ids, o.new_logprobs, o.finish_reason) for o in outs] == [([99], sampled[:1], "stop")]
     _assert_all_free(sched)
 
 
@@ -269,13 +313,8 @@ def test_bad_requests_are_rejected():
     sched.update_from_output(step, runner.execute(step))
 
 
-def _policy_key(request: Request, policy: str) -> tuple:
-    order = int(request.request_id[1:])  # ids are r<add order>
-    return (request.priority, request.arrival_time, order) if policy == "priority" else (order,)
-
-
 _request_spec = st.tuples(st.integers(0, 1), st.lists(st.integers(0, VOCAB - 1), max_size=10),
-                          st.integers(1, 12), st.integers(0, 2))
+                          st.integers(1, 12), st.integers(0, 2), st.integers(0, 8))
 
 
 @settings(max_examples=80, deadline=None)
@@ -285,39 +324,43 @@ _request_spec = st.tuples(st.integers(0, 1), st.lists(st.integers(0, VOCAB - 1),
        aborts=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 5)), max_size=2))
 def test_random_workloads_match_the_reference(specs, num_blocks, budget, max_num_seqs, policy,
                                               depth, caching, aborts):
-    sched = make_scheduler(num_blocks=num_blocks, max_model_len=40, max_num_seqs=max_num_seqs,
+    sched = make_scheduler(num_blocks=num_blocks, max_model_len=24, max_num_seqs=max_num_seqs,
                            max_num_batched_tokens=budget, policy=policy, enable_prefix_caching=caching)
     bases = _prompts(2, 10)
-    requests = []
-    for i, (base, suffix, max_tokens, priority) in enumerate(specs):
+    arrivals: dict[int, list[Request]] = {}  # step -> requests that arrive then
+    # Made in arrival order, so arrival_time grows with the add order.
+    for i, (base, suffix, max_tokens, priority, step) in enumerate(sorted(specs, key=lambda x: x[-1])):
         request = make_request(f"r{i}", bases[base] + suffix, max_tokens, eos=(3,), priority=priority)
-        try:
-            sched.add_request(request)
-        except ValueError:  # more KV than the pool holds
-            continue
-        requests.append(request)
+        arrivals.setdefault(step, []).append(request)
+    requests: list[Request] = []
     abort_at = {step: f"r{i}" for step, i in aborts}
     aborted: dict[str, Result] = {}
     num_steps = 0
 
+    def add(new_requests: list[Request]) -> None:
+        for request in new_requests:
+            try:
+                sched.add_request(request)
+            except ValueError:  # more KV than the pool holds, or no room under max_model_len
+                continue
+            requests.append(request)
+
     def on_step(s: Scheduler, so: SchedulerOutput) -> None:
         nonlocal num_steps
-        assert so.total_num_scheduled_tokens <= budget
-        if so.is_empty:  # no livelock: an empty step only waits for tokens in flight (async)
-            assert any(r.num_output_placeholders > 0 for r in s.requests.values())
-        assert len(s.running) <= max_num_seqs and len(so.num_scheduled_tokens) <= max_num_seqs
-        assert all(n > 0 for n in so.num_scheduled_tokens.values())
-        assert not {n.req_id for n in so.new_reqs} & {c.req_id for c in so.cached_reqs}
-        keys = [_policy_key(r, policy) for r in s.running]  # the last one is preempted first
-        assert keys == sorted(keys)
-        for r in s.running:  # no sample past max_tokens, no KV for the last token of max_model_len
-            assert r.num_output_tokens + r.num_output_placeholders <= r.max_tokens
-            assert r.num_computed_tokens < min(r.num_prompt_tokens + r.max_tokens, sched.max_model_len)
+        _check_step(s, so)
         if num_steps in abort_at:  # between this step's schedule and its update
             collect(aborted, s.abort_requests([abort_at[num_steps]]))
         num_steps += 1
+        add(arrivals.pop(num_steps, []))
 
-    results = run_engine(sched, FakeRunner(8), depth, on_step=on_step)
+    add(arrivals.pop(0, []))
+    runner = FakeRunner(8)
+    results: dict[str, Result] = {}
+    while True:
+        results.update(run_engine(sched, runner, depth, on_step=on_step))
+        if not arrivals:
+            break
+        add(arrivals.pop(min(arrivals)))  # the engine went idle before they came
     for request in requests:
         expected = reference_output(request, sched.max_model_len, mixing_next_token)
         got = results.get(request.request_id, Result())

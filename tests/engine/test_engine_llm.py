@@ -44,6 +44,17 @@ def test_bad_request_among_good_ones_fails_alone(tiny_llm: LLM) -> None:
     assert [finished["good-0"].outputs[0].token_ids, finished["good-1"].outputs[0].token_ids] == expected
 
 
+def test_request_id_colliding_with_a_sample_id_is_refused(tiny_llm: LLM) -> None:
+    engine = tiny_llm.llm_engine
+    engine.add_request("a", PROMPTS[0], SamplingParams(n=2, temperature=0.0, max_tokens=4,
+                                                       ignore_eos=True))
+    with pytest.raises(ValueError, match=r"request_id 'a_0' is already in use"):
+        engine.add_request("a_0", PROMPTS[1], GREEDY)  # "a" runs as core requests a_0, a_1
+    finished = _drain(engine)
+    assert set(finished) == {"a"}
+    assert [len(c.token_ids) for c in finished["a"].outputs] == [4, 4]
+
+
 def test_generate_checks_every_prompt_before_running_any(tiny_llm: LLM) -> None:
     expected = _token_ids(tiny_llm.generate(PROMPTS, GREEDY, use_tqdm=False))
     with pytest.raises(ValueError, match=r"^prompt 1: .*vocab_size"):
@@ -106,3 +117,26 @@ def test_priority_policy_runs_lower_values_first(tiny_llama_dir: Path) -> None:
     assert order == [1, 2, 0]
     assert all(outs[a].metrics.finished_time <= outs[b].metrics.first_token_time
                for a, b in zip(order, order[1:]))
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_stop_strings_end_requests_and_free_them(tiny_llama_with_tokenizer_dir: Path,
+                                                  async_scheduling: bool) -> None:
+    llm = LLM(str(tiny_llama_with_tokenizer_dir), dtype="float32", device="cpu", max_model_len=128,
+              num_gpu_blocks_override=64, async_scheduling=async_scheduling)
+    prompts = ["hello world", "the cat sat", "Stop here."]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    texts = [o.outputs[0].text for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert all(len(text) >= 8 for text in texts)
+    stops = [text[5:8] for text in texts]
+    stop_params = [SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop],
+                                  include_stop_str_in_output=i == 2) for i, stop in enumerate(stops)]
+    outputs = llm.generate(prompts, stop_params, use_tqdm=False)
+    for i, (text, stop, output) in enumerate(zip(texts, stops, outputs)):
+        completion = output.outputs[0]
+        end = text.index(stop) + (len(stop) if i == 2 else 0)
+        assert (completion.finish_reason, completion.stop_reason) == ("stop", stop)
+        assert completion.text == text[:end]
+        assert len(completion.token_ids) < 24
+    stats = llm.get_stats()
+    assert stats.num_running == 0 and stats.num_waiting == 0 and stats.kv_cache_usage == 0.0
