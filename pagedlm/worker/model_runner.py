@@ -126,11 +126,12 @@ class ModelRunner:
 
     def _init_streams(self) -> None:
         if not self.use_cuda:
-            self._copy_stream = None
+            self._copy_stream = self._graph_stream = None
             self._staging_events = [None] * NUM_STAGING_SETS
             self._output_events = [None] * NUM_STAGING_SETS
             return
         self._copy_stream = torch.cuda.Stream(self.device)
+        self._graph_stream = torch.cuda.Stream(self.device)  # warm-up and capture, trial and real
         self._staging_events = [torch.cuda.Event() for _ in range(NUM_STAGING_SETS)]
         self._output_events = [torch.cuda.Event() for _ in range(NUM_STAGING_SETS)]
 
@@ -171,7 +172,7 @@ class ModelRunner:
     def _new_graphs(self, kv_caches: list[torch.Tensor]) -> DecodeGraphs:
         graphs = DecodeGraphs(self.config, self.model, kv_caches, self._inputs,
                               self.input_batch.max_num_blocks_per_req)
-        graphs.capture()
+        graphs.capture(self._graph_stream)
         return graphs
 
     def _profile_graphs(self) -> int:

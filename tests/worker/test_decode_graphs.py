@@ -19,7 +19,7 @@ from pagedlm.worker.cuda_graphs import DecodeGraphs, capture_sizes, graphs_enabl
 class EagerGraphs(DecodeGraphs):
     """capture() without CUDA: each size's "graph" runs the function a CUDA graph would hold."""
 
-    def capture(self) -> None:
+    def capture(self, stream: None = None) -> None:
         for size in self.sizes:
             self._graphs[size] = SimpleNamespace(replay=functools.partial(self._run, size))
 

@@ -1,0 +1,250 @@
+"""`pagedlm bench serve`: a load generator for any OpenAI-compatible server (ours, vLLM's).
+
+Requests arrive as a Poisson process (`--request-rate`, `inf`: all at once), at most
+`--max-concurrency` in flight, each streamed, so that TTFT, inter-token latency (ITL), time per
+output token (TPOT) and end-to-end latency are measured per request. Only OpenAI fields are
+sent, plus `ignore_eos` (a vLLM extra) when asked for."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pagedlm.bench.datasets import BenchRequest, add_dataset_args, sample_requests
+
+ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Adds `serve` to `pagedlm bench`'s subcommands."""
+    parser = subparsers.add_parser("serve", help="load-test an OpenAI-compatible server",
+                                   description=__doc__)
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000", help="(default: %(default)s)")
+    parser.add_argument("--endpoint", choices=ENDPOINTS, default=ENDPOINTS[0],
+                        help="(default: %(default)s)")
+    parser.add_argument("--model", default=None, help="(default: the server's first model)")
+    parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+                        help="sent as a Bearer token (default: $OPENAI_API_KEY)")
+    parser.add_argument("--tokenizer", default=None,
+                        help="the served model's tokenizer (folder or .gguf): its vocabulary "
+                             "sizes the random prompts; chat prompts are its decoded text "
+                             "(default: pagedlm's default model)")
+    parser.add_argument("--request-rate", type=float, default=float("inf"),
+                        help="requests per second, Poisson arrivals; inf: all at once (default: inf)")
+    parser.add_argument("--max-concurrency", type=int, default=None,
+                        help="most requests in flight (default: no limit)")
+    parser.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+                        help="generate exactly the output length (default: on)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="(default: 1.0)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the arrival times (default: 0)")
+    parser.add_argument("--timeout", type=float, default=3600.0,
+                        help="seconds one request may take (default: 3600)")
+    parser.add_argument("--output-json", default=None, help="write the results to this JSON file")
+    add_dataset_args(parser)
+    parser.set_defaults(func=main)
+    return parser
+
+
+@dataclass
+class RequestResult:
+    success: bool = False
+    error: str = ""
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    ttft: float = 0.0  # seconds from sending to the first text
+    latency: float = 0.0  # seconds from sending to the last byte
+    itl: list[float] = field(default_factory=list)  # gaps between later text chunks
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    _check_args(args)
+    tokenizer = _load_tokenizer(args.tokenizer)
+    requests = sample_requests(args, len(tokenizer))
+    results = asyncio.run(run_benchmark(args, requests, tokenizer))
+    print(format_report(results))
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump(results, f, indent=2)
+    return results
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if not args.request_rate > 0:
+        raise ValueError(f"request_rate must be positive (inf: all at once), got {args.request_rate}")
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        raise ValueError(f"max_concurrency must be positive, got {args.max_concurrency}")
+
+
+def _load_tokenizer(source: str | None) -> Any:
+    from pagedlm.config import default_model_path
+    from pagedlm.engine.tokenizer import load_tokenizer
+
+    path = source or default_model_path()
+    return load_tokenizer(_TokenizerSource(path))
+
+
+@dataclass(frozen=True)
+class _TokenizerSource:
+    """What load_tokenizer reads from a ModelConfig."""
+
+    tokenizer: str
+
+
+async def run_benchmark(args: argparse.Namespace, requests: list[BenchRequest],
+                        tokenizer: Any) -> dict[str, Any]:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=args.base_url, headers=headers, limits=limits,
+                                 timeout=args.timeout) as client:
+        model = args.model or await _first_model(client)
+        bodies = [_body(args, model, r, tokenizer) for r in requests]
+        warmup = await send_request(client, args.endpoint, bodies[0], len(requests[0].prompt_token_ids))
+        if not warmup.success:
+            raise ValueError(f"the first request failed, nothing was measured: {warmup.error}")
+        start = time.perf_counter()
+        results = await _send_all(client, args, bodies, requests)
+        duration = time.perf_counter() - start
+    summary = summarize(results, duration)
+    summary.update(model=model, endpoint=args.endpoint, base_url=args.base_url,
+                   request_rate=args.request_rate, max_concurrency=args.max_concurrency,
+                   dataset=args.dataset, num_prompts=len(requests))
+    return summary
+
+
+async def _first_model(client: Any) -> str:
+    response = await client.get("/v1/models")
+    response.raise_for_status()
+    return response.json()["data"][0]["id"]
+
+
+def _body(args: argparse.Namespace, model: str, request: BenchRequest, tokenizer: Any) -> dict:
+    body: dict[str, Any] = {"model": model, "temperature": args.temperature, "stream": True,
+                            "stream_options": {"include_usage": True}}
+    if args.endpoint == "/v1/completions":
+        body.update(prompt=request.prompt_token_ids, max_tokens=request.output_len)
+    else:
+        text = tokenizer.decode(request.prompt_token_ids)
+        body.update(messages=[{"role": "user", "content": text}],
+                    max_completion_tokens=request.output_len)
+    if args.ignore_eos:
+        body["ignore_eos"] = True
+    return body
+
+
+async def _send_all(client: Any, args: argparse.Namespace, bodies: list[dict],
+                    requests: list[BenchRequest]) -> list[RequestResult]:
+    """Poisson arrivals; a semaphore caps what is in flight."""
+    rng = np.random.default_rng(args.seed)
+    gaps = rng.exponential(1.0 / args.request_rate, size=len(bodies)) \
+        if args.request_rate != float("inf") else np.zeros(len(bodies))
+    limit = asyncio.Semaphore(args.max_concurrency or len(bodies))
+
+    async def one(body: dict, request: BenchRequest) -> RequestResult:
+        async with limit:
+            return await send_request(client, args.endpoint, body, len(request.prompt_token_ids))
+
+    tasks = []
+    for gap, body, request in zip(gaps, bodies, requests):
+        if gap > 0:
+            await asyncio.sleep(float(gap))
+        tasks.append(asyncio.create_task(one(body, request)))
+    return list(await asyncio.gather(*tasks))
+
+
+async def send_request(client: Any, endpoint: str, body: dict, num_prompt_tokens: int) -> RequestResult:
+    """One streamed request; text chunks time TTFT and ITL, the usage chunk counts tokens."""
+    result = RequestResult(num_prompt_tokens=num_prompt_tokens)
+    start = last = time.perf_counter()
+    num_chunks = 0
+    try:
+        async with client.stream("POST", endpoint, json=body) as response:
+            if response.status_code != 200:
+                result.error = f"HTTP {response.status_code}: {(await response.aread())[:500]!r}"
+                return result
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[len("data: "):])
+                if "error" in chunk:
+                    result.error = str(chunk["error"])
+                    return result
+                if _chunk_text(chunk):
+                    now = time.perf_counter()
+                    if num_chunks == 0:
+                        result.ttft = now - start
+                    else:
+                        result.itl.append(now - last)
+                    last = now
+                    num_chunks += 1
+                usage = chunk.get("usage")
+                if usage:
+                    result.num_output_tokens = usage["completion_tokens"]
+                    result.num_prompt_tokens = usage["prompt_tokens"]
+    except Exception as exc:  # noqa: BLE001 - a failed request is counted, not fatal
+        result.error = f"{type(exc).__name__}: {exc}"
+        return result
+    result.latency = time.perf_counter() - start
+    result.num_output_tokens = result.num_output_tokens or num_chunks
+    result.success = num_chunks > 0
+    result.error = "" if result.success else "no text came back"
+    return result
+
+
+def _chunk_text(chunk: dict) -> str:
+    choices = chunk.get("choices") or []
+    if not choices:
+        return ""
+    choice = choices[0]
+    return choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+
+
+def summarize(results: list[RequestResult], duration: float) -> dict[str, Any]:
+    ok = [r for r in results if r.success]
+    num_output = sum(r.num_output_tokens for r in ok)
+    num_prompt = sum(r.num_prompt_tokens for r in ok)
+    tpots = [(r.latency - r.ttft) / (r.num_output_tokens - 1) for r in ok if r.num_output_tokens > 1]
+    summary: dict[str, Any] = {
+        "duration_s": duration, "successful_requests": len(ok),
+        "failed_requests": len(results) - len(ok),
+        "errors": sorted({r.error for r in results if not r.success})[:10],
+        "total_input_tokens": num_prompt, "total_output_tokens": num_output,
+        "request_throughput": len(ok) / duration,
+        "output_throughput": num_output / duration,
+        "total_token_throughput": (num_prompt + num_output) / duration,
+    }
+    for name, values in (("ttft", [r.ttft for r in ok]), ("tpot", tpots),
+                         ("itl", [gap for r in ok for gap in r.itl]),
+                         ("e2el", [r.latency for r in ok])):
+        ms = np.asarray(values, dtype=np.float64) * 1000.0
+        for stat, fn in (("mean", np.mean), ("median", np.median),
+                         ("p99", lambda a: np.percentile(a, 99))):
+            summary[f"{stat}_{name}_ms"] = float(fn(ms)) if ms.size else None
+    return summary
+
+
+def format_report(s: dict[str, Any]) -> str:
+    lines = ["=" * 20 + " Serving benchmark " + "=" * 20,
+             f"Successful requests:            {s['successful_requests']}",
+             f"Failed requests:                {s['failed_requests']}",
+             f"Duration (s):                   {s['duration_s']:.2f}",
+             f"Total input tokens:             {s['total_input_tokens']}",
+             f"Total output tokens:            {s['total_output_tokens']}",
+             f"Request throughput (req/s):     {s['request_throughput']:.2f}",
+             f"Output token throughput (tok/s): {s['output_throughput']:.2f}",
+             f"Total token throughput (tok/s): {s['total_token_throughput']:.2f}"]
+    for name, title in (("ttft", "Time to first token"), ("tpot", "Time per output token"),
+                        ("itl", "Inter-token latency"), ("e2el", "End-to-end latency")):
+        lines.append(f"---- {title} (ms) ----")
+        for stat in ("mean", "median", "p99"):
+            value = s[f"{stat}_{name}_ms"]
+            lines.append(f"{stat.capitalize() + ':':<32}{'n/a' if value is None else f'{value:.2f}'}")
+    lines += [f"Errors: {e}" for e in s["errors"]]
+    return "\n".join(lines)

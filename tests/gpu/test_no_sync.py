@@ -1,0 +1,191 @@
+"""Zero host-device syncs in steady-state engine steps, through the real engine core loop (async
+scheduling, input preparation, CUDA-graph replay of decode batches, eager mixed prefill+decode
+batches, sampling with top-k/top-p and logprobs, the async device->host copy of sampled ids).
+
+torch.cuda.set_sync_debug_mode("error") raises on stream and device synchronisation, synchronous
+copies and the ops built on them (.item(), .tolist(), .cpu(), nonzero(), boolean-mask indexing).
+It misses two things, checked here another way:
+- event waits (c10's CUDAEvent::synchronize has no check). The step loop waits on events by
+  design: get_output() for the copy of a step's sampled ids, _reclaim() for the staging copies of
+  two steps ago. Such a wait is free while the device has later work queued, so every wait is
+  classified: the awaited event must have been recorded at least one whole launched step earlier.
+- non_blocking copies between the device and pageable host memory (issued as cudaMemcpyAsync,
+  which the driver runs synchronously with the host): the profiler names each copy's memory kinds.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_hf_models import random_prompts, save_tiny_model
+from torch.profiler import ProfilerActivity, profile
+
+from pagedlm.config import EngineArgs
+from pagedlm.engine.engine_core import EngineCore
+from pagedlm.request import Request
+from pagedlm.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+WARMUP_STEPS = 12  # compiles the kernels of the first shapes; syncs allowed
+STEADY_STEPS = 60
+ARRIVAL_EVERY = 6  # a new prompt every 6 steps: its prefill shares a step with the decodes
+MAX_DRAIN_STEPS = 2000
+GREEDY = SamplingParams(temperature=0.0)
+RANDOM = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=7, logprobs=2)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_qwen3")
+    save_tiny_model(path, "qwen3")
+    return path
+
+
+def _engine(folder) -> EngineCore:
+    """bf16, max_num_seqs 16 (graph sizes 1, 2, 4, 8, 16), a 64-token budget, async scheduling."""
+    config = EngineArgs(model=str(folder), dtype="bfloat16", device="cuda",
+                        skip_tokenizer_init=True, max_model_len=512, max_num_seqs=16,
+                        max_num_batched_tokens=64, num_gpu_blocks_override=512,
+                        async_scheduling=True).create_engine_config()
+    core = EngineCore(config)
+    assert core.model_runner.graphs is not None
+    return core
+
+
+class Workload:
+    """Six requests at first (two outlive the test, one samples at random with logprobs), then a
+    short greedy one every ARRIVAL_EVERY steps; records the tokens each request receives."""
+
+    def __init__(self, core: EngineCore) -> None:
+        self.core = core
+        self.max_tokens: dict[str, int] = {}
+        self.received: dict[str, int] = {}
+        self.num_steps = 0
+        for i in range(6):
+            self._add(8 + 5 * i, 200 if i < 2 else 40 + 7 * i, RANDOM if i == 1 else GREEDY)
+
+    def _add(self, prompt_len: int, max_tokens: int, params: SamplingParams) -> None:
+        index = len(self.max_tokens)
+        prompt = random_prompts(1, prompt_len, prompt_len, seed=index)[0]
+        self.max_tokens[f"r{index}"] = max_tokens
+        self.core.add_request(Request(request_id=f"r{index}", prompt_token_ids=prompt,
+                                      sampling_params=params, max_tokens=max_tokens))
+
+    def step(self) -> int:
+        """One engine step (a new arrival first, every ARRIVAL_EVERY); the tokens it returned."""
+        if self.num_steps % ARRIVAL_EVERY == ARRIVAL_EVERY - 1:
+            self._add(20 + self.num_steps % 17, 12 + self.num_steps % 9, GREEDY)
+        self.num_steps += 1
+        num_tokens = 0
+        for output in self.core.step():
+            self.received[output.req_id] = self.received.get(output.req_id, 0) + \
+                len(output.new_token_ids)
+            num_tokens += len(output.new_token_ids)
+        return num_tokens
+
+    def drain(self) -> None:
+        for _ in range(MAX_DRAIN_STEPS):
+            if not self.core.has_unfinished_requests():
+                break
+            self.core.step()  # no arrivals
+            self.num_steps += 1
+        assert not self.core.has_unfinished_requests()
+
+
+class StepMonitor:
+    """Counts the runner's launched steps (mixed prefill+decode ones apart) and graph replays,
+    and classifies each host wait on a CUDA event: hidden when the event was recorded at least
+    one whole launched step before the wait (the device has that step queued), else exposed."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, core: EngineCore) -> None:
+        runner = core.model_runner
+        self.num_steps = 0  # launched steps with work, since the start
+        self._recorded_at: dict[int, int] = {}  # id(event) -> num_steps at its last record
+        self.reset()
+        execute, replay = runner.execute_model, runner.graphs.replay
+        record, synchronize = torch.cuda.Event.record, torch.cuda.Event.synchronize
+
+        def counted_execute(sched):
+            output = execute(sched)
+            if not sched.is_empty:
+                self.num_steps += 1
+                self.num_window_steps += 1
+                num_tokens = sched.num_scheduled_tokens.values()
+                self.num_mixed += max(num_tokens) > 1 and min(num_tokens) == 1
+            return output
+
+        def counted_replay(size: int, block_table: torch.Tensor) -> torch.Tensor:
+            self.num_replays += 1
+            return replay(size, block_table)
+
+        def stamped_record(event: torch.cuda.Event, stream=None) -> None:
+            self._recorded_at[id(event)] = self.num_steps
+            record(event, stream)
+
+        def classified_synchronize(event: torch.cuda.Event) -> None:
+            recorded_at = self._recorded_at.get(id(event))  # None: never recorded, a no-op
+            if recorded_at is not None and self.num_steps >= recorded_at + 2:
+                self.num_hidden += 1
+            elif recorded_at is not None:
+                self.num_exposed += 1
+            synchronize(event)
+
+        monkeypatch.setattr(runner, "execute_model", counted_execute)
+        monkeypatch.setattr(runner.graphs, "replay", counted_replay)
+        monkeypatch.setattr(torch.cuda.Event, "record", stamped_record)
+        monkeypatch.setattr(torch.cuda.Event, "synchronize", classified_synchronize)
+
+    def reset(self) -> None:
+        self.num_window_steps = self.num_mixed = self.num_replays = 0
+        self.num_hidden = self.num_exposed = 0
+
+
+def test_steady_state_steps_make_no_sync(folder, monkeypatch):
+    core = _engine(folder)
+    monitor = StepMonitor(monkeypatch, core)
+    work = Workload(core)
+    for _ in range(WARMUP_STEPS):
+        work.step()
+    monitor.reset()
+    num_tokens = 0
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError):  # the mode is on and does catch a sync
+            torch.ones(1, device="cuda").item()
+        for _ in range(STEADY_STEPS):
+            num_tokens += work.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert monitor.num_window_steps >= 50, monitor.num_window_steps
+    assert monitor.num_replays >= 20 and monitor.num_mixed >= 5, vars(monitor)
+    assert num_tokens >= STEADY_STEPS, num_tokens  # several sequences sample every step
+    assert monitor.num_exposed == 0 and monitor.num_hidden >= STEADY_STEPS, vars(monitor)
+    work.drain()
+    assert work.received == work.max_tokens
+    assert monitor.num_exposed >= 1  # the classifier sees one: the last step waits alone
+
+
+def _memcpy_names(prof: profile) -> list[str]:
+    return [event.name for event in prof.events() if event.name.startswith("Memcpy")]
+
+
+def test_steady_state_copies_use_pinned_memory(folder):
+    control = torch.empty(4)  # pageable: the profiler must name this copy's host side so
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        control.copy_(torch.ones(4, device="cuda"), non_blocking=True)
+        torch.cuda.synchronize()
+    control_names = _memcpy_names(prof)
+    if not control_names:
+        pytest.skip("the profiler records no CUDA memcpy activity here (CUPTI unavailable)")
+    assert any("Pageable" in name for name in control_names), control_names
+    core = _engine(folder)
+    work = Workload(core)
+    for _ in range(WARMUP_STEPS):
+        work.step()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(STEADY_STEPS // 2):
+            work.step()
+        torch.cuda.synchronize()
+    names = _memcpy_names(prof)
+    assert any("HtoD" in name for name in names) and any("DtoH" in name for name in names), names
+    assert not [name for name in names if "Pageable" in name], sorted(set(names))
