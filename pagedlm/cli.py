@@ -1,4 +1,4 @@
-"""The `pagedlm` command: generate | chat | bench throughput."""
+"""The `pagedlm` command: generate | chat | bench throughput | bench latency."""
 from __future__ import annotations
 
 import argparse
@@ -108,6 +108,12 @@ def _run_bench_throughput(args: argparse.Namespace) -> None:
     run_throughput(args, engine_args_from(args))
 
 
+def _run_bench_latency(args: argparse.Namespace) -> None:
+    from pagedlm.bench.latency import run_latency
+
+    run_latency(args, engine_args_from(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pagedlm", description="pagedlm: LLM inference engine")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -124,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_args(chat)
     chat.set_defaults(func=_run_chat)
 
+    from pagedlm.bench.latency import add_latency_args
     from pagedlm.bench.throughput import add_throughput_args
 
     bench = commands.add_parser("bench", help="benchmarks")
@@ -132,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_throughput_args(throughput)
     add_engine_args(throughput)
     throughput.set_defaults(func=_run_bench_throughput)
+    latency = bench_commands.add_parser("latency", help="latency of one batch, end to end")
+    add_latency_args(latency)
+    add_engine_args(latency)
+    latency.set_defaults(func=_run_bench_latency)
     return parser
 
 

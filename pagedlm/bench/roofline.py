@@ -1,0 +1,52 @@
+"""The hardware limit of a workload, from the model's shape: bytes over bandwidth and FLOPs
+over peak. Numbers measured on the H200 (shared/BENCHMARKS.md): 4.23 TB/s, 797 TFLOP/s bf16."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pagedlm.config import ModelConfig
+
+BANDWIDTH_BYTES_S = 4.23e12
+PEAK_FLOPS = 797e12
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    weight_bytes: int  # every weight read once per forward pass
+    matmul_flops_per_token: int  # 2 x the weights a token multiplies (embedding lookup excluded)
+    kv_bytes_per_token: int  # K and V of one token over all layers
+    attn_flops_per_pair: int  # FLOPs of one query token against one key, all layers
+
+    @classmethod
+    def of(cls, m: ModelConfig) -> ModelCost:
+        q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+        per_layer = m.hidden_size * (q + 2 * kv) + q * m.hidden_size + 3 * m.hidden_size * m.intermediate_size
+        head = m.vocab_size * m.hidden_size
+        matmul_params = m.num_layers * per_layer + head
+        weight_params = matmul_params + (0 if m.tie_word_embeddings else head)
+        itemsize = m.dtype.itemsize
+        return cls(weight_bytes=weight_params * itemsize,
+                   matmul_flops_per_token=2 * matmul_params,
+                   kv_bytes_per_token=2 * m.num_layers * kv * itemsize,
+                   attn_flops_per_pair=4 * m.num_layers * q)
+
+
+def generation_floor_seconds(cost: ModelCost, prompt_lens: list[int], output_lens: list[int],
+                             max_batch: int) -> float:
+    """A lower bound on the wall time of generating `output_lens` tokens after `prompt_lens`:
+    FLOPs of every token (attention included) at peak, plus — for the decode steps — the
+    weights read once per step and every sequence's KV read once per step, at full bandwidth.
+    Requests run `max_batch` at a time, longest outputs together (the most favourable packing)."""
+    flops = 0
+    for p, o in zip(prompt_lens, output_lens, strict=True):
+        total = p + o
+        flops += total * cost.matmul_flops_per_token + cost.attn_flops_per_pair * total * (total + 1) // 2
+    order = sorted(zip(output_lens, prompt_lens), reverse=True)
+    bytes_moved = 0
+    for start in range(0, len(order), max_batch):
+        group = order[start:start + max_batch]
+        steps = group[0][0]
+        bytes_moved += steps * cost.weight_bytes
+        for o, p in group:
+            bytes_moved += cost.kv_bytes_per_token * (o * p + o * (o - 1) // 2)
+    return max(flops / PEAK_FLOPS, bytes_moved / BANDWIDTH_BYTES_S)
