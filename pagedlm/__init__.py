@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 from pagedlm.config import EngineArgs
+from pagedlm.logger import configure_logging
 from pagedlm.llm import LLM
 from pagedlm.outputs import CompletionOutput, RequestOutput
 from pagedlm.sampling_params import SamplingParams
+
+configure_logging()
 
 __all__ = ["LLM", "SamplingParams", "EngineArgs", "RequestOutput", "CompletionOutput"]

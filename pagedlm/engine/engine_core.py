@@ -15,7 +15,7 @@ from pagedlm.config import EngineConfig
 from pagedlm.core.sched_output import EngineCoreOutput, SchedulerOutput
 from pagedlm.request import Request, RequestStatus
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("pagedlm")
 
 _MAX_STEPS_IN_FLIGHT = 2
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,7 +24,8 @@ def _assert_reference(sched: Scheduler, requests: list[Request], results: dict[s
                       next_token=mixing_next_token) -> None:
     for request in requests:
         got = results[request.request_id]
-        assert (got.token_ids, got.finish_reason) == reference_output(request, sched.max_model_len, next_token)
+        expected = reference_output(request, sched.max_model_len, next_token)
+        assert (got.token_ids, got.finish_reason) == expected
 
 
 def _check_step(sched: Scheduler, so: SchedulerOutput) -> None:
@@ -61,9 +63,9 @@ def test_chunked_prefill_mixes_with_decodes():
     steps: list[SchedulerOutput] = []
 
     def on_step(s: Scheduler, so: SchedulerOutput) -> None:
+        _check_step(s, so)
         if not steps:
             s.add_request(long)
-        assert so.total_num_scheduled_tokens <= 16
         steps.append(so)
 
     results = run_engine(sched, FakeRunner(8), on_step=on_step)
@@ -84,7 +86,7 @@ def test_max_num_seqs_is_respected():
     batch_sizes = []
 
     def on_step(s: Scheduler, so: SchedulerOutput) -> None:
-        assert len(s.running) <= 2
+        _check_step(s, so)
         batch_sizes.append(len(so.num_scheduled_tokens))
 
     results = run_engine(sched, FakeRunner(8), on_step=on_step)
@@ -111,7 +113,8 @@ def test_admission_order(policy: str, expected: list[str]):
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
 def test_preemption_in_a_tiny_pool(policy: str, depth: int):
     sched = make_scheduler(num_blocks=8, max_model_len=64, max_num_batched_tokens=32, policy=policy)
-    requests = [make_request(f"r{i}", p, max_tokens=16, priority=i % 2) for i, p in enumerate(_prompts(5, 16))]
+    requests = [make_request(f"r{i}", prompt, max_tokens=16, priority=i % 2)
+                for i, prompt in enumerate(_prompts(5, 16))]
     for request in requests:
         sched.add_request(request)
     num_in_flight_preemptions = 0
@@ -135,11 +138,13 @@ def test_preemption_in_a_tiny_pool(policy: str, depth: int):
 def test_the_lowest_request_is_preempted(policy: str):
     # 4 usable blocks of 8: either request fits alone, both do not.
     sched = make_scheduler(num_blocks=5, max_model_len=64, policy=policy)
-    low = make_request("low", list(range(8)), max_tokens=20, priority=1)
-    high = make_request("high", list(range(10, 18)), max_tokens=20, priority=0)
-    for request in ([high, low] if policy == "fcfs" else [low, high]):  # fcfs: the newest is lowest
-        sched.add_request(request)
-    results = run_engine(sched, FakeRunner(8))
+    specs = {"low": (list(range(8)), 1), "high": (list(range(10, 18)), 0)}
+    # fcfs: the newest is the lowest; priority: the higher value, though it came first.
+    for req_id in (["high", "low"] if policy == "fcfs" else ["low", "high"]):
+        prompt, priority = specs[req_id]
+        sched.add_request(make_request(req_id, prompt, max_tokens=20, priority=priority))
+    low, high = sched.requests["low"], sched.requests["high"]
+    results = run_engine(sched, FakeRunner(8), on_step=_check_step)
     assert high.num_preemptions == 0 and low.num_preemptions > 0
     assert results["low"].num_cached_tokens == 0  # set by the first schedule only
     _assert_reference(sched, [low, high], results)
@@ -154,8 +159,12 @@ def test_preempted_request_goes_to_the_front_and_keeps_its_first_hit():
     for request in requests:
         sched.add_request(request)
     admitted: list[tuple[str, int]] = []
-    results = run_engine(sched, FakeRunner(8), on_step=lambda s, so: admitted.extend(
-        (n.req_id, n.num_computed_tokens) for n in so.new_reqs))
+
+    def on_step(s: Scheduler, so: SchedulerOutput) -> None:
+        _check_step(s, so)
+        admitted.extend((n.req_id, n.num_computed_tokens) for n in so.new_reqs)
+
+    results = run_engine(sched, FakeRunner(8), on_step=on_step)
     assert admitted == [("a", 0), ("b", 0), ("b", 8), ("c", 0)]  # "b" resumes with a prefix hit
     assert results["b"].num_cached_tokens == 0  # the first schedule's hit
     _assert_reference(sched, requests, results)
@@ -295,6 +304,23 @@ def test_repeat_prompt_hits_the_prefix_cache():
     assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (40, 16)
 
 
+def test_prompt_embeds_requests_skip_the_prefix_cache():
+    sched = make_scheduler()
+    runner = FakeRunner(8)
+    sched.add_request(make_request("a", list(range(20)), max_tokens=2))
+    run_engine(sched, runner)
+    embeds = torch.randn(20, 4)
+    with_embeds = make_request("b", list(range(20)), max_tokens=2)
+    with_embeds.prompt_embeds = embeds
+    sched.add_request(with_embeds)
+    first = sched.schedule()
+    [new] = first.new_reqs
+    assert (new.req_id, new.num_computed_tokens, new.prompt_embeds is embeds) == ("b", 0, True)
+    sched.update_from_output(first, runner.execute(first))
+    run_engine(sched, runner)
+    assert sched.get_stats().prefix_cache_queries == 20  # "a" only
+
+
 def test_bad_requests_are_rejected():
     sched = make_scheduler(num_blocks=3, max_model_len=32)  # 16 tokens of KV cache
     sched.add_request(make_request("ok", [1] * 4, max_tokens=13))
@@ -319,7 +345,8 @@ _request_spec = st.tuples(st.integers(0, 1), st.lists(st.integers(0, VOCAB - 1),
 
 @settings(max_examples=80, deadline=None)
 @given(specs=st.lists(_request_spec, min_size=1, max_size=6), num_blocks=st.integers(3, 14),
-       budget=st.integers(1, 40), max_num_seqs=st.integers(1, 4), policy=st.sampled_from(["fcfs", "priority"]),
+       budget=st.integers(1, 40), max_num_seqs=st.integers(1, 4),
+       policy=st.sampled_from(["fcfs", "priority"]),
        depth=st.integers(0, 3), caching=st.booleans(),
        aborts=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 5)), max_size=2))
 def test_random_workloads_match_the_reference(specs, num_blocks, budget, max_num_seqs, policy,

@@ -21,8 +21,8 @@ pytestmark = pytest.mark.gpu
 # max_num_seqs 16: sizes 1, 2, 4, 8, 16; 11 prompts with ragged max_tokens make decode batches of
 # 11, 10, ..., 1 sequences as requests finish (padded to 16, 8, 4, 2).
 ENGINE_ARGS = dict(skip_tokenizer_init=True, device="cuda", attention_backend="triton",
-                   max_model_len=256, max_num_seqs=16, max_num_batched_tokens=64,
-                   num_gpu_blocks_override=256)
+                   max_model_len=512, max_num_seqs=16, max_num_batched_tokens=64,
+                   num_gpu_blocks_override=256, async_scheduling=True)
 PROMPTS = random_prompts(11, 2, 40, seed=3)
 MAX_TOKENS = [4 + (3 * i) % 13 for i in range(len(PROMPTS))]  # 4..16
 LOGITS_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2}  # of the largest |logit|

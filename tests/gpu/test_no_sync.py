@@ -71,9 +71,9 @@ class Workload:
         self.core.add_request(Request(request_id=f"r{index}", prompt_token_ids=prompt,
                                       sampling_params=params, max_tokens=max_tokens))
 
-    def step(self) -> int:
+    def step(self, arrivals: bool = True) -> int:
         """One engine step (a new arrival first, every ARRIVAL_EVERY); the tokens it returned."""
-        if self.num_steps % ARRIVAL_EVERY == ARRIVAL_EVERY - 1:
+        if arrivals and self.num_steps % ARRIVAL_EVERY == ARRIVAL_EVERY - 1:
             self._add(20 + self.num_steps % 17, 12 + self.num_steps % 9, GREEDY)
         self.num_steps += 1
         num_tokens = 0
@@ -86,10 +86,9 @@ class Workload:
     def drain(self) -> None:
         for _ in range(MAX_DRAIN_STEPS):
             if not self.core.has_unfinished_requests():
-                break
-            self.core.step()  # no arrivals
-            self.num_steps += 1
-        assert not self.core.has_unfinished_requests()
+                return
+            self.step(arrivals=False)
+        raise AssertionError(f"requests left after {MAX_DRAIN_STEPS} steps")
 
 
 class StepMonitor:

@@ -1,17 +1,26 @@
-"""`pagedlm bench serve` against the live default-model server: both endpoints, Poisson and
+"""`pagedlm bench serve` against a live tiny-model server: both endpoints, Poisson and
 all-at-once arrivals, every request counted, latencies measured, the JSON written."""
 from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import API_KEY, ServerProcess
+from conftest import ServerProcess, start_server, tiny_server_args
 
 from pagedlm.bench.serve import add_parser, main
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    log_path = tmp_path_factory.mktemp("bench") / "server.log"
+    server = start_server(tiny_server_args(tiny_model_dir, "--api-key", "bench-key"), log_path)
+    yield server
+    server.stop()
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -22,23 +31,31 @@ def parse(*argv: str) -> argparse.Namespace:
 
 @pytest.mark.parametrize("endpoint, rate", [("/v1/completions", "inf"),
                                             ("/v1/chat/completions", "20")])
-def test_bench_serve_counts_and_times_every_request(default_server: ServerProcess, tmp_path: Path,
+def test_bench_serve_counts_and_times_every_request(server: ServerProcess, tmp_path: Path,
                                                     endpoint: str, rate: str) -> None:
     out = tmp_path / "result.json"
-    args = parse("--base-url", default_server.base_url, "--api-key", API_KEY,
+    args = parse("--base-url", server.base_url, "--api-key", "bench-key",
                  "--endpoint", endpoint, "--request-rate", rate, "--max-concurrency", "4",
-                 "--num-prompts", "6", "--input-len", "12", "--output-len", "4",
+                 "--num-prompts", "10", "--input-len", "12", "--output-len", "6",
                  "--output-json", str(out))
     result = main(args)
     assert json.loads(out.read_text()) == result
-    assert (result["successful_requests"], result["failed_requests"]) == (6, 0)
-    assert result["total_output_tokens"] == 6 * 4  # ignore_eos by default
+    assert (result["successful_requests"], result["failed_requests"]) == (10, 0)
+    assert result["total_output_tokens"] == 10 * 6  # ignore_eos by default
     if endpoint == "/v1/completions":
-        assert result["total_input_tokens"] == 6 * 12  # token ids sent as they are
+        assert result["total_input_tokens"] == 10 * 12  # token ids sent as they are
     for name in ("ttft", "tpot", "itl", "e2el"):
         assert 0 < result[f"median_{name}_ms"] <= result[f"p99_{name}_ms"]
     assert result["mean_ttft_ms"] < result["mean_e2el_ms"]
-    assert result["output_throughput"] == pytest.approx(24 / result["duration_s"])
+    assert result["output_throughput"] == pytest.approx(60 / result["duration_s"])
+
+
+def test_bench_serve_counts_failures(server: ServerProcess) -> None:
+    """A wrong key: the first request fails, so nothing is measured."""
+    args = parse("--base-url", server.base_url, "--api-key", "wrong", "--model", "m",
+                 "--num-prompts", "2", "--input-len", "4", "--output-len", "2")
+    with pytest.raises(ValueError, match="the first request failed.*HTTP 401"):
+        main(args)
 
 
 def test_bench_serve_rejects_bad_arguments() -> None:
