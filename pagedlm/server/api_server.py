@@ -34,7 +34,10 @@ def build_app(ctx: ServingContext, api_key: str | None, max_body_bytes: int) -> 
 
 
 def _version() -> str:
-    return importlib.metadata.version("pagedlm")
+    try:
+        return importlib.metadata.version("pagedlm")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "unknown"
 
 
 def _error_response(error: APIError) -> JSONResponse:

@@ -12,7 +12,6 @@ import multiprocessing
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -199,8 +198,10 @@ class AsyncLLM:
         if self.dead_error is None and not self.shutting_down and not self._proc.is_alive():
             self._on_core_dead(f"the process exited with code {self._proc.exitcode}")
 
-    def add_request(self, request_id: str, processed: ProcessedRequest, priority: int = 0) -> None:
-        """Adds the request at once (call admit() first); read it with outputs(request_id)."""
+    def add_request(self, request_id: str, processed: ProcessedRequest, priority: int = 0,
+                    final_only: bool = False) -> None:
+        """Adds the request at once (call admit() first); read it with outputs(request_id).
+        final_only: no output until it finishes (a client that does not stream)."""
         self.check_alive()
         if request_id in self._queues:
             raise ValueError(f"request_id {request_id!r} is already in use")
@@ -209,7 +210,8 @@ class AsyncLLM:
         for core_id in core_request_ids(request_id, processed.params.n):
             self._core_to_request[core_id] = request_id
         try:
-            self.engine.add_processed_request(request_id, processed, priority)
+            self.engine.add_processed_request(request_id, processed, priority,
+                                              final_only=final_only)
         except ValueError:
             self.release(request_id)
             raise
@@ -294,6 +296,6 @@ def _latest(item: RequestOutput | Exception, queue: asyncio.Queue) -> RequestOut
     while True:
         if isinstance(item, Exception):
             raise item
-        if queue.empty():
+        if item.finished or queue.empty():
             return item
         item = queue.get_nowait()

@@ -74,8 +74,6 @@ def run_server(args: argparse.Namespace, core_cls: type | None = None) -> None:
     core_cls replaces the EngineCore (tests)."""
     from pagedlm.cli import engine_args_from
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
-
     def exit_during_startup(signum: int, frame: FrameType | None) -> None:
         raise SystemExit(0)
 

@@ -44,8 +44,7 @@ class APIError(Exception):
                           "code": self.code}}
 
 
-_ERROR_TYPES = {401: "authentication_error", 404: "invalid_request_error",
-                503: "service_unavailable_error"}
+_ERROR_TYPES = {401: "authentication_error", 503: "service_unavailable_error"}
 
 
 def bad_request(exc: ValueError, fields: type[BaseModel], prompt_param: str = "prompt") -> APIError:
@@ -87,6 +86,8 @@ def new_request_id(raw: Request, body: SamplingFields) -> str:
 
 def build_params(ctx: ServingContext, body: SamplingFields, max_tokens: int | None,
                  logprobs: int | None) -> SamplingParams:
+    if body.stream_options is not None and not body.stream:
+        raise APIError(400, "stream_options: only allowed with stream=true", param="stream_options")
     if body.priority != 0 and ctx.engine.config.scheduler.policy != "priority":
         raise APIError(400, "priority: only supported with --scheduling-policy priority",
                        param="priority")
@@ -139,12 +140,12 @@ class Generation:
     merged in arrival order. A client disconnect, or closing the iteration early, aborts them."""
 
     def __init__(self, ctx: ServingContext, raw: Request, request_id: str,
-                 processed: list[ProcessedRequest], priority: int) -> None:
+                 processed: list[ProcessedRequest], body: SamplingFields) -> None:
         self._engine = ctx.engine
         unique = f"{request_id}-{next(_request_counter)}"  # callers may reuse request ids
         self._ids = [f"{unique}-{i}" for i in range(len(processed))]
         for engine_id, prompt in zip(self._ids, processed):
-            self._engine.add_request(engine_id, prompt, priority)
+            self._engine.add_request(engine_id, prompt, body.priority, final_only=not body.stream)
         self._queue: asyncio.Queue = asyncio.Queue()
         self._pumps = [asyncio.create_task(self._pump(i, engine_id))
                        for i, engine_id in enumerate(self._ids)]

@@ -8,7 +8,6 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from pagedlm.engine.llm_engine import ProcessedRequest
 from pagedlm.engine.tokenizer import apply_chat_template
 from pagedlm.outputs import CompletionOutput, RequestOutput, SampleLogprobs
 from pagedlm.server.protocol import (ChatChoice, ChatChoiceLogprobs, ChatCompletionChunk,
@@ -32,7 +31,7 @@ async def create_chat_completion(ctx: ServingContext, body: ChatCompletionReques
     admit(ctx, [processed], body.n)
     request_id = new_request_id(raw, body)
     writer = _ChatWriter(ctx, body, f"chatcmpl-{request_id}")
-    generation = Generation(ctx, raw, request_id, [processed], body.priority)
+    generation = Generation(ctx, raw, request_id, [processed], body)
     if body.stream:
         return StreamingResponse(writer.stream(generation), media_type="text/event-stream")
     final: RequestOutput | None = None
@@ -46,7 +45,8 @@ async def create_chat_completion(ctx: ServingContext, body: ChatCompletionReques
 
 def render_chat(ctx: ServingContext, messages: list[ChatMessage]) -> dict[str, Any]:
     """The conversation through the chat template, as a prompt for process_request."""
-    conversation = [{"role": m.role, "content": m.text()} for m in messages]
+    conversation = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
+                    for m in messages]
     if ctx.tokenizer is None:
         raise APIError(400, "messages: chat needs a tokenizer (the server skips it)", param="messages")
     try:

@@ -30,7 +30,7 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: R
     admit(ctx, processed, body.n)
     request_id = new_request_id(raw, body)
     writer = _CompletionWriter(ctx, body, f"cmpl-{request_id}", processed)
-    generation = Generation(ctx, raw, request_id, processed, body.priority)
+    generation = Generation(ctx, raw, request_id, processed, body)
     if body.stream:
         return StreamingResponse(writer.stream(generation), media_type="text/event-stream")
     finals: list[RequestOutput | None] = [None] * len(processed)

@@ -1,8 +1,17 @@
 """CUDA graphs for pure-decode batches, on the GPU with the Triton backend: tiny random Llama and
-Qwen3 in fp32 and bf16. Greedy tokens with graph replay equal enforce_eager (and transformers in
-fp32) for batches whose sizes are mostly not capture sizes (padding rows exercised), the logits of
-every step, replayed ones included, close to eager; the KV sizing reserves what the graphs take
-(all 51 sizes captured, measured against the trial capture, every term logged)."""
+Qwen3 in fp32 and bf16, decode batches whose sizes are mostly not capture sizes (padding rows).
+
+- Every replay is checked against an eager forward of the same batch on the same inputs, run just
+  before it (teacher-forced: the same KV history): logits close, greedy picks equal.
+- fp32: whole-run greedy tokens with graphs equal enforce_eager and transformers.
+- bf16: no whole-run token equality. bf16 GEMMs are not batch-size invariant (a padded replay
+  multiplies `size` rows, eager `num_seqs`), and these tiny random models have near-ties (top-2
+  logit gaps down to 3e-4 of the largest logit, below bf16's resolution): one flipped pick would
+  make the two runs diverge for a reason that is not the graphs. The per-replay check covers
+  bf16, a pick may differ only where the eager top-2 gap is within the logits tolerance.
+- KV sizing reserves what the graphs take (all 51 sizes captured, against the trial capture),
+  every term logged.
+"""
 from __future__ import annotations
 
 import gc
@@ -14,12 +23,14 @@ import torch
 from tiny_hf_models import hf_greedy, random_prompts, save_tiny_model
 
 from pagedlm import LLM, SamplingParams
+from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.worker.model_runner import ModelRunner
 
 pytestmark = pytest.mark.gpu
 
 # max_num_seqs 16: sizes 1, 2, 4, 8, 16; 11 prompts with ragged max_tokens make decode batches of
-# 11, 10, ..., 1 sequences as requests finish (padded to 16, 8, 4, 2).
+# 10, 9, 7, 5, 4, 2, 1 sequences as requests finish (padded to 16, 8, 4, 2). max_model_len 512:
+# the graphs take the split-decode kernel (2 splits), eager the varlen one.
 ENGINE_ARGS = dict(skip_tokenizer_init=True, device="cuda", attention_backend="triton",
                    max_model_len=512, max_num_seqs=16, max_num_batched_tokens=64,
                    num_gpu_blocks_override=256, async_scheduling=True)
@@ -36,10 +47,17 @@ def checkpoints(tmp_path_factory):
 
 
 @dataclass
+class ReplayCheck:
+    num_seqs: int
+    size: int
+    logits: torch.Tensor  # [num_seqs, vocab] from the replay
+    expected: torch.Tensor  # [num_seqs, vocab] from the eager forward
+
+
+@dataclass
 class Run:
-    tokens: list[list[int]]
-    logits: list[torch.Tensor] = field(default_factory=list)  # per sampling step [N, vocab]
-    replays: list[tuple[int, int]] = field(default_factory=list)  # (num_seqs, graph size)
+    tokens: list[list[int]] = field(default_factory=list)
+    replays: list[ReplayCheck] = field(default_factory=list)
 
 
 def _generate(folder, dtype: str, enforce_eager: bool) -> Run:
@@ -48,55 +66,83 @@ def _generate(folder, dtype: str, enforce_eager: bool) -> Run:
     assert (runner.graphs is None) == enforce_eager
     for kv_cache in runner.kv_caches:  # in place: the graphs keep the cache's address
         kv_cache.fill_(float("nan"))
-    run = Run(tokens=[])
-    _record(runner, run)
+    run = Run()
+    if runner.graphs is not None:
+        _check_each_replay(runner, run)
     params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in MAX_TOKENS]
     outputs = llm.generate(PROMPTS, params, use_tqdm=False)
     run.tokens = [out.outputs[0].token_ids for out in outputs]
     return run
 
 
-def _record(runner: ModelRunner, run: Run) -> None:
-    compute_logits = runner.model.compute_logits
-
-    def recording_compute_logits(hidden: torch.Tensor) -> torch.Tensor:
-        logits = compute_logits(hidden)
-        run.logits.append(logits.clone())
-        return logits
-
-    runner.model.compute_logits = recording_compute_logits
-    if runner.graphs is None:
-        return
-    runner.graphs._output.fill_(float("nan"))  # padding rows stay garbage, real rows are written
-    replay = runner.graphs.replay
-
-    def recording_replay(size: int, block_table: torch.Tensor) -> torch.Tensor:
-        run.replays.append((block_table.shape[0], size))
-        return replay(size, block_table)
-
-    runner.graphs.replay = recording_replay
+def _eager_decode(runner: ModelRunner, block_table: torch.Tensor) -> torch.Tensor:
+    """[num_seqs, hidden_size]: the runner's eager forward of the decode batch now in its input
+    buffers (unpadded: num_seqs rows, the batch's own max_seq_len)."""
+    inputs, num_seqs = runner._inputs, block_table.shape[0]
+    seq_lens = inputs.seq_lens[:num_seqs]
+    meta = AttentionMetadata(
+        num_tokens=num_seqs, num_seqs=num_seqs, max_query_len=1,
+        max_seq_len=int(seq_lens.max().item()),
+        query_start_loc=inputs.query_start_loc[:num_seqs + 1], seq_lens=seq_lens,
+        slot_mapping=inputs.slot_mapping[:num_seqs], block_table=block_table,
+        query_start_loc_cpu=inputs.query_start_loc[:num_seqs + 1].cpu(),
+        seq_lens_cpu=seq_lens.cpu())
+    return runner.model(inputs.input_ids[:num_seqs], inputs.positions[:num_seqs],
+                        runner.kv_caches, meta)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
-def test_graph_replay_equals_eager(checkpoints, family, dtype):
-    folder, hf_model = checkpoints[family]
-    graphed = _generate(folder, dtype, enforce_eager=False)
-    eager = _generate(folder, dtype, enforce_eager=True)
-    assert graphed.tokens == eager.tokens
-    assert [len(t) for t in graphed.tokens] == MAX_TOKENS
-    if dtype == "float32":
-        reference = hf_greedy(hf_model, PROMPTS, max(MAX_TOKENS))
-        assert graphed.tokens == [ref[:m] for ref, m in zip(reference, MAX_TOKENS)]
-    sizes = {size for _, size in graphed.replays}
-    assert len(graphed.replays) >= 10 and len(sizes) >= 3
-    assert sum(num_seqs < size for num_seqs, size in graphed.replays) >= 5  # padded batches
-    assert not eager.replays and len(graphed.logits) == len(eager.logits)
-    for step, (logits, expected) in enumerate(zip(graphed.logits, eager.logits)):
-        assert torch.isfinite(logits).all() and logits.shape == expected.shape, step
-        scale = expected.abs().max().item()
+def _check_each_replay(runner: ModelRunner, run: Run) -> None:
+    """Before each replay, the eager forward of the same batch (it writes this step's KV, which
+    the replay then writes again: the run goes on with the graph's values)."""
+    graphs = runner.graphs
+    graphs._output.fill_(float("nan"))  # padding rows stay garbage, real rows are written
+    replay, compute_logits = graphs.replay, runner.model.compute_logits
+
+    def checked_replay(size: int, block_table: torch.Tensor) -> torch.Tensor:
+        num_seqs = block_table.shape[0]
+        expected = compute_logits(_eager_decode(runner, block_table))
+        hidden = replay(size, block_table)
+        run.replays.append(ReplayCheck(num_seqs, size, compute_logits(hidden[:num_seqs]), expected))
+        return hidden
+
+    graphs.replay = checked_replay
+
+
+def _assert_replays_match(run: Run, dtype: str) -> None:
+    sizes = {check.size for check in run.replays}
+    assert len(run.replays) >= 10 and len(sizes) >= 3, [(c.num_seqs, c.size) for c in run.replays]
+    assert sum(check.num_seqs < check.size for check in run.replays) >= 5  # padded batches
+    for step, check in enumerate(run.replays):
+        logits, expected = check.logits, check.expected
+        assert torch.isfinite(logits).all() and torch.isfinite(expected).all(), step
+        tolerance = LOGITS_TOLERANCE[dtype] * expected.abs().max().item()
         error = (logits - expected).abs().max().item()
-        assert error <= LOGITS_TOLERANCE[dtype] * scale, (step, error, scale)
+        assert error <= tolerance, (step, check.num_seqs, check.size, error, tolerance)
+        top2 = expected.topk(2, dim=-1).values  # [num_seqs, 2]
+        near_tie = top2[:, 0] - top2[:, 1] <= tolerance
+        same_pick = logits.argmax(dim=-1) == expected.argmax(dim=-1)
+        assert (same_pick | near_tie).all(), (step, check.num_seqs, check.size)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_fp32_graph_tokens_equal_eager_and_transformers(checkpoints, family):
+    folder, hf_model = checkpoints[family]
+    graphed = _generate(folder, "float32", enforce_eager=False)
+    eager = _generate(folder, "float32", enforce_eager=True)
+    reference = hf_greedy(hf_model, PROMPTS, max(MAX_TOKENS))
+    assert [len(tokens) for tokens in graphed.tokens] == MAX_TOKENS
+    assert graphed.tokens == eager.tokens
+    assert graphed.tokens == [ref[:num] for ref, num in zip(reference, MAX_TOKENS)]
+    assert not eager.replays
+    _assert_replays_match(graphed, "float32")
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_bf16_graph_replays_match_eager(checkpoints, family):
+    folder, _ = checkpoints[family]
+    graphed = _generate(folder, "bfloat16", enforce_eager=False)
+    assert [len(tokens) for tokens in graphed.tokens] == MAX_TOKENS
+    _assert_replays_match(graphed, "bfloat16")
 
 
 def test_kv_sizing_reserves_graph_memory(checkpoints, caplog):

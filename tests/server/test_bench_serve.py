@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import ServerProcess, start_server, tiny_server_args
 
-from pagedlm.bench.serve import add_parser, main
+from pagedlm.bench.serve import RequestResult, add_parser, main, summarize
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +50,7 @@ def test_bench_serve_counts_and_times_every_request(server: ServerProcess, tmp_p
     assert result["output_throughput"] == pytest.approx(60 / result["duration_s"])
 
 
-def test_bench_serve_counts_failures(server: ServerProcess) -> None:
+def test_bench_serve_stops_when_the_first_request_fails(server: ServerProcess) -> None:
     """A wrong key: the first request fails, so nothing is measured."""
     args = parse("--base-url", server.base_url, "--api-key", "wrong", "--model", "m",
                  "--num-prompts", "2", "--input-len", "4", "--output-len", "2")
@@ -61,3 +61,16 @@ def test_bench_serve_counts_failures(server: ServerProcess) -> None:
 def test_bench_serve_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match="request_rate must be positive"):
         main(parse("--request-rate", "0"))
+
+
+def test_summary_counts_failures_and_uses_only_successes() -> None:
+    ok = RequestResult(success=True, num_prompt_tokens=5, num_output_tokens=3, ttft=0.1,
+                       latency=0.5, itl=[0.2, 0.2])
+    failed = RequestResult(error="HTTP 503: busy", num_prompt_tokens=7)
+    summary = summarize([ok, failed, ok], duration=2.0)
+    assert (summary["successful_requests"], summary["failed_requests"]) == (2, 1)
+    assert summary["errors"] == ["HTTP 503: busy"]
+    assert (summary["total_input_tokens"], summary["total_output_tokens"]) == (10, 6)
+    assert summary["request_throughput"] == 1.0 and summary["output_throughput"] == 3.0
+    assert summary["median_tpot_ms"] == pytest.approx(200.0)  # (0.5 - 0.1) / (3 - 1)
+    assert summary["p99_itl_ms"] == pytest.approx(200.0)

@@ -31,7 +31,8 @@ def tiny(tmp_path_factory):
 
 
 def _prompt(length: int, seed: int) -> list[int]:
-    return torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (length,), generator=generator).tolist()
 
 
 def test_capture_sizes():
