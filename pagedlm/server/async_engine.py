@@ -65,11 +65,10 @@ class FrontEndEngine(LLMEngine):
 
 class AsyncLLM:
     def __init__(self, config: EngineConfig, model_name: str, limits: AdmissionLimits,
-                 core_cls: type | None = None, log_stats_interval_s: float = 5.0) -> None:
+                 log_stats_interval_s: float = 5.0) -> None:
         self.config = config
         self.limits = limits
         self.metrics = ServerMetrics(model_name)
-        self._core_cls = core_cls
         self._log_stats_interval_s = log_stats_interval_s
         self._queues: dict[str, asyncio.Queue] = {}
         self._num_samples: dict[str, int] = {}  # request id -> n
@@ -80,7 +79,7 @@ class AsyncLLM:
         self._proc: multiprocessing.process.BaseProcess | None = None  # set by start()
         self._init_sockets()
         self.core = RemoteCore(self._send, self.metrics)
-        self.engine: FrontEndEngine | None = None
+        self.llm_engine: FrontEndEngine | None = None  # set by start()
 
     def _init_sockets(self) -> None:
         self._ipc_dir = tempfile.mkdtemp(prefix="pagedlm-")
@@ -111,9 +110,9 @@ class AsyncLLM:
         spawn = multiprocessing.get_context("spawn")
         self._proc = spawn.Process(
             target=run_core, name="pagedlm-engine-core", daemon=True,
-            args=(self.config, self._input_addr, self._output_addr, os.getpid(), self._core_cls))
+            args=(self.config, self._input_addr, self._output_addr, os.getpid()))
         self._proc.start()
-        self.engine = await asyncio.to_thread(FrontEndEngine, self.config, self.core)
+        self.llm_engine = await asyncio.to_thread(FrontEndEngine, self.config, self.core)
         msg = await self._recv_or_core_exit()
         if msg is None:
             raise RuntimeError(f"the engine-core process exited with code {self._proc.exitcode} "
@@ -210,7 +209,7 @@ class AsyncLLM:
         for core_id in core_request_ids(request_id, processed.params.n):
             self._core_to_request[core_id] = request_id
         try:
-            self.engine.add_processed_request(request_id, processed, priority,
+            self.llm_engine.add_processed_request(request_id, processed, priority,
                                               final_only=final_only)
         except ValueError:
             self.release(request_id)
@@ -236,12 +235,12 @@ class AsyncLLM:
         for core_id in core_request_ids(request_id, self._num_samples.pop(request_id)):
             self._core_to_request.pop(core_id, None)
         if self.dead_error is None:
-            self.engine.abort_request(request_id)  # a no-op when it has finished
+            self.llm_engine.abort_request(request_id)  # a no-op when it has finished
 
     def abort_all(self) -> None:
         for request_id, queue in list(self._queues.items()):
             if self.dead_error is None:
-                self.engine.abort_request(request_id)
+                self.llm_engine.abort_request(request_id)
             queue.put_nowait(RequestAborted("the server is shutting down"))
 
     # ---- background tasks ----
@@ -261,9 +260,9 @@ class AsyncLLM:
         for core_id, error in msg.errors.items():
             request_id = self._core_to_request.get(core_id)
             if request_id is not None:
-                self.engine.abort_request(request_id)
+                self.llm_engine.abort_request(request_id)
                 self._queues[request_id].put_nowait(ValueError(error))
-        processed = self.engine.output_processor.process_outputs(msg.outputs)
+        processed = self.llm_engine.output_processor.process_outputs(msg.outputs)
         if processed.reqs_to_finish:
             self.core.finish_requests(processed.reqs_to_finish)
         for output in processed.request_outputs:

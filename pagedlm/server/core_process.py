@@ -1,8 +1,9 @@
 """The engine core in its own process: receive requests and aborts over ZeroMQ, step the
 EngineCore while it has work, send each step's outputs and the scheduler's stats back.
 
-The process never blocks on the front end: inputs are drained without waiting while requests
-are live, and waited for (with a timeout that checks the parent is alive) when idle."""
+The process never waits on the front end while it has work: inputs are drained without
+waiting, outputs are queued without limit. Idle, it waits for inputs. Either way it stops when
+the front end is gone (its parent changed, or a send could not be delivered for a while)."""
 from __future__ import annotations
 
 import logging
@@ -22,24 +23,28 @@ from pagedlm.server.metrics import CoreStats
 logger = logging.getLogger("pagedlm.server.core")
 
 IDLE_POLL_MS = 500  # when idle, how often to check that the parent is still alive
+SEND_TIMEOUT_MS = 10_000  # a send that cannot be delivered this long: the front end is gone
 
 
-def run_core(config: EngineConfig, input_addr: str, output_addr: str, parent_pid: int,
-             core_cls: type | None = None) -> None:
-    """Process entry point. core_cls defaults to pagedlm.engine.engine_core.EngineCore."""
+def run_core(config: EngineConfig, input_addr: str, output_addr: str, parent_pid: int) -> None:
+    """Process entry point."""
+    from pagedlm.engine.engine_core import EngineCore
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front end decides when the core stops
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     ctx = zmq.Context()
     inputs, outputs = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    outputs.setsockopt(zmq.SNDHWM, 0)
+    outputs.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
     inputs.connect(input_addr)
     outputs.connect(output_addr)
     encoder = wire.encoder()
     try:
-        if core_cls is None:
-            from pagedlm.engine.engine_core import EngineCore as core_cls
-        core = core_cls(config)
+        core = EngineCore(config)
         outputs.send(encoder.encode(wire.Ready()))
         CoreLoop(core, config.model.eos_token_ids, inputs, outputs, parent_pid).run()
+    except zmq.Again:
+        logger.error("engine core: the front end stopped reading; exiting")
     except Exception:  # noqa: BLE001 - the front end must learn why the core died
         logger.exception("engine core failed")
         outputs.send(encoder.encode(wire.Dead(error=traceback.format_exc(limit=8))))
@@ -72,7 +77,7 @@ class CoreLoop:
         self.unreported_schedule: set[str] = set()  # live ids whose first schedule is unsent
 
     def run(self) -> None:
-        while True:
+        while os.getppid() == self.parent_pid:  # else orphaned: the front end is gone
             if not self._receive(block=not self.core.has_unfinished_requests()):
                 return
             if self.core.has_unfinished_requests():
@@ -93,8 +98,6 @@ class CoreLoop:
                 aborted = True
             else:
                 self._add(msg, errors)
-        if block and os.getppid() != self.parent_pid:
-            return False  # orphaned: the front end is gone
         if errors or (aborted and not self.core.has_unfinished_requests()):
             self._send([], errors)  # idle: the front end still needs the news and fresh stats
         return True

@@ -41,10 +41,10 @@ def served_model_name(args: argparse.Namespace, config: EngineConfig) -> str:
     return args.model or Path(config.model.model).name
 
 
-async def serve(args: argparse.Namespace, config: EngineConfig, core_cls: type | None = None) -> None:
+async def serve(args: argparse.Namespace, config: EngineConfig) -> None:
     name = served_model_name(args, config)
     limits = AdmissionLimits(args.max_num_queued_reqs, args.max_num_queued_tokens)
-    engine = AsyncLLM(config, name, limits, core_cls, args.log_stats_interval)
+    engine = AsyncLLM(config, name, limits, args.log_stats_interval)
     try:
         await engine.start()
         app = build_app(ServingContext(engine, name), args.api_key, args.max_request_body_bytes)
@@ -69,9 +69,8 @@ def _log_usage(args: argparse.Namespace, name: str) -> None:
                 name, base, base, base, auth, name)
 
 
-def run_server(args: argparse.Namespace, core_cls: type | None = None) -> None:
-    """Blocks until the server is stopped by a signal. A signal during start-up exits 0 too.
-    core_cls replaces the EngineCore (tests)."""
+def run_server(args: argparse.Namespace) -> None:
+    """Blocks until the server is stopped by a signal. A signal during start-up exits 0 too."""
     from pagedlm.cli import engine_args_from
 
     def exit_during_startup(signum: int, frame: FrameType | None) -> None:
@@ -80,4 +79,4 @@ def run_server(args: argparse.Namespace, core_cls: type | None = None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, exit_during_startup)
     config = engine_args_from(args).create_engine_config()
-    asyncio.run(serve(args, config, core_cls))
+    asyncio.run(serve(args, config))

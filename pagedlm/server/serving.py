@@ -69,7 +69,7 @@ class ServingContext:
 
     @property
     def tokenizer(self) -> Any:
-        return self.engine.engine.tokenizer
+        return self.engine.llm_engine.tokenizer
 
     @property
     def max_model_len(self) -> int:
@@ -102,7 +102,7 @@ def process_prompt(ctx: ServingContext, prompt: Any, params: SamplingParams,
                    prompt_param: str = "prompt") -> ProcessedRequest:
     """Tokenises and validates one prompt; a prompt plus max_tokens over the context is a 400."""
     try:
-        processed = ctx.engine.engine.process_request(prompt, params)
+        processed = ctx.engine.llm_engine.process_request(prompt, params)
     except ValueError as exc:
         error = bad_request(exc, type(body), prompt_param)
         if "max_model_len" in str(exc):

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ServerProcess, start_server, tiny_server_args
+from server_helpers import ServerProcess, start_server, tiny_server_args
 
 from pagedlm.bench.serve import RequestResult, add_parser, main, summarize
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from conftest import API_KEY, ServerProcess
+from server_helpers import API_KEY, ServerProcess
 
 pytestmark = pytest.mark.slow
 

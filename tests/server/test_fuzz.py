@@ -13,7 +13,7 @@ import httpx
 import psutil
 import pytest
 import schemathesis
-from conftest import ServerProcess, start_server, tiny_server_args
+from server_helpers import ServerProcess, start_server, tiny_server_args
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
@@ -47,6 +47,22 @@ def test_fuzz_generation_endpoint(server: ServerProcess, path: str, mode: Genera
             assert set(response.json()["error"]) == {"message", "type", "param", "code"}
 
     check()
+    assert httpx.get(server.url("/health")).status_code == 200
+
+
+@pytest.mark.parametrize("extra", [
+    {"temperature": 1e300}, {"temperature": 1e-5}, {"min_p": 1.0},
+    {"repetition_penalty": 1e-300}, {"repetition_penalty": 1e300}, {"top_k": 1},
+    {"logit_bias": {"5": 100, "6": -100}}, {"seed": -(2**63)}, {"n": 128, "logprobs": 20},
+    {"stop_token_ids": [0, 1, 2], "min_tokens": 3}, {"presence_penalty": 2, "frequency_penalty": -2},
+    {"top_p": 1e-300},  # rounds to 0 in float32: the sampler must still keep one token
+], ids=str)
+def test_extreme_valid_values(server: ServerProcess, extra: dict) -> None:
+    """Valid values at the edges of their ranges generate, and leave the engine alive."""
+    body = {"prompt": "Hi", "max_tokens": 3, "temperature": 1.0, **extra}
+    response = httpx.post(server.url("/v1/completions"), json=body, timeout=CALL_TIMEOUT_S)
+    assert response.status_code == 200, response.text
+    assert len(response.json()["choices"]) == body.get("n", 1)
     assert httpx.get(server.url("/health")).status_code == 200
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from conftest import ServerProcess, start_server, tiny_server_args
+from server_helpers import ServerProcess, start_server, tiny_server_args
 
 pytestmark = pytest.mark.slow
 
@@ -89,6 +89,22 @@ def test_abandoned_request_is_aborted(server: ServerProcess) -> None:
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.url("/v1/completions"), json=LONG, timeout=1.0)
     wait_for_idle(server)
+
+
+def test_engine_core_exits_when_the_front_end_is_killed(tiny_model_dir: Path,
+                                                       tmp_path: Path) -> None:
+    """SIGKILL leaves no chance to clean up: the busy engine core notices its parent is gone."""
+    other = start_server(tiny_server_args(tiny_model_dir), tmp_path / "server.log")
+    front_end = psutil.Process(other.proc.pid)
+    children = front_end.children(recursive=True)
+    with httpx.stream("POST", other.url("/v1/completions"), json={**LONG, "stream": True},
+                      timeout=60) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        front_end.kill()
+    other.proc.wait(10)
+    gone, alive = psutil.wait_procs(children, timeout=5)  # sooner than the generation ends
+    assert not alive, f"left behind: {alive}"
 
 
 def test_sigterm_during_a_stream_exits_cleanly(server: ServerProcess) -> None:

@@ -8,7 +8,7 @@ import asyncio
 import httpx
 import openai
 import pytest
-from conftest import API_KEY, ServerProcess
+from server_helpers import API_KEY, ServerProcess
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +53,7 @@ def test_max_tokens_is_exact_with_ignore_eos(client: openai.OpenAI, model: str) 
 
 def test_chat_answers_with_the_template(client: openai.OpenAI, model: str) -> None:
     result = client.chat.completions.create(
-        model=model, max_tokens=5, temperature=0,
+        model=model, max_tokens=8, temperature=0,
         messages=[{"role": "system", "content": "You answer in one word."},
                   {"role": "user", "content": "What is the capital of France?"}])
     choice = result.choices[0]

@@ -1,0 +1,94 @@
+"""Starting `pagedlm serve` in a subprocess on a free loopback port, waiting until it is healthy,
+reading its metrics, stopping it."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pagedlm.config import default_model_path
+
+API_KEY = "test-key"
+START_TIMEOUT_S = 900  # loading the default model on a busy 2-core CPU is slow
+# `pagedlm serve ...`: the serve subcommand as pagedlm's CLI adds it (add_serve_parser).
+_LAUNCHER = ("import argparse, sys\n"
+             "from pagedlm.server.cli import add_serve_parser\n"
+             "parser = argparse.ArgumentParser(prog='pagedlm')\n"
+             "add_serve_parser(parser.add_subparsers(dest='command', required=True))\n"
+             "args = parser.parse_args(sys.argv[1:])\n"
+             "args.func(args)\n")
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen
+    base_url: str
+    log_path: Path
+
+    def url(self, path: str) -> str:
+        return self.base_url + path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of a metric's samples (whose labels include `labels`) in /metrics."""
+        text = httpx.get(self.url("/metrics"), timeout=10).text
+        total, found = 0.0, False
+        for line in text.splitlines():
+            if line.startswith("#") or not (line.startswith(name + "{") or line.startswith(name + " ")):
+                continue
+            if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+                found = True
+        assert found, f"metric {name} {labels} not in /metrics:\n{text}"
+        return total
+
+    def stop(self, timeout_s: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            raise
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(args: list[str], log_path: Path, api_key: str | None = None) -> ServerProcess:
+    port = free_port()
+    cmd = [sys.executable, "-c", _LAUNCHER, "serve", *args, "--port", str(port),
+           "--log-stats-interval", "2"]
+    log = log_path.open("w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = ServerProcess(proc, f"http://127.0.0.1:{port}", log_path)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited with {proc.returncode} while starting:\n{server.log()[-4000:]}")
+        try:
+            if httpx.get(server.url("/health"), timeout=2).status_code == 200:
+                return server
+        except httpx.TransportError:
+            pass
+        time.sleep(1)
+    server.stop()
+    pytest.fail(f"server did not become healthy in {START_TIMEOUT_S} s:\n{server.log()[-4000:]}")
+
+
+def tiny_server_args(model_dir: Path, *extra: str) -> list[str]:
+    return [str(model_dir), "--tokenizer", default_model_path(), "--kv-cache-memory-gib", "0.05",
+            *extra]
