@@ -1,4 +1,4 @@
-# make run: set up everything and run the main job on the default model.
+# make run: set up everything and serve the default model (OpenAI API on 127.0.0.1:8000).
 # make test: set up everything and run the whole test suite.
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -19,8 +19,9 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The main job: the OpenAI-compatible server on the default model (it logs how to call it).
 run: $(STAMP)
-	$(VENV)/bin/pagedlm generate "The capital of France is" "Write a haiku about the sea." "def fibonacci(n):"
+	$(VENV)/bin/pagedlm serve --host 127.0.0.1 --port 8000
 
 test: $(STAMP)
 	$(PY) -m pytest -q -x --timeout=1800 tests

@@ -1,4 +1,4 @@
-"""The `pagedlm` command: generate | chat | bench throughput | bench latency."""
+"""The `pagedlm` command: generate | chat | serve | bench throughput | latency | serve."""
 from __future__ import annotations
 
 import argparse
@@ -143,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_latency_args(latency)
     add_engine_args(latency)
     latency.set_defaults(func=_run_bench_latency)
+
+    from pagedlm.bench.serve import add_parser as add_bench_serve_parser
+    from pagedlm.server.cli import add_serve_parser
+
+    add_bench_serve_parser(bench_commands)
+    add_serve_parser(commands)
     return parser
 
 

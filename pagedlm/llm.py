@@ -7,6 +7,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from pagedlm.beam_search import BeamSearchOutput, BeamSearchParams, beam_search
 from pagedlm.config import EngineArgs
 from pagedlm.engine.llm_engine import LLMEngine, ProcessedRequest, PromptType
 from pagedlm.engine.tokenizer import Conversation, apply_chat_template
@@ -52,6 +53,12 @@ class LLM:
             except ValueError as exc:
                 raise ValueError(f"prompt {index}: {exc}") from exc
         return self._run(processed, priorities, use_tqdm)
+
+    def beam_search(self, prompts: PromptType | Sequence[PromptType],
+                    params: BeamSearchParams) -> list[BeamSearchOutput]:
+        """vLLM's beam search (see pagedlm/beam_search.py): one output per prompt, its
+        beam_width best sequences first."""
+        return beam_search(self, _as_prompt_list(prompts), params)
 
     def chat(self, messages: Conversation | Sequence[Conversation],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,

@@ -5,7 +5,7 @@ A request's `block_hashes` is a hash chain over its FULL blocks of known tokens:
 so equal hashes mean equal prefixes. A block is registered in the prefix cache once it is full
 of known tokens and its KV is scheduled (KV writes run in step order, so a later step, or a
 later sequence in the same step, may read it). Requests with `prompt_embeds` are never cached
-or looked up.
+or looked up; requests with `prompt_logprobs` are cached but never look up.
 """
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ class KVCacheManager:
     def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
         """Longest cached prefix of full blocks, leaving at least one token to compute.
         Returns (block ids, number of tokens they hold). Nothing is taken yet."""
-        if not self._cacheable(request):
-            return [], 0
+        if not self._cacheable(request) or request.sampling_params.prompt_logprobs is not None:
+            return [], 0  # prompt logprobs need every prompt position computed
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
         self._hash_full_blocks(request, max_hit_blocks)
         hit_blocks: list[int] = []

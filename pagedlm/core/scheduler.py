@@ -60,6 +60,7 @@ class Scheduler:
         self.running: list[Request] = []
         self._sort_keys: dict[str, tuple] = {}
         self._finished_req_ids: set[str] = set()  # left the worker since the last schedule()
+        self._num_prompt_logprobs_sent: dict[str, int] = {}  # prompt-logprob entries delivered
         self._num_added = 0
         self._step_id = 0
         self.num_preemptions = 0
@@ -128,6 +129,7 @@ class Scheduler:
             raise ValueError(f"runner_output.req_ids must be the step's sampling_req_ids; got "
                              f"{sorted(runner_output.req_ids)}, expected {sorted(expected)}")
         outputs = []
+        prompt_logprobs = self._new_prompt_logprobs(sched_output, runner_output.prompt_logprobs)
         for i, (req_id, token_ids) in enumerate(zip(runner_output.req_ids, runner_output.sampled_token_ids)):
             request = self.requests.get(req_id)
             if request is None:  # finished or aborted while the step ran
@@ -135,12 +137,34 @@ class Scheduler:
             request.num_output_placeholders -= 1
             logprobs = runner_output.logprobs[i] if runner_output.logprobs is not None else None
             outputs.append(self._append_tokens(request, token_ids, logprobs,
-                                               runner_output.prompt_logprobs.get(req_id)))
-        for req_id, prompt_logprobs in runner_output.prompt_logprobs.items():
-            if req_id in self.requests and req_id not in sched_output.sampling_req_ids:
-                outputs.append(EngineCoreOutput(req_id, [], prompt_logprobs=prompt_logprobs))
+                                               prompt_logprobs.get(req_id)))
+        for req_id, entries in prompt_logprobs.items():
+            if req_id not in sched_output.sampling_req_ids:
+                outputs.append(EngineCoreOutput(req_id, [], prompt_logprobs=entries))
         self._drop_finished_running()
         return outputs
+
+    def _new_prompt_logprobs(self, sched_output: SchedulerOutput,
+                             runner_logprobs: dict[str, list[Logprobs | None]]
+                             ) -> dict[str, list[Logprobs | None]]:
+        """The prompt-logprob entries not delivered before, per unfinished request: a request
+        recomputed after preemption sends its prompt's entries again. A step that computed
+        prompt tokens from `start` sent the entries of tokens from `start + 1` (from 0 when
+        start is 0: token 0's entry is None)."""
+        if not runner_logprobs:
+            return {}
+        starts = {new.req_id: new.num_computed_tokens for new in sched_output.new_reqs}
+        starts.update((cached.req_id, cached.num_computed_tokens) for cached in sched_output.cached_reqs)
+        result = {}
+        for req_id, entries in runner_logprobs.items():
+            if req_id not in self.requests:
+                continue
+            first = 0 if starts[req_id] == 0 else starts[req_id] + 1
+            num_sent = self._num_prompt_logprobs_sent.get(req_id, 0)
+            if first + len(entries) > num_sent:
+                result[req_id] = entries[max(num_sent - first, 0):]
+                self._num_prompt_logprobs_sent[req_id] = first + len(entries)
+        return result
 
     # ---- scheduling ----
 
@@ -277,6 +301,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
         del self._sort_keys[request.request_id]
+        self._num_prompt_logprobs_sent.pop(request.request_id, None)
         self._finished_req_ids.add(request.request_id)
 
     def _drop_finished_running(self) -> None:

@@ -34,11 +34,13 @@ class ProcessedRequest:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, engine_core: EngineCore | None = None) -> None:
+        """engine_core: the in-process core by default; the server passes a proxy to its core
+        process (same add/abort/step interface)."""
         self.config = config
         self.model_config = config.model
         self.tokenizer = load_tokenizer(config.model)
-        self.engine_core = EngineCore(config)
+        self.engine_core = engine_core if engine_core is not None else EngineCore(config)
         self.output_processor = OutputProcessor(self.tokenizer)
 
     @classmethod
@@ -59,6 +61,9 @@ class LLMEngine:
                              f"a prompt may have at most {max_model_len - 1} tokens, leaving room "
                              "for one generated token")
         params = self._resolve_params(params)
+        if embeds is not None and params.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs: a prompt_embeds prompt has no prompt token ids "
+                             "to score; leave prompt_logprobs None")
         room = max_model_len - num_tokens
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         return ProcessedRequest(text, token_ids, embeds, params, max_tokens)

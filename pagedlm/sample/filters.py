@@ -31,7 +31,8 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     sorted_logits.masked_fill_(ranks >= num_top_k[:, None], float("-inf"))
     sorted_probs = sorted_logits.softmax(dim=-1)  # [M, W]
     mass_above = sorted_probs.cumsum(dim=-1) - sorted_probs  # [M, W]
-    num_top_p = (mass_above < top_p[:, None]).sum(dim=-1)  # [M], >= 1
+    # [M]; at least 1 even when a tiny top_p rounds to 0 in float32
+    num_top_p = (mass_above < top_p[:, None]).sum(dim=-1).clamp_(min=1)
     # top_p = 1 is off: rounding in the cumsum must not cut the tail.
     num_kept = torch.where(top_p < 1.0, torch.minimum(num_top_p, num_top_k), num_top_k)  # [M]
     threshold = sorted_logits.gather(1, (num_kept - 1)[:, None])  # [M, 1]

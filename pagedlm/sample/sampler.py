@@ -1,6 +1,6 @@
 """One sampling step on the device, for a batch whose parameters the host has laid out.
 
-Order, as in vLLM: logprobs from the raw logits; allowed_token_ids; min_tokens bans; logit_bias;
+Order, as in vLLM: logprobs from the raw logits; allowed_token_ids; bad words; min_tokens bans; logit_bias;
 penalties; greedy rows take the argmax here. Random rows then go through temperature, min-p,
 top-k, top-p and draw argmax(probs / E), E ~ Exp(1) from a counter-based hash, computed as
 argmax(logits - log E) (gumbel.py).
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedlm.sample.bad_words import BadWords, apply_bad_words
 from pagedlm.sample.filters import apply_min_p, apply_top_k_top_p
 from pagedlm.sample.gumbel import gumbel_argmax
 from pagedlm.sample.penalties import apply_penalties
@@ -71,6 +72,7 @@ class SamplingBatch:
 
     num_logprobs: int | None = None  # K
     allowed: TokenLists | None = None
+    bad_words: BadWords | None = None
     banned: TokenLists | None = None  # min_tokens: EOS and stop ids, while too few outputs
     bias: TokenLists | None = None
     penalties: Penalties | None = None
@@ -92,6 +94,10 @@ def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     allowed, banned, bias, pen = batch.allowed, batch.banned, batch.bias, batch.penalties
     if allowed is not None:
         _on_rows(logits, allowed.index, lambda sub: _allow_only(sub, allowed.token_ids))
+    if batch.bad_words is not None:
+        bad = batch.bad_words
+        _on_rows(logits, bad.index,
+                 lambda sub: apply_bad_words(sub, bad.history, bad.prefixes, bad.last_ids))
     if banned is not None:
         _on_rows(logits, banned.index, lambda sub: sub.scatter_(1, banned.token_ids, float("-inf")))
     if bias is not None:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from pagedlm.sample.bad_words import BadWordsTables
 from pagedlm.sample.noise import MASK64, row_keys_np
 from pagedlm.sample.penalties import PenaltyTables
 from pagedlm.sample.sampler import (Penalties, RandomParams, SamplerOutput, SamplingBatch,
@@ -32,6 +33,7 @@ class Feature(enum.IntEnum):
     ALLOWED = 6
     MIN_TOKENS = 7  # min_tokens > 0 with ids to ban (whether still below: num_sampled_np)
     LOGPROBS = 8
+    BAD_WORDS = 9
 
 
 # Columns of the mirrored tables; the defaults are the neutral values.
@@ -79,6 +81,7 @@ class SamplingState:
         self._banned = PaddedRows(num_rows, with_values=False)  # EOS and stop ids (min_tokens)
         self._bias = PaddedRows(num_rows, with_values=True)
         self._penalty_tables: PenaltyTables | None = None  # [num_rows, V] each: made on first use
+        self._bad_words = BadWordsTables(num_rows, self.vocab_size, self.device)
 
     # ---- rows ----------------------------------------------------------------------------
 
@@ -97,6 +100,8 @@ class SamplingState:
         self._num_sampled_np[row] = len(output_token_ids)
         self._set_numeric_params(row, params)
         self._set_token_lists(row, params, len(output_token_ids), eos_token_ids)
+        self._flags_np[row, Feature.BAD_WORDS] = self._bad_words.set_row(
+            row, params.bad_words_token_ids or [], output_token_ids)
         if self._flags_np[row, Feature.PENALTIES]:
             self._penalties().reset_row(row, prompt_token_ids, output_token_ids)
 
@@ -155,10 +160,11 @@ class SamplingState:
         batch = self.make_batch(rows_np)
         output = sample_batch(logits.float(), batch)
         self._num_sampled_np[rows_np] += 1
+        sampled = output.sampled_token_ids  # [N]
         if batch.penalties is not None:
-            index, sampled = batch.penalties.index, output.sampled_token_ids
-            sampled = sampled if index is None else sampled.index_select(0, index)
-            self._penalties().record(batch.penalties.rows, sampled)
+            self._penalties().record(batch.penalties.rows, _pick(sampled, batch.penalties.index))
+        if batch.bad_words is not None:
+            self._bad_words.record(batch.bad_words.rows, _pick(sampled, batch.bad_words.index))
         return output
 
     def make_batch(self, rows_np: np.ndarray) -> SamplingBatch:
@@ -170,6 +176,10 @@ class SamplingState:
             batch.num_logprobs = int(self._num_logprobs_np[rows_np].max())
         if used[Feature.ALLOWED]:
             batch.allowed = self._token_lists(rows_np, flags_np[:, Feature.ALLOWED], self._allowed)
+        if used[Feature.BAD_WORDS]:
+            mask_np = flags_np[:, Feature.BAD_WORDS]
+            index, rows = self._select(rows_np, mask_np)
+            batch.bad_words = self._bad_words.batch(index, rows, rows_np[mask_np])
         if used[Feature.MIN_TOKENS]:
             below = self._num_sampled_np[rows_np] < self._min_tokens_np[rows_np]  # [N]
             if below.any():
@@ -250,3 +260,8 @@ class SamplingState:
         return TopKTopP(index=index, top_k=self._ints.gpu[:, COL_TOP_K].index_select(0, rows),
                         top_p=self._floats.gpu[:, COL_TOP_P].index_select(0, rows),
                         max_top_k=int(top_k_np.max()) if small_k else None)
+
+
+def _pick(values: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+    """values [N] at the batch positions index [M] (None: all)."""
+    return values if index is None else values.index_select(0, index)

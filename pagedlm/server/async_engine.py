@@ -20,8 +20,7 @@ import zmq.asyncio
 
 from pagedlm.config import EngineConfig
 from pagedlm.engine.llm_engine import LLMEngine, ProcessedRequest
-from pagedlm.engine.output_processor import OutputProcessor, core_request_ids
-from pagedlm.engine.tokenizer import load_tokenizer
+from pagedlm.engine.output_processor import core_request_ids
 from pagedlm.outputs import RequestOutput
 from pagedlm.server import wire
 from pagedlm.server.core_process import run_core
@@ -51,18 +50,6 @@ class AdmissionLimits:
     max_num_queued_tokens: int | None = None  # prompt tokens of core requests still in prefill
 
 
-class FrontEndEngine(LLMEngine):
-    """LLMEngine whose core is a RemoteCore: its input processing, output processor and
-    add/abort logic run here unchanged; stepping is the output task's job."""
-
-    def __init__(self, config: EngineConfig, core: RemoteCore) -> None:  # noqa: D107
-        self.config = config
-        self.model_config = config.model
-        self.tokenizer = load_tokenizer(config.model)
-        self.engine_core = core
-        self.output_processor = OutputProcessor(self.tokenizer)
-
-
 class AsyncLLM:
     def __init__(self, config: EngineConfig, model_name: str, limits: AdmissionLimits,
                  log_stats_interval_s: float = 5.0) -> None:
@@ -79,7 +66,7 @@ class AsyncLLM:
         self._proc: multiprocessing.process.BaseProcess | None = None  # set by start()
         self._init_sockets()
         self.core = RemoteCore(self._send, self.metrics)
-        self.llm_engine: FrontEndEngine | None = None  # set by start()
+        self.llm_engine: LLMEngine | None = None  # set by start(); its core is self.core
 
     def _init_sockets(self) -> None:
         self._ipc_dir = tempfile.mkdtemp(prefix="pagedlm-")
@@ -112,7 +99,7 @@ class AsyncLLM:
             target=run_core, name="pagedlm-engine-core", daemon=True,
             args=(self.config, self._input_addr, self._output_addr, os.getpid()))
         self._proc.start()
-        self.llm_engine = await asyncio.to_thread(FrontEndEngine, self.config, self.core)
+        self.llm_engine = await asyncio.to_thread(LLMEngine, self.config, self.core)
         msg = await self._recv_or_core_exit()
         if msg is None:
             raise RuntimeError(f"the engine-core process exited with code {self._proc.exitcode} "

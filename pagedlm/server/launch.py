@@ -62,7 +62,7 @@ async def serve(args: argparse.Namespace, config: EngineConfig) -> None:
 
 def _log_usage(args: argparse.Namespace, name: str) -> None:
     base = f"http://{args.host}:{args.port}"
-    auth = f' -H "Authorization: Bearer {args.api_key}"' if args.api_key else ""
+    auth = ' -H "Authorization: Bearer $API_KEY"' if args.api_key else ""  # never log the key
     logger.info("serving %s on %s (OpenAI API at %s/v1). Try:\n  curl %s/v1/chat/completions "
                 "-H 'Content-Type: application/json'%s -d '{\"model\": \"%s\", \"messages\": "
                 "[{\"role\": \"user\", \"content\": \"Hello!\"}], \"max_tokens\": 32}'",

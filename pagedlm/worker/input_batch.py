@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from pagedlm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+from pagedlm.worker.prompt_logprobs import PromptLogprobsPlan, plan_prompt_logprobs
 
 
 def cdiv(a: int | np.ndarray, b: int) -> int | np.ndarray:
@@ -101,6 +102,7 @@ class BatchLayout:
     sample_positions_np: np.ndarray  # [num_samples] int32: where each sampled token lands
     sample_num_logprobs_np: np.ndarray  # [num_samples] int32: -1 = not asked
     embeds_spans: list[EmbedsSpan]
+    prompt_logprobs: PromptLogprobsPlan | None = None  # None: no request asks this step
 
     @property
     def num_samples(self) -> int:
@@ -123,6 +125,7 @@ class InputBatch:
         self.block_table_np = np.zeros((num_rows, num_cols), np.int32)
         self.num_blocks_np = np.zeros(num_rows, np.int32)
         self.num_logprobs_np = np.full(num_rows, -1, np.int32)
+        self.num_prompt_logprobs_np = np.full(num_rows, -1, np.int32)
         self.pending_position_np = np.full(num_rows, -1, np.int32)  # sampled, value not yet seen
         self.epochs_np = np.zeros(num_rows, np.int64)  # bumped each time a row changes owner
         self.has_embeds_np = np.zeros(num_rows, bool)
@@ -153,6 +156,8 @@ class InputBatch:
         self._append_blocks(row, new.block_ids)
         logprobs = new.sampling_params.logprobs
         self.num_logprobs_np[row] = -1 if logprobs is None else logprobs
+        prompt_logprobs = new.sampling_params.prompt_logprobs
+        self.num_prompt_logprobs_np[row] = -1 if prompt_logprobs is None else prompt_logprobs
         self.pending_position_np[row] = -1
         self.epochs_np[row] = self._next_epoch
         self._next_epoch += 1
@@ -252,7 +257,10 @@ class InputBatch:
             sample_rows_np=sample_rows, sample_epochs_np=self.epochs_np[sample_rows],
             sample_positions_np=seq_lens[sample_idx],
             sample_num_logprobs_np=self.num_logprobs_np[sample_rows],
-            embeds_spans=self._embeds_spans(rows, query_start_loc, num_computed, num_scheduled))
+            embeds_spans=self._embeds_spans(rows, query_start_loc, num_computed, num_scheduled),
+            prompt_logprobs=plan_prompt_logprobs(
+                req_ids, rows, self.num_prompt_logprobs_np[rows], self.num_prompt_tokens_np[rows],
+                num_computed, num_scheduled, query_start_loc, self.token_ids_np))
         self.num_computed_tokens_np[rows] = seq_lens
         return layout
 

@@ -23,7 +23,7 @@ import torch
 
 from pagedlm.attention.backend import AttentionMetadata, get_attention_backend
 from pagedlm.config import EngineConfig
-from pagedlm.core.sched_output import Logprobs, ModelRunnerOutput, NewRequestData, SchedulerOutput
+from pagedlm.core.sched_output import NewRequestData, SchedulerOutput
 from pagedlm.model.llama import LlamaForCausalLM
 from pagedlm.model.loader import load_model
 from pagedlm.sample.sampler import SamplerOutput
@@ -32,60 +32,11 @@ from pagedlm.sampling_params import MAX_LOGPROBS, SamplingParams
 from pagedlm.worker import memory
 from pagedlm.worker.cuda_graphs import DecodeGraphs, graphs_enabled
 from pagedlm.worker.input_batch import BatchLayout, InputBatch, StepBuffers, cdiv
+from pagedlm.worker.prompt_logprobs import compute_prompt_logprobs
+from pagedlm.worker.runner_output import AsyncRunnerOutput
 
 logger = logging.getLogger("pagedlm")
 NUM_STAGING_SETS = 2
-
-
-class AsyncRunnerOutput:
-    """A launched step. get_output() waits for this step's device->host copy and nothing else."""
-
-    def __init__(self, step_id: int, layout: BatchLayout | None = None,
-                 sampled_cpu: torch.Tensor | None = None,  # [num_samples] int64, pinned
-                 logprobs_cpu: tuple[torch.Tensor, ...] | None = None,
-                 event: torch.cuda.Event | None = None, input_batch: InputBatch | None = None) -> None:
-        self._step_id = step_id
-        self._layout = layout
-        self._sampled_cpu = sampled_cpu
-        self._logprobs_cpu = logprobs_cpu
-        self._event = event
-        self._input_batch = input_batch
-        self._result: ModelRunnerOutput | None = None
-
-    def get_output(self) -> ModelRunnerOutput:
-        """Idempotent; the first call also records the sampled tokens into their rows."""
-        if self._result is None:
-            self._result = self._build()
-        return self._result
-
-    def _build(self) -> ModelRunnerOutput:
-        layout = self._layout
-        if layout is None or layout.num_samples == 0:
-            return ModelRunnerOutput(req_ids=[], sampled_token_ids=[], step_id=self._step_id)
-        if self._event is not None:
-            self._event.synchronize()  # sync-ok: waits for this step's sampled ids only
-        token_ids = self._sampled_cpu.numpy().tolist()  # sync-ok: host memory, copy complete
-        self._input_batch.record_sampled(layout.sample_rows_np, layout.sample_epochs_np,
-                                         layout.sample_positions_np, token_ids)
-        return ModelRunnerOutput(req_ids=layout.sampling_req_ids,
-                                 sampled_token_ids=[[t] for t in token_ids],
-                                 logprobs=self._logprobs(), step_id=self._step_id)
-
-    def _logprobs(self) -> list[list[Logprobs]] | None:
-        """Per sampling request, the sampled token and its top-N (N as it asked; [] if it did
-        not ask while others did)."""
-        if self._logprobs_cpu is None:
-            return None
-        ids_np, logprobs_np, ranks_np = (t.numpy() for t in self._logprobs_cpu)
-        result: list[list[Logprobs]] = []
-        for i, num in enumerate(self._layout.sample_num_logprobs_np.tolist()):
-            if num < 0:
-                result.append([])
-                continue
-            result.append([Logprobs(token_ids=ids_np[i, :1 + num].tolist(),
-                                    logprobs=logprobs_np[i, :1 + num].tolist(),
-                                    sampled_rank=int(ranks_np[i]))])
-        return result
 
 
 class ModelRunner:
@@ -211,7 +162,9 @@ class ModelRunner:
             self._staging_events[slot].record()
         hidden = self._forward(staging, layout, graph_size)
         sample = self._sample(hidden, layout)
-        output = self._launch_output(slot, layout, sample, sched.step_id)
+        prompt_logprobs = None if layout.prompt_logprobs is None else compute_prompt_logprobs(
+            layout.prompt_logprobs, hidden, self.model.compute_logits)
+        output = self._launch_output(slot, layout, sample, prompt_logprobs, sched.step_id)
         self._in_flight[slot] = output
         return output
 
@@ -327,23 +280,27 @@ class ModelRunner:
         return sample
 
     def _launch_output(self, slot: int, layout: BatchLayout, sample: SamplerOutput | None,
+                       prompt_logprobs: tuple[torch.Tensor, ...] | None,
                        step_id: int) -> AsyncRunnerOutput:
-        """Start the device->host copy of the sampled ids (side stream, after the step)."""
-        if sample is None:
+        """Start the device->host copies of the step's results (side stream, after the step)."""
+        if sample is None and prompt_logprobs is None:
             return AsyncRunnerOutput(step_id, layout)
         sampled_cpu = self._sampled_cpu[slot][:layout.num_samples]
-        logprobs_cpu = None
+        logprobs_cpu = prompt_logprobs_cpu = None
         event = self._output_events[slot]
         with self._copy_stream_context():
-            sampled_cpu.copy_(sample.sampled_token_ids, non_blocking=True)
-            if sample.logprobs is not None:
-                logprobs_cpu = tuple(t.to("cpu", non_blocking=True) for t in sample.logprobs)
+            if sample is not None:
+                sampled_cpu.copy_(sample.sampled_token_ids, non_blocking=True)
+                logprobs_cpu = _to_host(sample.logprobs)
+            prompt_logprobs_cpu = _to_host(prompt_logprobs)
             if event is not None:
                 event.record()
         if self._copy_stream is not None:  # the caching allocator must not reuse them early
-            for tensor in (sample.sampled_token_ids, *(sample.logprobs or ())):
+            device_tensors = (*(sample.logprobs or ()), sample.sampled_token_ids) if sample else ()
+            for tensor in (*device_tensors, *(prompt_logprobs or ())):
                 tensor.record_stream(self._copy_stream)
-        return AsyncRunnerOutput(step_id, layout, sampled_cpu, logprobs_cpu, event, self.input_batch)
+        return AsyncRunnerOutput(step_id, layout, sampled_cpu, logprobs_cpu, event,
+                                 self.input_batch, prompt_logprobs_cpu)
 
     def _copy_stream_context(self) -> contextlib.AbstractContextManager:
         if self._copy_stream is None:
@@ -382,3 +339,8 @@ class ModelRunner:
                                            finished_req_ids=set(req_ids)))
         self.kv_caches, self.input_batch.num_kv_blocks, self.graphs = saved
         return cache.numel() * cache.element_size()
+
+
+def _to_host(tensors: tuple[torch.Tensor, ...] | None) -> tuple[torch.Tensor, ...] | None:
+    """Non-blocking device->host copies (the caller records an event after them)."""
+    return None if tensors is None else tuple(t.to("cpu", non_blocking=True) for t in tensors)

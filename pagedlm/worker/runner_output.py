@@ -1,0 +1,70 @@
+"""AsyncRunnerOutput: a launched step whose results come back to the host on demand."""
+from __future__ import annotations
+
+import torch
+
+from pagedlm.core.sched_output import Logprobs, ModelRunnerOutput
+from pagedlm.worker.input_batch import BatchLayout, InputBatch
+from pagedlm.worker.prompt_logprobs import to_logprobs_lists
+
+HostTensors = tuple[torch.Tensor, ...]
+
+
+class AsyncRunnerOutput:
+    """A launched step. get_output() waits for this step's device->host copy and nothing else."""
+
+    def __init__(self, step_id: int, layout: BatchLayout | None = None,
+                 sampled_cpu: torch.Tensor | None = None,  # [num_samples] int64, pinned
+                 logprobs_cpu: HostTensors | None = None,
+                 event: torch.cuda.Event | None = None, input_batch: InputBatch | None = None,
+                 prompt_logprobs_cpu: HostTensors | None = None) -> None:
+        self._step_id = step_id
+        self._layout = layout
+        self._sampled_cpu = sampled_cpu
+        self._logprobs_cpu = logprobs_cpu
+        self._prompt_logprobs_cpu = prompt_logprobs_cpu
+        self._event = event
+        self._input_batch = input_batch
+        self._result: ModelRunnerOutput | None = None
+
+    def get_output(self) -> ModelRunnerOutput:
+        """Idempotent; the first call also records the sampled tokens into their rows."""
+        if self._result is None:
+            self._result = self._build()
+        return self._result
+
+    def _build(self) -> ModelRunnerOutput:
+        result = ModelRunnerOutput(req_ids=[], sampled_token_ids=[], step_id=self._step_id)
+        layout = self._layout
+        if layout is None:
+            return result
+        if self._event is not None:
+            self._event.synchronize()  # sync-ok: waits for this step's copies only
+        if layout.prompt_logprobs is not None:
+            result.prompt_logprobs = to_logprobs_lists(layout.prompt_logprobs,
+                                                       self._prompt_logprobs_cpu)
+        if layout.num_samples == 0:
+            return result
+        token_ids = self._sampled_cpu.numpy().tolist()  # sync-ok: host memory, copy complete
+        self._input_batch.record_sampled(layout.sample_rows_np, layout.sample_epochs_np,
+                                         layout.sample_positions_np, token_ids)
+        result.req_ids = layout.sampling_req_ids
+        result.sampled_token_ids = [[t] for t in token_ids]
+        result.logprobs = self._logprobs()
+        return result
+
+    def _logprobs(self) -> list[list[Logprobs]] | None:
+        """Per sampling request, the sampled token and its top-N (N as it asked; [] if it did
+        not ask while others did)."""
+        if self._logprobs_cpu is None:
+            return None
+        ids_np, logprobs_np, ranks_np = (t.numpy() for t in self._logprobs_cpu)
+        result: list[list[Logprobs]] = []
+        for i, num in enumerate(self._layout.sample_num_logprobs_np.tolist()):
+            if num < 0:
+                result.append([])
+                continue
+            result.append([Logprobs(token_ids=ids_np[i, :1 + num].tolist(),
+                                    logprobs=logprobs_np[i, :1 + num].tolist(),
+                                    sampled_rank=int(ranks_np[i]))])
+        return result
