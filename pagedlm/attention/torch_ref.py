@@ -1,10 +1,12 @@
-"""The portable attention reference: plain torch, runs anywhere, one host loop over sequences.
+"""The portable attention reference: plain torch, runs anywhere. Decode rows (one query token)
+are attended in one batched call; every other sequence in a host loop.
 
 Clarity beats speed here; the Triton kernels are tested against this file.
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from pagedlm.attention.backend import AttentionMetadata
 
@@ -42,15 +44,35 @@ def attention_mask(seq_len: int, query_len: int, sliding_window: int | None,
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
            scale: float) -> torch.Tensor:
-    """Float32 softmax attention of one sequence; GQA by repeating each kv head."""
-    num_heads, num_kv_heads = q.shape[1], k.shape[1]
-    group = num_heads // num_kv_heads
-    k = k.float().repeat_interleave(group, dim=1)  # [seq_len, num_heads, head_dim]
-    v = v.float().repeat_interleave(group, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale  # [num_heads, query_len, seq_len]
-    scores = scores.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return torch.einsum("hqk,khd->qhd", probs, v)  # [query_len, num_heads, head_dim]
+    """Float32 softmax attention of one sequence (GQA: query heads share kv heads in order).
+    q: [query_len, num_heads, D]; k, v: [seq_len, num_kv_heads, D]; mask: [query_len, seq_len]."""
+    out = F.scaled_dot_product_attention(q.float().transpose(0, 1), k.float().transpose(0, 1),
+                                         v.float().transpose(0, 1), attn_mask=mask, scale=scale,
+                                         enable_gqa=True)  # [num_heads, query_len, D]
+    return out.transpose(0, 1)  # [query_len, num_heads, head_dim]
+
+
+def attend_decodes(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                   seq_lens: torch.Tensor, max_seq_len: int, sliding_window: int | None,
+                   scale: float) -> torch.Tensor:
+    """One query token per sequence, at position seq_len - 1, all sequences at once.
+    q: [B, num_heads, head_dim]; block_table: [B, >= cdiv(max_seq_len, block_size)];
+    seq_lens: [B] -> [B, num_heads, head_dim] float32."""
+    block_size = kv_cache.shape[2]
+    num_seq_blocks = -(-max_seq_len // block_size)
+    blocks = kv_cache[:, block_table[:, :num_seq_blocks]]  # [2, B, blocks, block_size, Hkv, D]
+    kv = blocks.flatten(2, 3)[:, :, :max_seq_len].float()  # [2, B, S, Hkv, D]
+    key_pos = torch.arange(max_seq_len, device=q.device)[None, :]  # [1, S]
+    query_pos = (seq_lens.to(q.device) - 1)[:, None]  # [B, 1]
+    visible = key_pos <= query_pos  # [B, S]
+    if sliding_window is not None:
+        visible &= query_pos - key_pos < sliding_window
+    kv = torch.where(visible[None, :, :, None, None], kv, 0.0)  # stale slots may hold anything
+    keys, values = kv[0].transpose(1, 2), kv[1].transpose(1, 2)  # [B, Hkv, S, D]
+    out = F.scaled_dot_product_attention(q.float()[:, :, None, :], keys, values,
+                                         attn_mask=visible[:, None, None, :], scale=scale,
+                                         enable_gqa=True)  # [B, num_heads, 1, D]
+    return out[:, :, 0, :]
 
 
 class TorchAttentionBackend:
@@ -74,9 +96,18 @@ class TorchAttentionBackend:
         out = torch.zeros_like(q)  # padding rows (outside every sequence) stay zero
         starts = meta.query_start_loc_cpu.tolist()  # host tensors: no device sync
         seq_lens = meta.seq_lens_cpu.tolist()
+        query_lens = [end - start for start, end in zip(starts, starts[1:])]
+        decodes = [seq for seq, n in enumerate(query_lens) if n == 1]
+        if decodes:
+            rows = torch.tensor([starts[seq] for seq in decodes], device=q.device)
+            seqs = torch.tensor(decodes, device=q.device)
+            out[rows] = attend_decodes(q[rows], kv_cache, meta.block_table[seqs],
+                                       meta.seq_lens_cpu[decodes],
+                                       max(seq_lens[seq] for seq in decodes),
+                                       sliding_window, scale).to(q.dtype)
         for seq, seq_len in enumerate(seq_lens):
             start, end = starts[seq], starts[seq + 1]
-            if end == start:
+            if end - start <= 1:
                 continue
             num_seq_blocks = -(-seq_len // block_size)
             keys, values = gather_kv(kv_cache, meta.block_table[seq, :num_seq_blocks], seq_len)
