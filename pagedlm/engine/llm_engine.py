@@ -183,8 +183,10 @@ class LLMEngine:
 
 
 def _sample_params(params: SamplingParams, index: int) -> SamplingParams:
-    """Sample `index` of a parallel-sampling request: n=1, seed + index when seeded."""
+    """Sample `index` of a parallel-sampling request: n=1, seed + index when seeded; only
+    sample 0 computes the prompt logprobs (the others take its prompt blocks from the cache)."""
     if params.n == 1:
         return params
     seed = None if params.seed is None else params.seed + index
-    return dataclasses.replace(params, n=1, seed=seed)
+    prompt_logprobs = params.prompt_logprobs if index == 0 else None
+    return dataclasses.replace(params, n=1, seed=seed, prompt_logprobs=prompt_logprobs)

@@ -108,3 +108,38 @@ def test_prompt_logprobs_with_prompt_embeds_are_refused(tiny_llm: LLM) -> None:
     with pytest.raises(ValueError, match=r"prompt_logprobs"):
         tiny_llm.generate({"prompt_embeds": embeds}, SamplingParams(prompt_logprobs=1),
                           use_tqdm=False)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_prompt_logprobs_are_sent_once_under_preemption(tiny_llama_dir: Path,
+                                                        async_scheduling: bool) -> None:
+    """11 usable blocks of 16 tokens for 6 sequences of up to 88 tokens: requests are preempted
+    and recompute their prompt, whose entries must not be delivered twice."""
+    llm = LLM(str(tiny_llama_dir), skip_tokenizer_init=True, dtype="float32", device="cpu",
+              max_model_len=128, num_gpu_blocks_override=12, max_num_batched_tokens=32,
+              async_scheduling=async_scheduling)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    prompts = [_prompt(length, 10 + i, 256) for i, length in enumerate([40, 56, 33, 60, 47, 52])]
+    params = SamplingParams(max_tokens=28, ignore_eos=True, prompt_logprobs=1)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    assert llm.get_stats().num_preemptions > 0
+    for prompt, output in zip(prompts, outputs):
+        assert len(output.prompt_logprobs) == len(prompt)
+        ref = _hf_logprobs(model, prompt)
+        got = [entry[token].logprob for entry, token in zip(output.prompt_logprobs[1:], prompt[1:])]
+        want = [ref[j - 1, prompt[j]].item() for j in range(1, len(prompt))]
+        assert got == pytest.approx(want, abs=ATOL)
+
+
+def test_parallel_samples_report_prompt_logprobs_once(tiny_llm: LLM) -> None:
+    prompt = list(range(30, 50))
+    params = SamplingParams(n=3, seed=0, max_tokens=3, prompt_logprobs=2)
+    (single,) = tiny_llm.generate(prompt, SamplingParams(max_tokens=3, prompt_logprobs=2),
+                                  use_tqdm=False)
+    (parallel,) = tiny_llm.generate(prompt, params, use_tqdm=False)
+    assert len(parallel.prompt_logprobs) == len(prompt)
+    assert parallel.prompt_logprobs[0] is None
+    for got, want in zip(parallel.prompt_logprobs[1:], single.prompt_logprobs[1:]):
+        assert list(got) == list(want)
+        assert [lp.logprob for lp in got.values()] == pytest.approx(
+            [lp.logprob for lp in want.values()], abs=ATOL)
