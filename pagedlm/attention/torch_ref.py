@@ -1,5 +1,6 @@
-"""The portable attention reference: plain torch, runs anywhere. Decode rows (one query token)
-are attended in one batched call; every other sequence in a host loop.
+"""The portable attention reference: plain torch, runs anywhere, one host loop over sequences
+(a batched decode path that pads every sequence to the longest measured slower on the CPU:
+the padded gather and masking copy more than the loop's per-call overhead costs).
 
 Clarity beats speed here; the Triton kernels are tested against this file.
 """
@@ -52,29 +53,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return out.transpose(0, 1)  # [query_len, num_heads, head_dim]
 
 
-def attend_decodes(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-                   seq_lens: torch.Tensor, max_seq_len: int, sliding_window: int | None,
-                   scale: float) -> torch.Tensor:
-    """One query token per sequence, at position seq_len - 1, all sequences at once.
-    q: [B, num_heads, head_dim]; block_table: [B, >= cdiv(max_seq_len, block_size)];
-    seq_lens: [B] -> [B, num_heads, head_dim] float32."""
-    block_size = kv_cache.shape[2]
-    num_seq_blocks = -(-max_seq_len // block_size)
-    blocks = kv_cache[:, block_table[:, :num_seq_blocks]]  # [2, B, blocks, block_size, Hkv, D]
-    kv = blocks.flatten(2, 3)[:, :, :max_seq_len].float()  # [2, B, S, Hkv, D]
-    key_pos = torch.arange(max_seq_len, device=q.device)[None, :]  # [1, S]
-    query_pos = (seq_lens.to(q.device) - 1)[:, None]  # [B, 1]
-    visible = key_pos <= query_pos  # [B, S]
-    if sliding_window is not None:
-        visible &= query_pos - key_pos < sliding_window
-    kv = torch.where(visible[None, :, :, None, None], kv, 0.0)  # stale slots may hold anything
-    keys, values = kv[0].transpose(1, 2), kv[1].transpose(1, 2)  # [B, Hkv, S, D]
-    out = F.scaled_dot_product_attention(q.float()[:, :, None, :], keys, values,
-                                         attn_mask=visible[:, None, None, :], scale=scale,
-                                         enable_gqa=True)  # [B, num_heads, 1, D]
-    return out[:, :, 0, :]
-
-
 class TorchAttentionBackend:
     """AttentionBackend in plain torch: write the cache, then attend per sequence."""
 
@@ -96,18 +74,9 @@ class TorchAttentionBackend:
         out = torch.zeros_like(q)  # padding rows (outside every sequence) stay zero
         starts = meta.query_start_loc_cpu.tolist()  # host tensors: no device sync
         seq_lens = meta.seq_lens_cpu.tolist()
-        query_lens = [end - start for start, end in zip(starts, starts[1:])]
-        decodes = [seq for seq, n in enumerate(query_lens) if n == 1]
-        if decodes:
-            rows = torch.tensor([starts[seq] for seq in decodes], device=q.device)
-            seqs = torch.tensor(decodes, device=q.device)
-            out[rows] = attend_decodes(q[rows], kv_cache, meta.block_table[seqs],
-                                       meta.seq_lens_cpu[decodes],
-                                       max(seq_lens[seq] for seq in decodes),
-                                       sliding_window, scale).to(q.dtype)
         for seq, seq_len in enumerate(seq_lens):
             start, end = starts[seq], starts[seq + 1]
-            if end - start <= 1:
+            if end == start:
                 continue
             num_seq_blocks = -(-seq_len // block_size)
             keys, values = gather_kv(kv_cache, meta.block_table[seq, :num_seq_blocks], seq_len)
