@@ -33,8 +33,11 @@ def gather_kv(kv_cache: torch.Tensor, block_ids: torch.Tensor, seq_len: int
 
 
 def attention_mask(seq_len: int, query_len: int, sliding_window: int | None,
-                   device: torch.device) -> torch.Tensor:
-    """[query_len, seq_len] bool: query i (at position seq_len - query_len + i) sees key j."""
+                   device: torch.device) -> torch.Tensor | None:
+    """[query_len, seq_len] bool: query i (at position seq_len - query_len + i) sees key j.
+    None when every query sees every key (a decode inside the window): no mask to build."""
+    if query_len == 1 and (sliding_window is None or seq_len <= sliding_window):
+        return None
     query_pos = torch.arange(seq_len - query_len, seq_len, device=device)[:, None]
     key_pos = torch.arange(seq_len, device=device)[None, :]
     visible = key_pos <= query_pos
@@ -43,10 +46,11 @@ def attention_mask(seq_len: int, query_len: int, sliding_window: int | None,
     return visible
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
            scale: float) -> torch.Tensor:
     """Float32 softmax attention of one sequence (GQA: query heads share kv heads in order).
-    q: [query_len, num_heads, D]; k, v: [seq_len, num_kv_heads, D]; mask: [query_len, seq_len]."""
+    q: [query_len, num_heads, D]; k, v: [seq_len, num_kv_heads, D]; mask: [query_len, seq_len]
+    or None (all visible)."""
     out = F.scaled_dot_product_attention(q.float().transpose(0, 1), k.float().transpose(0, 1),
                                          v.float().transpose(0, 1), attn_mask=mask, scale=scale,
                                          enable_gqa=True)  # [num_heads, query_len, D]
