@@ -51,10 +51,20 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     """Float32 softmax attention of one sequence (GQA: query heads share kv heads in order).
     q: [query_len, num_heads, D]; k, v: [seq_len, num_kv_heads, D]; mask: [query_len, seq_len]
     or None (all visible)."""
+    if mask is None:  # a decode: grouped einsums, cheaper than SDPA's math path for one query
+        return _attend_one_query(q, k, v, scale)
     out = F.scaled_dot_product_attention(q.float().transpose(0, 1), k.float().transpose(0, 1),
                                          v.float().transpose(0, 1), attn_mask=mask, scale=scale,
                                          enable_gqa=True)  # [num_heads, query_len, D]
     return out.transpose(0, 1)  # [query_len, num_heads, head_dim]
+
+
+def _attend_one_query(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    num_kv_heads, head_dim = k.shape[1:]
+    q_grouped = q.float().view(num_kv_heads, -1, head_dim)  # [Hkv, group, D]
+    scores = torch.einsum("hgd,shd->hgs", q_grouped, k.float()) * scale  # [Hkv, group, seq_len]
+    probs = torch.softmax(scores, dim=-1)
+    return torch.einsum("hgs,shd->hgd", probs, v.float()).reshape(1, -1, head_dim)  # [1, H, D]
 
 
 class TorchAttentionBackend:
