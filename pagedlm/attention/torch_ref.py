@@ -86,8 +86,8 @@ class TorchAttentionBackend:
         write_kv_cache(k, v, kv_cache, meta.slot_mapping)
         block_size = kv_cache.shape[2]
         out = torch.zeros_like(q)  # padding rows (outside every sequence) stay zero
-        starts = meta.query_start_loc_cpu.tolist()  # host tensors: no device sync
-        seq_lens = meta.seq_lens_cpu.tolist()
+        starts = meta.query_start_loc_cpu.tolist()  # sync-ok: host tensors
+        seq_lens = meta.seq_lens_cpu.tolist()  # sync-ok: host tensor
         for seq, seq_len in enumerate(seq_lens):
             start, end = starts[seq], starts[seq + 1]
             if end == start:

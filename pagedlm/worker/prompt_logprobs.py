@@ -53,7 +53,7 @@ def plan_prompt_logprobs(req_ids: list[str], rows_np: np.ndarray, num_asked_np: 
     hidden_idx = query_start_loc_np[touched][entry_req] + offsets  # [M]
     target_ids = token_ids_np[rows_np[touched][entry_req], starts[entry_req] + offsets + 1]  # [M]
     return PromptLogprobsPlan(
-        req_ids=[req_ids[b] for b in touched.tolist()],
+        req_ids=[req_ids[b] for b in touched.tolist()],  # sync-ok: numpy, host only
         starts_with_none=(starts == 0).tolist(), num_asked=num_asked_np[touched].tolist(),
         num_entries_np=num_entries,
         hidden_idx_np=hidden_idx.astype(np.int64), target_ids_np=target_ids.astype(np.int64),
@@ -84,16 +84,21 @@ def to_logprobs_lists(plan: PromptLogprobsPlan, host_tensors: tuple[torch.Tensor
     """The host copies of compute_prompt_logprobs -> per request its entries of this step,
     each cut to the top-N the request asked for."""
     if host_tensors is not None:
-        ids_np, logprobs_np, ranks_np = (t.numpy() for t in host_tensors)
+        ids_np, logprobs_np, ranks_np = (t.numpy() for t in host_tensors)  # sync-ok: host copies, event waited
     result: dict[str, list[Logprobs | None]] = {}
     row = 0
     for req_id, with_none, num_asked, num in zip(plan.req_ids, plan.starts_with_none,
                                                  plan.num_asked, plan.num_entries_np.tolist()):
         width = 1 + num_asked
         entries: list[Logprobs | None] = [None] if with_none else []
-        entries += [Logprobs(token_ids=ids_np[i, :width].tolist(),
-                             logprobs=logprobs_np[i, :width].tolist(),
-                             sampled_rank=int(ranks_np[i])) for i in range(row, row + num)]
+        entries += [logprobs_row(ids_np, logprobs_np, ranks_np, i, width) for i in range(row, row + num)]
         row += num
         result[req_id] = entries
     return result
+
+
+def logprobs_row(ids_np: np.ndarray, logprobs_np: np.ndarray, ranks_np: np.ndarray, i: int,
+                 width: int) -> Logprobs:
+    """Row i of host arrays [rows, 1 + K]: the sampled token first, then the top width - 1."""
+    return Logprobs(token_ids=ids_np[i, :width].tolist(), logprobs=logprobs_np[i, :width].tolist(),
+                    sampled_rank=int(ranks_np[i]))

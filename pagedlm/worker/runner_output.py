@@ -5,7 +5,7 @@ import torch
 
 from pagedlm.core.sched_output import Logprobs, ModelRunnerOutput
 from pagedlm.worker.input_batch import BatchLayout, InputBatch
-from pagedlm.worker.prompt_logprobs import to_logprobs_lists
+from pagedlm.worker.prompt_logprobs import logprobs_row, to_logprobs_lists
 
 HostTensors = tuple[torch.Tensor, ...]
 
@@ -58,13 +58,11 @@ class AsyncRunnerOutput:
         not ask while others did)."""
         if self._logprobs_cpu is None:
             return None
-        ids_np, logprobs_np, ranks_np = (t.numpy() for t in self._logprobs_cpu)
+        ids_np, logprobs_np, ranks_np = (t.numpy() for t in self._logprobs_cpu)  # sync-ok: host copies, event waited
         result: list[list[Logprobs]] = []
         for i, num in enumerate(self._layout.sample_num_logprobs_np.tolist()):
             if num < 0:
                 result.append([])
                 continue
-            result.append([Logprobs(token_ids=ids_np[i, :1 + num].tolist(),
-                                    logprobs=logprobs_np[i, :1 + num].tolist(),
-                                    sampled_rank=int(ranks_np[i]))])
+            result.append([logprobs_row(ids_np, logprobs_np, ranks_np, i, 1 + num)])
         return result

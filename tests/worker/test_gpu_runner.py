@@ -7,23 +7,13 @@ import logging
 
 import pytest
 import torch
-from worker_helpers import (HEAD_DIM, NUM_KV_HEADS, NUM_LAYERS, VOCAB, MiniScheduler, Req,
-                            hf_greedy, make_config, make_runner, run_requests, save_tiny_llama)
+from worker_helpers import (HEAD_DIM, NUM_KV_HEADS, NUM_LAYERS, MiniScheduler, Req, hf_greedy,
+                            make_config, make_runner, random_prompt, run_requests)
 
 from pagedlm.sampling_params import SamplingParams
 from pagedlm.worker.model_runner import ModelRunner
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_llama")
-    return path, save_tiny_llama(path)
-
-
-def _prompt(length: int, seed: int) -> list[int]:
-    return torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 @pytest.mark.parametrize("async_mode", [False, True])
@@ -35,10 +25,10 @@ def test_greedy_equals_transformers_on_cuda(tiny, async_mode):
     sched = MiniScheduler(block_size=8, max_num_seqs=4, token_budget=12)
     specs = {"a": (5, 6), "b": (19, 4), "c": (9, 7)}
     for i, (req_id, (num_prompt, max_tokens)) in enumerate(specs.items()):
-        sched.add(Req(req_id, _prompt(num_prompt, i), max_tokens))
+        sched.add(Req(req_id, random_prompt(num_prompt, i), max_tokens))
     done = run_requests(runner, sched, async_mode)
     for i, (req_id, (num_prompt, max_tokens)) in enumerate(specs.items()):
-        assert done[req_id] == hf_greedy(hf_model, max_tokens, _prompt(num_prompt, i)), req_id
+        assert done[req_id] == hf_greedy(hf_model, max_tokens, random_prompt(num_prompt, i)), req_id
 
 
 def test_steady_state_steps_make_no_sync(tiny):
@@ -48,8 +38,8 @@ def test_steady_state_steps_make_no_sync(tiny):
     runner = make_runner(make_config(folder, max_num_batched_tokens=32, device="cuda",
                                      attention_backend="auto"))
     sched = MiniScheduler(block_size=8, max_num_seqs=4, token_budget=32)
-    sched.add(Req("greedy", _prompt(9, 1), 30))
-    sched.add(Req("random", _prompt(5, 2), 30,
+    sched.add(Req("greedy", random_prompt(9, 1), 30))
+    sched.add(Req("random", random_prompt(5, 2), 30,
                   SamplingParams(temperature=0.8, top_k=10, top_p=0.9, seed=3, logprobs=2)))
     torch.cuda.set_sync_debug_mode("error")
     with pytest.raises(RuntimeError):  # the mode does catch a sync here

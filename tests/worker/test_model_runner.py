@@ -4,20 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from worker_helpers import (HEAD_DIM, HIDDEN, NUM_KV_HEADS, VOCAB, MiniScheduler, Req, hf_greedy,
-                            make_config, make_runner, run_requests, save_tiny_llama)
+from worker_helpers import (HEAD_DIM, HIDDEN, NUM_KV_HEADS, MiniScheduler, Req, hf_greedy,
+                            make_config, make_runner, random_prompt, run_requests)
 
 from pagedlm.sampling_params import SamplingParams
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_llama")
-    return path, save_tiny_llama(path)
-
-
-def _prompt(length: int, seed: int) -> list[int]:
-    return torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def _spy_placeholders(runner) -> list[int]:
@@ -42,10 +32,10 @@ def test_greedy_equals_transformers(tiny, async_mode):
     sched = MiniScheduler(block_size=8, max_num_seqs=4, token_budget=12)
     specs = {"a": (5, 6), "b": (19, 4), "c": (9, 7)}  # prompt length, max_tokens
     for i, (req_id, (num_prompt, max_tokens)) in enumerate(specs.items()):
-        sched.add(Req(req_id, _prompt(num_prompt, i), max_tokens))
+        sched.add(Req(req_id, random_prompt(num_prompt, i), max_tokens))
     done = run_requests(runner, sched, async_mode)
     for i, (req_id, (num_prompt, max_tokens)) in enumerate(specs.items()):
-        assert done[req_id] == hf_greedy(hf_model, max_tokens, _prompt(num_prompt, i)), req_id
+        assert done[req_id] == hf_greedy(hf_model, max_tokens, random_prompt(num_prompt, i)), req_id
     assert (sum(placeholders) > 0) == async_mode
 
 
@@ -55,10 +45,10 @@ def test_rows_are_reused_after_finish(tiny):
     sched = MiniScheduler(block_size=8, max_num_seqs=2, token_budget=16)
     specs = {"long": (14, 3), "short": (3, 2), "next": (6, 4), "last": (2, 3)}
     for i, (req_id, (num_prompt, max_tokens)) in enumerate(specs.items()):
-        sched.add(Req(req_id, _prompt(num_prompt, 10 + i), max_tokens))
+        sched.add(Req(req_id, random_prompt(num_prompt, 10 + i), max_tokens))
     done = run_requests(runner, sched, async_mode=True)
     for i, (req_id, (num_prompt, max_tokens)) in enumerate(specs.items()):
-        assert done[req_id] == hf_greedy(hf_model, max_tokens, _prompt(num_prompt, 10 + i)), req_id
+        assert done[req_id] == hf_greedy(hf_model, max_tokens, random_prompt(num_prompt, 10 + i)), req_id
     # "long" (14 prompt tokens) finishes first; "next" takes its row over its stale tokens
     assert sched.rows_seen == {"long": 0, "short": 1, "next": 0, "last": 1}
 
@@ -67,11 +57,11 @@ def test_preempted_request_resumes_with_its_outputs(tiny):
     folder, hf_model = tiny
     runner = make_runner(make_config(folder, max_num_seqs=2, max_num_batched_tokens=16))
     sched = MiniScheduler(block_size=8, max_num_seqs=2, token_budget=16)
-    sched.add(Req("p", _prompt(10, 20), 8))
-    sched.add(Req("q", _prompt(7, 21), 6))
+    sched.add(Req("p", random_prompt(10, 20), 8))
+    sched.add(Req("q", random_prompt(7, 21), 6))
     done = run_requests(runner, sched, async_mode=False, preempt_at={3: "p"})
-    assert done["p"] == hf_greedy(hf_model, 8, _prompt(10, 20))
-    assert done["q"] == hf_greedy(hf_model, 6, _prompt(7, 21))
+    assert done["p"] == hf_greedy(hf_model, 8, random_prompt(10, 20))
+    assert done["q"] == hf_greedy(hf_model, 6, random_prompt(7, 21))
 
 
 @pytest.mark.parametrize("async_mode", [False, True])
@@ -81,10 +71,10 @@ def test_prompt_embeds(tiny, async_mode):
     runner = make_runner(make_config(folder, max_num_seqs=4, max_num_batched_tokens=16))
     sched = MiniScheduler(block_size=8, max_num_seqs=4, token_budget=6)
     embeds = torch.randn(11, HIDDEN, generator=torch.Generator().manual_seed(30)) * 0.3
-    sched.add(Req("ids", _prompt(5, 31), 5))
+    sched.add(Req("ids", random_prompt(5, 31), 5))
     sched.add(Req("emb", [0] * 11, 5, prompt_embeds=embeds))
     done = run_requests(runner, sched, async_mode)
-    assert done["ids"] == hf_greedy(hf_model, 5, _prompt(5, 31))
+    assert done["ids"] == hf_greedy(hf_model, 5, random_prompt(5, 31))
     assert done["emb"] == hf_greedy(hf_model, 5, prompt_embeds=embeds)
     assert done["emb"] != hf_greedy(hf_model, 5, [0] * 11)  # the embeddings were used
 
@@ -98,7 +88,7 @@ def test_random_sampling_same_in_sync_and_async(tiny):
         for i, seed in enumerate((None, 7, 8)):
             params = SamplingParams(temperature=1.5, top_k=20, top_p=0.9, seed=seed,
                                     frequency_penalty=0.5 * i)
-            sched.add(Req(f"r{i}", _prompt(6 + 5 * i, 60 + i), 6, params))
+            sched.add(Req(f"r{i}", random_prompt(6 + 5 * i, 60 + i), 6, params))
         results.append(run_requests(runner, sched, async_mode))
     assert results[0] == results[1]
     assert len({tuple(tokens) for tokens in results[0].values()}) == 3
@@ -108,8 +98,8 @@ def test_logprobs_per_request(tiny):
     folder, _ = tiny
     runner = make_runner(make_config(folder))
     sched = MiniScheduler(block_size=8, max_num_seqs=4, token_budget=16)
-    sched.add(Req("lp", _prompt(4, 40), 1, SamplingParams(temperature=0.0, logprobs=3)))
-    sched.add(Req("no", _prompt(6, 41), 1))
+    sched.add(Req("lp", random_prompt(4, 40), 1, SamplingParams(temperature=0.0, logprobs=3)))
+    sched.add(Req("no", random_prompt(6, 41), 1))
     output = runner.execute_model(sched.schedule()).get_output()
     assert output.req_ids == ["lp", "no"]
     with_lp, without = output.logprobs
@@ -130,5 +120,5 @@ def test_profile_run_leaves_no_trace(tiny):
     assert profile_bytes == 3 * 8 * 2 * NUM_KV_HEADS * HEAD_DIM * 4
     assert runner.input_batch.num_reqs == 0  # and the sampler's rows are free: row 0 is reused
     sched = MiniScheduler(block_size=8, max_num_seqs=3, token_budget=16)
-    sched.add(Req("after", _prompt(7, 50), 3))
-    assert run_requests(runner, sched, async_mode=True)["after"] == hf_greedy(hf_model, 3, _prompt(7, 50))
+    sched.add(Req("after", random_prompt(7, 50), 3))
+    assert run_requests(runner, sched, async_mode=True)["after"] == hf_greedy(hf_model, 3, random_prompt(7, 50))

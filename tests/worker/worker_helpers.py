@@ -193,3 +193,7 @@ def hf_greedy(hf_model: torch.nn.Module, max_tokens: int, prompt: list[int] | No
     out = hf_model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
                             dtype=torch.int64), **kwargs)
     return out[0, len(prompt):].tolist()
+
+
+def random_prompt(length: int, seed: int) -> list[int]:
+    return torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
