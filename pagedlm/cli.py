@@ -27,7 +27,7 @@ _ENGINE_HELP = {
     "scheduling_policy": "fcfs | priority",
     "async_scheduling": "plan step N+1 while step N runs (default: on for GPUs)",
     "enforce_eager": "no CUDA graphs",
-    "attention_backend": "auto | torch | triton",
+    "attention_backend": "auto | torch | torch_ref | triton",
     "device": "auto | cpu | cuda",
 }
 

@@ -250,7 +250,7 @@ class EngineConfig:
     device: torch.device
     seed: int = 0
     enforce_eager: bool = False
-    attention_backend: str = "auto"  # auto | torch | triton
+    attention_backend: str = "auto"  # auto | torch | torch_ref | triton
 
 
 @dataclass
@@ -297,8 +297,8 @@ class EngineArgs:
             num_gpu_blocks_override=self.num_gpu_blocks_override,
             kv_cache_memory_gib=self.kv_cache_memory_gib,
             enable_prefix_caching=self.enable_prefix_caching)
-        if self.attention_backend not in ("auto", "torch", "triton"):
-            raise ValueError(f"attention_backend must be auto, torch or triton; got {self.attention_backend!r}")
+        if self.attention_backend not in ("auto", "torch", "torch_ref", "triton"):
+            raise ValueError(f"attention_backend must be auto, torch, torch_ref or triton; got {self.attention_backend!r}")
         return EngineConfig(model=model, cache=cache, scheduler=scheduler, device=device,
                             seed=self.seed, enforce_eager=self.enforce_eager or not on_gpu,
                             attention_backend=self.attention_backend)

