@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from pagedlm.attention.backend import AttentionMetadata
-from pagedlm.attention.triton_paged import LOG2_E, attend_keys, cache_strides, kernel_constexprs
+from pagedlm.attention.triton_paged import LOG2_E, attend_key_range, cache_strides, kernel_constexprs
 
 DEFAULT_NUM_SMS = 132  # H100/H200; used where no CUDA device can be asked
 MIN_KEYS_PER_SPLIT = 256
@@ -47,6 +47,9 @@ def decode_split_kernel(
     chunk = tl.cdiv(tl.cdiv(seq_len - first_key, num_splits), BLOCK_N) * BLOCK_N
     kv_lo = first_key + split * chunk
     kv_hi = tl.minimum(kv_lo + chunk, seq_len)  # kv_lo >= kv_hi: empty split, max -inf, sum 0
+    kv_mid = kv_lo  # with a window every tile is masked; without, all but a partial last one
+    if not USE_WINDOW:
+        kv_mid = tl.maximum(kv_lo + (kv_hi - kv_lo) // BLOCK_N * BLOCK_N, kv_lo)
 
     rows = tl.arange(0, BLOCK_M)
     heads = kv_head * GROUP + rows  # [BLOCK_M]
@@ -58,8 +61,8 @@ def decode_split_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc, m_i, l_i = attend_keys(
-        acc, m_i, l_i, q, q_pos, kv_lo, kv_hi, k_cache_ptr, v_cache_ptr,
+    acc, m_i, l_i = attend_key_range(
+        acc, m_i, l_i, q, q_pos, kv_lo, kv_mid, kv_hi, k_cache_ptr, v_cache_ptr,
         block_table_ptr + seq.to(tl.int64) * stride_bt, kv_head, window, qk_scale,
         stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
         HEAD_DIM, BLOCK_N, BLOCK_SIZE, USE_WINDOW, DOT_PRECISION,

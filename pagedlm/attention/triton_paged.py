@@ -36,32 +36,64 @@ def attend_keys(
     k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head, window, qk_scale,
     stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr,
 ):
-    """Online softmax over the keys j in [kv_lo, kv_hi) with j <= q_pos (and q_pos - j < window)."""
+    """Online softmax over the keys j in [kv_lo, kv_hi) with j <= q_pos (and q_pos - j < window).
+    MASKED=False: the caller guarantees whole BLOCK_N tiles that every row sees in full (keys
+    below the tile's first query, no window), so no bounds or visibility masks are computed."""
     offs_d = tl.arange(0, HEAD_DIM)
     for start in range(kv_lo, kv_hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
         in_range = offs_n < kv_hi
-        block_ids = tl.load(block_table_row_ptr + offs_n // BLOCK_SIZE, mask=in_range, other=0).to(tl.int64)
+        if MASKED:
+            block_ids = tl.load(block_table_row_ptr + offs_n // BLOCK_SIZE, mask=in_range, other=0)
+        else:
+            block_ids = tl.load(block_table_row_ptr + offs_n // BLOCK_SIZE)
+        block_ids = block_ids.to(tl.int64)
         slots = offs_n % BLOCK_SIZE
         k_offs = block_ids * stride_kc_blk + slots * stride_kc_slot + kv_head * stride_kc_h  # [BLOCK_N]
         v_offs = block_ids * stride_vc_blk + slots * stride_vc_slot + kv_head * stride_vc_h  # [BLOCK_N]
-        k = tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=in_range[None, :], other=0.0)
+        if MASKED:
+            k = tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=in_range[None, :], other=0.0)
+        else:
+            k = tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None])
         s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
-        visible = in_range[None, :] & (offs_n[None, :] <= q_pos[:, None])
-        if USE_WINDOW:
-            visible = visible & (q_pos[:, None] - offs_n[None, :] < window)
-        s = tl.where(visible, s, float("-inf"))
+        if MASKED:
+            visible = in_range[None, :] & (offs_n[None, :] <= q_pos[:, None])
+            if USE_WINDOW:
+                visible = visible & (q_pos[:, None] - offs_n[None, :] < window)
+            s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)  # rows that have seen no key yet
         p = tl.exp2(s - m_ref[:, None])  # [BLOCK_M, BLOCK_N]
         alpha = tl.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :], mask=in_range[:, None], other=0.0)
+        if MASKED:
+            v = tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :], mask=in_range[:, None], other=0.0)
+        else:
+            v = tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :])
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, m_i, l_i
+
+
+@triton.jit
+def attend_key_range(
+    acc, m_i, l_i, q, q_pos, kv_lo, kv_mid, kv_hi,
+    k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head, window, qk_scale,
+    stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """attend_keys over [kv_lo, kv_hi): unmasked tiles [kv_lo, kv_mid), then masked ones."""
+    acc, m_i, l_i = attend_keys(
+        acc, m_i, l_i, q, q_pos, kv_lo, kv_mid, k_cache_ptr, v_cache_ptr, block_table_row_ptr,
+        kv_head, window, qk_scale, stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk,
+        stride_vc_slot, stride_vc_h, HEAD_DIM, BLOCK_N, BLOCK_SIZE, USE_WINDOW, DOT_PRECISION, False)
+    return attend_keys(
+        acc, m_i, l_i, q, q_pos, kv_mid, kv_hi, k_cache_ptr, v_cache_ptr, block_table_row_ptr,
+        kv_head, window, qk_scale, stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk,
+        stride_vc_slot, stride_vc_h, HEAD_DIM, BLOCK_N, BLOCK_SIZE, USE_WINDOW, DOT_PRECISION, True)
 
 
 @triton.jit
@@ -116,14 +148,17 @@ def paged_attention_kernel(
     q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0).to(k_cache_ptr.dtype.element_ty)
 
     kv_hi = first_pos + tl.minimum(q_first + BLOCK_Q, q_seq_end) - q_seq_start  # last query position + 1
-    kv_lo = 0
-    if USE_WINDOW:
+    if USE_WINDOW:  # every tile masked
         kv_lo = tl.maximum(first_pos + q_first - q_seq_start - window + 1, 0)
+        kv_mid = kv_lo
+    else:  # whole tiles of keys up to the tile's first query position are seen by every row
+        kv_lo = 0
+        kv_mid = tl.minimum((first_pos + q_first - q_seq_start + 1) // BLOCK_N * BLOCK_N, kv_hi)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc, m_i, l_i = attend_keys(
-        acc, m_i, l_i, q, q_pos, kv_lo, kv_hi, k_cache_ptr, v_cache_ptr,
+    acc, m_i, l_i = attend_key_range(
+        acc, m_i, l_i, q, q_pos, kv_lo, kv_mid, kv_hi, k_cache_ptr, v_cache_ptr,
         block_table_ptr + seq.to(tl.int64) * stride_bt, kv_head, window, qk_scale,
         stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
         HEAD_DIM, BLOCK_N, BLOCK_SIZE, USE_WINDOW, DOT_PRECISION,
@@ -149,9 +184,15 @@ def kernel_constexprs(
     )
 
 
+PREFILL_BLOCK_M = 64  # rows (query tokens x heads of a group) per prefill tile
+PREFILL_NUM_WARPS = 4
+PREFILL_NUM_STAGES = 3
+
+
 def varlen_block_m(max_query_len: int, group_pad: int) -> int:
-    """Rows per tile: 16 when every sequence's queries fit a small tile (decode), else 64."""
-    return max(group_pad, 16 if max_query_len * group_pad <= 16 else 64)
+    """Rows per tile: 16 when every sequence's queries fit a small tile (decode), else
+    PREFILL_BLOCK_M."""
+    return max(group_pad, 16 if max_query_len * group_pad <= 16 else PREFILL_BLOCK_M)
 
 
 def cache_strides(kv_cache: torch.Tensor) -> tuple[int, ...]:
@@ -176,6 +217,7 @@ def varlen_attention(
         out, q, kv_cache[0], kv_cache[1], meta.block_table, meta.query_start_loc, meta.seq_lens,
         meta.num_seqs, scale * LOG2_E, sliding_window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), meta.block_table.stride(0),
-        *cache_strides(kv_cache), GROUP_PAD=group_pad, BLOCK_M=block_m, **constexprs, num_warps=4,
+        *cache_strides(kv_cache), GROUP_PAD=group_pad, BLOCK_M=block_m, **constexprs,
+        num_warps=PREFILL_NUM_WARPS if block_m > 16 else 4, num_stages=PREFILL_NUM_STAGES,
     )
     return out

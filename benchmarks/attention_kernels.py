@@ -1,0 +1,137 @@
+"""GPU: the Triton paged-attention kernels on the workloads' shapes, against torch's SDPA
+(FlashAttention on contiguous q/k/v) as the peer, with a sweep of the prefill tile settings.
+
+    python benchmarks/attention_kernels.py [--sweep] [--json out.json]
+
+Cases (bf16, block size 16, head_dim 128, KV blocks shuffled in the pool):
+  prefill-llama  16 prompts x 512 tokens, 32 heads / 8 KV heads (T0 llama3-8b's prefill)
+  prefill-2k     4 prompts x 2048 tokens, llama3-8b heads (T3's shared prefixes, caching off)
+  suffix-llama   64 chunks of 128 tokens after 2048 cached ones (T3 with caching on)
+  prefill-qwen   16 x 512, 16 heads / 8 KV heads (T0 qwen3-0.6b)
+Each config's output is compared with SDPA's (max abs error printed; a broken config shows).
+Causal attention FLOPs = 4 * head_dim * heads * sum over queries of visible keys.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pagedlm.attention import triton_paged  # noqa: E402
+from pagedlm.attention.backend import AttentionMetadata  # noqa: E402
+
+CASES = {  # name: (num_seqs, cached tokens, query tokens, num_heads, num_kv_heads)
+    "prefill-llama": (16, 0, 512, 32, 8),
+    "prefill-2k": (4, 0, 2048, 32, 8),
+    "suffix-llama": (64, 2048, 128, 32, 8),
+    "prefill-qwen": (16, 0, 512, 16, 8),
+}
+HEAD_DIM, BLOCK_SIZE = 128, 16
+
+
+def make_case(num_seqs: int, cached: int, query_len: int, num_heads: int, num_kv_heads: int):
+    """-> (q [T, H, D], kv_cache, meta, q/k/v for SDPA [B, H, L, D], causal FLOPs)."""
+    dev, dtype = "cuda", torch.bfloat16
+    seq_len = cached + query_len
+    blocks_per_seq = -(-seq_len // BLOCK_SIZE)
+    num_blocks = num_seqs * blocks_per_seq + 1
+    k = torch.randn(num_seqs, seq_len, num_kv_heads, HEAD_DIM, device=dev, dtype=dtype)
+    v = torch.randn_like(k)
+    q = torch.randn(num_seqs, query_len, num_heads, HEAD_DIM, device=dev, dtype=dtype)
+    table = (torch.randperm(num_blocks - 1, device=dev) + 1)[:num_seqs * blocks_per_seq]
+    table = table.view(num_seqs, blocks_per_seq).to(torch.int32)
+    kv_cache = torch.zeros(2, num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM, device=dev, dtype=dtype)
+    pad = blocks_per_seq * BLOCK_SIZE - seq_len
+    for half, src in ((0, k), (1, v)):
+        padded = F.pad(src, (0, 0, 0, 0, 0, pad)).view(num_seqs, blocks_per_seq, BLOCK_SIZE, num_kv_heads, HEAD_DIM)
+        kv_cache[half][table.long()] = padded
+    starts = torch.arange(num_seqs + 1, dtype=torch.int32) * query_len
+    seq_lens = torch.full((num_seqs,), seq_len, dtype=torch.int32)
+    meta = AttentionMetadata(
+        num_tokens=num_seqs * query_len, num_seqs=num_seqs, max_query_len=query_len, max_seq_len=seq_len,
+        query_start_loc=starts.to(dev), seq_lens=seq_lens.to(dev), slot_mapping=torch.empty(0, device=dev),
+        block_table=table, query_start_loc_cpu=starts, seq_lens_cpu=seq_lens)
+    visible = num_seqs * sum(cached + i + 1 for i in range(query_len))
+    flops = 4 * HEAD_DIM * num_heads * visible
+    sdpa_qkv = (q.transpose(1, 2), k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous())
+    return q.reshape(-1, num_heads, HEAD_DIM), kv_cache, meta, sdpa_qkv, flops
+
+
+def sdpa(q, k, v, cached: int) -> torch.Tensor:
+    """[B, H, L, D]: causal with the queries as the last L of the keys (bottom-right)."""
+    if cached == 0:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    query_len, seq_len = q.shape[2], k.shape[2]
+    mask = torch.ones(query_len, seq_len, dtype=torch.bool, device=q.device).tril(seq_len - query_len)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+def time_ms(fn, iters: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def run_case(name: str, configs: list[tuple[int, int, int, int]]) -> list[dict]:
+    num_seqs, cached, query_len, num_heads, num_kv_heads = CASES[name]
+    q, kv_cache, meta, (sq, sk, sv), flops = make_case(num_seqs, cached, query_len, num_heads, num_kv_heads)
+    want = sdpa(sq, sk, sv, cached).transpose(1, 2).reshape(q.shape)
+    rows = [dict(case=name, config="sdpa", ms=time_ms(lambda: sdpa(sq, sk, sv, cached)), err=0.0)]
+    default = (triton_paged.PREFILL_BLOCK_M, triton_paged.PREFILL_NUM_WARPS, triton_paged.PREFILL_NUM_STAGES)
+    for block_m, warps, stages, block_n in configs:
+        triton_paged.PREFILL_BLOCK_M, triton_paged.PREFILL_NUM_WARPS, triton_paged.PREFILL_NUM_STAGES = block_m, warps, stages
+        constexprs = triton_paged.kernel_constexprs
+        if block_n:
+            triton_paged.kernel_constexprs = lambda *a, _n=block_n, _f=constexprs: {**_f(*a), "BLOCK_N": _n}
+        try:
+            out = torch.full_like(q, float("nan"))
+            call = lambda: triton_paged.varlen_attention(q, kv_cache, meta, HEAD_DIM ** -0.5, None, out=out)  # noqa: E731
+            call()
+            err = (out.float() - want.float()).abs().max().item()
+            rows.append(dict(case=name, config=f"M{block_m} w{warps} s{stages} N{block_n or 'def'}",
+                             ms=time_ms(call), err=err))
+        except Exception as exc:  # a config the compiler refuses (shared memory): say so, go on
+            rows.append(dict(case=name, config=f"M{block_m} w{warps} s{stages} N{block_n}", ms=float("nan"),
+                             err=float("nan"), error=str(exc)[:120]))
+        finally:
+            triton_paged.kernel_constexprs = constexprs
+    triton_paged.PREFILL_BLOCK_M, triton_paged.PREFILL_NUM_WARPS, triton_paged.PREFILL_NUM_STAGES = default
+    for row in rows:
+        row["tflops"] = flops / row["ms"] / 1e9
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sweep", action="store_true", help="try block_m x warps x stages x block_n")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    configs = [(triton_paged.PREFILL_BLOCK_M, triton_paged.PREFILL_NUM_WARPS, triton_paged.PREFILL_NUM_STAGES, 0)]
+    if args.sweep:
+        configs += [c for c in itertools.product([64, 128], [4, 8], [2, 3, 4], [32, 64, 128]) if c[:3] != configs[0][:3] or c[3]]
+    rows = [row for name in CASES for row in run_case(name, configs)]
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    print(f"\n{'case':14} {'config':22} {'ms':>8} {'TFLOP/s':>8} {'max err':>8}")
+    for name in CASES:
+        case_rows = sorted((r for r in rows if r["case"] == name), key=lambda r: (r["ms"] != r["ms"], r["ms"]))
+        shown = case_rows[:4] + [r for r in case_rows[4:] if r["config"] in ("sdpa", rows[1]["config"])]
+        for row in shown:
+            print(f"{row['case']:14} {row['config']:22} {row['ms']:8.3f} {row['tflops']:8.1f} {row['err']:8.4f}")
+
+
+if __name__ == "__main__":
+    main()
