@@ -86,31 +86,34 @@ def time_ms(fn, iters: int = 20) -> float:
 
 
 def run_case(name: str, configs: list[tuple[int, int, int, int]]) -> list[dict]:
+    """configs: (PREFILL_BLOCK_M, PREFILL_NUM_WARPS, PREFILL_NUM_STAGES, PREFILL_BLOCK_N)."""
     num_seqs, cached, query_len, num_heads, num_kv_heads = CASES[name]
     q, kv_cache, meta, (sq, sk, sv), flops = make_case(num_seqs, cached, query_len, num_heads, num_kv_heads)
     want = sdpa(sq, sk, sv, cached).transpose(1, 2).reshape(q.shape)
-    rows = [dict(case=name, config="sdpa", ms=time_ms(lambda: sdpa(sq, sk, sv, cached)), err=0.0)]
-    default = (triton_paged.PREFILL_BLOCK_M, triton_paged.PREFILL_NUM_WARPS, triton_paged.PREFILL_NUM_STAGES)
-    for block_m, warps, stages, block_n in configs:
-        triton_paged.PREFILL_BLOCK_M, triton_paged.PREFILL_NUM_WARPS, triton_paged.PREFILL_NUM_STAGES = block_m, warps, stages
-        constexprs = triton_paged.kernel_constexprs
-        if block_n:
-            triton_paged.kernel_constexprs = lambda *a, _n=block_n, _f=constexprs: {**_f(*a), "BLOCK_N": _n}
+    rows: list[dict] = []
+
+    def emit(**row) -> None:  # printed at once: a run cut short still leaves its rows
+        row.update(case=name, tflops=flops / row["ms"] / 1e9)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+
+    emit(config="sdpa", ms=time_ms(lambda: sdpa(sq, sk, sv, cached)), err=0.0)
+    names = ("PREFILL_BLOCK_M", "PREFILL_NUM_WARPS", "PREFILL_NUM_STAGES", "PREFILL_BLOCK_N")
+    default = [getattr(triton_paged, n) for n in names]
+    for config in configs:
+        label = "M{} w{} s{} N{}".format(*config)
+        for attr, value in zip(names, config):
+            setattr(triton_paged, attr, value)
         try:
             out = torch.full_like(q, float("nan"))
             call = lambda: triton_paged.varlen_attention(q, kv_cache, meta, HEAD_DIM ** -0.5, None, out=out)  # noqa: E731
             call()
             err = (out.float() - want.float()).abs().max().item()
-            rows.append(dict(case=name, config=f"M{block_m} w{warps} s{stages} N{block_n or 'def'}",
-                             ms=time_ms(call), err=err))
+            emit(config=label, ms=time_ms(call), err=err)
         except Exception as exc:  # a config the compiler refuses (shared memory): say so, go on
-            rows.append(dict(case=name, config=f"M{block_m} w{warps} s{stages} N{block_n}", ms=float("nan"),
-                             err=float("nan"), error=str(exc)[:120]))
-        finally:
-            triton_paged.kernel_constexprs = constexprs
-    triton_paged.PREFILL_BLOCK_M, triton_paged.PREFILL_NUM_WARPS, triton_paged.PREFILL_NUM_STAGES = default
-    for row in rows:
-        row["tflops"] = flops / row["ms"] / 1e9
+            emit(config=label, ms=float("nan"), err=float("nan"), error=str(exc)[:120])
+    for attr, value in zip(names, default):
+        setattr(triton_paged, attr, value)
     return rows
 
 
@@ -119,9 +122,11 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="try block_m x warps x stages x block_n")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    configs = [(triton_paged.PREFILL_BLOCK_M, triton_paged.PREFILL_NUM_WARPS, triton_paged.PREFILL_NUM_STAGES, 0)]
+    default = (triton_paged.PREFILL_BLOCK_M, triton_paged.PREFILL_NUM_WARPS, triton_paged.PREFILL_NUM_STAGES,
+               triton_paged.PREFILL_BLOCK_N)
+    configs = [default]
     if args.sweep:
-        configs += [c for c in itertools.product([64, 128], [4, 8], [2, 3, 4], [32, 64, 128]) if c[:3] != configs[0][:3] or c[3]]
+        configs += [c for c in itertools.product([64, 128], [4, 8], [2, 3], [64, 128]) if c != default]
     rows = [row for name in CASES for row in run_case(name, configs)]
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

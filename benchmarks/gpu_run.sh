@@ -1,16 +1,43 @@
 #!/usr/bin/env bash
-# One planned call on the H200: GPU tests, then the fixed workloads of shared/BENCHMARKS.md
-# with transformers' T0 as the peer, then T2 (the longest) last. Logs under $OUT.
-#   bash benchmarks/gpu_run.sh
+# Planned calls on the H200: the steps named in STEPS, in order, each under its own timeout,
+# logs under $OUT.   STEPS="tests sweep workloads" bash benchmarks/gpu_run.sh
+#   tests      pytest -m gpu (kernels vs fp32 reference, graphs == eager, zero syncs)
+#   sweep      benchmarks/attention_kernels.py --sweep (prefill tile settings vs SDPA)
+#   workloads  benchmarks/gpu_workloads.py on $WORKLOADS (transformers' T0 as the peer if PEER=1)
+#   t2         workload T2 alone (the longest)
+#   sampler    benchmarks/sampler_overhead.py on qwen3-0.6b at T0's shape (greedy / random / full)
+#   serve      benchmarks/serve_gpu.sh (bench serve at rates 10, 50, inf + bench throughput)
 set -uo pipefail
+cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee "$OUT/device.txt"
-if [ -z "${SKIP_TESTS:-}" ]; then
-  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -x -m gpu tests/gpu tests/worker/test_gpu_runner.py \
-    tests/sample/test_sample_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 25
-fi
-timeout "${BENCH_TIMEOUT:-300}" python3 benchmarks/gpu_workloads.py --json "$OUT/bench.json" --peer \
-  --workloads "${WORKLOADS:-L2,T0-qwen3-0.6b,T1,L1,T0-llama3-8b,T3-on,T3-off}" 2>&1 | tee "$OUT/bench.log" | tail -n 30
-timeout "${T2_TIMEOUT:-200}" python3 benchmarks/gpu_workloads.py --json "$OUT/bench_t2.json" --workloads T2 \
-  2>&1 | tee "$OUT/bench_t2.log" | tail -n 6
+nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv > "$OUT/device.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$OUT/device.txt"
+
+step() {  # name timeout command...
+  local name=$1 limit=$2; shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  echo "== $name: exit $? after $((SECONDS - start)) s (limit $limit)" | tee -a "$OUT/steps.txt"
+}
+
+for s in ${STEPS:-tests sweep workloads}; do
+  case $s in
+    tests) step tests "${TEST_TIMEOUT:-170}" python3 -m pytest -q -x -m gpu tests/gpu \
+             tests/worker/test_gpu_runner.py tests/sample/test_sample_gpu.py ;;
+    sweep) step sweep "${SWEEP_TIMEOUT:-200}" python3 benchmarks/attention_kernels.py --sweep --json "$OUT/sweep.json" ;;
+    workloads) step workloads "${BENCH_TIMEOUT:-300}" python3 benchmarks/gpu_workloads.py --json "$OUT/bench.json" \
+             ${PEER:+--peer} --workloads "${WORKLOADS:-L2,T0-qwen3-0.6b,T1,L1,T0-llama3-8b,T3-on,T3-off}" ;;
+    t2) step t2 "${T2_TIMEOUT:-280}" python3 benchmarks/gpu_workloads.py --json "$OUT/bench_t2.json" --workloads T2 ;;
+    sampler) step sampler "${SAMPLER_TIMEOUT:-120}" bash -c "python3 benchmarks/sampler_overhead.py --device cuda \
+             --model \$(python3 -c \"import sys, tempfile, pathlib; sys.path.insert(0, 'benchmarks'); \
+from gpu_workloads import model_dir; print(model_dir('qwen3-0.6b', pathlib.Path(tempfile.mkdtemp())))\") \
+             --load-format dummy --num-prompts 256 --input-len 512 --output-len 128 --repeats 3" ;;
+    serve) step serve "${SERVE_TIMEOUT:-240}" env OUT="$OUT/serve" bash benchmarks/serve_gpu.sh ;;
+    *) echo "unknown step $s" | tee -a "$OUT/steps.txt" ;;
+  esac
+done
+for s in ${STEPS:-tests sweep workloads}; do  # the tail of each log, the tables last
+  [ -f "$OUT/$s.log" ] && { echo "---- $s"; tail -n "${TAIL:-14}" "$OUT/$s.log"; }
+done
+cat "$OUT/steps.txt"

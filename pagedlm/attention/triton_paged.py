@@ -185,6 +185,7 @@ def kernel_constexprs(
 
 
 PREFILL_BLOCK_M = 64  # rows (query tokens x heads of a group) per prefill tile
+PREFILL_BLOCK_N = 64  # keys per step of a prefill tile (head_dim <= 128)
 PREFILL_NUM_WARPS = 4
 PREFILL_NUM_STAGES = 3
 
@@ -212,12 +213,15 @@ def varlen_attention(
     constexprs = kernel_constexprs(q, kv_cache, sliding_window)
     group_pad = triton.next_power_of_2(constexprs["GROUP"])
     block_m = varlen_block_m(meta.max_query_len, group_pad)
+    prefill = block_m > 16
+    if prefill and q.shape[2] <= 128:
+        constexprs["BLOCK_N"] = PREFILL_BLOCK_N
     grid = (triton.cdiv(q.shape[0], block_m // group_pad) + meta.num_seqs, kv_cache.shape[3])
     paged_attention_kernel[grid](
         out, q, kv_cache[0], kv_cache[1], meta.block_table, meta.query_start_loc, meta.seq_lens,
         meta.num_seqs, scale * LOG2_E, sliding_window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), meta.block_table.stride(0),
         *cache_strides(kv_cache), GROUP_PAD=group_pad, BLOCK_M=block_m, **constexprs,
-        num_warps=PREFILL_NUM_WARPS if block_m > 16 else 4, num_stages=PREFILL_NUM_STAGES,
+        num_warps=PREFILL_NUM_WARPS if prefill else 4, num_stages=PREFILL_NUM_STAGES if prefill else 3,
     )
     return out
