@@ -60,6 +60,7 @@ class Scheduler:
         self.running: list[Request] = []
         self._sort_keys: dict[str, tuple] = {}
         self._finished_req_ids: set[str] = set()  # left the worker since the last schedule()
+        self._running_finished = False  # a request in `running` finished and is still listed
         self._num_prompt_logprobs_sent: dict[str, int] = {}  # prompt-logprob entries delivered
         self._num_added = 0
         self._step_id = 0
@@ -221,11 +222,11 @@ class Scheduler:
 
     def _num_new_tokens(self, request: Request, token_budget: int) -> int:
         """0 when the request's next sample would pass max_tokens or max_model_len."""
-        num_next = request.num_output_placeholders
-        if (request.num_output_tokens + num_next >= request.max_tokens
-                or request.num_tokens + num_next >= self.max_model_len):
+        num_outputs = len(request.output_token_ids) + request.num_output_placeholders
+        num_tokens = len(request.prompt_token_ids) + num_outputs  # known and in flight
+        if num_outputs >= request.max_tokens or num_tokens >= self.max_model_len:
             return 0
-        return min(request.num_tokens_to_compute, token_budget)
+        return min(num_tokens - request.num_computed_tokens, token_budget)
 
     def _commit(self, request: Request, num_new: int, plan: _StepPlan) -> None:
         plan.num_scheduled_tokens[request.request_id] = num_new
@@ -297,6 +298,8 @@ class Scheduler:
         """Frees the request; a running one leaves `running` in `_drop_finished_running`."""
         if request.status != RequestStatus.RUNNING:
             self.waiting.remove(request)
+        else:
+            self._running_finished = True
         request.status = status
         self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
@@ -305,7 +308,9 @@ class Scheduler:
         self._finished_req_ids.add(request.request_id)
 
     def _drop_finished_running(self) -> None:
-        self.running = [request for request in self.running if not request.is_finished]
+        if self._running_finished:
+            self.running = [request for request in self.running if not request.is_finished]
+            self._running_finished = False
 
     def _check_fits(self, request: Request) -> None:
         num_prompt = request.num_prompt_tokens

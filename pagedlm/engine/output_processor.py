@@ -142,7 +142,9 @@ class OutputProcessor:
                 reqs_to_finish.append(out.req_id)
             if sample.finish_reason is not None:
                 del self._samples[out.req_id]
-            updated[state.request_id] = state
+                updated[state.request_id] = state
+            elif not state.final_only:  # a final-only request has nothing to emit yet
+                updated[state.request_id] = state
         return ProcessedOutputs(self._emit(updated.values(), now), reqs_to_finish)
 
     def _emit(self, states: Iterable[_RequestState], now: float) -> list[RequestOutput]:

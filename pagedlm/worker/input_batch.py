@@ -4,109 +4,27 @@ Rows: a request owns a row from its NewRequestData until it is named in finished
 Invariant: token_ids_np[row, :num_tokens_np[row]] are the token values the host knows
 (prompt + outputs received so far); a scheduled position at or past num_tokens_np[row] is a
 placeholder for the token the previous step sampled on the device (async scheduling).
+
+Steady decode: a step that schedules one token for each of the same requests, in the same
+order and rows, as the step before has the same query_start_loc, logits rows, sampling rows and
+placeholder rows as that step, and the same block table while no block was added; prepare()
+marks those sections reused, and the device buffers, which still hold them, are not rewritten.
 """
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from pagedlm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+from pagedlm.worker.batch_layout import BatchLayout, EmbedsSpan, Ragged, Samples, StepKey
 from pagedlm.worker.prompt_logprobs import PromptLogprobsPlan, plan_prompt_logprobs
+from pagedlm.worker.step_buffers import StepBuffers
 
 
 def cdiv(a: int | np.ndarray, b: int) -> int | np.ndarray:
     return -(-a // b)
-
-
-class StepBuffers:
-    """One set of per-step input tensors, sized for the largest step. Host sets are pinned when
-    CUDA is present (their numpy views are written by the batch builder); the device set is
-    what the model reads, as slices."""
-
-    def __init__(self, max_num_tokens: int, max_num_reqs: int, max_num_blocks_per_req: int,
-                 device: torch.device, pin: bool) -> None:
-        def make(size: int, dtype: torch.dtype) -> torch.Tensor:
-            return torch.zeros(size, dtype=dtype, device=device, pin_memory=pin)
-
-        self.input_ids = make(max_num_tokens, torch.int64)  # [max_num_tokens]
-        self.positions = make(max_num_tokens, torch.int64)  # [max_num_tokens]
-        self.slot_mapping = make(max_num_tokens, torch.int64)  # [max_num_tokens]
-        self.query_start_loc = make(max_num_reqs + 1, torch.int32)  # [max_num_reqs + 1]
-        self.seq_lens = make(max_num_reqs, torch.int32)  # [max_num_reqs]
-        # Flat: a step's block table is the contiguous prefix viewed as [num_seqs, num_cols].
-        self.block_table = make(max_num_reqs * max_num_blocks_per_req, torch.int32)
-        self.logits_indices = make(max_num_reqs, torch.int64)  # [max_num_reqs]
-        self.sample_rows = make(max_num_reqs, torch.int64)  # [max_num_reqs]: rows that sample
-        self.placeholder_idx = make(max_num_reqs, torch.int64)  # batch index of each placeholder
-        self.placeholder_rows = make(max_num_reqs, torch.int64)  # its row
-
-    def np(self, name: str) -> np.ndarray:
-        """The numpy view of a host buffer (shares memory)."""
-        return getattr(self, name).numpy()
-
-    def pad_decode(self, num_seqs: int, num_padded: int) -> None:
-        """Rows [num_seqs, num_padded) of a decode batch (one token per sequence) as padding,
-        for a CUDA graph of num_padded sequences: token 0 at position 0, slot -1 (no KV write),
-        seq_len 0 and no query (query_start_loc stays at num_seqs): the attention kernels skip
-        such a sequence."""
-        pad = slice(num_seqs, num_padded)
-        self.np("input_ids")[pad] = 0
-        self.np("positions")[pad] = 0
-        self.np("slot_mapping")[pad] = -1
-        self.np("seq_lens")[pad] = 0
-        self.np("query_start_loc")[num_seqs + 1:num_padded + 1] = num_seqs
-
-    def copy_from(self, src: StepBuffers, layout: BatchLayout, num_padded: int = 0) -> None:
-        """Non-blocking copy of the used prefix of every buffer of src into self; num_padded:
-        the token and sequence buffers of a decode batch padded (pad_decode) to that size."""
-        num_tokens = max(layout.num_tokens, num_padded)
-        num_seqs = max(layout.num_seqs, num_padded)
-        sizes = {
-            "input_ids": num_tokens, "positions": num_tokens, "slot_mapping": num_tokens,
-            "query_start_loc": num_seqs + 1, "seq_lens": num_seqs,
-            "block_table": layout.num_seqs * layout.num_block_cols,
-            "logits_indices": layout.num_samples, "sample_rows": layout.num_samples,
-            "placeholder_idx": layout.num_placeholders, "placeholder_rows": layout.num_placeholders,
-        }
-        for name, size in sizes.items():
-            if size:
-                getattr(self, name)[:size].copy_(getattr(src, name)[:size], non_blocking=True)
-
-
-@dataclass(slots=True)
-class EmbedsSpan:
-    """Batch rows [batch_start, batch_start + length) take prompt_embeds rows from prompt_start."""
-
-    row: int
-    batch_start: int
-    prompt_start: int
-    length: int
-
-
-@dataclass(slots=True)
-class BatchLayout:
-    """Host-side facts about one step's ragged batch (no device access needed)."""
-
-    num_tokens: int
-    num_seqs: int
-    max_query_len: int
-    max_seq_len: int
-    num_block_cols: int
-    num_placeholders: int
-    sampling_req_ids: list[str]  # in batch order
-    sample_rows_np: np.ndarray  # [num_samples] int32
-    sample_epochs_np: np.ndarray  # [num_samples] int64: row owner at sampling time
-    sample_positions_np: np.ndarray  # [num_samples] int32: where each sampled token lands
-    sample_num_logprobs_np: np.ndarray  # [num_samples] int32: -1 = not asked
-    embeds_spans: list[EmbedsSpan]
-    prompt_logprobs: PromptLogprobsPlan | None = None  # None: no request asks this step
-
-    @property
-    def num_samples(self) -> int:
-        return len(self.sampling_req_ids)
 
 
 class InputBatch:
@@ -126,7 +44,8 @@ class InputBatch:
         self.num_blocks_np = np.zeros(num_rows, np.int32)
         self.num_logprobs_np = np.full(num_rows, -1, np.int32)
         self.num_prompt_logprobs_np = np.full(num_rows, -1, np.int32)
-        self.pending_position_np = np.full(num_rows, -1, np.int32)  # sampled, value not yet seen
+        # the position a step in flight samples into (valid while >= num_tokens_np[row])
+        self.pending_position_np = np.full(num_rows, -1, np.int32)
         self.epochs_np = np.zeros(num_rows, np.int64)  # bumped each time a row changes owner
         self.has_embeds_np = np.zeros(num_rows, bool)
         self.prompt_embeds: list[torch.Tensor | None] = [None] * num_rows  # [P, hidden], device
@@ -135,10 +54,22 @@ class InputBatch:
         self._free_rows = list(range(num_rows))  # a heap: the lowest free row goes first
         self._next_epoch = 1
         self.num_kv_blocks: int | None = None  # block ids must lie in [0, num_kv_blocks)
+        self._arange_np = np.arange(max_num_reqs + 1, dtype=np.int32)
+        self._ones_np = np.ones(max_num_reqs, dtype=np.int32)
+        self._num_rows_with_embeds = 0
+        self._num_rows_with_prompt_logprobs = 0
+        self.rows_version = 0  # bumped when a row changes owner
+        self._blocks_version = 0  # bumped when a row's blocks change
+        self._previous: StepKey | None = None  # the last prepared step
 
     @property
     def num_reqs(self) -> int:
         return len(self.req_id_to_row)
+
+    def forget_previous_step(self) -> None:
+        """The device buffers were written outside the steps (graph capture): the next step
+        reuses nothing."""
+        self._previous = None
 
     def add_request(self, new: NewRequestData, prompt_embeds: torch.Tensor | None) -> int:
         """Give the request the lowest free row and fill it."""
@@ -158,11 +89,14 @@ class InputBatch:
         self.num_logprobs_np[row] = -1 if logprobs is None else logprobs
         prompt_logprobs = new.sampling_params.prompt_logprobs
         self.num_prompt_logprobs_np[row] = -1 if prompt_logprobs is None else prompt_logprobs
+        self._num_rows_with_prompt_logprobs += prompt_logprobs is not None
         self.pending_position_np[row] = -1
         self.epochs_np[row] = self._next_epoch
         self._next_epoch += 1
         self.prompt_embeds[row] = prompt_embeds
         self.has_embeds_np[row] = prompt_embeds is not None
+        self._num_rows_with_embeds += prompt_embeds is not None
+        self.rows_version += 1
         return row
 
     def _check_new(self, new: NewRequestData, num_tokens: int) -> None:
@@ -186,16 +120,21 @@ class InputBatch:
             return None
         self.req_ids[row] = None
         self.prompt_embeds[row] = None
+        self._num_rows_with_embeds -= bool(self.has_embeds_np[row])
+        self._num_rows_with_prompt_logprobs -= bool(self.num_prompt_logprobs_np[row] >= 0)
         self.has_embeds_np[row] = False
+        self.num_prompt_logprobs_np[row] = -1
         self.epochs_np[row] = 0
         heapq.heappush(self._free_rows, row)
+        self.rows_version += 1
         return row
 
     def update_request(self, cached: CachedRequestData) -> None:
         row = self.req_id_to_row.get(cached.req_id)
         if row is None:
             raise ValueError(f"cached_reqs: request {cached.req_id} is not on the worker")
-        self._append_blocks(row, cached.new_block_ids)
+        if cached.new_block_ids:
+            self._append_blocks(row, cached.new_block_ids)
         self.num_computed_tokens_np[row] = cached.num_computed_tokens
 
     def _append_blocks(self, row: int, block_ids: list[int]) -> None:
@@ -203,6 +142,7 @@ class InputBatch:
         self._check_blocks(self.req_ids[row], start, block_ids)
         self.block_table_np[row, start:start + len(block_ids)] = block_ids
         self.num_blocks_np[row] = start + len(block_ids)
+        self._blocks_version += 1
 
     def _check_blocks(self, req_id: str | None, num_blocks: int, block_ids: list[int]) -> None:
         if num_blocks + len(block_ids) > self.max_num_blocks_per_req:
@@ -213,126 +153,186 @@ class InputBatch:
             raise ValueError(f"request {req_id}: block ids {block_ids[:8]} must lie in "
                              f"[0, num_blocks={limit})")
 
-    def record_sampled(self, rows_np: np.ndarray, epochs_np: np.ndarray,
-                       positions_np: np.ndarray, token_ids: list[int]) -> None:
-        """Store tokens sampled by a past step, where their row still has the same owner and
-        the token is the next one the host does not know yet."""
-        for row, epoch, position, token_id in zip(rows_np.tolist(), epochs_np.tolist(),
-                                                  positions_np.tolist(), token_ids):
-            if self.epochs_np[row] != epoch or position != self.num_tokens_np[row]:
-                continue
-            if self.pending_position_np[row] == position:
-                self.pending_position_np[row] = -1
-            if position < self.max_model_len:
-                self.token_ids_np[row, position] = token_id
-                self.num_tokens_np[row] = position + 1
+    def record_sampled(self, layout: BatchLayout, token_ids_np: np.ndarray) -> None:
+        """Store the tokens [N] a past step sampled, where their row still has the same owner
+        and the token is the next one the host does not know yet (and fits in the row). A row's
+        pending position needs no reset: it now lies below num_tokens_np[row]."""
+        rows_np, positions_np = layout.sample_rows_np, layout.sample_positions_np  # [N] each
+        stored = positions_np == self.num_tokens_np.take(rows_np)  # [N]
+        if layout.rows_version != self.rows_version:  # a row may have changed owner since
+            stored &= self.epochs_np.take(rows_np) == layout.sample_epochs_np
+        if layout.max_seq_len >= self.max_model_len:  # a full row keeps its last token unstored
+            stored &= positions_np < self.max_model_len
+        if np.count_nonzero(stored) < stored.size:
+            rows_np, positions_np, token_ids_np = (rows_np[stored], positions_np[stored],
+                                                   token_ids_np[stored])
+        self.token_ids_np[rows_np, positions_np] = token_ids_np
+        self.num_tokens_np[rows_np] = positions_np + 1
 
     def prepare(self, sched: SchedulerOutput, buf: StepBuffers) -> BatchLayout:
         """Lay the scheduled tokens out as one ragged batch in the host buffers of buf."""
+        previous, self._previous = self._previous, None  # kept only once this step is laid out
         req_ids = list(sched.num_scheduled_tokens)
-        rows = self._rows_of(req_ids)  # [B]
-        num_scheduled = np.fromiter(sched.num_scheduled_tokens.values(), np.int32, len(req_ids))
-        num_computed = self.num_computed_tokens_np[rows]  # [B]
-        seq_lens = num_computed + num_scheduled  # [B]
-        self._check_step(sched, req_ids, rows, num_scheduled, seq_lens)
-        query_start_loc = np.zeros(len(req_ids) + 1, np.int32)
-        np.cumsum(num_scheduled, out=query_start_loc[1:])
-        num_tokens = int(query_start_loc[-1])
-        token_req = np.repeat(np.arange(len(req_ids)), num_scheduled)  # [T]
-        positions = num_computed[token_req] + np.arange(num_tokens) - query_start_loc[token_req]
-        token_rows = rows[token_req]  # [T]
-        self._fill_tokens(buf, token_rows, positions)
-        num_block_cols = self._fill_seqs(buf, rows, query_start_loc, seq_lens)
-        num_placeholders = self._fill_placeholders(buf, token_rows, positions)
-        sample_idx = np.fromiter((b for b, r in enumerate(req_ids) if r in sched.sampling_req_ids),
-                                 np.int64)  # [num_samples]: batch index of each sampling request
-        sample_rows = rows[sample_idx]
-        self._fill_sampling(buf, sample_rows, query_start_loc[sample_idx + 1] - 1)
-        self.pending_position_np[sample_rows] = seq_lens[sample_idx]
+        num_seqs = len(req_ids)
+        num_tokens = self._check_counts(sched, num_seqs)
+        if (previous is not None and previous.rows_version == self.rows_version
+                and previous.req_ids == req_ids):
+            rows = previous.rows_np  # [B]: the same array marks the same rows
+        else:
+            rows = self._rows_of(req_ids)
+        ragged = self._ragged(sched, rows, num_tokens)
+        max_seq_len = self._check_lengths(req_ids, rows, ragged.seq_lens)
+        placeholder_idx = self._placeholders(ragged)  # [num_placeholders]
+        num_placeholders = placeholder_idx.size
+        samples = self._samples(sched, req_ids, rows, ragged.seq_lens)
+        key = StepKey(self.rows_version, req_ids, rows,
+                      steady=(num_tokens == num_seqs == len(samples.req_ids)
+                              and num_placeholders in (0, num_tokens)),
+                      num_placeholders=num_placeholders, blocks_version=self._blocks_version,
+                      num_block_cols=int(cdiv(max_seq_len, self.block_size)))
         layout = BatchLayout(
-            num_tokens=num_tokens, num_seqs=len(req_ids), max_query_len=int(num_scheduled.max()),
-            max_seq_len=int(seq_lens.max()), num_block_cols=num_block_cols,
-            num_placeholders=num_placeholders,
-            sampling_req_ids=[req_ids[b] for b in sample_idx.tolist()],
-            sample_rows_np=sample_rows, sample_epochs_np=self.epochs_np[sample_rows],
-            sample_positions_np=seq_lens[sample_idx],
-            sample_num_logprobs_np=self.num_logprobs_np[sample_rows],
-            embeds_spans=self._embeds_spans(rows, query_start_loc, num_computed, num_scheduled),
-            prompt_logprobs=plan_prompt_logprobs(
-                req_ids, rows, self.num_prompt_logprobs_np[rows], self.num_prompt_tokens_np[rows],
-                num_computed, num_scheduled, query_start_loc, self.token_ids_np))
-        self.num_computed_tokens_np[rows] = seq_lens
+            num_tokens=num_tokens, num_seqs=num_seqs,
+            max_query_len=1 if num_tokens == num_seqs else int(ragged.num_scheduled.max()),
+            max_seq_len=max_seq_len, num_block_cols=key.num_block_cols,
+            num_placeholders=num_placeholders, sampling_req_ids=samples.req_ids,
+            sample_rows_np=samples.rows_np, sample_epochs_np=self.epochs_np.take(samples.rows_np),
+            sample_positions_np=samples.positions_np,
+            sample_num_logprobs_np=self.num_logprobs_np.take(samples.rows_np),
+            embeds_spans=self._embeds_spans(rows, ragged),
+            prompt_logprobs=self._plan_prompt_logprobs(req_ids, rows, ragged),
+            rows_version=self.rows_version, reuse_seq_sections=key.reuses_seq_sections(previous),
+            reuse_block_table=key.reuses_block_table(previous))
+        self._fill(buf, layout, ragged, samples, placeholder_idx)
+        self.pending_position_np[samples.rows_np] = samples.positions_np
+        self.num_computed_tokens_np[rows] = ragged.seq_lens
+        self._previous = key
         return layout
 
-    def _rows_of(self, req_ids: list[str]) -> np.ndarray:
-        missing = [r for r in req_ids if r not in self.req_id_to_row]
-        if missing:
-            raise ValueError(f"num_scheduled_tokens: requests {missing[:5]} are not on the worker")
-        return np.fromiter((self.req_id_to_row[r] for r in req_ids), np.int32, len(req_ids))
-
-    def _check_step(self, sched: SchedulerOutput, req_ids: list[str], rows: np.ndarray,
-                    num_scheduled: np.ndarray, seq_lens: np.ndarray) -> None:
-        if int(num_scheduled.sum()) != sched.total_num_scheduled_tokens:
-            raise ValueError(f"total_num_scheduled_tokens={sched.total_num_scheduled_tokens} "
-                             f"differs from the sum of num_scheduled_tokens ({num_scheduled.sum()})")
-        if (num_scheduled < 1).any():
+    def _check_counts(self, sched: SchedulerOutput, num_seqs: int) -> int:
+        """The step's number of tokens, after checking the per-request counts."""
+        counts = sched.num_scheduled_tokens.values()
+        num_tokens = sched.total_num_scheduled_tokens
+        if num_seqs and min(counts) < 1:
             raise ValueError("num_scheduled_tokens: every scheduled request needs at least 1 token")
-        too_long = np.flatnonzero(seq_lens > self.max_model_len)
-        if too_long.size:
-            raise ValueError(f"request {req_ids[too_long[0]]}: sequence length "
-                             f"{seq_lens[too_long[0]]} exceeds max_model_len={self.max_model_len}")
-        short = np.flatnonzero(cdiv(seq_lens, self.block_size) > self.num_blocks_np[rows])
-        if short.size:
-            b = short[0]
+        if sum(counts) != num_tokens:
+            raise ValueError(f"total_num_scheduled_tokens={num_tokens} differs from the sum of "
+                             f"num_scheduled_tokens ({sum(counts)})")
+        if not sched.sampling_req_ids <= sched.num_scheduled_tokens.keys():
+            extra = sorted(sched.sampling_req_ids - sched.num_scheduled_tokens.keys())
+            raise ValueError(f"sampling_req_ids: requests {extra[:5]} are not scheduled")
+        return num_tokens
+
+    def _rows_of(self, req_ids: list[str]) -> np.ndarray:
+        try:
+            return np.fromiter((self.req_id_to_row[r] for r in req_ids), np.int32, len(req_ids))
+        except KeyError:
+            missing = [r for r in req_ids if r not in self.req_id_to_row]
+            raise ValueError(f"num_scheduled_tokens: requests {missing[:5]} are not on the "
+                             "worker") from None
+
+    def _ragged(self, sched: SchedulerOutput, rows: np.ndarray, num_tokens: int) -> Ragged:
+        num_seqs = len(rows)
+        num_computed = self.num_computed_tokens_np.take(rows)  # [B]
+        if num_tokens == num_seqs:  # one token per request (decodes)
+            return Ragged(rows, self._arange_np[:num_seqs + 1], num_computed,
+                          self._ones_np[:num_seqs], num_computed + 1, rows, num_computed)
+        num_scheduled = np.fromiter(sched.num_scheduled_tokens.values(), np.int32, num_seqs)
+        query_start_loc = np.zeros(num_seqs + 1, np.int32)
+        np.cumsum(num_scheduled, out=query_start_loc[1:])
+        token_req = np.repeat(np.arange(num_seqs), num_scheduled)  # [T]
+        positions = num_computed[token_req] + np.arange(num_tokens) - query_start_loc[token_req]
+        return Ragged(rows, query_start_loc, num_computed, num_scheduled,
+                      num_computed + num_scheduled, rows[token_req], positions)
+
+    def _check_lengths(self, req_ids: list[str], rows: np.ndarray, seq_lens: np.ndarray) -> int:
+        """The longest sequence, after checking every one fits max_model_len and its blocks."""
+        max_seq_len = int(seq_lens.max())
+        if max_seq_len > self.max_model_len:
+            b = int(np.argmax(seq_lens > self.max_model_len))
+            raise ValueError(f"request {req_ids[b]}: sequence length {seq_lens[b]} exceeds "
+                             f"max_model_len={self.max_model_len}")
+        short = seq_lens > self.num_blocks_np.take(rows) * self.block_size  # [B]
+        if np.count_nonzero(short):
+            b = int(np.argmax(short))
             raise ValueError(f"request {req_ids[b]}: {self.num_blocks_np[rows[b]]} blocks hold "
                              f"fewer than its {seq_lens[b]} tokens (block_size={self.block_size})")
+        return max_seq_len
 
-    def _fill_tokens(self, buf: StepBuffers, token_rows: np.ndarray, positions: np.ndarray) -> None:
-        num_tokens = len(positions)
-        block_ids = self.block_table_np[token_rows, positions // self.block_size]  # [T]
-        buf.np("input_ids")[:num_tokens] = self.token_ids_np[token_rows, positions]
-        buf.np("positions")[:num_tokens] = positions
-        slots = buf.np("slot_mapping")[:num_tokens]
-        np.multiply(block_ids, self.block_size, out=slots)
-        slots += positions % self.block_size
-
-    def _fill_seqs(self, buf: StepBuffers, rows: np.ndarray, query_start_loc: np.ndarray,
-                   seq_lens: np.ndarray) -> int:
-        """query_start_loc, seq_lens and the block table; returns its number of columns."""
-        num_seqs = len(rows)
-        num_cols = int(cdiv(seq_lens, self.block_size).max())
-        buf.np("query_start_loc")[:num_seqs + 1] = query_start_loc
-        buf.np("seq_lens")[:num_seqs] = seq_lens
-        table = buf.np("block_table")[:num_seqs * num_cols].reshape(num_seqs, num_cols)
-        table[:] = self.block_table_np[rows, :num_cols]
-        return num_cols
-
-    def _fill_placeholders(self, buf: StepBuffers, token_rows: np.ndarray,
-                           positions: np.ndarray) -> int:
-        """Input tokens whose value is still on the device: the last token sampled in the row."""
-        idx = np.flatnonzero(positions >= self.num_tokens_np[token_rows])  # [num_placeholders]
-        ph_rows = token_rows[idx]
-        bad = np.flatnonzero(positions[idx] != self.pending_position_np[ph_rows])
-        if bad.size:
-            row, position = ph_rows[bad[0]], positions[idx[bad[0]]]
-            raise ValueError(f"request {self.req_ids[row]}: position {position} is scheduled but "
-                             "its token is neither known nor being sampled by the previous step")
-        buf.np("placeholder_idx")[:len(idx)] = idx
-        buf.np("placeholder_rows")[:len(idx)] = ph_rows
-        return len(idx)
+    def _placeholders(self, ragged: Ragged) -> np.ndarray:
+        """[num_placeholders] batch indices of the input tokens whose value is still on the
+        device (the last token sampled in the row)."""
+        token_rows, positions = ragged.token_rows, ragged.positions
+        idx = (positions >= self.num_tokens_np.take(token_rows)).nonzero()[0]
+        if idx.size:
+            bad = positions.take(idx) != self.pending_position_np.take(token_rows.take(idx))
+            if np.count_nonzero(bad):
+                i = idx[np.argmax(bad)]
+                raise ValueError(f"request {self.req_ids[token_rows[i]]}: position {positions[i]} "
+                                 "is scheduled but its token is neither known nor being sampled "
+                                 "by the previous step")
+        return idx
 
     @staticmethod
-    def _fill_sampling(buf: StepBuffers, sample_rows: np.ndarray, logits_indices: np.ndarray) -> None:
-        """Logits rows (the last token of each sampling request) and the rows they sample for."""
-        buf.np("logits_indices")[:len(sample_rows)] = logits_indices
-        buf.np("sample_rows")[:len(sample_rows)] = sample_rows
+    def _samples(sched: SchedulerOutput, req_ids: list[str], rows: np.ndarray,
+                 seq_lens: np.ndarray) -> Samples:
+        if len(sched.sampling_req_ids) == len(req_ids):  # every request samples
+            return Samples(list(req_ids), None, rows, seq_lens)  # the step key keeps req_ids
+        sampling = sched.sampling_req_ids
+        batch_idx = np.fromiter((b for b, r in enumerate(req_ids) if r in sampling), np.int64)
+        return Samples([req_ids[b] for b in batch_idx.tolist()],  # sync-ok: numpy, host only
+                       batch_idx, rows[batch_idx], seq_lens[batch_idx])
 
-    def _embeds_spans(self, rows: np.ndarray, query_start_loc: np.ndarray,
-                      num_computed: np.ndarray, num_scheduled: np.ndarray) -> list[EmbedsSpan]:
+    def _fill(self, buf: StepBuffers, layout: BatchLayout, ragged: Ragged, samples: Samples,
+              placeholder_idx: np.ndarray) -> None:
+        """Writes the step into the staging set, but for the sections it reuses."""
+        arrays, num_seqs = buf.arrays, layout.num_seqs
+        token_rows, positions = ragged.token_rows, ragged.positions  # [T] each
+        num_tokens = layout.num_tokens
+        if layout.num_placeholders < num_tokens:
+            arrays["input_ids"][:num_tokens] = self.token_ids_np[token_rows, positions]
+        arrays["positions"][:num_tokens] = positions
+        slots = arrays["slot_mapping"][:num_tokens]
+        np.multiply(self.block_table_np[token_rows, positions // self.block_size],
+                    self.block_size, out=slots)
+        slots += positions % self.block_size
+        arrays["query_start_loc"][:num_seqs + 1] = ragged.query_start_loc
+        arrays["seq_lens"][:num_seqs] = ragged.seq_lens
+        if not layout.reuse_block_table:
+            num_cols = layout.num_block_cols
+            table = arrays["block_table"][:num_seqs * num_cols].reshape(num_seqs, num_cols)
+            table[:] = self.block_table_np[ragged.rows, :num_cols]
+        if not layout.reuse_seq_sections:
+            self._fill_seq_sections(buf, ragged, samples, placeholder_idx)
+
+    @staticmethod
+    def _fill_seq_sections(buf: StepBuffers, ragged: Ragged, samples: Samples,
+                           placeholder_idx: np.ndarray) -> None:
+        """Logits rows (the last token of each sampling request), the rows they sample for,
+        and each placeholder's batch index and row."""
+        num_samples, num_placeholders = len(samples.req_ids), placeholder_idx.size
+        query_ends = ragged.query_start_loc[1:]  # [B]
+        ends = query_ends if samples.batch_idx is None else query_ends[samples.batch_idx]
+        np.subtract(ends, 1, out=buf.arrays["logits_indices"][:num_samples])
+        buf.arrays["sample_rows"][:num_samples] = samples.rows_np
+        buf.arrays["placeholder_idx"][:num_placeholders] = placeholder_idx
+        buf.arrays["placeholder_rows"][:num_placeholders] = ragged.token_rows[placeholder_idx]
+
+    def _embeds_spans(self, rows: np.ndarray, ragged: Ragged) -> list[EmbedsSpan]:
         """Scheduled prompt positions of requests that came with prompt_embeds."""
+        if not self._num_rows_with_embeds:
+            return []
+        num_computed, num_scheduled = ragged.num_computed, ragged.num_scheduled
         num_prompt = self.num_prompt_tokens_np[rows]
         batch_idx = np.flatnonzero(self.has_embeds_np[rows] & (num_computed < num_prompt))
-        return [EmbedsSpan(row=int(rows[b]), batch_start=int(query_start_loc[b]),
+        return [EmbedsSpan(row=int(rows[b]), batch_start=int(ragged.query_start_loc[b]),
                            prompt_start=int(num_computed[b]),
                            length=int(min(num_scheduled[b], num_prompt[b] - num_computed[b])))
                 for b in batch_idx.tolist()]
+
+    def _plan_prompt_logprobs(self, req_ids: list[str], rows: np.ndarray,
+                              ragged: Ragged) -> PromptLogprobsPlan | None:
+        if not self._num_rows_with_prompt_logprobs:
+            return None
+        return plan_prompt_logprobs(
+            req_ids, rows, self.num_prompt_logprobs_np[rows], self.num_prompt_tokens_np[rows],
+            ragged.num_computed, ragged.num_scheduled, ragged.query_start_loc, self.token_ids_np)

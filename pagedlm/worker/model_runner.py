@@ -31,9 +31,11 @@ from pagedlm.sample.state import SamplingState
 from pagedlm.sampling_params import MAX_LOGPROBS, SamplingParams
 from pagedlm.worker import memory
 from pagedlm.worker.cuda_graphs import DecodeGraphs, graphs_enabled
-from pagedlm.worker.input_batch import BatchLayout, InputBatch, StepBuffers, cdiv
+from pagedlm.worker.batch_layout import BatchLayout
+from pagedlm.worker.input_batch import InputBatch, cdiv
 from pagedlm.worker.prompt_logprobs import compute_prompt_logprobs
 from pagedlm.worker.runner_output import AsyncRunnerOutput
+from pagedlm.worker.step_buffers import PrefixViews, StepBuffers
 
 logger = logging.getLogger("pagedlm")
 NUM_STAGING_SETS = 2
@@ -60,6 +62,7 @@ class ModelRunner:
                                       self.block_size)
         self._init_buffers()
         self._init_streams()
+        self._inference_mode = torch.inference_mode()
         self.sampler = SamplingState(self.max_num_reqs, config.model.vocab_size, self.device,
                                      config.seed)
         self._num_steps = 0
@@ -73,6 +76,7 @@ class ModelRunner:
                                          device=self.device)  # [max_num_reqs], by row
         self._sampled_cpu = [torch.zeros(self.max_num_reqs, dtype=torch.int64, pin_memory=self.use_cuda)
                              for _ in range(NUM_STAGING_SETS)]  # [max_num_reqs]
+        self._sampled_cpu_views = PrefixViews(dict(enumerate(self._sampled_cpu)))  # by slot
         self._in_flight: list[AsyncRunnerOutput | None] = [None] * NUM_STAGING_SETS
 
     def _init_streams(self) -> None:
@@ -80,11 +84,15 @@ class ModelRunner:
             self._copy_stream = self._graph_stream = None
             self._staging_events = [None] * NUM_STAGING_SETS
             self._output_events = [None] * NUM_STAGING_SETS
+            self._step_events = [None] * NUM_STAGING_SETS
             return
         self._copy_stream = torch.cuda.Stream(self.device)
         self._graph_stream = torch.cuda.Stream(self.device)  # warm-up and capture, trial and real
         self._staging_events = [torch.cuda.Event() for _ in range(NUM_STAGING_SETS)]
         self._output_events = [torch.cuda.Event() for _ in range(NUM_STAGING_SETS)]
+        # the step's work on the compute stream, which the copy stream waits for (reused
+        # events: Stream.wait_stream would make a new one every step)
+        self._step_events = [torch.cuda.Event() for _ in range(NUM_STAGING_SETS)]
 
     def load_model(self) -> None:
         backend = get_attention_backend(self.config.attention_backend, self.device)
@@ -107,6 +115,7 @@ class ModelRunner:
         self.input_batch.num_kv_blocks = num_blocks
         if self.use_cuda_graphs:
             self._capture_graphs()
+            self.input_batch.forget_previous_step()  # the capture wrote the device buffers
 
     def _capture_graphs(self) -> None:
         start = time.perf_counter()
@@ -143,9 +152,12 @@ class ModelRunner:
         shape = (2, num_blocks, self.block_size, model.num_kv_heads, model.head_dim)
         return torch.zeros(shape, dtype=model.dtype, device=self.device)
 
-    @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> AsyncRunnerOutput:
         """Launch one step; never waits for the device (beyond a staging set two steps old)."""
+        with self._inference_mode:  # one context object, entered once per step
+            return self._execute(sched)
+
+    def _execute(self, sched: SchedulerOutput) -> AsyncRunnerOutput:
         self._update_states(sched)
         if sched.is_empty:
             return AsyncRunnerOutput(sched.step_id)
@@ -157,7 +169,7 @@ class ModelRunner:
         graph_size = self._graph_size(layout)
         if graph_size:
             staging.pad_decode(layout.num_seqs, graph_size)
-        self._inputs.copy_from(staging, layout, graph_size)
+        self._inputs.copy_from(staging, layout.copy_sizes(graph_size))
         if self._staging_events[slot] is not None:
             self._staging_events[slot].record()
         hidden = self._forward(staging, layout, graph_size)
@@ -228,30 +240,36 @@ class ModelRunner:
         return AttentionMetadata(
             num_tokens=num_tokens, num_seqs=num_seqs, max_query_len=layout.max_query_len,
             max_seq_len=layout.max_seq_len,
-            query_start_loc=inputs.query_start_loc[:num_seqs + 1],
-            seq_lens=inputs.seq_lens[:num_seqs],
-            slot_mapping=inputs.slot_mapping[:num_tokens],
+            query_start_loc=inputs.prefix("query_start_loc", num_seqs + 1),
+            seq_lens=inputs.prefix("seq_lens", num_seqs),
+            slot_mapping=inputs.prefix("slot_mapping", num_tokens),
             block_table=block_table,
-            query_start_loc_cpu=staging.query_start_loc[:num_seqs + 1],
-            seq_lens_cpu=staging.seq_lens[:num_seqs])
+            query_start_loc_cpu=staging.prefix("query_start_loc", num_seqs + 1),
+            seq_lens_cpu=staging.prefix("seq_lens", num_seqs))
 
     def _forward(self, staging: StepBuffers, layout: BatchLayout, graph_size: int) -> torch.Tensor:
         """[num_tokens (graph_size when replayed), hidden_size]: the model over the batch."""
         num_tokens, num_seqs, num_cols = layout.num_tokens, layout.num_seqs, layout.num_block_cols
-        input_ids = self._inputs.input_ids[:num_tokens]  # [T]
+        input_ids = self._inputs.prefix("input_ids", num_tokens)  # [T]
         self._write_placeholders(input_ids, layout.num_placeholders)
-        block_table = self._inputs.block_table[:num_seqs * num_cols].view(num_seqs, num_cols)
+        block_table = self._inputs.prefix("block_table", num_seqs, num_cols)
         if graph_size:
             return self.graphs.replay(graph_size, block_table)
         meta = self._attention_metadata(staging, layout, block_table)
-        return self.model(input_ids, self._inputs.positions[:num_tokens], self.kv_caches, meta,
+        positions = self._inputs.prefix("positions", num_tokens)  # [T]
+        return self.model(input_ids, positions, self.kv_caches, meta,
                           inputs_embeds=self._inputs_embeds(input_ids, layout))
 
     def _write_placeholders(self, input_ids: torch.Tensor, num_placeholders: int) -> None:
-        """Input tokens sampled by the previous step, still on the device: from last_sampled."""
-        if num_placeholders:
-            rows = self._inputs.placeholder_rows[:num_placeholders]
-            input_ids.index_copy_(0, self._inputs.placeholder_idx[:num_placeholders],
+        """Input tokens sampled by the previous step, still on the device: from last_sampled
+        (straight into input_ids when every input token is one)."""
+        if not num_placeholders:
+            return
+        rows = self._inputs.prefix("placeholder_rows", num_placeholders)
+        if num_placeholders == input_ids.shape[0]:  # placeholder i is input token i
+            torch.index_select(self._last_sampled, 0, rows, out=input_ids)
+        else:
+            input_ids.index_copy_(0, self._inputs.prefix("placeholder_idx", num_placeholders),
                                   self._last_sampled.index_select(0, rows))
 
     def _inputs_embeds(self, input_ids: torch.Tensor, layout: BatchLayout) -> torch.Tensor | None:
@@ -272,10 +290,13 @@ class ModelRunner:
         num_samples = layout.num_samples
         if num_samples == 0:
             return None
-        hidden = hidden.index_select(0, self._inputs.logits_indices[:num_samples])  # [N, hidden]
+        if layout.samples_every_token:  # logits rows 0..N-1: no gather
+            hidden = hidden[:num_samples]  # [N, hidden]
+        else:
+            hidden = hidden.index_select(0, self._inputs.prefix("logits_indices", num_samples))
         logits = self.model.compute_logits(hidden)  # [N, vocab_size] float32
         sample = self.sampler.sample(logits, layout.sample_rows_np)
-        self._last_sampled.index_copy_(0, self._inputs.sample_rows[:num_samples],
+        self._last_sampled.index_copy_(0, self._inputs.prefix("sample_rows", num_samples),
                                        sample.sampled_token_ids)
         return sample
 
@@ -285,10 +306,10 @@ class ModelRunner:
         """Start the device->host copies of the step's results (side stream, after the step)."""
         if sample is None and prompt_logprobs is None:
             return AsyncRunnerOutput(step_id, layout)
-        sampled_cpu = self._sampled_cpu[slot][:layout.num_samples]
+        sampled_cpu = self._sampled_cpu_views.get(slot, layout.num_samples)
         logprobs_cpu = prompt_logprobs_cpu = None
         event = self._output_events[slot]
-        with self._copy_stream_context():
+        with self._copy_stream_context(slot):
             if sample is not None:
                 sampled_cpu.copy_(sample.sampled_token_ids, non_blocking=True)
                 logprobs_cpu = _to_host(sample.logprobs)
@@ -302,10 +323,13 @@ class ModelRunner:
         return AsyncRunnerOutput(step_id, layout, sampled_cpu, logprobs_cpu, event,
                                  self.input_batch, prompt_logprobs_cpu)
 
-    def _copy_stream_context(self) -> contextlib.AbstractContextManager:
+    def _copy_stream_context(self, slot: int) -> contextlib.AbstractContextManager:
+        """The copy stream, after the step's work queued so far on the current stream."""
         if self._copy_stream is None:
             return contextlib.nullcontext()
-        self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+        step_done = self._step_events[slot]
+        step_done.record()
+        self._copy_stream.wait_event(step_done)
         return torch.cuda.stream(self._copy_stream)
 
     def _profile_run(self) -> int:

@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 from pagedlm.core.sched_output import Logprobs, ModelRunnerOutput
-from pagedlm.worker.input_batch import BatchLayout, InputBatch
+from pagedlm.worker.batch_layout import BatchLayout
+from pagedlm.worker.input_batch import InputBatch
 from pagedlm.worker.prompt_logprobs import logprobs_row, to_logprobs_lists
 
 HostTensors = tuple[torch.Tensor, ...]
@@ -45,11 +46,10 @@ class AsyncRunnerOutput:
                                                        self._prompt_logprobs_cpu)
         if layout.num_samples == 0:
             return result
-        token_ids = self._sampled_cpu.numpy().tolist()  # sync-ok: host memory, copy complete
-        self._input_batch.record_sampled(layout.sample_rows_np, layout.sample_epochs_np,
-                                         layout.sample_positions_np, token_ids)
+        token_ids_np = self._sampled_cpu.numpy()  # sync-ok: host memory, copy complete
+        self._input_batch.record_sampled(layout, token_ids_np)
         result.req_ids = layout.sampling_req_ids
-        result.sampled_token_ids = [[t] for t in token_ids]
+        result.sampled_token_ids = [[t] for t in token_ids_np.tolist()]  # sync-ok: host memory
         result.logprobs = self._logprobs()
         return result
 

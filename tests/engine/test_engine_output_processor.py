@@ -87,3 +87,18 @@ def test_abort_returns_core_ids_and_forgets_the_request() -> None:
     assert processor.abort_requests(["a", "unknown"]) == ["a_0", "a_2"]
     assert processor.num_unfinished_requests() == 0
     assert processor.process_outputs([EngineCoreOutput("a_0", [5])]).request_outputs == []
+
+
+def test_final_only_request_is_reported_once_finished() -> None:
+    processor = OutputProcessor(None)
+    processor.add_request("f", None, [3], SamplingParams(n=2), 1.0, [3], final_only=True)
+    processor.add_request("s", None, [3], SamplingParams(), 1.0, [3])  # streamed
+    step = processor.process_outputs([EngineCoreOutput("f_0", [5]), EngineCoreOutput("f_1", [6]),
+                                      EngineCoreOutput("s", [7])])
+    assert [out.request_id for out in step.request_outputs] == ["s"]
+    one_done = processor.process_outputs([EngineCoreOutput("f_0", [8], finish_reason="length")])
+    assert one_done.request_outputs == []  # sample 1 still runs
+    done = processor.process_outputs([EngineCoreOutput("f_1", [9], finish_reason="length")])
+    (out,) = done.request_outputs
+    assert out.finished and [c.token_ids for c in out.outputs] == [[5, 8], [6, 9]]
+    assert processor.num_unfinished_requests() == 1  # "s"

@@ -1,0 +1,203 @@
+"""Host (Python) cost of one engine step: the CPU proxy for workload L2 (issue 3).
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/host_step.py [--batch-sizes 1,32]
+        [--input-len 128] [--output-len 512] [--vocab 1024] [--repeats 5] [--device cpu]
+        [--count-ops] [--profile out.prof]
+
+A Qwen3-shaped model with dummy weights and a tiny body (hidden 64, 2 layers), float32 on the
+CPU, async scheduling on, the H200's engine defaults (max_num_seqs 1024, max_num_batched_tokens
+16384, max_model_len 40960), greedy, ignore_eos, prompts of random token ids, through
+LLM.generate (the L2 path). Two timings per batch size, each the minimum over --repeats
+generate calls after a warm-up, divided by --output-len (one decode step per output token):
+- "host": the model forward replaced by a stub that returns a static hidden-state buffer (on
+  the H200 a decode forward is one CUDA-graph replay, a few µs of host time); the LM head
+  and the sampler still run. This is the step's host cost.
+- "full": the real tiny forward as well (its eager torch ops: what the stub took away).
+Timings are CPU time of the process on the CPU, wall time with --device cuda; there decode
+steps replay the captured CUDA graph, which the stub does not replace (both include it), and
+the GPU time of one replay of the batch's decode graph is printed too (replays queued behind a
+GPU sleep, so the host's launch time is hidden): a step time close to it means GPU-bound.
+--vocab 1024 by default keeps the LM head and argmax cheap on the CPU so that the Python cost
+shows; --vocab 151936 gives Qwen3's real logits shapes (then the CPU argmax weighs in).
+--count-ops counts, over the steady decode steps of one host run, the torch calls that reach
+the dispatcher (aten ops, which cost similar host time on CUDA) per step. --profile writes a
+cProfile of one host run at the first batch size (read it with `python -m pstats`).
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import random
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pagedlm import LLM, SamplingParams  # noqa: E402
+
+TINY_QWEN3 = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "intermediate_size": 128, "tie_word_embeddings": True, "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6, "max_position_embeddings": 40960, "hidden_act": "silu",
+}
+
+
+class ForwardStub:
+    """Stands in for the model: its forward returns rows of a static buffer; everything else
+    (compute_logits, embed_tokens) is the real model's."""
+
+    def __init__(self, model: Any, max_num_tokens: int) -> None:
+        self._model = model
+        weight = model.model.embed_tokens.weight  # [vocab_size, hidden_size]
+        self._hidden = torch.zeros(max_num_tokens, weight.shape[1], dtype=weight.dtype,
+                                   device=weight.device)  # [max_num_tokens, hidden_size]
+
+    def __call__(self, input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self._hidden[:input_ids.shape[0]]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops that reach the dispatcher."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[str(func.overloadpacket.__name__)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch-sizes", default="1,32")
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=512)
+    parser.add_argument("--vocab", type=int, default=1024)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--count-ops", action="store_true")
+    parser.add_argument("--profile", default=None, help="write a cProfile of one host run here")
+    return parser.parse_args()
+
+
+def _build(folder: Path, args: argparse.Namespace) -> LLM:
+    config = dict(TINY_QWEN3, vocab_size=args.vocab)
+    (folder / "config.json").write_text(json.dumps(config))
+    return LLM(str(folder), load_format="dummy", dtype="float32", device=args.device,
+               skip_tokenizer_init=True, async_scheduling=True, max_num_seqs=1024,
+               max_num_batched_tokens=16384, max_model_len=TINY_QWEN3["max_position_embeddings"],
+               seed=0)
+
+
+def _generate(llm: LLM, prompts: list[list[int]], output_len: int) -> float:
+    """Seconds of one generate call: CPU time of the process on the CPU (steadier than wall time
+    on a shared machine; the engine runs in one thread), wall time on CUDA."""
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    clock = time.perf_counter if llm.llm_engine.config.device.type == "cuda" else time.process_time
+    start = clock()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = clock() - start
+    assert all(len(o.outputs[0].token_ids) == output_len for o in outputs)
+    return elapsed
+
+
+def _min_time(llm: LLM, prompts: list[list[int]], args: argparse.Namespace) -> float:
+    _generate(llm, prompts, args.output_len)  # warm-up
+    return min(_generate(llm, prompts, args.output_len) for _ in range(args.repeats))
+
+
+def _count_ops(llm: LLM, prompts: list[list[int]], output_len: int) -> tuple[float, Counter]:
+    """Aten ops per decode step, counted over the steady steps (first and last 8 left out)."""
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"count-{i}", prompt, params, final_only=True)
+    num_steps = 0
+    counter = OpCounter()
+    while engine.has_unfinished_requests():
+        counting = 8 <= num_steps < output_len - 8
+        if counting:
+            with counter:
+                engine.step()
+        else:
+            engine.step()
+        num_steps += 1
+    num_counted = max(output_len - 16, 1)
+    return sum(counter.counts.values()) / num_counted, counter.counts
+
+
+def _replay_gpu_us(graphs: Any, batch_size: int, num_replays: int = 200) -> float:
+    """GPU µs of one replay of the decode graph for batch_size sequences (CUDA only), over
+    the static buffers as the last step left them (a finished run: its KV is not read again)."""
+    size = graphs.padded_size(batch_size)
+    block_table = graphs.block_table[:batch_size, :1].clone()  # [B, 1]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graphs.replay(size, block_table)
+    torch.cuda._sleep(100_000_000)  # keeps the GPU busy while the host queues the replays
+    start.record()
+    for _ in range(num_replays):
+        graphs.replay(size, block_table)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / num_replays
+
+
+def _run_batch(args: argparse.Namespace, batch_size: int, folder: Path) -> dict[str, float]:
+    rng = random.Random(0)
+    prompts = [[rng.randrange(2, args.vocab) for _ in range(args.input_len)]
+               for _ in range(batch_size)]
+    llm = _build(folder, args)
+    runner = llm.llm_engine.engine_core.model_runner
+    full_s = _min_time(llm, prompts, args)
+    runner.model = ForwardStub(runner.model, runner.max_num_tokens)
+    host_s = _min_time(llm, prompts, args)
+    result = {"batch": batch_size, "host_us": host_s / args.output_len * 1e6,
+              "full_us": full_s / args.output_len * 1e6}
+    if runner.graphs is not None:
+        replay_us = _replay_gpu_us(runner.graphs, batch_size)
+        print(f"batch {batch_size}: one decode-graph replay takes {replay_us:.1f} µs of GPU time")
+    if args.count_ops:
+        ops_per_step, counts = _count_ops(llm, prompts, args.output_len)
+        result["aten_ops_per_step"] = ops_per_step
+        num_counted = max(args.output_len - 16, 1)
+        top = ", ".join(f"{name} {n / num_counted:.1f}" for name, n in counts.most_common(12))
+        print(f"batch {batch_size}: aten ops per decode step: {top}")
+    if args.profile and batch_size == int(args.batch_sizes.split(",")[0]):
+        cProfile.runctx("_generate(llm, prompts, args.output_len)", globals(),
+                        {"llm": llm, "prompts": prompts, "args": args, "_generate": _generate},
+                        args.profile)
+    return result
+
+
+def main() -> None:
+    args = _parse_args()
+    torch.set_num_threads(1)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for batch_size in (int(b) for b in args.batch_sizes.split(",")):
+            rows.append(_run_batch(args, batch_size, Path(tmp)))
+    print(f"\nvocab {args.vocab}, {args.input_len} prompt + {args.output_len} output tokens, "
+          f"device {args.device}, min of {args.repeats}")
+    print("| batch | host µs/step (forward stubbed) | full µs/step (tiny forward) "
+          "| aten ops/step |")
+    print("|---|---|---|---|")
+    for row in rows:
+        ops = f"{row['aten_ops_per_step']:.1f}" if "aten_ops_per_step" in row else ""
+        print(f"| {row['batch']} | {row['host_us']:.1f} | {row['full_us']:.1f} | {ops} |")
+
+
+if __name__ == "__main__":
+    main()
