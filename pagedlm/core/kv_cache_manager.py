@@ -60,12 +60,18 @@ class KVCacheManager:
         """Makes room for `num_computed_tokens` (+ the prefix hit in `computed_blocks`, for a request
         holding no blocks yet) + `num_new_tokens` tokens. Returns the newly taken block ids (hits
         excluded), or None, changing nothing, when the pool is short."""
-        computed_blocks = computed_blocks or []
         req_id = request.request_id
-        is_first = req_id not in self.req_to_blocks
+        held = self.req_to_blocks.get(req_id)
+        if held is not None and not computed_blocks:  # the common decode step: often no new block
+            num_total_tokens = request.num_computed_tokens + num_new_tokens
+            if num_total_tokens <= len(held) * self.block_size:
+                self._cache_full_blocks(request, num_total_tokens)
+                return []
+        computed_blocks = computed_blocks or []
+        is_first = held is None
         if computed_blocks and not is_first:
             raise ValueError("computed_blocks: only a request that holds no blocks takes prefix hits")
-        held = self.req_to_blocks.get(req_id, [])
+        held = held or []
         num_total_tokens = (request.num_computed_tokens + len(computed_blocks) * self.block_size
                             + num_new_tokens)
         num_new_blocks = max(cdiv(num_total_tokens, self.block_size) - len(held) - len(computed_blocks), 0)
