@@ -7,6 +7,7 @@
 #   t2         workload T2 alone (the longest)
 #   sampler    benchmarks/sampler_overhead.py on qwen3-0.6b at T0's shape (greedy / random / full)
 #   serve      benchmarks/serve_gpu.sh (bench serve at rates 10, 50, inf + bench throughput)
+#   host       benchmarks/host_step.py on the GPU (step time vs one decode graph replay)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -33,6 +34,7 @@ for s in ${STEPS:-tests sweep workloads}; do
              --model \$(python3 -c \"import sys, tempfile, pathlib; sys.path.insert(0, 'benchmarks'); \
 from gpu_workloads import model_dir; print(model_dir('qwen3-0.6b', pathlib.Path(tempfile.mkdtemp())))\") \
              --load-format dummy --num-prompts 256 --input-len 512 --output-len 128 --repeats 3" ;;
+    host) step host "${HOST_TIMEOUT:-90}" python3 benchmarks/host_step.py --device cuda --vocab 151936 --repeats 3 ;;
     serve) step serve "${SERVE_TIMEOUT:-240}" env OUT="$OUT/serve" bash benchmarks/serve_gpu.sh ;;
     *) echo "unknown step $s" | tee -a "$OUT/steps.txt" ;;
   esac

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 import numpy as np
 
 DATASETS = ("random", "prefix-repetition")
+WARMUP_INPUT_LEN = 16
+WARMUP_OUTPUT_LEN = 8
+_WARMUP_SEED = 12345
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,15 @@ def sample_requests(args: argparse.Namespace, vocab_size: int) -> list[BenchRequ
                                args.output_len, args.range_ratio)
     return prefix_repetition_requests(rng, vocab_size, args.num_prompts, args.prefix_len,
                                       args.suffix_len, args.num_prefixes, args.output_len)
+
+
+def warmup_request(vocab_size: int) -> BenchRequest:
+    """The one short request both benchmarks send before timing. It is not drawn from the
+    dataset: a dataset prompt sent first would sit in the prefix cache when the timed run
+    sends it again, and skip its prefill."""
+    rng = np.random.default_rng(_WARMUP_SEED)
+    (request,) = random_requests(rng, vocab_size, 1, WARMUP_INPUT_LEN, WARMUP_OUTPUT_LEN, 0.0)
+    return request
 
 
 def random_requests(rng: np.random.Generator, vocab_size: int, num_prompts: int, input_len: int,

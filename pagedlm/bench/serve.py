@@ -3,7 +3,11 @@
 Requests arrive as a Poisson process (`--request-rate`, `inf`: all at once), at most
 `--max-concurrency` in flight, each streamed, so that TTFT, inter-token latency (ITL), time per
 output token (TPOT) and end-to-end latency are measured per request. Only OpenAI fields are
-sent, plus `ignore_eos` (a vLLM extra) when asked for."""
+sent, plus `ignore_eos` (a vLLM extra) when asked for.
+
+The warm-up request is not from the dataset, and the report counts the prompt tokens the server
+took from its prefix cache (usage.prompt_tokens_details.cached_tokens): a server that has seen
+the same prompts before (an earlier run with the same --dataset-seed) skips their prefill."""
 from __future__ import annotations
 
 import argparse
@@ -16,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from pagedlm.bench.datasets import BenchRequest, add_dataset_args, sample_requests
+from pagedlm.bench.datasets import BenchRequest, add_dataset_args, sample_requests, warmup_request
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 
@@ -57,6 +61,7 @@ class RequestResult:
     error: str = ""
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens the server took from its prefix cache
     ttft: float = 0.0  # seconds from sending to the first text
     latency: float = 0.0  # seconds from sending to the last byte
     itl: list[float] = field(default_factory=list)  # gaps between later text chunks
@@ -106,7 +111,9 @@ async def run_benchmark(args: argparse.Namespace, requests: list[BenchRequest],
                                  timeout=args.timeout) as client:
         model = args.model or await _first_model(client)
         bodies = [_body(args, model, r, tokenizer) for r in requests]
-        warmup = await send_request(client, args.endpoint, bodies[0], len(requests[0].prompt_token_ids))
+        warmup_req = warmup_request(len(tokenizer))
+        warmup = await send_request(client, args.endpoint, _body(args, model, warmup_req, tokenizer),
+                                    len(warmup_req.prompt_token_ids))
         if not warmup.success:
             raise ValueError(f"the first request failed, nothing was measured: {warmup.error}")
         start = time.perf_counter()
@@ -160,7 +167,7 @@ async def _send_all(client: Any, args: argparse.Namespace, bodies: list[dict],
 
 
 async def send_request(client: Any, endpoint: str, body: dict, num_prompt_tokens: int) -> RequestResult:
-    """One streamed request; text chunks time TTFT and ITL, the usage chunk counts tokens."""
+    """One streamed request; token chunks time TTFT and ITL, the usage chunk counts tokens."""
     result = RequestResult(num_prompt_tokens=num_prompt_tokens)
     start = last = time.perf_counter()
     num_chunks = 0
@@ -176,7 +183,7 @@ async def send_request(client: Any, endpoint: str, body: dict, num_prompt_tokens
                 if "error" in chunk:
                     result.error = str(chunk["error"])
                     return result
-                if _chunk_text(chunk):
+                if _is_token_chunk(chunk):
                     now = time.perf_counter()
                     if num_chunks == 0:
                         result.ttft = now - start
@@ -188,22 +195,28 @@ async def send_request(client: Any, endpoint: str, body: dict, num_prompt_tokens
                 if usage:
                     result.num_output_tokens = usage["completion_tokens"]
                     result.num_prompt_tokens = usage["prompt_tokens"]
+                    details = usage.get("prompt_tokens_details") or {}
+                    result.num_cached_tokens = details.get("cached_tokens") or 0
     except Exception as exc:  # noqa: BLE001 - a failed request is counted, not fatal
         result.error = f"{type(exc).__name__}: {exc}"
         return result
     result.latency = time.perf_counter() - start
     result.num_output_tokens = result.num_output_tokens or num_chunks
     result.success = num_chunks > 0
-    result.error = "" if result.success else "no text came back"
+    result.error = "" if result.success else "no output tokens came back"
     return result
 
 
-def _chunk_text(chunk: dict) -> str:
+def _is_token_chunk(chunk: dict) -> bool:
+    """Does this chunk bring new output tokens? Completions stream one chunk per step with new
+    tokens, whose text is empty when the server has no tokenizer (`--skip-tokenizer-init`)."""
     choices = chunk.get("choices") or []
     if not choices:
-        return ""
+        return False
     choice = choices[0]
-    return choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+    if "text" in choice:
+        return bool(choice["text"]) or choice.get("finish_reason") is None
+    return bool((choice.get("delta") or {}).get("content"))
 
 
 def summarize(results: list[RequestResult], duration: float) -> dict[str, Any]:
@@ -216,6 +229,7 @@ def summarize(results: list[RequestResult], duration: float) -> dict[str, Any]:
         "failed_requests": len(results) - len(ok),
         "errors": sorted({r.error for r in results if not r.success})[:10],
         "total_input_tokens": num_prompt, "total_output_tokens": num_output,
+        "total_cached_tokens": sum(r.num_cached_tokens for r in ok),
         "request_throughput": len(ok) / duration,
         "output_throughput": num_output / duration,
         "total_token_throughput": (num_prompt + num_output) / duration,
@@ -236,6 +250,7 @@ def format_report(s: dict[str, Any]) -> str:
              f"Failed requests:                {s['failed_requests']}",
              f"Duration (s):                   {s['duration_s']:.2f}",
              f"Total input tokens:             {s['total_input_tokens']}",
+             f"Cached input tokens:            {s['total_cached_tokens']}",
              f"Total output tokens:            {s['total_output_tokens']}",
              f"Request throughput (req/s):     {s['request_throughput']:.2f}",
              f"Output token throughput (tok/s): {s['output_throughput']:.2f}",

@@ -6,16 +6,11 @@ import json
 import time
 from typing import Any
 
-import numpy as np
-
-from pagedlm.bench.datasets import BenchRequest, add_dataset_args, random_requests, sample_requests
+from pagedlm.bench.datasets import BenchRequest, add_dataset_args, sample_requests, warmup_request
 from pagedlm.bench.roofline import ModelCost, generation_floor_seconds
 from pagedlm.config import EngineArgs
 from pagedlm.outputs import RequestOutput
 from pagedlm.sampling_params import SamplingParams
-
-_WARMUP_INPUT_LEN = 16
-_WARMUP_OUTPUT_LEN = 8
 
 
 def add_throughput_args(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +44,8 @@ def run_throughput(args: argparse.Namespace, engine_args: EngineArgs) -> dict[st
     print(f"Throughput: {results['requests_per_second']:.2f} requests/s, "
           f"{results['tokens_per_second']:.2f} total tokens/s, "
           f"{results['output_tokens_per_second']:.2f} output tokens/s "
-          f"({results['num_requests']} requests in {elapsed:.2f} s); "
+          f"({results['num_requests']} requests in {elapsed:.2f} s, "
+          f"{results['total_cached_tokens']} prompt tokens from the prefix cache); "
           f"{100 * results['fraction_of_hardware_limit']:.1f}% of the hardware limit")
     if args.output_json:
         with open(args.output_json, "w") as f:
@@ -67,6 +63,7 @@ def summarize(requests: list[BenchRequest], outputs: list[RequestOutput],
         "num_prompt_tokens": num_prompt_tokens,
         "num_output_tokens": num_output_tokens,
         "total_num_tokens": num_prompt_tokens + num_output_tokens,
+        "total_cached_tokens": sum(o.num_cached_tokens for o in outputs),  # prefix-cache hits
         "requests_per_second": len(requests) / elapsed,
         "tokens_per_second": (num_prompt_tokens + num_output_tokens) / elapsed,
         "output_tokens_per_second": num_output_tokens / elapsed,
@@ -74,9 +71,7 @@ def summarize(requests: list[BenchRequest], outputs: list[RequestOutput],
 
 
 def _warm_up(llm: Any, vocab_size: int, ignore_eos: bool) -> None:
-    """One short request of its own (not from the dataset, so no prefix is pre-cached)."""
-    rng = np.random.default_rng(12345)
-    (request,) = random_requests(rng, vocab_size, 1, _WARMUP_INPUT_LEN, _WARMUP_OUTPUT_LEN, 0.0)
+    request = warmup_request(vocab_size)
     llm.generate({"prompt_token_ids": request.prompt_token_ids},
                  _params(request.output_len, ignore_eos), use_tqdm=False)
 

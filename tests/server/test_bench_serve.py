@@ -50,6 +50,20 @@ def test_bench_serve_counts_and_times_every_request(server: ServerProcess, tmp_p
     assert result["output_throughput"] == pytest.approx(60 / result["duration_s"])
 
 
+def test_bench_serve_warms_up_off_the_dataset_and_counts_cached_tokens(server: ServerProcess) -> None:
+    """Issue 4's 2x: a run's prompts already in the server's prefix cache skip their prefill.
+    The warm-up must not put a dataset prompt there (a first run takes nothing from the cache);
+    the same prompts sent again come from the cache, all but each prompt's last token, in
+    whole blocks of 16, and the report counts them."""
+    argv = ("--base-url", server.base_url, "--api-key", "bench-key", "--num-prompts", "3",
+            "--input-len", "40", "--output-len", "2", "--dataset-seed", "7")
+    first = main(parse(*argv))
+    again = main(parse(*argv))
+    assert (first["successful_requests"], again["successful_requests"]) == (3, 3)
+    assert first["total_cached_tokens"] == 0
+    assert again["total_cached_tokens"] == 3 * 32  # (40 - 1) // 16 = 2 blocks per prompt
+
+
 def test_bench_serve_stops_when_the_first_request_fails(server: ServerProcess) -> None:
     """A wrong key: the first request fails, so nothing is measured."""
     args = parse("--base-url", server.base_url, "--api-key", "wrong", "--model", "m",
@@ -65,12 +79,13 @@ def test_bench_serve_rejects_bad_arguments() -> None:
 
 def test_summary_counts_failures_and_uses_only_successes() -> None:
     ok = RequestResult(success=True, num_prompt_tokens=5, num_output_tokens=3, ttft=0.1,
-                       latency=0.5, itl=[0.2, 0.2])
-    failed = RequestResult(error="HTTP 503: busy", num_prompt_tokens=7)
+                       latency=0.5, itl=[0.2, 0.2], num_cached_tokens=4)
+    failed = RequestResult(error="HTTP 503: busy", num_prompt_tokens=7, num_cached_tokens=7)
     summary = summarize([ok, failed, ok], duration=2.0)
     assert (summary["successful_requests"], summary["failed_requests"]) == (2, 1)
     assert summary["errors"] == ["HTTP 503: busy"]
     assert (summary["total_input_tokens"], summary["total_output_tokens"]) == (10, 6)
+    assert summary["total_cached_tokens"] == 8
     assert summary["request_throughput"] == 1.0 and summary["output_throughput"] == 3.0
     assert summary["median_tpot_ms"] == pytest.approx(200.0)  # (0.5 - 0.1) / (3 - 1)
     assert summary["p99_itl_ms"] == pytest.approx(200.0)

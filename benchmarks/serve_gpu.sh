@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# GPU (issue 4's serving benchmark): `pagedlm serve` on Qwen3-0.6B's shape with dummy weights
+# (bf16, no tokenizer: prompts are token ids), `bench serve` at request rates 10, 50 and inf on
+# 1000 random prompts of 512 tokens with 128 output tokens, then `bench throughput` (the
+# offline engine) on the same prompts. Logs and JSON in $OUT.
+#   bash benchmarks/serve_gpu.sh            (env: NUM_PROMPTS, RATES, MODEL_SHAPE, PORT, PY)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/serve_gpu}; mkdir -p "$OUT"
+PY=${PY:-python3}
+MODEL=$($PY -c "import sys, tempfile, pathlib; sys.path.insert(0, 'benchmarks'); \
+from gpu_workloads import model_dir; print(model_dir('${MODEL_SHAPE:-qwen3-0.6b}', pathlib.Path(tempfile.mkdtemp())))")
+ENGINE="--load-format dummy --skip-tokenizer-init ${ENGINE_ARGS:-}"
+DATA="--dataset random --num-prompts ${NUM_PROMPTS:-1000} --input-len ${INPUT_LEN:-512} --output-len ${OUTPUT_LEN:-128} --range-ratio 0"
+PORT=${PORT:-8321}
+$PY -m pagedlm.cli serve "$MODEL" --port "$PORT" $ENGINE > "$OUT/server.log" 2>&1 &
+SERVER=$!
+trap 'kill -TERM $SERVER 2>/dev/null; wait $SERVER' EXIT
+until curl -sf "http://127.0.0.1:$PORT/health" > /dev/null; do
+  kill -0 $SERVER 2>/dev/null || { tail -n 30 "$OUT/server.log"; exit 1; }
+  sleep 1
+done
+for rate in ${RATES:-10 50 inf}; do
+  $PY -m pagedlm.cli bench serve --base-url "http://127.0.0.1:$PORT" $DATA --request-rate "$rate" \
+    --ignore-eos --temperature 1.0 --output-json "$OUT/serve_$rate.json" > "$OUT/serve_$rate.txt" 2>&1
+  tail -n 14 "$OUT/serve_$rate.txt"
+done
+kill -TERM $SERVER; wait $SERVER; echo "server exit status $?"; trap - EXIT
+$PY -m pagedlm.cli bench throughput --model "$MODEL" $ENGINE $DATA --ignore-eos \
+  --output-json "$OUT/throughput.json" > "$OUT/throughput.txt" 2>&1
+tail -n 6 "$OUT/throughput.txt"
