@@ -2,7 +2,9 @@
 # GPU (issue 4's serving benchmark): `pagedlm serve` on Qwen3-0.6B's shape with dummy weights
 # (bf16, no tokenizer: prompts are token ids), `bench serve` at request rates 10, 50 and inf on
 # 1000 random prompts of 512 tokens with 128 output tokens, then `bench throughput` (the
-# offline engine) on the same prompts. Logs and JSON in $OUT.
+# offline engine) on the prompts of the inf run. One server: each rate draws its own prompts
+# (--dataset-seed), so no run finds another's prompts in the prefix cache (the bench reports
+# cached input tokens). Logs and JSON in $OUT.
 #   bash benchmarks/serve_gpu.sh            (env: NUM_PROMPTS, RATES, MODEL_SHAPE, PORT, PY)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,12 +22,14 @@ until curl -sf "http://127.0.0.1:$PORT/health" > /dev/null; do
   kill -0 $SERVER 2>/dev/null || { tail -n 30 "$OUT/server.log"; exit 1; }
   sleep 1
 done
+seed=0
 for rate in ${RATES:-10 50 inf}; do
-  $PY -m pagedlm.cli bench serve --base-url "http://127.0.0.1:$PORT" $DATA --request-rate "$rate" \
+  seed=$((seed + 1)); [ "$rate" = inf ] && seed=0
+  $PY -m pagedlm.cli bench serve --base-url "http://127.0.0.1:$PORT" $DATA --dataset-seed $seed --request-rate "$rate" \
     --ignore-eos --temperature 1.0 --output-json "$OUT/serve_$rate.json" > "$OUT/serve_$rate.txt" 2>&1
   tail -n 14 "$OUT/serve_$rate.txt"
 done
 kill -TERM $SERVER; wait $SERVER; echo "server exit status $?"; trap - EXIT
-$PY -m pagedlm.cli bench throughput --model "$MODEL" $ENGINE $DATA --ignore-eos \
+$PY -m pagedlm.cli bench throughput --model "$MODEL" $ENGINE $DATA --dataset-seed 0 --ignore-eos \
   --output-json "$OUT/throughput.json" > "$OUT/throughput.txt" 2>&1
 tail -n 6 "$OUT/throughput.txt"
