@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/host_step.py [--batch-sizes 1,32]
         [--input-len 128] [--output-len 512] [--vocab 1024] [--repeats 5] [--device cpu]
-        [--count-ops] [--profile out.prof]
+        [--count-ops] [--profile out.prof] [--shape qwen3-0.6b]
 
 A Qwen3-shaped model with dummy weights and a tiny body (hidden 64, 2 layers), float32 on the
 CPU, async scheduling on, the H200's engine defaults (max_num_seqs 1024, max_num_batched_tokens
@@ -22,6 +22,8 @@ shows; --vocab 151936 gives Qwen3's real logits shapes (then the CPU argmax weig
 --count-ops counts, over the steady decode steps of one host run, the torch calls that reach
 the dispatcher (aten ops, which cost similar host time on CUDA) per step. --profile writes a
 cProfile of one host run at the first batch size (read it with `python -m pstats`).
+--shape qwen3-0.6b|llama3-8b uses that model's real shape in bf16 (GPU): then the replay time
+printed is the real decode forward's, and the stubbed "host" time is the step without it.
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pagedlm import LLM, SamplingParams  # noqa: E402
 
@@ -89,16 +92,23 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--count-ops", action="store_true")
+    parser.add_argument("--shape", default=None, choices=["qwen3-0.6b", "llama3-8b"],
+                        help="a real model's shape in bf16 instead of the tiny body (GPU)")
     parser.add_argument("--profile", default=None, help="write a cProfile of one host run here")
     return parser.parse_args()
 
 
 def _build(folder: Path, args: argparse.Namespace) -> LLM:
-    config = dict(TINY_QWEN3, vocab_size=args.vocab)
+    if args.shape:  # a real model's shape (bf16): the decode-graph replay time of L1/L2
+        from gpu_workloads import MODELS
+
+        config, dtype = MODELS[args.shape], "bfloat16"
+    else:
+        config, dtype = dict(TINY_QWEN3, vocab_size=args.vocab), "float32"
     (folder / "config.json").write_text(json.dumps(config))
-    return LLM(str(folder), load_format="dummy", dtype="float32", device=args.device,
+    return LLM(str(folder), load_format="dummy", dtype=dtype, device=args.device,
                skip_tokenizer_init=True, async_scheduling=True, max_num_seqs=1024,
-               max_num_batched_tokens=16384, max_model_len=TINY_QWEN3["max_position_embeddings"],
+               max_num_batched_tokens=16384, max_model_len=config["max_position_embeddings"],
                seed=0)
 
 

@@ -187,7 +187,7 @@ def kernel_constexprs(
 PREFILL_BLOCK_M = 64  # rows (query tokens x heads of a group) per prefill tile
 PREFILL_BLOCK_N = 64  # keys per step of a prefill tile (head_dim <= 128)
 PREFILL_NUM_WARPS = 4
-PREFILL_NUM_STAGES = 3
+PREFILL_NUM_STAGES = 2
 
 
 def varlen_block_m(max_query_len: int, group_pad: int) -> int:
