@@ -1,66 +1,50 @@
-"""Random draw: argmax(logits + G) with G = -log(E), E ~ Exp(1) from noise.py's hash. It is the
-exponential trick argmax(probs / E) in log space (softmax is monotone), so no softmax is needed.
-Triton on CUDA (hash, noise and argmax fused: one read of the logits), torch elsewhere."""
+"""Random draw from unnormalised probabilities in two Gumbel-max stages, with noise for about
+2 sqrt(V) entries of a row instead of V.
+
+The vocabulary is cut into blocks of B ids (B the power of two at or above sqrt(V); the last
+block may be shorter). Stage 1 picks a block with probability mass / total: the argmax over
+blocks of log(mass) + G. Stage 2 picks an id of that block with probability p / mass: the argmax
+of log(p) + G' over its B entries. P(id) = mass / total * p / mass = p / total: exact, up to the
+float32 rounding of the block sums. G and G' are one noise row per (seed, step) (noise.py):
+entries [0, num_blocks) for stage 1, the next B for stage 2. Stage 2 uses the same G' whichever
+block stage 1 picks; that is fine, G' being independent of G.
+The only pass over [N, V] is the block sums (one read); the rest is [N, num_blocks + B].
+"""
 from __future__ import annotations
 
+import math
+
 import torch
-import triton
-import triton.language as tl
 
-from pagedlm.sample.noise import GOLDEN, MIX1, MIX2, UNIFORM_BITS, exponential_noise
-
-_BLOCK = 2048
+from pagedlm.sample.noise import gumbel_noise
 
 
-@triton.jit
-def gumbel_argmax_kernel(
-    best_score_ptr, best_id_ptr,  # [N, num_blocks]: each block's max of logits + G, and where
-    logits_ptr,  # [N, V] float32
-    keys_ptr,  # [N] int64
-    vocab_size, stride_logits, num_blocks,
-    GOLDEN: tl.constexpr, MIX1: tl.constexpr, MIX2: tl.constexpr, UNIFORM_BITS: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    """One program per (row, block of the vocabulary)."""
-    row = tl.program_id(0).to(tl.int64)
-    block = tl.program_id(1)
-    cols = block * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < vocab_size
-    logits = tl.load(logits_ptr + row * stride_logits + cols, mask=mask, other=float("-inf"))
-    key = tl.load(keys_ptr + row).to(tl.uint64, bitcast=True)
-    x = key + (cols + 1).to(tl.uint64) * GOLDEN  # uint64: wraps, shifts are logical
-    x = (x ^ (x >> 30)) * MIX1
-    x = (x ^ (x >> 27)) * MIX2
-    x = x ^ (x >> 31)
-    uniform = ((x >> (64 - UNIFORM_BITS)).to(tl.float32) + 0.5) * (1.0 / (1 << UNIFORM_BITS))
-    score = tl.where(mask, logits - tl.log(-tl.log(uniform)), float("-inf"))
-    best, where = tl.max(score, axis=0, return_indices=True)
-    tl.store(best_score_ptr + row * num_blocks + block, best)
-    tl.store(best_id_ptr + row * num_blocks + block, (block * BLOCK + where).to(tl.int64))
+def block_size_for(vocab_size: int) -> int:
+    """The power of two at or above sqrt(vocab_size): at most vocab_size for vocab_size >= 1."""
+    return 1 << math.ceil(math.log2(math.sqrt(vocab_size)))
 
 
-def gumbel_argmax(logits: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """logits [N, V] float32 (-inf: excluded), keys [N] int64 -> sampled ids [N] int64."""
-    if logits.is_cuda:
-        return gumbel_argmax_triton(logits, keys)
-    return gumbel_argmax_torch(logits, keys)
+def gumbel_draw(probs: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """probs [N, V] float32 >= 0, unnormalised, each row with positive mass (0: excluded);
+    keys [N] int64 -> sampled ids [N] int64."""
+    vocab_size = probs.shape[-1]
+    block_size = block_size_for(vocab_size)
+    num_blocks = -(-vocab_size // block_size)
+    noise = gumbel_noise(keys, num_blocks + block_size)  # [N, num_blocks + B]
+    block_scores = _block_masses(probs, block_size).log_().add_(noise[:, :num_blocks])
+    block = block_scores.argmax(dim=-1, keepdim=True)  # [N, 1]
+    ids = block * block_size + torch.arange(block_size, device=probs.device)  # [N, B]
+    scores = probs.gather(1, ids.clamp(max=vocab_size - 1)).log_()  # [N, B]
+    scores.masked_fill_(ids >= vocab_size, float("-inf")).add_(noise[:, num_blocks:])
+    return ids.gather(1, scores.argmax(dim=-1, keepdim=True)).squeeze(1)
 
 
-def gumbel_argmax_torch(logits: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    gumbel = exponential_noise(keys, logits.shape[-1]).log_().neg_()  # [N, V]
-    return gumbel.add_(logits).argmax(dim=-1)
-
-
-def gumbel_argmax_triton(logits: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    num_rows, vocab_size = logits.shape
-    if logits.stride(1) != 1:
-        logits = logits.contiguous()
-    num_blocks = triton.cdiv(vocab_size, _BLOCK)
-    best_score = torch.empty((num_rows, num_blocks), dtype=torch.float32, device=logits.device)
-    best_id = torch.empty((num_rows, num_blocks), dtype=torch.int64, device=logits.device)
-    gumbel_argmax_kernel[(num_rows, num_blocks)](
-        best_score, best_id, logits, keys.contiguous(), vocab_size, logits.stride(0), num_blocks,
-        GOLDEN=GOLDEN, MIX1=MIX1, MIX2=MIX2, UNIFORM_BITS=UNIFORM_BITS, BLOCK=_BLOCK, num_warps=8,
-    )
-    best_block = best_score.argmax(dim=-1, keepdim=True)  # [N, 1]
-    return best_id.gather(1, best_block).squeeze(1)
+def _block_masses(probs: torch.Tensor, block_size: int) -> torch.Tensor:
+    """probs [N, V] -> the sums of its blocks of block_size columns, [N, ceil(V / block_size)]."""
+    num_rows, vocab_size = probs.shape
+    num_full = vocab_size // block_size
+    full_width = num_full * block_size
+    masses = probs[:, :full_width].reshape(num_rows, num_full, block_size).sum(dim=-1)
+    if full_width == vocab_size:
+        return masses
+    return torch.cat([masses, probs[:, full_width:].sum(dim=-1, keepdim=True)], dim=1)

@@ -3,10 +3,12 @@
 The noise a request sees depends only on its seed, how many tokens it has sampled and the
 vocabulary index, never on the batch around it: a seeded request is reproducible anywhere.
 The hash is splitmix64. The host turns (seed, counter) into one key per row (numpy uint64);
-element (row, v) is splitmix64's output at state key + (v + 1) * golden, whose top 24 bits give
-u in (0, 1), E = -log(u) ~ Exp(1) and G = -log(E) ~ Gumbel. The torch version below works on
-int64, whose arithmetic wraps (two's complement) as the unsigned original needs; right shifts
-are made logical by masking the sign fill. gumbel.py has the same hash fused in a Triton kernel.
+element (row, v) is splitmix64's output at state key + (v + 1) * golden, whose top 23 bits k
+give u = (k + 0.5) / 2^23 in (0, 1), E = -log(u) ~ Exp(1) and G = -log(E) ~ Gumbel. (With 24
+bits, k + 0.5 rounds to 2^24 in float32 for the top k: u = 1, G = +inf, and that element would
+win whatever its logit.) The torch version works on int64, whose arithmetic wraps (two's
+complement) as the unsigned original needs; right shifts are made logical by masking the sign
+fill. The draw (gumbel.py) needs noise for about 2 sqrt(V) elements per row, not V.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ MASK64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15
 MIX1 = 0xBF58476D1CE4E5B9
 MIX2 = 0x94D049BB133111EB
-UNIFORM_BITS = 24  # float32-exact
+UNIFORM_BITS = 23  # k + 0.5 exact in float32 for every k < 2^23: u < 1
 
 
 def to_int64(value: int) -> int:
@@ -55,13 +57,18 @@ def mix64_(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def exponential_noise(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """E ~ Exp(1): keys [N] int64 -> [N, vocab_size] float32, element (i, v) a function of
+def exponential_noise(keys: torch.Tensor, width: int) -> torch.Tensor:
+    """E ~ Exp(1): keys [N] int64 -> [N, width] float32, element (i, v) a function of
     (keys[i], v) alone."""
-    offsets = torch.arange(1, vocab_size + 1, dtype=torch.int64, device=keys.device)
+    offsets = torch.arange(1, width + 1, dtype=torch.int64, device=keys.device)
     offsets *= to_int64(GOLDEN)
-    state = keys[:, None] + offsets  # [N, V] int64
+    state = keys[:, None] + offsets  # [N, width] int64
     mix64_(state)
-    uniform = _shr(state, 64 - UNIFORM_BITS).to(torch.float32)  # [N, V], exact in float32
-    uniform.add_(0.5).mul_(2.0**-UNIFORM_BITS)  # in (0, 1): the log below stays finite
+    uniform = _shr(state, 64 - UNIFORM_BITS).to(torch.float32)  # [N, width], exact in float32
+    uniform.add_(0.5).mul_(2.0**-UNIFORM_BITS)  # in (0, 1): the logs stay finite
     return uniform.log_().neg_()
+
+
+def gumbel_noise(keys: torch.Tensor, width: int) -> torch.Tensor:
+    """G = -log(E) ~ Gumbel(0, 1): keys [N] int64 -> [N, width] float32, finite."""
+    return exponential_noise(keys, width).log_().neg_()

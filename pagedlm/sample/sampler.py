@@ -1,9 +1,10 @@
 """One sampling step on the device, for a batch whose parameters the host has laid out.
 
 Order, as in vLLM: logprobs from the raw logits; allowed_token_ids; bad words; min_tokens bans; logit_bias;
-penalties; greedy rows take the argmax here. Random rows then go through temperature, min-p,
-top-k, top-p and draw argmax(probs / E), E ~ Exp(1) from a counter-based hash, computed as
-argmax(logits - log E) (gumbel.py).
+penalties; greedy rows take the argmax here. Random rows then become unnormalised probabilities
+exp((logit - max) / temperature) (in place), min-p, top-k and top-p give one threshold per row
+(filters.py, no sort), and a two-stage Gumbel-max draws from what stays (gumbel.py), with
+counter-based noise (noise.py).
 A feature no row of the batch uses is None in the batch and launches nothing.
 """
 from __future__ import annotations
@@ -14,8 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from pagedlm.sample.bad_words import BadWords, apply_bad_words
-from pagedlm.sample.filters import apply_min_p, apply_top_k_top_p
-from pagedlm.sample.gumbel import gumbel_argmax
+from pagedlm.sample.filters import TopKTopP, top_k_top_p_threshold, truncate
+from pagedlm.sample.gumbel import gumbel_draw
 from pagedlm.sample.penalties import apply_penalties
 
 Logprobs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -42,19 +43,12 @@ class TokenLists:
 class Penalties:
     index: torch.Tensor | None  # [M] int64: positions in the batch; None: all rows
     rows: torch.Tensor  # [M] int64: persistent rows (to record the sampled tokens)
-    prompt_mask: torch.Tensor  # [M, V] bool
-    output_counts: torch.Tensor  # [M, V] int32
+    positions: torch.Tensor  # [M] int64: where each row's history takes the token sampled now
+    token_ids: torch.Tensor  # [M, W] int64: prompt and output ids, repeats allowed
+    counts: torch.Tensor  # [M, W] int32: how often each of them was sampled
     repetition: torch.Tensor  # [M] float32
     frequency: torch.Tensor  # [M] float32
     presence: torch.Tensor  # [M] float32
-
-
-@dataclass(slots=True)
-class TopKTopP:
-    index: torch.Tensor | None  # [M] int64: positions in the batch; None: all rows
-    top_k: torch.Tensor  # [M] int64, 0: off
-    top_p: torch.Tensor  # [M] float32, 1: off
-    max_top_k: int | None  # the largest k, when every row has a small one: top-k, not a sort
 
 
 @dataclass(slots=True)
@@ -103,8 +97,8 @@ def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     if bias is not None:
         _on_rows(logits, bias.index, lambda sub: sub.scatter_add_(1, bias.token_ids, bias.values))
     if pen is not None:
-        _on_rows(logits, pen.index, lambda sub: apply_penalties(
-            sub, pen.prompt_mask, pen.output_counts, pen.repetition, pen.frequency, pen.presence))
+        apply_penalties(logits, pen.index, pen.token_ids, pen.counts, pen.repetition,
+                        pen.frequency, pen.presence)
     return logits
 
 
@@ -113,18 +107,35 @@ def draw(logits: torch.Tensor, params: RandomParams | None) -> torch.Tensor:
     if params is None:
         return logits.argmax(dim=-1)
     greedy_ids = None if params.is_greedy is None else logits.argmax(dim=-1)  # [N]
-    if params.temperature is not None:
-        logits.div_(params.temperature[:, None])
-    if params.min_p is not None:
-        apply_min_p(logits, params.min_p)
-    if params.top_k_top_p is not None:
-        tktp = params.top_k_top_p
-        _on_rows(logits, tktp.index,
-                 lambda sub: apply_top_k_top_p(sub, tktp.top_k, tktp.top_p, tktp.max_top_k))
-    random_ids = gumbel_argmax(logits, params.noise_keys)  # [N]
+    probs = _unnormalised_probs(logits, params.temperature)  # [N, V], the same memory
+    threshold = _truncation_threshold(probs, params)  # [N]
+    if threshold is not None:
+        truncate(probs, threshold)
+    random_ids = gumbel_draw(probs, params.noise_keys)  # [N]
     if greedy_ids is None:
         return random_ids
     return torch.where(params.is_greedy, greedy_ids, random_ids)
+
+
+def _unnormalised_probs(logits: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
+    """In place: logits [N, V] -> exp((logits - max) / temperature), in [0, 1], 1 at the top."""
+    logits.sub_(logits.amax(dim=-1, keepdim=True))
+    if temperature is not None:
+        logits.div_(temperature[:, None])
+    return logits.exp_()
+
+
+def _truncation_threshold(probs: torch.Tensor, params: RandomParams) -> torch.Tensor | None:
+    """[N]: min-p, top-k and top-p keep the ids with probs >= it; None: no row truncates."""
+    floor, tktp = params.min_p, params.top_k_top_p  # min-p keeps probs >= min_p
+    if tktp is None:
+        return floor
+    if tktp.index is None:
+        return top_k_top_p_threshold(probs, floor, tktp)
+    sub_floor = None if floor is None else floor.index_select(0, tktp.index)
+    threshold = top_k_top_p_threshold(probs.index_select(0, tktp.index), sub_floor, tktp)  # [M]
+    base = probs.new_zeros(probs.shape[0]) if floor is None else floor
+    return base.index_copy(0, tktp.index, threshold)
 
 
 def gather_logprobs(raw_logprobs: torch.Tensor, sampled: torch.Tensor,

@@ -15,10 +15,11 @@ import numpy as np
 import torch
 
 from pagedlm.sample.bad_words import BadWordsTables
+from pagedlm.sample.filters import TopKTopP
 from pagedlm.sample.noise import MASK64, row_keys_np
 from pagedlm.sample.penalties import PenaltyTables
 from pagedlm.sample.sampler import (Penalties, RandomParams, SamplerOutput, SamplingBatch,
-                                    TokenLists, TopKTopP, sample_batch)
+                                    TokenLists, sample_batch)
 from pagedlm.sample.tables import MirroredTable, PaddedRows, upload
 from pagedlm.sampling_params import SamplingParams
 
@@ -41,7 +42,6 @@ COL_TEMPERATURE, COL_TOP_P, COL_MIN_P, COL_REPETITION, COL_FREQUENCY, COL_PRESEN
 _FLOAT_DEFAULTS = np.array([1.0, 1.0, 0.0, 1.0, 0.0, 0.0], dtype=np.float32)
 COL_TOP_K = 0
 _INT_DEFAULTS = np.array([0], dtype=np.int64)
-_MAX_TOP_K_WITHOUT_SORT = 1024  # a batch whose top-k rows all have k <= this skips the sort
 
 
 class SamplingState:
@@ -80,7 +80,7 @@ class SamplingState:
         self._allowed = PaddedRows(num_rows, with_values=False)
         self._banned = PaddedRows(num_rows, with_values=False)  # EOS and stop ids (min_tokens)
         self._bias = PaddedRows(num_rows, with_values=True)
-        self._penalty_tables: PenaltyTables | None = None  # [num_rows, V] each: made on first use
+        self._penalty_tables: PenaltyTables | None = None  # made on first use
         self._bad_words = BadWordsTables(num_rows, self.vocab_size, self.device)
 
     # ---- rows ----------------------------------------------------------------------------
@@ -161,8 +161,11 @@ class SamplingState:
         output = sample_batch(logits.float(), batch)
         self._num_sampled_np[rows_np] += 1
         sampled = output.sampled_token_ids  # [N]
-        if batch.penalties is not None:
-            self._penalties().record(batch.penalties.rows, _pick(sampled, batch.penalties.index))
+        pen = batch.penalties
+        if pen is not None:
+            penalised_np = rows_np[self._flags_np[rows_np, Feature.PENALTIES]]
+            self._penalties().record(pen.rows, pen.positions, _pick(sampled, pen.index),
+                                     penalised_np)
         if batch.bad_words is not None:
             self._bad_words.record(batch.bad_words.rows, _pick(sampled, batch.bad_words.index))
         return output
@@ -207,12 +210,15 @@ class SamplingState:
             raise ValueError(f"rows_np holds rows without a request: {idle_np}")
         return rows_np
 
-    def _select(self, rows_np: np.ndarray,
-                mask_np: np.ndarray) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """The batch positions where mask_np [N] holds (None: all) and their rows, [M] each."""
+    def _select(self, rows_np: np.ndarray, mask_np: np.ndarray,
+                *extra_np: np.ndarray) -> tuple[torch.Tensor | None, ...]:
+        """The batch positions where mask_np [N] holds (None: all), their rows, and any
+        per-row host values `extra_np` ([num_rows] each) of those rows, [M] each, in one upload."""
         index_np = np.flatnonzero(mask_np)
-        index, rows = upload(np.stack([index_np, rows_np[index_np]]), self.device)
-        return (None if index_np.size == rows_np.size else index), rows
+        selected_np = rows_np[index_np]
+        columns_np = [index_np, selected_np, *(values_np[selected_np] for values_np in extra_np)]
+        index, *tensors = upload(np.stack(columns_np), self.device)
+        return (None if index_np.size == rows_np.size else index), *tensors
 
     def _token_lists(self, rows_np: np.ndarray, mask_np: np.ndarray,
                      table: PaddedRows) -> TokenLists:
@@ -226,12 +232,12 @@ class SamplingState:
     def _batch_penalties(self, rows_np: np.ndarray, mask_np: np.ndarray) -> Penalties:
         self._floats.sync()
         tables = self._penalties()
-        index, rows = self._select(rows_np, mask_np)
+        index, rows, positions = self._select(rows_np, mask_np, tables.lengths_np)
+        token_ids, counts, has_history = tables.batch(rows_np[mask_np], rows)
         floats = self._floats.gpu.index_select(0, rows)  # [M, 6]
-        return Penalties(index=index, rows=rows,
-                         prompt_mask=tables.prompt_mask.index_select(0, rows),
-                         output_counts=tables.output_counts.index_select(0, rows),
-                         repetition=floats[:, COL_REPETITION], frequency=floats[:, COL_FREQUENCY],
+        repetition = torch.where(has_history, floats[:, COL_REPETITION], 1.0)  # empty: no-op
+        return Penalties(index=index, rows=rows, positions=positions, token_ids=token_ids,
+                         counts=counts, repetition=repetition, frequency=floats[:, COL_FREQUENCY],
                          presence=floats[:, COL_PRESENCE])
 
     def _random_params(self, rows_np: np.ndarray, flags_np: np.ndarray,
@@ -256,10 +262,11 @@ class SamplingState:
     def _top_k_top_p(self, rows_np: np.ndarray, mask_np: np.ndarray) -> TopKTopP:
         index, rows = self._select(rows_np, mask_np)
         top_k_np = self._ints.np[rows_np[mask_np], COL_TOP_K]  # [M]
-        small_k = top_k_np.min() > 0 and top_k_np.max() <= _MAX_TOP_K_WITHOUT_SORT
+        top_p_np = self._floats.np[rows_np[mask_np], COL_TOP_P]  # [M]
         return TopKTopP(index=index, top_k=self._ints.gpu[:, COL_TOP_K].index_select(0, rows),
                         top_p=self._floats.gpu[:, COL_TOP_P].index_select(0, rows),
-                        max_top_k=int(top_k_np.max()) if small_k else None)
+                        max_top_k=int(top_k_np.max()), every_row_top_k=bool(top_k_np.min() > 0),
+                        any_top_p=bool((top_p_np < 1.0).any()))
 
 
 def _pick(values: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:

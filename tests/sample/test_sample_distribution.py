@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from pagedlm.sample import SamplingState
-from pagedlm.sample.filters import apply_top_k_top_p
 from pagedlm.sampling_params import SamplingParams
 
 LOGITS = np.array([2.0, 1.55, 1.2, 0.8, 0.3, 0.0, -0.6, -1.1])  # [V], no ties
@@ -84,6 +83,7 @@ CASES = {
     "min_p": dict(min_p=0.2),
     "top_k_top_p": dict(top_k=5, top_p=0.85),  # 4 tokens; top-p 0.85 alone keeps 5
     "all": dict(temperature=1.3, top_k=6, top_p=0.9, min_p=0.08),
+    "min_p_top_p": dict(temperature=0.8, top_p=0.8, min_p=0.05),  # the radix after a floor
     "allowed": dict(temperature=1.2, top_p=0.9, allowed=[1, 3, 4, 6]),
 }
 
@@ -119,18 +119,3 @@ def test_another_state_seed_gives_other_samples_same_law() -> None:
     assert not np.array_equal(counts_a, counts_b)
     probs = target_probs(temperature=0.9, top_k=5)
     assert chi_square(counts_b, probs) < chi_square_bound(probs)
-
-
-def test_top_k_path_equals_sort_path() -> None:
-    """When every row has a top-k, a top-k of the logits stands in for the full sort."""
-    torch.manual_seed(0)
-    logits = torch.randn(64, 500) * 3
-    top_k = torch.randint(1, 40, (64,))
-    top_p = torch.rand(64) * 0.9 + 0.1
-    top_p[::4] = 1.0
-    by_sort = apply_top_k_top_p(logits.clone(), top_k, top_p, max_top_k=None)
-    by_top_k = apply_top_k_top_p(logits.clone(), top_k, top_p, max_top_k=int(top_k.max()))
-    assert torch.equal(by_sort, by_top_k)
-    num_kept = torch.isfinite(by_sort).sum(dim=-1)
-    assert (num_kept <= top_k).all() and (num_kept[::4] == top_k[::4]).all()
-    assert (num_kept < top_k).any()  # top-p did cut somewhere

@@ -166,3 +166,34 @@ def test_no_logprobs_when_nobody_asks() -> None:
     state = SamplingState(2, VOCAB_SIZE, "cpu", seed=0)
     state.add_request(0, SamplingParams(temperature=0.5), [1], [])
     assert state.sample(torch.randn(1, VOCAB_SIZE), np.array([0])).logprobs is None
+
+
+def test_penalties_over_growing_and_empty_histories() -> None:
+    """A history that outgrows the device table while sampling, one that arrives longer than
+    it, and an empty prompt (prompt_embeds: no id may be penalised before the first output)."""
+    rng = random.Random(1)
+    params = SamplingParams(temperature=1.0, repetition_penalty=1.7, frequency_penalty=0.6,
+                            presence_penalty=-0.4)
+    state = SamplingState(3, VOCAB_SIZE, "cpu", seed=0)
+    histories: dict[int, tuple[list[int], list[int]]] = {}
+
+    def add(row: int, prompt: list[int], outputs: list[int]) -> None:
+        state.add_request(row, params, prompt, list(outputs))
+        histories[row] = (prompt, outputs)
+
+    add(0, [rng.randrange(VOCAB_SIZE) for _ in range(60)], [])  # 64 slots: grows at step 4
+    add(1, [], [])
+    for step in range(10):
+        if step == 3:
+            add(2, [rng.randrange(VOCAB_SIZE) for _ in range(150)], [5, 5, 7])
+        rows = sorted(histories)
+        logits = torch.randn(len(rows), VOCAB_SIZE) * 3
+        logits[:, 0] = 2.0  # the id an empty history's slots hold: must stay untouched
+        got = process_logits(logits.clone(), state.make_batch(np.array(rows)))
+        for i, row in enumerate(rows):
+            want = torch.tensor(reference_logits(logits[i].tolist(), params, *histories[row]))
+            torch.testing.assert_close(got[i], want, rtol=1e-5, atol=1e-5)
+        sampled = state.sample(logits.clone(), np.array(rows)).sampled_token_ids
+        for i, row in enumerate(rows):
+            histories[row][1].append(int(sampled[i]))
+    assert state._penalties().token_ids.shape[1] > 150

@@ -87,8 +87,9 @@ class Calls:
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, Calls]:
     """Count the device work of each optional feature (and every host-to-device upload)."""
-    watched = {"upload": (state_module, "upload"), "sort": (sampler_module, "apply_top_k_top_p"),
-               "min_p": (sampler_module, "apply_min_p"), "noise": (sampler_module, "gumbel_argmax"),
+    watched = {"upload": (state_module, "upload"),
+               "top_k_top_p": (sampler_module, "top_k_top_p_threshold"),
+               "truncate": (sampler_module, "truncate"), "noise": (sampler_module, "gumbel_draw"),
                "penalties": (sampler_module, "apply_penalties")}
     counters = {}
     for name, (module, attr) in watched.items():
@@ -117,12 +118,12 @@ def test_features_launch_only_when_a_row_uses_them(calls: dict[str, Calls]) -> N
     state.add_request(2, SamplingParams(temperature=0.5, top_k=4), [1], [])
     state.add_request(3, SamplingParams(temperature=0.5, min_p=0.1), [1], [])
     state.sample(torch.randn(1, VOCAB_SIZE), np.array([0]))
-    assert (calls["noise"].count, calls["sort"].count, calls["min_p"].count,
+    assert (calls["noise"].count, calls["top_k_top_p"].count, calls["truncate"].count,
             calls["penalties"].count) == (1, 0, 0, 0)
     state.sample(torch.randn(2, VOCAB_SIZE), np.array([1, 2]))
-    assert (calls["sort"].count, calls["min_p"].count, calls["penalties"].count) == (1, 0, 1)
-    state.sample(torch.randn(2, VOCAB_SIZE), np.array([3, 0]))
-    assert (calls["sort"].count, calls["min_p"].count, calls["penalties"].count) == (1, 1, 1)
+    assert (calls["top_k_top_p"].count, calls["truncate"].count, calls["penalties"].count) == (1, 1, 1)
+    state.sample(torch.randn(2, VOCAB_SIZE), np.array([3, 0]))  # min-p: a threshold, no top-k/top-p
+    assert (calls["top_k_top_p"].count, calls["truncate"].count, calls["penalties"].count) == (1, 2, 1)
 
 
 def test_row_reuse_forgets_the_old_request() -> None:
