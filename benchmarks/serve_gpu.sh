@@ -26,6 +26,7 @@ seed=0
 for rate in ${RATES:-10 50 inf}; do
   seed=$((seed + 1)); [ "$rate" = inf ] && seed=0
   $PY -m pagedlm.cli bench serve --base-url "http://127.0.0.1:$PORT" $DATA --dataset-seed $seed --request-rate "$rate" \
+    --vocab-size $($PY -c "import json; print(json.load(open('$MODEL/config.json'))['vocab_size'])") \
     --ignore-eos --temperature 1.0 --output-json "$OUT/serve_$rate.json" > "$OUT/serve_$rate.txt" 2>&1
   tail -n 14 "$OUT/serve_$rate.txt"
 done

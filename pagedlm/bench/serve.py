@@ -39,6 +39,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="the served model's tokenizer (folder or .gguf): its vocabulary "
                              "sizes the random prompts; chat prompts are its decoded text "
                              "(default: pagedlm's default model)")
+    parser.add_argument("--vocab-size", type=int, default=None,
+                        help="draw prompt ids below this instead of loading a tokenizer "
+                             "(completions only: for servers started with --skip-tokenizer-init)")
     parser.add_argument("--request-rate", type=float, default=float("inf"),
                         help="requests per second, Poisson arrivals; inf: all at once (default: inf)")
     parser.add_argument("--max-concurrency", type=int, default=None,
@@ -69,8 +72,9 @@ class RequestResult:
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
     _check_args(args)
-    tokenizer = _load_tokenizer(args.tokenizer)
-    requests = sample_requests(args, len(tokenizer))
+    tokenizer = None if args.vocab_size else _load_tokenizer(args.tokenizer)
+    vocab_size = args.vocab_size or len(tokenizer)
+    requests = sample_requests(args, vocab_size)
     results = asyncio.run(run_benchmark(args, requests, tokenizer))
     print(format_report(results))
     if args.output_json:
@@ -82,6 +86,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 def _check_args(args: argparse.Namespace) -> None:
     if not args.request_rate > 0:
         raise ValueError(f"request_rate must be positive (inf: all at once), got {args.request_rate}")
+    if args.vocab_size is not None and (args.vocab_size < 2 or args.endpoint != "/v1/completions"):
+        raise ValueError(f"vocab_size needs the /v1/completions endpoint and at least 2 ids, got "
+                         f"{args.vocab_size} with {args.endpoint}")
     if args.max_concurrency is not None and args.max_concurrency < 1:
         raise ValueError(f"max_concurrency must be positive, got {args.max_concurrency}")
 
@@ -111,7 +118,7 @@ async def run_benchmark(args: argparse.Namespace, requests: list[BenchRequest],
                                  timeout=args.timeout) as client:
         model = args.model or await _first_model(client)
         bodies = [_body(args, model, r, tokenizer) for r in requests]
-        warmup_req = warmup_request(len(tokenizer))
+        warmup_req = warmup_request(len(tokenizer) if tokenizer is not None else args.vocab_size)
         warmup = await send_request(client, args.endpoint, _body(args, model, warmup_req, tokenizer),
                                     len(warmup_req.prompt_token_ids))
         if not warmup.success:
