@@ -190,7 +190,7 @@ async def send_request(client: Any, endpoint: str, body: dict, num_prompt_tokens
                 if "error" in chunk:
                     result.error = str(chunk["error"])
                     return result
-                if _is_token_chunk(chunk):
+                if _is_token_chunk(chunk, first=num_chunks == 0):
                     now = time.perf_counter()
                     if num_chunks == 0:
                         result.ttft = now - start
@@ -214,15 +214,17 @@ async def send_request(client: Any, endpoint: str, body: dict, num_prompt_tokens
     return result
 
 
-def _is_token_chunk(chunk: dict) -> bool:
+def _is_token_chunk(chunk: dict, first: bool) -> bool:
     """Does this chunk bring new output tokens? Completions stream one chunk per step with new
-    tokens, whose text is empty when the server has no tokenizer (`--skip-tokenizer-init`)."""
+    tokens, whose text is empty when the server has no tokenizer (`--skip-tokenizer-init`); the
+    last chunk carries the finish reason, and every token when the server coalesced them all
+    (a client that read nothing before: `first`)."""
     choices = chunk.get("choices") or []
     if not choices:
         return False
     choice = choices[0]
     if "text" in choice:
-        return bool(choice["text"]) or choice.get("finish_reason") is None
+        return bool(choice["text"]) or choice.get("finish_reason") is None or first
     return bool((choice.get("delta") or {}).get("content"))
 
 

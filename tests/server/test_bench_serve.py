@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from server_helpers import ServerProcess, start_server, tiny_server_args
 
-from pagedlm.bench.serve import RequestResult, add_parser, main, summarize
+from pagedlm.bench.serve import RequestResult, _is_token_chunk, add_parser, main, summarize
 
 pytestmark = pytest.mark.slow
 
@@ -89,3 +89,23 @@ def test_summary_counts_failures_and_uses_only_successes() -> None:
     assert summary["request_throughput"] == 1.0 and summary["output_throughput"] == 3.0
     assert summary["median_tpot_ms"] == pytest.approx(200.0)  # (0.5 - 0.1) / (3 - 1)
     assert summary["p99_itl_ms"] == pytest.approx(200.0)
+
+
+def test_token_chunks_without_text_are_counted() -> None:
+    """A server without a tokenizer streams empty texts: a step's chunk still brings tokens, the
+    finish-only chunk does not, unless it is the first (the server coalesced every token)."""
+    def chunk(text: str, finish: str | None) -> dict:
+        return {"choices": [{"index": 0, "text": text, "finish_reason": finish}]}
+
+    assert _is_token_chunk(chunk("", None), first=False)
+    assert _is_token_chunk(chunk("hi", "length"), first=False)
+    assert not _is_token_chunk(chunk("", "length"), first=False)
+    assert _is_token_chunk(chunk("", "length"), first=True)
+    assert not _is_token_chunk({"choices": [], "usage": {"completion_tokens": 3}}, first=True)
+    role_only = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+    assert not _is_token_chunk(role_only, first=True)
+
+
+def test_vocab_size_needs_the_completions_endpoint() -> None:
+    with pytest.raises(ValueError, match="vocab_size needs the /v1/completions endpoint"):
+        main(parse("--vocab-size", "100", "--endpoint", "/v1/chat/completions"))
