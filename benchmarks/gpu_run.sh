@@ -30,10 +30,9 @@ for s in ${STEPS:-tests sweep workloads}; do
     workloads) step workloads "${BENCH_TIMEOUT:-300}" python3 benchmarks/gpu_workloads.py --json "$OUT/bench.json" \
              ${PEER:+--peer} --workloads "${WORKLOADS:-L2,T0-qwen3-0.6b,T1,L1,T0-llama3-8b,T3-on,T3-off}" ;;
     t2) step t2 "${T2_TIMEOUT:-280}" python3 benchmarks/gpu_workloads.py --json "$OUT/bench_t2.json" --workloads T2 ;;
-    sampler) step sampler "${SAMPLER_TIMEOUT:-120}" bash -c "python3 benchmarks/sampler_overhead.py --device cuda \
-             --model \$(python3 -c \"import sys, tempfile, pathlib; sys.path.insert(0, 'benchmarks'); \
-from gpu_workloads import model_dir; print(model_dir('qwen3-0.6b', pathlib.Path(tempfile.mkdtemp())))\") \
-             --load-format dummy --num-prompts 256 --input-len 512 --output-len 128 --repeats 3" ;;
+    sampler) step sampler "${SAMPLER_TIMEOUT:-120}" python3 benchmarks/sampler_overhead.py --device cuda \
+             --model "$(python3 benchmarks/gpu_workloads.py --write-model qwen3-0.6b)" \
+             --load-format dummy --num-prompts 256 --input-len 512 --output-len 128 --repeats 3 ;;
     host) step host "${HOST_TIMEOUT:-90}" python3 benchmarks/host_step.py --device cuda --vocab 151936 --repeats 3 ;;
     serve) step serve "${SERVE_TIMEOUT:-240}" env OUT="$OUT/serve" bash benchmarks/serve_gpu.sh ;;
     *) echo "unknown step $s" | tee -a "$OUT/steps.txt" ;;

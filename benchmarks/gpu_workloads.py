@@ -1,6 +1,7 @@
 """The fixed GPU workloads of shared/BENCHMARKS.md, run in one process on the H200.
 
     python benchmarks/gpu_workloads.py --workloads L2,T0q,T1 [--peer] [--json out.json]
+    python benchmarks/gpu_workloads.py --write-model qwen3-0.6b   (a dummy model folder for scripts)
 
 Models are dummy-weight configs of real shapes (written to a temp folder), bf16, prompts as
 token ids, ignore_eos, one warm-up before each timed generate call. Prints a table last.
@@ -119,7 +120,12 @@ def main() -> None:
     parser.add_argument("--peer", action="store_true", help="also time transformers' generate on T0")
     parser.add_argument("--json", default=None)
     parser.add_argument("--engine-args", default="{}", help="JSON dict of extra LLM(...) arguments")
+    parser.add_argument("--write-model", choices=sorted(MODELS), default=None,
+                        help="only write that shape's config.json to a new temp folder, print it")
     args = parser.parse_args()
+    if args.write_model:
+        print(model_dir(args.write_model, Path(tempfile.mkdtemp())))
+        return
     import torch
 
     from pagedlm import LLM

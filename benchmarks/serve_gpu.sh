@@ -10,8 +10,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/serve_gpu}; mkdir -p "$OUT"
 PY=${PY:-python3}
-MODEL=$($PY -c "import sys, tempfile, pathlib; sys.path.insert(0, 'benchmarks'); \
-from gpu_workloads import model_dir; print(model_dir('${MODEL_SHAPE:-qwen3-0.6b}', pathlib.Path(tempfile.mkdtemp())))")
+MODEL=$($PY benchmarks/gpu_workloads.py --write-model "${MODEL_SHAPE:-qwen3-0.6b}")
 ENGINE="--load-format dummy --skip-tokenizer-init ${ENGINE_ARGS:-}"
 DATA="--dataset random --num-prompts ${NUM_PROMPTS:-1000} --input-len ${INPUT_LEN:-512} --output-len ${OUTPUT_LEN:-128} --range-ratio 0"
 PORT=${PORT:-8321}
