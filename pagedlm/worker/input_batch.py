@@ -262,7 +262,7 @@ class InputBatch:
         """[num_placeholders] batch indices of the input tokens whose value is still on the
         device (the last token sampled in the row)."""
         token_rows, positions = ragged.token_rows, ragged.positions
-        idx = (positions >= self.num_tokens_np.take(token_rows)).nonzero()[0]
+        idx = (positions >= self.num_tokens_np.take(token_rows)).nonzero()[0]  # sync-ok: numpy
         if idx.size:
             bad = positions.take(idx) != self.pending_position_np.take(token_rows.take(idx))
             if np.count_nonzero(bad):
@@ -327,7 +327,7 @@ class InputBatch:
         return [EmbedsSpan(row=int(rows[b]), batch_start=int(ragged.query_start_loc[b]),
                            prompt_start=int(num_computed[b]),
                            length=int(min(num_scheduled[b], num_prompt[b] - num_computed[b])))
-                for b in batch_idx.tolist()]
+                for b in batch_idx.tolist()]  # sync-ok: numpy
 
     def _plan_prompt_logprobs(self, req_ids: list[str], rows: np.ndarray,
                               ragged: Ragged) -> PromptLogprobsPlan | None:

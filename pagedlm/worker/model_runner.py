@@ -353,9 +353,9 @@ class ModelRunner:
                                    output_token_ids=[], sampling_params=params,
                                    block_ids=list(range(first_blocks[i], first_blocks[i + 1])),
                                    num_computed_tokens=0)
-                    for i, (req_id, seq_len) in enumerate(zip(req_ids, seq_lens.tolist()))]
+                    for i, (req_id, seq_len) in enumerate(zip(req_ids, seq_lens.tolist()))]  # sync-ok: numpy
         sched = SchedulerOutput(new_reqs=new_reqs, cached_reqs=[],
-                                num_scheduled_tokens=dict(zip(req_ids, seq_lens.tolist())),
+                                num_scheduled_tokens=dict(zip(req_ids, seq_lens.tolist())),  # sync-ok: numpy
                                 total_num_scheduled_tokens=num_tokens, sampling_req_ids=set(req_ids))
         self.execute_model(sched).get_output()
         self.execute_model(SchedulerOutput(new_reqs=[], cached_reqs=[], num_scheduled_tokens={},

@@ -54,7 +54,7 @@ def plan_prompt_logprobs(req_ids: list[str], rows_np: np.ndarray, num_asked_np: 
     target_ids = token_ids_np[rows_np[touched][entry_req], starts[entry_req] + offsets + 1]  # [M]
     return PromptLogprobsPlan(
         req_ids=[req_ids[b] for b in touched.tolist()],  # sync-ok: numpy, host only
-        starts_with_none=(starts == 0).tolist(), num_asked=num_asked_np[touched].tolist(),
+        starts_with_none=(starts == 0).tolist(), num_asked=num_asked_np[touched].tolist(),  # sync-ok: numpy
         num_entries_np=num_entries,
         hidden_idx_np=hidden_idx.astype(np.int64), target_ids_np=target_ids.astype(np.int64),
         num_logprobs=int(num_asked_np[touched].max()))
@@ -88,7 +88,7 @@ def to_logprobs_lists(plan: PromptLogprobsPlan, host_tensors: tuple[torch.Tensor
     result: dict[str, list[Logprobs | None]] = {}
     row = 0
     for req_id, with_none, num_asked, num in zip(plan.req_ids, plan.starts_with_none,
-                                                 plan.num_asked, plan.num_entries_np.tolist()):
+                                                 plan.num_asked, plan.num_entries_np.tolist()):  # sync-ok: numpy
         width = 1 + num_asked
         entries: list[Logprobs | None] = [None] if with_none else []
         entries += [logprobs_row(ids_np, logprobs_np, ranks_np, i, width) for i in range(row, row + num)]
@@ -100,5 +100,5 @@ def to_logprobs_lists(plan: PromptLogprobsPlan, host_tensors: tuple[torch.Tensor
 def logprobs_row(ids_np: np.ndarray, logprobs_np: np.ndarray, ranks_np: np.ndarray, i: int,
                  width: int) -> Logprobs:
     """Row i of host arrays [rows, 1 + K]: the sampled token first, then the top width - 1."""
-    return Logprobs(token_ids=ids_np[i, :width].tolist(), logprobs=logprobs_np[i, :width].tolist(),
+    return Logprobs(token_ids=ids_np[i, :width].tolist(), logprobs=logprobs_np[i, :width].tolist(),  # sync-ok: numpy
                     sampled_rank=int(ranks_np[i]))

@@ -60,7 +60,7 @@ class AsyncRunnerOutput:
             return None
         ids_np, logprobs_np, ranks_np = (t.numpy() for t in self._logprobs_cpu)  # sync-ok: host copies, event waited
         result: list[list[Logprobs]] = []
-        for i, num in enumerate(self._layout.sample_num_logprobs_np.tolist()):
+        for i, num in enumerate(self._layout.sample_num_logprobs_np.tolist()):  # sync-ok: numpy
             if num < 0:
                 result.append([])
                 continue

@@ -69,7 +69,7 @@ class StepBuffers:
             setattr(self, name, tensor)
             self.tensors[name] = tensor
             if tensor.device.type == "cpu":
-                self.arrays[name] = tensor.numpy()
+                self.arrays[name] = tensor.numpy()  # sync-ok: a host tensor, at start-up
         self.prefix = PrefixViews(self.tensors).get
 
     def pad_decode(self, num_seqs: int, num_padded: int) -> None:
