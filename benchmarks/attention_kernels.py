@@ -2,6 +2,7 @@
 (FlashAttention on contiguous q/k/v) as the peer, with a sweep of the prefill tile settings.
 
     python benchmarks/attention_kernels.py [--sweep] [--json out.json]
+    python benchmarks/attention_kernels.py --decode [--json out.json]   (the decode tile sweep)
 
 Cases (bf16, block size 16, head_dim 128, KV blocks shuffled in the pool):
   prefill-llama  16 prompts x 512 tokens, 32 heads / 8 KV heads (T0 llama3-8b's prefill)
@@ -10,6 +11,13 @@ Cases (bf16, block size 16, head_dim 128, KV blocks shuffled in the pool):
   prefill-qwen   16 x 512, 16 heads / 8 KV heads (T0 qwen3-0.6b)
 Each config's output is compared with SDPA's (max abs error printed; a broken config shows).
 Causal attention FLOPs = 4 * head_dim * heads * sum over queries of visible keys.
+
+--decode sweeps the decode settings (DECODE_BLOCK_N x DECODE_NUM_WARPS x DECODE_NUM_STAGES, and
+the split count: 1 = the varlen kernel) on decode-only batches, reported as KV-cache GB/s:
+  decode-t1        256 sequences x 800 keys, qwen3-0.6b heads (T1's decode steps)
+  decode-t2        400 x 1500, llama3-8b heads (T2's)
+  decode-b1-qwen   1 x 400, qwen3-0.6b (L2), split path
+  decode-b1-llama  1 x 400, llama3-8b (L1), split path
 """
 from __future__ import annotations
 
@@ -32,6 +40,12 @@ CASES = {  # name: (num_seqs, cached tokens, query tokens, num_heads, num_kv_hea
     "prefill-2k": (4, 0, 2048, 32, 8),
     "suffix-llama": (64, 2048, 128, 32, 8),
     "prefill-qwen": (16, 0, 512, 16, 8),
+}
+DECODE_CASES = {  # name: (num_seqs, context tokens, num_heads, num_kv_heads, split counts to try)
+    "decode-t1": (256, 800, 16, 8, (1, 4)),
+    "decode-t2": (400, 1500, 32, 8, (1, 4)),
+    "decode-b1-qwen": (1, 400, 16, 8, (16,)),
+    "decode-b1-llama": (1, 400, 32, 8, (16,)),
 }
 HEAD_DIM, BLOCK_SIZE = 128, 16
 
@@ -117,11 +131,65 @@ def run_case(name: str, configs: list[tuple[int, int, int, int]]) -> list[dict]:
     return rows
 
 
+def run_decode_case(name: str) -> list[dict]:
+    """Every (block_n, warps, stages) x the case's split counts; GB/s of KV read."""
+    from pagedlm.attention import triton_decode
+
+    num_seqs, context, num_heads, num_kv_heads, split_counts = DECODE_CASES[name]
+    q, kv_cache, meta, (sq, sk, sv), _ = make_case(num_seqs, context - 1, 1, num_heads, num_kv_heads)
+    want = sdpa(sq, sk, sv, context - 1).transpose(1, 2).reshape(q.shape).float()
+    kv_bytes = 2 * num_seqs * context * num_kv_heads * HEAD_DIM * kv_cache.element_size()
+    names = ("DECODE_BLOCK_N", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES")
+    default = [getattr(triton_paged, n) for n in names]
+    rows = []
+    for config in itertools.product([32, 64, 128], [4, 8], [1, 2, 3]):
+        for attr, value in zip(names, config):
+            setattr(triton_paged, attr, value)
+        for splits in split_counts:
+            out = torch.full_like(q, float("nan"))
+            if splits == 1:
+                call = lambda: triton_paged.varlen_attention(q, kv_cache, meta, HEAD_DIM ** -0.5, None, out=out)  # noqa: E731
+            else:
+                call = lambda: triton_decode.split_decode_attention(  # noqa: E731
+                    q, kv_cache, meta, HEAD_DIM ** -0.5, None, splits, out=out)
+            label = "N{} w{} s{} split{}".format(*config, splits)
+            try:
+                call()
+                err = (out.float() - want).abs().max().item()
+                ms = time_ms(call)
+            except Exception as exc:  # a config the compiler refuses: say so, go on
+                ms, err = float("nan"), float("nan")
+                label += " " + str(exc)[:60]
+            row = dict(case=name, config=label, ms=ms, err=err, gbs=kv_bytes / ms / 1e6,
+                       default=list(config) == default)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    for attr, value in zip(names, default):
+        setattr(triton_paged, attr, value)
+    return rows
+
+
+def print_decode_table(rows: list[dict]) -> None:
+    print(f"\n{'case':16} {'config':26} {'ms':>8} {'GB/s':>7} {'max err':>8}")
+    for name in DECODE_CASES:
+        case_rows = sorted((r for r in rows if r["case"] == name), key=lambda r: (r["ms"] != r["ms"], r["ms"]))
+        for row in case_rows[:4] + [r for r in case_rows[4:] if r["default"]]:
+            mark = " (default)" if row["default"] else ""
+            print(f"{row['case']:16} {row['config'][:26]:26} {row['ms']:8.4f} {row['gbs']:7.0f} {row['err']:8.4f}{mark}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sweep", action="store_true", help="try block_m x warps x stages x block_n")
+    parser.add_argument("--decode", action="store_true", help="sweep the decode settings instead")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    if args.decode:
+        rows = [row for name in DECODE_CASES for row in run_decode_case(name)]
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+        print_decode_table(rows)
+        return
     default = (triton_paged.PREFILL_BLOCK_M, triton_paged.PREFILL_NUM_WARPS, triton_paged.PREFILL_NUM_STAGES,
                triton_paged.PREFILL_BLOCK_N)
     configs = [default]

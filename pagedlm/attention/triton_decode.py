@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from pagedlm.attention.backend import AttentionMetadata
+from pagedlm.attention import triton_paged
 from pagedlm.attention.triton_paged import LOG2_E, attend_key_range, cache_strides, kernel_constexprs
 
 DEFAULT_NUM_SMS = 132  # H100/H200; used where no CUDA device can be asked
@@ -133,7 +134,8 @@ def split_decode_attention(
         part_out, part_max, part_sum, q, kv_cache[0], kv_cache[1],
         meta.block_table, meta.query_start_loc, meta.seq_lens, scale * LOG2_E, sliding_window or 0, num_splits,
         q.stride(0), q.stride(1), meta.block_table.stride(0), *cache_strides(kv_cache),
-        BLOCK_M=max(16, triton.next_power_of_2(constexprs["GROUP"])), **constexprs, num_warps=4,
+        BLOCK_M=max(16, triton.next_power_of_2(constexprs["GROUP"])), **constexprs,
+        num_warps=triton_paged.DECODE_NUM_WARPS, num_stages=triton_paged.DECODE_NUM_STAGES,
     )
     decode_reduce_kernel[(meta.num_seqs, num_heads)](
         out, part_out, part_max, part_sum, meta.query_start_loc, num_splits, out.stride(0), out.stride(1),

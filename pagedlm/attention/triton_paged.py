@@ -178,12 +178,15 @@ def kernel_constexprs(
     group = num_heads // kv_cache.shape[3]
     return dict(
         GROUP=group, HEAD_DIM=head_dim,
-        BLOCK_N=32 if head_dim > 128 else 64, BLOCK_SIZE=kv_cache.shape[2],
+        BLOCK_N=32 if head_dim > 128 else DECODE_BLOCK_N, BLOCK_SIZE=kv_cache.shape[2],
         USE_WINDOW=sliding_window is not None,
         DOT_PRECISION="ieee" if kv_cache.dtype == torch.float32 else "tf32",
     )
 
 
+DECODE_BLOCK_N = 64  # keys per step of a decode tile (head_dim <= 128) and of a decode split
+DECODE_NUM_WARPS = 4
+DECODE_NUM_STAGES = 3
 PREFILL_BLOCK_M = 64  # rows (query tokens x heads of a group) per prefill tile
 PREFILL_BLOCK_N = 64  # keys per step of a prefill tile (head_dim <= 128)
 PREFILL_NUM_WARPS = 4
@@ -222,6 +225,7 @@ def varlen_attention(
         meta.num_seqs, scale * LOG2_E, sliding_window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), meta.block_table.stride(0),
         *cache_strides(kv_cache), GROUP_PAD=group_pad, BLOCK_M=block_m, **constexprs,
-        num_warps=PREFILL_NUM_WARPS if prefill else 4, num_stages=PREFILL_NUM_STAGES if prefill else 3,
+        num_warps=PREFILL_NUM_WARPS if prefill else DECODE_NUM_WARPS,
+        num_stages=PREFILL_NUM_STAGES if prefill else DECODE_NUM_STAGES,
     )
     return out
