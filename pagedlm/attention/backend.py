@@ -32,17 +32,16 @@ class AttentionMetadata:
 
 
 class AttentionBackend(Protocol):
-    def forward(
+    def attend(
         self,
         q: torch.Tensor,  # [T, num_heads, head_dim]
-        k: torch.Tensor,  # [T, num_kv_heads, head_dim]
-        v: torch.Tensor,  # [T, num_kv_heads, head_dim]
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
         meta: AttentionMetadata,
         scale: float,
         sliding_window: int | None,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
-        """Write this step's k/v into the cache at slot_mapping, then attend."""
+        """Attend over the keys and values in the cache; this step's k/v are already written
+        (pagedlm.attention.prepare_qkv writes them at slot_mapping)."""
         ...
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedlm.attention.backend import AttentionMetadata
-from pagedlm.attention.torch_ref import attend_sequence, check_heads, write_kv_cache
+from pagedlm.attention.torch_ref import attend_sequence, check_heads
 
 BUCKET_GROWTH = 1.25  # a bucket's longest context (in blocks) is at most this × its shortest
 
@@ -130,18 +130,15 @@ class TorchBatchedAttentionBackend:
             self._plan_meta = meta
         return self._plan
 
-    def forward(
+    def attend(
         self,
         q: torch.Tensor,  # [T, num_heads, head_dim]
-        k: torch.Tensor,  # [T, num_kv_heads, head_dim]
-        v: torch.Tensor,  # [T, num_kv_heads, head_dim]
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
         meta: AttentionMetadata,
         scale: float,
         sliding_window: int | None,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
-        check_heads(q.shape[1], k.shape[1])
-        write_kv_cache(k, v, kv_cache, meta.slot_mapping)
+        check_heads(q.shape[1], kv_cache.shape[3])
         plan = self._step_plan(meta, kv_cache.shape[2], sliding_window)
         out = torch.zeros_like(q)  # padding rows (outside every sequence) stay zero
         scratch = self._scratch_for(kv_cache, plan)

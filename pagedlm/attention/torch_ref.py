@@ -88,20 +88,17 @@ def attend_sequence(q: torch.Tensor, kv_cache: torch.Tensor, block_row: torch.Te
 
 
 class TorchAttentionBackend:
-    """AttentionBackend in plain torch: write the cache, then attend per sequence."""
+    """AttentionBackend in plain torch: attend per sequence."""
 
-    def forward(
+    def attend(
         self,
         q: torch.Tensor,  # [T, num_heads, head_dim]
-        k: torch.Tensor,  # [T, num_kv_heads, head_dim]
-        v: torch.Tensor,  # [T, num_kv_heads, head_dim]
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
         meta: AttentionMetadata,
         scale: float,
         sliding_window: int | None,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
-        check_heads(q.shape[1], k.shape[1])
-        write_kv_cache(k, v, kv_cache, meta.slot_mapping)
+        check_heads(q.shape[1], kv_cache.shape[3])
         out = torch.zeros_like(q)  # padding rows (outside every sequence) stay zero
         starts = meta.query_start_loc_cpu.tolist()  # sync-ok: host tensors
         seq_lens = meta.seq_lens_cpu.tolist()  # sync-ok: host tensor

@@ -1,5 +1,5 @@
-"""The Triton attention backend: KV write, then one varlen paged kernel or, for small decode-only
-batches with long contexts, the flash-decoding split path. Every choice is made from host ints."""
+"""The Triton attention backend: one varlen paged kernel or, for small decode-only batches with
+long contexts, the flash-decoding split path. Every choice is made from host ints."""
 from __future__ import annotations
 
 import functools
@@ -8,7 +8,6 @@ import torch
 
 from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.attention.triton_decode import DEFAULT_NUM_SMS, choose_num_splits, split_decode_attention
-from pagedlm.attention.triton_kv_write import kv_write
 from pagedlm.attention.triton_paged import varlen_attention
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -22,19 +21,16 @@ def _num_sms(device: torch.device) -> int:
 
 
 class TritonAttentionBackend:
-    def forward(
+    def attend(
         self,
         q: torch.Tensor,  # [T, num_heads, head_dim]
-        k: torch.Tensor,  # [T, num_kv_heads, head_dim]
-        v: torch.Tensor,  # [T, num_kv_heads, head_dim]
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
         meta: AttentionMetadata,
         scale: float,
         sliding_window: int | None,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]; padding rows (past query_start_loc[B]) unwritten
-        """Write this step's k/v into the cache at slot_mapping, then attend."""
+        """Attend over the keys and values in the cache (this step's included)."""
         _check_attention(q, kv_cache, meta, sliding_window)
-        kv_write(k, v, kv_cache, meta.slot_mapping)
         if meta.num_seqs == 0:
             return torch.empty_like(q)
         num_splits = 1

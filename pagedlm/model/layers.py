@@ -89,9 +89,9 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """Neox / HF rotate-half RoPE. cos and sin for every position below max_position are
+    """Neox / HF rotate-half RoPE's table: cos and sin for every position below max_position,
     computed in float32 once: `cos_sin_cache` [max_position, head_dim] holds cos in the first
-    half and sin in the second."""
+    half and sin in the second. The rotation itself is fused into attention's prepare_qkv."""
 
     def __init__(self, head_dim: int, max_position: int, rope_theta: float,
                  rope_scaling: dict | None, dtype: torch.dtype) -> None:
@@ -101,8 +101,3 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(positions, inv_freq)  # [max_position, head_dim // 2]
         self.register_buffer("cos_sin_cache", torch.cat((freqs.cos(), freqs.sin()), dim=-1),
                              persistent=False)
-
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, num_heads, head_dim], k: [T, num_kv_heads, head_dim] -> rotated copies."""
-        return ops.rotary_embedding(positions, q, k, self.cos_sin_cache)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedlm.attention.backend import AttentionBackend, AttentionMetadata
+from pagedlm.attention.prepare_qkv import prepare_qkv
 from pagedlm.config import ModelConfig
 from pagedlm.model.layers import Embedding, Linear, RMSNorm, RotaryEmbedding, SiluAndMul
 
@@ -48,8 +49,6 @@ class LlamaAttention(nn.Module):
                  rotary: RotaryEmbedding) -> None:
         super().__init__()
         self.num_heads = config.num_heads
-        self.num_kv_heads = config.num_kv_heads
-        self.head_dim = config.head_dim
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
         self.scale = config.head_dim ** -0.5
@@ -60,24 +59,19 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
                                config.attention_bias, dtype)
         self.o_proj = Linear(self.q_size, config.hidden_size, o_proj_bias(config), dtype)
+        # Qwen3: per-head RMSNorm of q and k before RoPE; only their weights are used (prepare_qkv)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: AttentionMetadata) -> torch.Tensor:
-        num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)  # [T, q_size + 2 * kv_size]
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, num_heads, head_dim]
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, num_kv_heads, head_dim]
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:  # Qwen3: per-head RMSNorm before RoPE
-            q, _ = self.q_norm(q)
-            k, _ = self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
-        out = self.attn_backend.forward(q, k, v, kv_cache, attn_metadata, self.scale,
-                                        self.sliding_window)  # [T, num_heads, head_dim]
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+        qk_norm, eps = (None, 0.0) if self.q_norm is None else ((self.q_norm.weight, self.k_norm.weight),
+                                                                  self.q_norm.eps)
+        q = prepare_qkv(qkv, positions, self.rotary.cos_sin_cache, qk_norm, eps, kv_cache,
+                        attn_metadata.slot_mapping, self.num_heads)  # [T, num_heads, head_dim]; k, v cached
+        out = self.attn_backend.attend(q, kv_cache, attn_metadata, self.scale, self.sliding_window)
+        return self.o_proj(out.reshape(hidden.shape[0], self.q_size))
 
 
 class LlamaMLP(nn.Module):

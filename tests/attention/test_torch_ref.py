@@ -96,6 +96,12 @@ def make_case(seqs: list[tuple[int, int]], num_kv_heads: int, block_size: int,
     return Case(q, k_full, v_full, torch.cat(k_rows), torch.cat(v_rows), kv_cache, meta, spare)
 
 
+def write_and_attend(backend, case: Case, scale: float, window: int | None) -> torch.Tensor:
+    """What a model layer does: this step's k/v into the cache (prepare_qkv), then attention."""
+    torch_ref.write_kv_cache(case.k, case.v, case.kv_cache, case.meta.slot_mapping)
+    return backend.attend(case.q, case.kv_cache, case.meta, scale, window)
+
+
 def dense_reference(q_seq: torch.Tensor, k_seq: torch.Tensor, v_seq: torch.Tensor,
                     window: int | None, scale: float) -> torch.Tensor:
     """One query, one head at a time, in float64, over an explicit list of visible keys."""
@@ -123,7 +129,7 @@ def test_matches_dense_reference(backend: str, scenario: str, num_kv_heads: int,
     seqs, window = SCENARIOS[scenario]
     case = make_case(seqs, num_kv_heads, block_size, dtype, seed=list(SCENARIOS).index(scenario) * 10 + num_kv_heads)
     scale = HEAD_DIM ** -0.5
-    out = BACKENDS[backend]().forward(case.q, case.k, case.v, case.kv_cache, case.meta, scale, window)
+    out = write_and_attend(BACKENDS[backend](), case, scale, window)
     assert out.dtype == dtype and out.shape == case.q.shape
     check_against_dense(case, out, seqs, window, scale, tol=1e-5 if dtype == torch.float32 else 2e-3)
 
@@ -137,7 +143,7 @@ def test_query_tiles_match_dense_reference(backend: str, scenario: str, monkeypa
     seqs, window = SCENARIOS[scenario]
     case = make_case(seqs, 2, 16, torch.float32, seed=list(SCENARIOS).index(scenario) + 100)
     scale = HEAD_DIM ** -0.5
-    out = BACKENDS[backend]().forward(case.q, case.k, case.v, case.kv_cache, case.meta, scale, window)
+    out = write_and_attend(BACKENDS[backend](), case, scale, window)
     check_against_dense(case, out, seqs, window, scale, tol=1e-5)
 
 
@@ -153,10 +159,9 @@ def check_against_dense(case: Case, out: torch.Tensor, seqs: list[tuple[int, int
 
 
 @pytest.mark.parametrize("block_size", [16, 32])
-@pytest.mark.parametrize("backend", list(BACKENDS))
-def test_cache_write_skips_padding(backend: str, block_size: int) -> None:
+def test_cache_write_skips_padding(block_size: int) -> None:
     case = make_case(SCENARIOS["mixed"][0], 2, block_size, torch.float32, seed=7)
-    BACKENDS[backend]().forward(case.q, case.k, case.v, case.kv_cache, case.meta, 0.25, None)
+    torch_ref.write_kv_cache(case.k, case.v, case.kv_cache, case.meta.slot_mapping)
     kv_flat = case.kv_cache.view(2, -1, 2, HEAD_DIM)
     slots = case.meta.slot_mapping
     real = slots >= 0
@@ -169,7 +174,7 @@ def test_cache_write_skips_padding(backend: str, block_size: int) -> None:
 def test_rejects_bad_gqa_ratio(backend: str) -> None:
     case = make_case([(0, 3)], 3, 16, torch.float32, seed=1)
     with pytest.raises(ValueError, match="num_kv_heads"):
-        BACKENDS[backend]().forward(case.q, case.k, case.v, case.kv_cache, case.meta, 0.25, None)
+        write_and_attend(BACKENDS[backend](), case, 0.25, None)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -190,10 +195,10 @@ def test_batched_plan_is_reused_within_a_step_only() -> None:
     """Every layer of one step shares the plan; a new step (a new meta) gets a new one."""
     backend = TorchBatchedAttentionBackend()
     case = make_case(SCENARIOS["decodes_many_lengths"][0], 2, 16, torch.float32, seed=3)
-    backend.forward(case.q, case.k, case.v, case.kv_cache, case.meta, 0.25, None)
+    write_and_attend(backend, case, 0.25, None)
     first = backend._plan
-    backend.forward(case.q, case.k, case.v, case.kv_cache, case.meta, 0.25, None)
+    write_and_attend(backend, case, 0.25, None)
     assert backend._plan is first
     other = make_case(SCENARIOS["decode"][0], 2, 16, torch.float32, seed=4)
-    backend.forward(other.q, other.k, other.v, other.kv_cache, other.meta, 0.25, None)
+    write_and_attend(backend, other, 0.25, None)
     assert backend._plan is not first and len(backend._plan.buckets) >= 1

@@ -29,8 +29,8 @@ def test_aot_compile_all_kernels_for_sm90() -> None:
     results = json.loads(proc.stdout.splitlines()[-1])
     names = [r["kernel"] for r in results]
     assert names.count("paged_attention_kernel") == 2 * len(attention_scenarios())  # prefill and decode tiles
-    assert set(names) == {"kv_write_kernel", "paged_attention_kernel", "decode_split_kernel",
-                          "decode_reduce_kernel", "rms_norm_kernel", "rotary_kernel", "silu_and_mul_kernel"}
+    assert set(names) == {"prepare_qkv_kernel", "paged_attention_kernel", "decode_split_kernel",
+                          "decode_reduce_kernel", "rms_norm_kernel", "silu_and_mul_kernel"}
     for r in results:
         assert r["cubin_bytes"] > 0, r
         assert r["shared"] <= MAX_SHARED_BYTES, r
@@ -53,12 +53,11 @@ def run_attention_wrappers(dtype, head_dim: int, group: int, block_size: int, nu
 
     from pagedlm.attention.backend import AttentionMetadata
     from pagedlm.attention.triton_decode import split_decode_attention
-    from pagedlm.attention.triton_kv_write import kv_write
+    from pagedlm.attention.prepare_qkv import prepare_qkv_triton
     from pagedlm.attention.triton_paged import varlen_attention
 
     num_tokens, num_seqs = 40, 3
     q = torch.empty(num_tokens, num_kv_heads * group, head_dim, dtype=dtype)
-    k = torch.empty(num_tokens, num_kv_heads, head_dim, dtype=dtype)
     kv_cache = torch.empty(2, 64, block_size, num_kv_heads, head_dim, dtype=dtype)
     int32 = dict(dtype=torch.int32)
     qsl, seq_lens = torch.zeros(num_seqs + 1, **int32), torch.zeros(num_seqs, **int32)
@@ -67,7 +66,10 @@ def run_attention_wrappers(dtype, head_dim: int, group: int, block_size: int, nu
                                  torch.zeros(num_tokens, dtype=torch.int64), torch.zeros(num_seqs, 8, **int32),
                                  qsl, seq_lens)
         if max_query_len > 1:
-            kv_write(k, k, kv_cache, meta.slot_mapping)
+            qkv = torch.empty(num_tokens, (num_kv_heads * (group + 2)) * head_dim, dtype=dtype)
+            weight = torch.empty(head_dim, dtype=dtype)
+            prepare_qkv_triton(qkv, meta.slot_mapping, torch.empty(100, head_dim), (weight, weight) if group % 2
+                               else None, 1e-6, kv_cache, meta.slot_mapping, num_kv_heads * group)
         varlen_attention(q, kv_cache, meta, 0.1, sliding_window)
     split_decode_attention(q, kv_cache, meta, 0.1, sliding_window, num_splits=5)
 
@@ -75,18 +77,13 @@ def run_attention_wrappers(dtype, head_dim: int, group: int, block_size: int, nu
 def run_op_wrappers() -> None:
     import torch
 
-    from pagedlm.ops import activation, norm, rotary
+    from pagedlm.ops import activation, norm
 
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         for hidden in (576, 4096):
             x = torch.empty(8, hidden, dtype=dtype)
             norm.rms_norm_triton(x, torch.empty(hidden, dtype=dtype), 1e-6)
             norm.fused_add_rms_norm_triton(x, x, torch.empty(hidden, dtype=dtype), 1e-6)
-        for num_heads, num_kv_heads, head_dim in ((9, 3, 64), (32, 8, 128)):
-            q = torch.empty(8, num_heads, head_dim, dtype=dtype)
-            k = torch.empty(8, num_kv_heads, head_dim, dtype=dtype)
-            rotary.rotary_embedding_triton(torch.zeros(8, dtype=torch.int64), q, k,
-                                           torch.empty(100, head_dim, dtype=torch.float32))
         for d in (1536, 14336):
             activation.silu_and_mul_triton(torch.empty(8, 2 * d, dtype=dtype))
 

@@ -16,7 +16,7 @@ import torch
 from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.attention.triton_backend import TritonAttentionBackend
 from pagedlm.attention.triton_decode import MAX_SPLITS, choose_num_splits, split_decode_attention
-from pagedlm.attention.triton_kv_write import kv_write
+from pagedlm.attention.torch_ref import write_kv_cache
 from pagedlm.attention.triton_paged import varlen_attention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -100,16 +100,6 @@ def reference_attention(
     return out
 
 
-def expected_cache(batch: PagedBatch) -> torch.Tensor:
-    """The cache after this step's KV write, built with plain indexing."""
-    cache = batch.kv_cache.clone()
-    flat = cache.view(2, -1, *cache.shape[3:])
-    written = batch.meta.slot_mapping >= 0
-    flat[0, batch.meta.slot_mapping[written]] = batch.k[written]
-    flat[1, batch.meta.slot_mapping[written]] = batch.v[written]
-    return cache
-
-
 def check_output(out: torch.Tensor, batch: PagedBatch, scale: float, sliding_window: int | None) -> None:
     ref = reference_attention(batch, scale, sliding_window)
     num_real = batch.meta.query_start_loc_cpu[-1].item()
@@ -117,10 +107,9 @@ def check_output(out: torch.Tensor, batch: PagedBatch, scale: float, sliding_win
     assert out[num_real:].isnan().all(), "padding rows must stay unwritten"
 
 
-def write_and_check_cache(batch: PagedBatch) -> None:
-    expected = expected_cache(batch)
-    kv_write(batch.k, batch.v, batch.kv_cache, batch.meta.slot_mapping)
-    torch.testing.assert_close(batch.kv_cache, expected, rtol=0, atol=0, equal_nan=True)
+def write_cache(batch: PagedBatch) -> None:
+    """This step's k/v into the cache, as prepare_qkv does before attention."""
+    write_kv_cache(batch.k, batch.v, batch.kv_cache, batch.meta.slot_mapping)
 
 
 # (ctx_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, sliding_window, dtype, num_pad_tokens)
@@ -139,7 +128,7 @@ def test_varlen_attention(case: str) -> None:
     ctx_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, window, dtype, num_pad = VARLEN_CASES[case]
     batch = make_batch(ctx_lens, query_lens, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                        block_size=block_size, dtype=dtype, num_pad_tokens=num_pad)
-    write_and_check_cache(batch)
+    write_cache(batch)
     scale = head_dim**-0.5
     out = varlen_attention(batch.q, batch.kv_cache, batch.meta, scale, window, out=torch.full_like(batch.q, math.nan))
     check_output(out, batch, scale, window)
@@ -158,7 +147,7 @@ def test_split_decode_attention(case: str) -> None:
     ctx_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, window, dtype, num_splits = SPLIT_CASES[case]
     batch = make_batch(ctx_lens, query_lens, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                        block_size=block_size, dtype=dtype, num_pad_tokens=1)
-    write_and_check_cache(batch)
+    write_cache(batch)
     scale = 0.3
     out = split_decode_attention(batch.q, batch.kv_cache, batch.meta, scale, window, num_splits,
                                  out=torch.full_like(batch.q, math.nan))
@@ -194,8 +183,8 @@ def test_choose_num_splits() -> None:
 
 
 @pytest.mark.parametrize("max_query_len", [1, 3])
-def test_backend_forward(monkeypatch: pytest.MonkeyPatch, max_query_len: int) -> None:
-    """forward writes the cache and picks the split path exactly for small decode-only batches."""
+def test_backend_attend(monkeypatch: pytest.MonkeyPatch, max_query_len: int) -> None:
+    """attend picks the split path exactly for small decode-only batches."""
     import pagedlm.attention.triton_backend as triton_backend
 
     calls = []
@@ -204,9 +193,8 @@ def test_backend_forward(monkeypatch: pytest.MonkeyPatch, max_query_len: int) ->
     query_lens = [1, max_query_len]
     batch = make_batch([300, 20], query_lens, num_heads=4, num_kv_heads=2, head_dim=32, block_size=16,
                        dtype=torch.float32)
-    expected = expected_cache(batch)
-    out = TritonAttentionBackend().forward(batch.q, batch.k, batch.v, batch.kv_cache, batch.meta, 0.2, None)
-    torch.testing.assert_close(batch.kv_cache, expected, rtol=0, atol=0, equal_nan=True)
+    write_cache(batch)
+    out = TritonAttentionBackend().attend(batch.q, batch.kv_cache, batch.meta, 0.2, None)
     check_output(out, batch, 0.2, None)
     assert calls == ([2] if max_query_len == 1 else [])
 
@@ -217,10 +205,9 @@ def test_backend_matches_torch_reference_backend() -> None:
 
     batch = make_batch([0, 13, 29, 4], [11, 1, 3, 1], num_heads=8, num_kv_heads=2, head_dim=64, block_size=16,
                        dtype=torch.float16, num_pad_tokens=2)
-    torch_cache = batch.kv_cache.clone()
-    expected = TorchAttentionBackend().forward(batch.q, batch.k, batch.v, torch_cache, batch.meta, 0.125, 9)
-    out = TritonAttentionBackend().forward(batch.q, batch.k, batch.v, batch.kv_cache, batch.meta, 0.125, 9)
-    torch.testing.assert_close(batch.kv_cache, torch_cache, rtol=0, atol=0, equal_nan=True)
+    write_cache(batch)
+    expected = TorchAttentionBackend().attend(batch.q, batch.kv_cache, batch.meta, 0.125, 9)
+    out = TritonAttentionBackend().attend(batch.q, batch.kv_cache, batch.meta, 0.125, 9)
     num_real = batch.meta.query_start_loc_cpu[-1].item()
     torch.testing.assert_close(out[:num_real], expected[:num_real], atol=ATOL[torch.float16], rtol=1e-2)
 
@@ -229,12 +216,10 @@ def test_backend_rejects_bad_input() -> None:
     batch = make_batch([3], [2], num_heads=4, num_kv_heads=2, head_dim=32, block_size=16, dtype=torch.float32)
     backend = TritonAttentionBackend()
     with pytest.raises(ValueError, match="num_kv_heads"):
-        backend.forward(batch.q[:, :3], batch.k, batch.v, batch.kv_cache, batch.meta, 1.0, None)
+        backend.attend(batch.q[:, :3], batch.kv_cache, batch.meta, 1.0, None)
     with pytest.raises(ValueError, match="sliding_window"):
-        backend.forward(batch.q, batch.k, batch.v, batch.kv_cache, batch.meta, 1.0, 0)
+        backend.attend(batch.q, batch.kv_cache, batch.meta, 1.0, 0)
     with pytest.raises(ValueError, match="dtype"):
-        backend.forward(batch.q.half(), batch.k, batch.v, batch.kv_cache, batch.meta, 1.0, None)
+        backend.attend(batch.q.half(), batch.kv_cache, batch.meta, 1.0, None)
     with pytest.raises(ValueError, match="max_query_len"):
         split_decode_attention(batch.q, batch.kv_cache, batch.meta, 1.0, None, 2)
-    with pytest.raises(ValueError, match="head_dim"):
-        kv_write(batch.k[..., :24], batch.v[..., :24], batch.kv_cache[..., :24], batch.meta.slot_mapping)

@@ -9,6 +9,7 @@ from transformers.models.llama.modeling_llama import (LlamaRMSNorm, LlamaRotaryE
                                                       apply_rotary_pos_emb)
 
 from pagedlm.model.layers import RMSNorm, RotaryEmbedding, rope_inv_freq
+from pagedlm.ops.rotary import rotary_embedding_torch
 from pagedlm.ops import silu_and_mul
 
 HEAD_DIM = 16
@@ -44,7 +45,7 @@ def test_rotary_matches_transformers(name: str) -> None:
     rotary = RotaryEmbedding(HEAD_DIM, 64, 500.0, scaling, torch.float32)
     positions = torch.tensor([0, 1, 7, 31, 63, 5])
     q, k = torch.randn(6, 4, HEAD_DIM), torch.randn(6, 2, HEAD_DIM)
-    got_q, got_k = rotary(positions, q, k)
+    got_q, got_k = rotary_embedding_torch(positions, q, k, rotary.cos_sin_cache)
     cos, sin = hf_rotary(q, positions[None])  # [1, T, head_dim]
     # HF layout [batch, heads, T, head_dim]
     want_q, want_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)

@@ -71,8 +71,7 @@ def hf_cos_sin(max_position: int, head_dim: int) -> tuple[torch.Tensor, torch.Te
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("head_dim", [64, 24])
-@pytest.mark.parametrize("impl", ["triton", "torch"])
-def test_rotary_embedding(dtype: torch.dtype, head_dim: int, impl: str) -> None:
+def test_rotary_embedding(dtype: torch.dtype, head_dim: int) -> None:
     num_tokens, num_heads, num_kv_heads, max_position = 6, 3, 2, 50
     cos, sin = hf_cos_sin(max_position, head_dim)
     cos_sin_cache = torch.cat((cos[:, : head_dim // 2], sin[:, : head_dim // 2]), dim=-1).to(DEVICE)
@@ -81,7 +80,7 @@ def test_rotary_embedding(dtype: torch.dtype, head_dim: int, impl: str) -> None:
     q = qkv[:, : num_heads * head_dim].view(num_tokens, num_heads, head_dim)
     k = qkv[:, num_heads * head_dim : -8].view(num_tokens, num_kv_heads, head_dim)
     positions = torch.randint(max_position, (num_tokens,), device=DEVICE)
-    q_out, k_out = getattr(rotary, f"rotary_embedding_{impl}")(positions, q, k, cos_sin_cache)
+    q_out, k_out = rotary.rotary_embedding_torch(positions, q, k, cos_sin_cache)
     pos_cpu = positions.cpu()
     q_ref, k_ref = apply_rotary_pos_emb(q.float().cpu(), k.float().cpu(), cos[pos_cpu], sin[pos_cpu], unsqueeze_dim=1)
     assert q_out.dtype == dtype and k_out.shape == k.shape
@@ -92,8 +91,8 @@ def test_rotary_embedding(dtype: torch.dtype, head_dim: int, impl: str) -> None:
 def test_rotary_rejects_bad_cache() -> None:
     q, k = torch.randn(2, 2, 8, device=DEVICE), torch.randn(2, 1, 8, device=DEVICE)
     with pytest.raises(ValueError, match="cos_sin_cache"):
-        rotary.rotary_embedding_triton(torch.zeros(2, dtype=torch.long, device=DEVICE), q, k,
-                                       torch.zeros(10, 6, device=DEVICE))
+        rotary.rotary_embedding_torch(torch.zeros(2, dtype=torch.long, device=DEVICE), q, k,
+                                      torch.zeros(10, 6, device=DEVICE))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
