@@ -4,7 +4,8 @@
         [--temperature 0] [--steps 20] [--graphs]
 
 A real model's shape with dummy weights (bf16), `--batch-size` prompts of `--input-len` random
-ids, greedy or `--temperature`; after 16 warm decode steps, `--steps` engine steps run under
+ids, greedy or `--temperature`; after the prompts' prefill and 16 warm decode steps (or after
+`--skip` steps: `--skip 0` profiles the prefill steps), `--steps` engine steps run under
 torch.profiler. Eager by default (every kernel launched on its own, so each is named); with
 --graphs the decode steps replay the captured CUDA graph, which the profiler may or may not
 resolve into kernels. Prints the kernels sorted by GPU time per step, their launches per step,
@@ -33,6 +34,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--graphs", action="store_true", help="replay CUDA graphs (default: eager)")
+    parser.add_argument("--skip", type=int, default=None, help="steps before the profiled ones")
     parser.add_argument("--top", type=int, default=22)
     return parser.parse_args()
 
@@ -73,7 +75,7 @@ def main() -> None:
         engine.add_request(f"p{i}", [rng.randrange(100, 30000) for _ in range(args.input_len)], params,
                            final_only=True)
     prefill_steps = -(-args.batch_size * args.input_len // 8192)  # at most 16384 tokens a step
-    for _ in range(prefill_steps + WARM_STEPS):
+    for _ in range(prefill_steps + WARM_STEPS if args.skip is None else args.skip):
         engine.step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:

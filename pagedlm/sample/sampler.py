@@ -4,7 +4,8 @@ Order, as in vLLM: logprobs from the raw logits; allowed_token_ids; bad words; m
 penalties; greedy rows take the argmax here. Random rows then become unnormalised probabilities
 exp((logit - max) / temperature) (in place), min-p, top-k and top-p give one threshold per row
 (filters.py, no sort), and a two-stage Gumbel-max draws from what stays (gumbel.py), with
-counter-based noise (noise.py).
+counter-based noise (noise.py). On CUDA, a batch without min-p, top-k and top-p skips the probs
+and draws with the same blocks and noise in two Triton kernels (triton_draw.py).
 A feature no row of the batch uses is None in the batch and launches nothing.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pagedlm.sample.bad_words import BadWords, apply_bad_words
 from pagedlm.sample.filters import TopKTopP, top_k_top_p_threshold, truncate
 from pagedlm.sample.gumbel import gumbel_draw
 from pagedlm.sample.penalties import apply_penalties
+from pagedlm.sample.triton_draw import fused_gumbel_draw
 
 Logprobs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -103,18 +105,30 @@ def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
 
 
 def draw(logits: torch.Tensor, params: RandomParams | None) -> torch.Tensor:
-    """Processed logits [N, V] (modified) -> sampled token ids [N] int64."""
+    """Processed logits [N, V] (the torch path modifies them) -> sampled token ids [N] int64."""
     if params is None:
         return logits.argmax(dim=-1)
     greedy_ids = None if params.is_greedy is None else logits.argmax(dim=-1)  # [N]
-    probs = _unnormalised_probs(logits, params.temperature)  # [N, V], the same memory
-    threshold = _truncation_threshold(probs, params)  # [N]
-    if threshold is not None:
-        truncate(probs, threshold)
-    random_ids = gumbel_draw(probs, params.noise_keys)  # [N]
+    if _use_fused_draw(logits, params):
+        random_ids = fused_gumbel_draw(logits, params.temperature, params.noise_keys)  # [N]
+    else:
+        probs = _unnormalised_probs(logits, params.temperature)  # [N, V], the same memory
+        threshold = _truncation_threshold(probs, params)  # [N]
+        if threshold is not None:
+            truncate(probs, threshold)
+        random_ids = gumbel_draw(probs, params.noise_keys)  # [N]
     if greedy_ids is None:
         return random_ids
     return torch.where(params.is_greedy, greedy_ids, random_ids)
+
+
+_FUSED_DRAW_DEVICE_TYPES = ("cuda",)  # tests add "cpu" to run it in the Triton interpreter
+
+
+def _use_fused_draw(logits: torch.Tensor, params: RandomParams) -> bool:
+    """The fused Triton draw (one read of the logits) serves batches without min-p, top-k or top-p."""
+    return (logits.device.type in _FUSED_DRAW_DEVICE_TYPES and params.min_p is None
+            and params.top_k_top_p is None)
 
 
 def _unnormalised_probs(logits: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:

@@ -30,7 +30,8 @@ def test_aot_compile_all_kernels_for_sm90() -> None:
     names = [r["kernel"] for r in results]
     assert names.count("paged_attention_kernel") == 2 * len(attention_scenarios())  # prefill and decode tiles
     assert set(names) == {"prepare_qkv_kernel", "paged_attention_kernel", "decode_split_kernel",
-                          "decode_reduce_kernel", "rms_norm_kernel", "silu_and_mul_kernel"}
+                          "decode_reduce_kernel", "rms_norm_kernel", "silu_and_mul_kernel",
+                          "block_logmass_kernel", "pick_kernel"}
     for r in results:
         assert r["cubin_bytes"] > 0, r
         assert r["shared"] <= MAX_SHARED_BYTES, r
@@ -78,6 +79,7 @@ def run_op_wrappers() -> None:
     import torch
 
     from pagedlm.ops import activation, norm
+    from pagedlm.sample.triton_draw import fused_gumbel_draw
 
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         for hidden in (576, 4096):
@@ -86,6 +88,9 @@ def run_op_wrappers() -> None:
             norm.fused_add_rms_norm_triton(x, x, torch.empty(hidden, dtype=dtype), 1e-6)
         for d in (1536, 14336):
             activation.silu_and_mul_triton(torch.empty(8, 2 * d, dtype=dtype))
+    for vocab_size in (151936, 49152, 32000):
+        for temperature in (None, torch.empty(256, 6)[:, 1]):  # None and a strided column
+            fused_gumbel_draw(torch.empty(256, vocab_size), temperature, torch.empty(256, dtype=torch.int64))
 
 
 def record_launches(attention_cases: list[dict], with_ops: bool = False) -> list[tuple]:
