@@ -8,6 +8,9 @@
 #   sampler    benchmarks/sampler_overhead.py on qwen3-0.6b at T0's shape (greedy / random / full)
 #   serve      benchmarks/serve_gpu.sh (bench serve at rates 10, 50, inf + bench throughput)
 #   host       benchmarks/host_step.py on the GPU (step time vs one decode graph replay)
+#   sampler1   the sampler alone on [256, 151936] logits (greedy / random / full)
+#   gemv       benchmarks/gemv_bench.py (small-batch GEMV against cuBLAS)
+#   profile    benchmarks/profile_kernels.py: qwen3-0.6b batch-1 decode (graphs), llama3-8b T0 prefill
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -24,8 +27,7 @@ step() {  # name timeout command...
 
 for s in ${STEPS:-tests sweep workloads}; do
   case $s in
-    tests) step tests "${TEST_TIMEOUT:-170}" python3 -m pytest -q -x -m gpu tests/gpu \
-             tests/worker/test_gpu_runner.py tests/sample/test_sample_gpu.py ;;
+    tests) step tests "${TEST_TIMEOUT:-170}" python3 -m pytest -q -x -m gpu tests ;;
     sweep) step sweep "${SWEEP_TIMEOUT:-200}" python3 benchmarks/attention_kernels.py --sweep --json "$OUT/sweep.json" ;;
     workloads) step workloads "${BENCH_TIMEOUT:-300}" python3 benchmarks/gpu_workloads.py --json "$OUT/bench.json" \
              ${PEER:+--peer} --workloads "${WORKLOADS:-L2,T0-qwen3-0.6b,T1,L1,T0-llama3-8b,T3-on,T3-off}" ;;
@@ -35,6 +37,12 @@ for s in ${STEPS:-tests sweep workloads}; do
              --load-format dummy --num-prompts 256 --input-len 512 --output-len 128 --repeats 3 ;;
     host) step host "${HOST_TIMEOUT:-90}" python3 benchmarks/host_step.py --device cuda --vocab 151936 --repeats 3 ;;
     serve) step serve "${SERVE_TIMEOUT:-240}" env OUT="$OUT/serve" bash benchmarks/serve_gpu.sh ;;
+    sampler1) step sampler1 "${SAMPLER_TIMEOUT:-120}" python3 benchmarks/sampler_overhead.py --sampler-only \
+             --device cuda --num-rows 256 --vocab-size 151936 ;;
+    gemv) step gemv "${GEMV_TIMEOUT:-120}" python3 benchmarks/gemv_bench.py ;;
+    profile) step profile "${PROFILE_TIMEOUT:-150}" bash -c "python3 benchmarks/profile_kernels.py --graphs \
+             --top 14 && python3 benchmarks/profile_kernels.py --shape llama3-8b --batch-size 256 \
+             --input-len 512 --skip 0 --steps 3 --top 16" ;;
     *) echo "unknown step $s" | tee -a "$OUT/steps.txt" ;;
   esac
 done

@@ -11,10 +11,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedlm import ops
+from pagedlm.ops import gemv
 
 
 class Linear(nn.Module):
-    """y = x W^T (+ b), without nn.Linear's random init (the loader overwrites it anyway)."""
+    """y = act(x) W^T (+ b), without nn.Linear's random init (the loader overwrites it anyway).
+    act "silu_and_mul": x is [gate | up] and the product sees silu(gate) * up. On CUDA, batches of
+    at most gemv.MAX_M rows (small-batch decode) go through the Triton GEMV, with the activation fused
+    into its prologue; larger ones through cuBLAS."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> None:
         super().__init__()
@@ -22,7 +26,12 @@ class Linear(nn.Module):
         self.bias = (nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False)
                      if bias else None)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, act: str | None = None) -> torch.Tensor:
+        """x: [T, in_features] ([T, 2 * in_features] with act) -> [T, out_features]."""
+        if x.is_cuda and x.shape[0] <= gemv.MAX_M:
+            return gemv.gemv(x, self.weight, self.bias, act=act)
+        if act is not None:
+            x = ops.silu_and_mul(x)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -50,12 +59,6 @@ class RMSNorm(nn.Module):
         if residual is None:
             return ops.rms_norm(x, self.weight, self.eps), x
         return ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
-
-
-class SiluAndMul(nn.Module):
-    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """[..., 2 * d] (gate then up, concatenated) -> [..., d] silu(gate) * up."""
-        return ops.silu_and_mul(gate_up)
 
 
 def rope_inv_freq(head_dim: int, rope_theta: float, rope_scaling: dict | None) -> torch.Tensor:

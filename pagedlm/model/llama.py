@@ -17,7 +17,7 @@ from torch import nn
 from pagedlm.attention.backend import AttentionBackend, AttentionMetadata
 from pagedlm.attention.prepare_qkv import prepare_qkv
 from pagedlm.config import ModelConfig
-from pagedlm.model.layers import Embedding, Linear, RMSNorm, RotaryEmbedding, SiluAndMul
+from pagedlm.model.layers import Embedding, Linear, RMSNorm, RotaryEmbedding
 
 
 @dataclass(frozen=True)
@@ -80,10 +80,9 @@ class LlamaMLP(nn.Module):
         bias = bool(getattr(config.hf_config, "mlp_bias", False))
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias, config.dtype)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias, config.dtype)
-        self.act = SiluAndMul()
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(hidden)))
+        return self.down_proj(self.gate_up_proj(hidden), act="silu_and_mul")
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -30,8 +30,8 @@ def test_aot_compile_all_kernels_for_sm90() -> None:
     names = [r["kernel"] for r in results]
     assert names.count("paged_attention_kernel") == 2 * len(attention_scenarios())  # prefill and decode tiles
     assert set(names) == {"prepare_qkv_kernel", "paged_attention_kernel", "decode_split_kernel",
-                          "decode_reduce_kernel", "rms_norm_kernel", "silu_and_mul_kernel",
-                          "block_logmass_kernel", "pick_kernel"}
+                          "rms_norm_kernel", "silu_and_mul_kernel",
+                          "block_logmass_kernel", "pick_kernel", "gemv_kernel", "split_k_reduce_kernel"}
     for r in results:
         assert r["cubin_bytes"] > 0, r
         assert r["shared"] <= MAX_SHARED_BYTES, r
@@ -79,6 +79,7 @@ def run_op_wrappers() -> None:
     import torch
 
     from pagedlm.ops import activation, norm
+    from pagedlm.ops.gemv import gemv_triton
     from pagedlm.sample.triton_draw import fused_gumbel_draw
 
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
@@ -88,6 +89,11 @@ def run_op_wrappers() -> None:
             norm.fused_add_rms_norm_triton(x, x, torch.empty(hidden, dtype=dtype), 1e-6)
         for d in (1536, 14336):
             activation.silu_and_mul_triton(torch.empty(8, 2 * d, dtype=dtype))
+        for num_rows in (1, 3, 8):  # FMA (M <= 2) and tl.dot (M > 2) tiles
+            for n, k, act in ((1024, 3072, "silu_and_mul"), (4096, 1024, None), (151936, 1024, None)):
+                x = torch.empty(num_rows, 2 * k if act else k, dtype=dtype)
+                bias = torch.empty(n, dtype=dtype) if n == 4096 else None
+                gemv_triton(x, torch.empty(n, k, dtype=dtype), bias, act=act)  # N=1024: split K + reduce
     for vocab_size in (151936, 49152, 32000):
         for temperature in (None, torch.empty(256, 6)[:, 1]):  # None and a strided column
             fused_gumbel_draw(torch.empty(256, vocab_size), temperature, torch.empty(256, dtype=torch.int64))

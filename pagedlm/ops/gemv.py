@@ -1,0 +1,235 @@
+"""Small-batch GEMV for decode: y[M, N] = x[M, K] @ weight[N, K].T (+ bias) for M <= MAX_M, accumulated
+in float32, optionally with silu_and_mul fused into the prologue (x is then [M, 2K], gate then up, and
+the product sees silu(gate) * up rounded to x's dtype, as silu_and_mul followed by F.linear would).
+Triton on CUDA, torch (F.linear) elsewhere.
+
+Kernel: program (pid_n, pid_k) owns BLOCK_N output rows and one of split_k slices of K, streaming the
+weight in [BLOCK_N, BLOCK_K] tiles (16-byte loads along K). The multiply-accumulate is either fp32 FMAs
+with a tl.sum over K (one x row at a time) or, with use_dot, tl.dot on the transposed problem
+(weight tile as the A operand, x padded to 16 rows as B). With split_k > 1 each program writes an
+fp32 partial and a second tiny kernel sums them in slice order (deterministic, no atomics).
+No host sync and no allocation that depends on device values: safe inside a CUDA graph.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from pagedlm.ops.activation import silu_and_mul_torch
+from pagedlm.ops.triton_compat import patch_interpreter
+
+patch_interpreter()
+
+MAX_M = 8
+ACTS = (None, "silu_and_mul")
+MIN_DOT_ROWS = 16  # tl.dot needs every dimension >= 16: x is padded to 16 rows on the dot path
+TARGET_WARPS = 1024  # split K until about this many warps (~8 per SM on a 132-SM H200)
+REDUCE_BLOCK = 256
+
+
+@dataclass(frozen=True, slots=True)
+class GemvConfig:
+    """Launch parameters. split_k is an upper bound: K is cut into whole BLOCK_K chunks, so fewer
+    slices are launched when K has fewer chunks (see `launch_split_k`). FMA tiles want num_warps=1 and
+    block_k a multiple of 32 lanes x one 16-byte vector: otherwise Triton lays the x row out unlike the
+    weight tile and converts through shared memory every chunk (seen in the sm_90 TTGIR)."""
+
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 2
+    use_dot: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("block_n", "block_k", "num_warps"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"GemvConfig.{name} must be a power of two >= 1; got {value}")
+        if self.split_k < 1 or self.num_stages < 1:
+            raise ValueError(f"GemvConfig.split_k and num_stages must be >= 1; "
+                             f"got {self.split_k}, {self.num_stages}")
+        if self.use_dot and min(self.block_n, self.block_k) < MIN_DOT_ROWS:
+            raise ValueError(f"GemvConfig.block_n and block_k must be >= {MIN_DOT_ROWS} with use_dot; "
+                             f"got {self.block_n}, {self.block_k}")
+
+
+def default_config(num_rows: int, n: int, k: int, dtype: torch.dtype) -> GemvConfig:
+    """A simple rule from host ints (provisional until the H200 sweep of benchmarks/gemv_bench.py).
+    M <= 2 or fp32: FMA with one warp per program and one 16-byte vector per lane per row and chunk,
+    so the x row, the weight tile and the reduction share one layout (no shared-memory round trip).
+    Larger M: tl.dot on 64 weight rows (wgmma m64n16 on Hopper). Split K until about TARGET_WARPS."""
+    if num_rows > 2 and dtype != torch.float32:
+        config = GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=3, use_dot=True)
+    else:
+        vec = 16 // dtype.itemsize  # elements per 16-byte load
+        config = GemvConfig(block_n=8, block_k=32 * vec, num_warps=1, num_stages=1)
+    return with_auto_split_k(config, n)
+
+
+def with_auto_split_k(config: GemvConfig, n: int) -> GemvConfig:
+    """config with split_k chosen so that the launch has about TARGET_WARPS warps."""
+    num_warps = triton.cdiv(n, config.block_n) * config.num_warps
+    return dataclasses.replace(config, split_k=max(1, TARGET_WARPS // num_warps))
+
+
+def launch_split_k(k: int, config: GemvConfig) -> tuple[int, int]:
+    """-> (number of K slices launched, K elements per slice: a multiple of block_k)."""
+    num_chunks = triton.cdiv(k, config.block_k)
+    chunks_per_split = triton.cdiv(num_chunks, min(config.split_k, num_chunks))
+    return triton.cdiv(num_chunks, chunks_per_split), chunks_per_split * config.block_k
+
+
+@triton.jit
+def _load_x(ptrs, mask, K, SILU_MUL: tl.constexpr):
+    """x at ptrs in x's dtype; with SILU_MUL, silu(gate at ptrs) * (up at ptrs + K) in fp32, rounded."""
+    x = tl.load(ptrs, mask=mask, other=0.0)
+    if SILU_MUL:
+        gate = x.to(tl.float32)
+        up = tl.load(ptrs + K, mask=mask, other=0.0).to(tl.float32)
+        x = (gate / (1.0 + tl.exp(-gate)) * up).to(ptrs.dtype.element_ty)
+    return x
+
+
+@triton.jit
+def _fma_accumulate(acc, w, x_ptr, offs_k, mask_k, K, stride_x,
+                    M: tl.constexpr, BLOCK_M: tl.constexpr, SILU_MUL: tl.constexpr):
+    """acc[:, m] += w @ x[m] for each of the M rows, fp32 multiply + tl.sum over K."""
+    w = w.to(tl.float32)  # [BLOCK_N, BLOCK_K]
+    cols = tl.arange(0, BLOCK_M)
+    for m in tl.static_range(M):
+        x = _load_x(x_ptr + m * stride_x + offs_k[None, :], mask_k[None, :], K, SILU_MUL)  # [1, BLOCK_K]
+        part = tl.sum(w * x.to(tl.float32), axis=1)  # [BLOCK_N]
+        acc = tl.where(cols[None, :] == m, acc + part[:, None], acc)
+    return acc
+
+
+@triton.jit
+def gemv_kernel(
+    out_ptr,  # [M, N] in x's dtype; with PARTIAL, [num_splits, M, N] float32 partials
+    x_ptr,  # [M, K] rows at stride_x ([M, 2K] gate then up with SILU_MUL)
+    weight_ptr,  # [N, K] rows at stride_w
+    bias_ptr,  # [N] (read only if HAS_BIAS)
+    N, K, stride_x, stride_w, k_per_split,
+    M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, USE_DOT: tl.constexpr,
+):
+    """Program (pid_n, pid_k): rows [pid_n * BLOCK_N, +BLOCK_N) of y over K slice pid_k."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    mask_n = offs_n < N
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(K, k_start + k_per_split)
+    w_rows = weight_ptr + offs_n[:, None].to(tl.int64) * stride_w  # [BLOCK_N, 1]
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # y.T tile
+    for k0 in range(k_start, k_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K  # slices hold whole chunks: only K cuts one
+        w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+        if USE_DOT:
+            x_mask = (offs_m[:, None] < M) & mask_k[None, :]
+            x = _load_x(x_ptr + offs_m[:, None] * stride_x + offs_k[None, :], x_mask, K, SILU_MUL)
+            acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")  # [BLOCK_N, BLOCK_M]
+        else:
+            acc = _fma_accumulate(acc, w, x_ptr, offs_k, mask_k, K, stride_x, M, BLOCK_M, SILU_MUL)
+    out_mask = mask_n[:, None] & (offs_m[None, :] < M)
+    if not PARTIAL:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
+        out_ptrs = out_ptr + offs_m[None, :] * N + offs_n[:, None]
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        tl.store(out_ptr + (pid_k * M + offs_m[None, :]) * N + offs_n[:, None], acc, mask=out_mask)
+
+
+@triton.jit
+def split_k_reduce_kernel(
+    out_ptr,  # [M * N] in x's dtype
+    partial_ptr,  # [num_splits, M * N] float32
+    bias_ptr,  # [N] (read only if HAS_BIAS)
+    N, num_outputs, num_splits,
+    BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
+):
+    """out = sum over slices (in slice order) of the partials, + bias, rounded once."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < num_outputs
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in range(num_splits):
+        acc += tl.load(partial_ptr + s * num_outputs + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def gemv(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+    act: str | None = None, config: GemvConfig | None = None,
+) -> torch.Tensor:
+    """x: [M, K] ([M, 2K] with act="silu_and_mul"), weight: [N, K], bias: [N] -> [M, N] in x's dtype.
+    M must be in [1, MAX_M]. config (Triton path only) overrides `default_config`."""
+    if x.is_cuda:
+        return gemv_triton(x, weight, bias, act=act, config=config)
+    return gemv_torch(x, weight, bias, act=act)
+
+
+def gemv_torch(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, act: str | None = None,
+) -> torch.Tensor:
+    _check_inputs(x, weight, bias, act)
+    return F.linear(silu_and_mul_torch(x) if act else x, weight, bias)
+
+
+def gemv_triton(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+    act: str | None = None, config: GemvConfig | None = None,
+) -> torch.Tensor:
+    """The Triton kernel on any device the kernel can run on (CUDA, or CPU under TRITON_INTERPRET=1)."""
+    _check_inputs(x, weight, bias, act)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    (num_rows, _), (n, k) = x.shape, weight.shape
+    config = config or default_config(num_rows, n, k, x.dtype)
+    split_k, k_per_split = launch_split_k(k, config)
+    out = torch.empty(num_rows, n, dtype=x.dtype, device=x.device)
+    partial = out if split_k == 1 else torch.empty(split_k, num_rows, n, dtype=torch.float32, device=x.device)
+    block_m = triton.next_power_of_2(num_rows)
+    block_m = max(MIN_DOT_ROWS, block_m) if config.use_dot else block_m
+    has_bias = bias is not None
+    bias_arg = bias if has_bias else weight
+    gemv_kernel[(triton.cdiv(n, config.block_n), split_k)](
+        partial, x, weight, bias_arg, n, k, x.stride(0), weight.stride(0), k_per_split,
+        M=num_rows, BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, PARTIAL=split_k > 1,
+        HAS_BIAS=has_bias, SILU_MUL=act == "silu_and_mul", USE_DOT=config.use_dot,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    if split_k > 1:
+        split_k_reduce_kernel[(triton.cdiv(num_rows * n, REDUCE_BLOCK),)](
+            out, partial, bias_arg, n, num_rows * n, split_k, BLOCK=REDUCE_BLOCK, HAS_BIAS=has_bias, num_warps=4,
+        )
+    return out
+
+
+def _check_inputs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str | None) -> None:
+    if act not in ACTS:
+        raise ValueError(f"act must be one of {ACTS}; got {act!r}")
+    if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_M:
+        raise ValueError(f"x must be [M, K] with M (rows) in [1, {MAX_M}]; got {tuple(x.shape)}")
+    if weight.dim() != 2 or min(weight.shape) < 1 or weight.stride(-1) != 1:
+        raise ValueError(f"weight must be [N, K] with N, K >= 1 and unit stride along K; got shape "
+                         f"{tuple(weight.shape)}, strides {weight.stride()}")
+    k_in = weight.shape[1] * (2 if act == "silu_and_mul" else 1)
+    if x.shape[1] != k_in:
+        raise ValueError(f"x's last dim must be {k_in} (weight's K{' x 2 for silu_and_mul' if act else ''}); "
+                         f"got {x.shape[1]}")
+    if weight.dtype != x.dtype or not x.is_floating_point():
+        raise ValueError(f"weight's dtype must be x's float dtype {x.dtype}; got {weight.dtype}")
+    if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != x.dtype):
+        raise ValueError(f"bias must be [{weight.shape[0]}] (weight's N) in {x.dtype}; "
+                         f"got {tuple(bias.shape)}, {bias.dtype}")

@@ -1,0 +1,188 @@
+"""The small-batch GEMV (pagedlm/ops/gemv.py): the Triton kernel (interpreter on CPU) and the torch
+fallback against a float64 torch reference on fresh random inputs, fresh tensors poisoned with NaN."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pagedlm.ops import gemv as gemv_mod
+from pagedlm.ops.gemv import GemvConfig, gemv, gemv_torch, gemv_triton
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=2e-2, rtol=2e-2),
+       torch.bfloat16: dict(atol=6e-2, rtol=3e-2)}
+# N=45 and K=100 are multiples of neither block size. K=100 in chunks of 16 is 7 chunks, the last partial:
+# split_k=3 launches slices of 3, 3 and 1 chunks; split_k=8 launches 7 slices of one chunk.
+CONFIGS = {
+    "fma": GemvConfig(block_n=16, block_k=32, num_warps=1),
+    "fma-split": GemvConfig(block_n=16, block_k=16, split_k=3, num_warps=2),
+    "dot": GemvConfig(block_n=16, block_k=32, use_dot=True),
+    "dot-split": GemvConfig(block_n=32, block_k=16, split_k=8, use_dot=True),
+}
+
+
+@pytest.fixture(autouse=True)
+def poison_new_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fresh float tensors start as NaN, so an element a kernel forgets to write cannot pass."""
+    def poisoned(allocate):
+        def allocate_nan(*args, **kwargs):
+            out = allocate(*args, **kwargs)
+            return out.fill_(math.nan) if out.is_floating_point() else out
+        return allocate_nan
+
+    monkeypatch.setattr(torch, "empty", poisoned(torch.empty))
+    monkeypatch.setattr(torch, "empty_like", poisoned(torch.empty_like))
+
+
+def make_inputs(num_rows: int, n: int, k: int, dtype: torch.dtype, act: str | None, with_bias: bool):
+    x = torch.randn(num_rows, 2 * k if act else k, device=DEVICE).to(dtype)
+    weight = (torch.randn(n, k, device=DEVICE) / math.sqrt(k)).to(dtype)
+    bias = torch.randn(n, device=DEVICE).to(dtype) if with_bias else None
+    return x, weight, bias
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str | None) -> torch.Tensor:
+    """float64 product; the silu_and_mul input is rounded to x's dtype first, as the fused prologue does."""
+    if act:
+        gate, up = x.double().chunk(2, dim=-1)
+        x = (F.silu(gate) * up).to(x.dtype)
+    out = x.double() @ weight.double().T
+    return out if bias is None else out + bias.double()
+
+
+def check(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+          act: str | None) -> None:
+    assert out.dtype == x.dtype and out.shape == (x.shape[0], weight.shape[0])
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.double(), reference(x, weight, bias, act), **TOL[x.dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("num_rows", [1, 3, 8])
+@pytest.mark.parametrize("config_name", list(CONFIGS))
+def test_gemv_triton(dtype: torch.dtype, num_rows: int, config_name: str) -> None:
+    x, weight, bias = make_inputs(num_rows, 45, 100, dtype, act=None, with_bias=num_rows != 3)
+    check(gemv_triton(x, weight, bias, config=CONFIGS[config_name]), x, weight, bias, None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("config_name", ["fma", "dot-split"])
+def test_gemv_triton_silu_and_mul(dtype: torch.dtype, config_name: str) -> None:
+    x, weight, bias = make_inputs(3, 45, 100, dtype, act="silu_and_mul", with_bias=True)
+    x = 3 * x  # gates well into silu's curved part
+    check(gemv_triton(x, weight, bias, act="silu_and_mul", config=CONFIGS[config_name]), x, weight, bias,
+          "silu_and_mul")
+
+
+@pytest.mark.parametrize("config_name", ["fma", "dot"])
+def test_gemv_silu_and_mul_rounds_before_the_product(config_name: str) -> None:
+    """K=1 makes every step exact but the roundings: y = fp16(fp16(silu(gate) * up) * w) bit for bit,
+    which an fp32 product of the unrounded activation misses on some elements."""
+    x = 4 * torch.randn(8, 2, device=DEVICE).half()
+    weight = torch.randint(-2048, 2048, (64, 1), device=DEVICE).half() / 64
+    out = gemv_triton(x, weight, act="silu_and_mul", config=CONFIGS[config_name])
+    expected = reference(x, weight, None, "silu_and_mul").half()
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_gemv_triton_strided_views() -> None:
+    """x and weight as row-strided views (x with a column stride too) are read where they lie."""
+    x_big = torch.randn(8, 3, 70, device=DEVICE)
+    x = x_big[::2, 1, 3:67]  # [4, 64]: row stride 420
+    weight = torch.randn(30, 80, device=DEVICE)[:, 8:72]  # [30, 64]: row stride 80
+    for config in (CONFIGS["fma"], CONFIGS["dot-split"]):
+        check(gemv_triton(x, weight, config=config), x, weight, None, None)
+    check(gemv_triton(x.T.contiguous().T, weight), x, weight, None, None)  # column-major x
+
+
+@pytest.mark.parametrize("num_rows", [1, 2, 5, 8])
+def test_gemv_default_config(num_rows: int) -> None:
+    """The default launch rule (FMA for small M, tl.dot above, split K for few N tiles) is correct."""
+    x, weight, bias = make_inputs(num_rows, 20, 600, torch.float16, act=None, with_bias=True)
+    config = gemv_mod.default_config(num_rows, 20, 600, torch.float16)
+    assert gemv_mod.launch_split_k(600, config)[0] > 1
+    check(gemv_triton(x, weight, bias), x, weight, bias, None)
+
+
+def test_launch_split_k_covers_k_without_empty_slices() -> None:
+    for k in (1, 15, 16, 100, 1000):
+        for split_k in (1, 3, 8, 64):
+            config = GemvConfig(block_n=8, block_k=16, split_k=split_k)
+            num_splits, k_per_split = gemv_mod.launch_split_k(k, config)
+            assert k_per_split % 16 == 0 and 1 <= num_splits <= split_k
+            assert (num_splits - 1) * k_per_split < k <= num_splits * k_per_split
+
+
+@pytest.mark.parametrize("act", [None, "silu_and_mul"])
+def test_gemv_dispatch_and_torch_fallback(act: str | None) -> None:
+    """On CPU gemv is the torch fallback (silu_and_mul_torch then F.linear); on CUDA, the kernel."""
+    x, weight, bias = make_inputs(2, 24, 40, torch.float32, act, with_bias=True)
+    out = gemv(x, weight, bias, act=act)
+    check(out, x, weight, bias, act)
+    expected = (gemv_triton if x.is_cuda else gemv_torch)(x, weight, bias, act=act)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("impl", [gemv_triton, gemv_torch])
+def test_gemv_rejects_bad_input(impl) -> None:
+    x, weight = torch.randn(2, 16, device=DEVICE), torch.randn(8, 16, device=DEVICE)
+    bad_calls = {
+        "M": (torch.randn(gemv_mod.MAX_M + 1, 16, device=DEVICE), weight, None, None),
+        "x must be": (torch.randn(16, device=DEVICE), weight, None, None),
+        "last dim must be 16": (torch.randn(2, 12, device=DEVICE), weight, None, None),
+        "last dim must be 32": (x, weight, None, "silu_and_mul"),
+        "act must be": (x, weight, None, "gelu"),
+        "bias must be": (x, weight, torch.randn(7, device=DEVICE), None),
+        "weight's dtype": (x, weight.half(), None, None),
+        "unit stride": (x, torch.randn(16, 8, device=DEVICE).T, None, None),
+        "N, K >= 1": (x, torch.randn(0, 16, device=DEVICE), None, None),
+    }
+    for message, (x_bad, weight_bad, bias_bad, act) in bad_calls.items():
+        with pytest.raises(ValueError, match=message):
+            impl(x_bad, weight_bad, bias_bad, act=act)
+
+
+def test_gemv_config_rejects_bad_values() -> None:
+    with pytest.raises(ValueError, match="block_n"):
+        GemvConfig(block_n=12, block_k=32)
+    with pytest.raises(ValueError, match="split_k"):
+        GemvConfig(block_n=8, block_k=32, split_k=0)
+    with pytest.raises(ValueError, match=">= 16 with use_dot"):
+        GemvConfig(block_n=8, block_k=32, use_dot=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_rows", [1, 3, 8])
+@pytest.mark.parametrize("act", [None, "silu_and_mul"])
+def test_gemv_bf16_cuda(num_rows: int, act: str | None) -> None:
+    """The real kernel in bf16 on every config kind and the default one, against fp32 torch."""
+    n, k = 1000, 3000
+    x, weight, bias = make_inputs(num_rows, n, k, torch.bfloat16, act, with_bias=True)
+    for config in [None, *CONFIGS.values(), GemvConfig(block_n=64, block_k=128, split_k=8, use_dot=True)]:
+        out = gemv_triton(x, weight, bias, act=act, config=config)
+        x_in = gemv_mod.silu_and_mul_torch(x) if act else x
+        expected = F.linear(x_in.float(), weight.float(), bias.float())
+        assert out.dtype == torch.bfloat16 and not out.isnan().any()
+        torch.testing.assert_close(out.float(), expected, **TOL[torch.bfloat16])
+
+
+@pytest.mark.gpu
+def test_gemv_cuda_graph_replay_without_syncs() -> None:
+    """Captured once (split K: partials + reduce; fused silu), replayed on new inputs: equals eager."""
+    x, weight, bias = make_inputs(4, 1000, 3000, torch.bfloat16, "silu_and_mul", with_bias=True)
+    config = GemvConfig(block_n=64, block_k=128, split_k=8, use_dot=True)
+    gemv_triton(x, weight, bias, act="silu_and_mul", config=config)  # compile outside the capture
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        gemv_triton(x, weight, bias, act="silu_and_mul", config=config)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gemv_triton(x, weight, bias, act="silu_and_mul", config=config)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.testing.assert_close(out, gemv_triton(x, weight, bias, act="silu_and_mul", config=config), rtol=0, atol=0)
