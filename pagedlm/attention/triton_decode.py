@@ -2,8 +2,29 @@
 
 Too few (sequence, KV head) pairs leave most of the GPU idle when each pair is one program, so each
 sequence's visible keys are cut into num_splits contiguous chunks: one program per
-(sequence, KV head, split) writes an unnormalised partial output with its running max and sum, and a
-reduce kernel merges the splits. num_splits comes from host-known shapes only.
+(sequence, KV head, split) writes an unnormalised partial output with its running max and sum, and
+the last program of a (sequence, KV head) group to finish merges the group's partials into the
+output rows, all in one launch. num_splits comes from host-known shapes only.
+
+Who merges: each (sequence, KV head) group has an int32 counter, zero at every launch. A live split
+(one with keys) stores its partial, then adds 1 to the counter; the program that reads
+num_live - 1 is the last and merges. Empty splits (short contexts: num_live < num_splits) store
+nothing and do not count, so the merge never reads them. The merging program resets the counter to
+0: no other program of this launch touches it again, and the next launch on the stream starts after
+this one ends, so every launch (and every CUDA graph replay) starts from zeros.
+
+Memory ordering (the interpreter runs programs one after another and cannot show a race):
+1. A program's threads store its partial, then meet at a CTA barrier (bar.sync), so every one of
+   those stores is ordered before the single thread that performs the counter atomic.
+2. The atomic is acq_rel at GPU scope. Its release half publishes, cumulatively, every write
+   ordered before it, i.e. the whole program's partial.
+3. The atomics of one counter form a single modification order, each reading the value before it;
+   the one that reads num_live - 1 comes after all other live programs' atomics, and its acquire
+   half synchronises with each of their releases: their partials happen-before what follows.
+4. Triton hands a scalar atomic's result to the other threads through shared memory behind a
+   barrier, so every thread's merge loads are ordered after the acquire. The loads use the .cg
+   cache modifier (L2, the GPU's point of coherence, not the SM's non-coherent L1), so no stale
+   line left by an earlier launch over the same addresses can be read.
 """
 from __future__ import annotations
 
@@ -19,22 +40,63 @@ DEFAULT_NUM_SMS = 132  # H100/H200; used where no CUDA device can be asked
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 32
 
+# Per device: the split counters, [num_groups] int32, zero between launches. The newest (largest)
+# is last; older ones stay alive, as a CUDA graph captured with one keeps using its address.
+_counters: dict[torch.device, list[torch.Tensor]] = {}
+
+
+@triton.jit
+def split_key_range(seq_len, window, num_splits, split, BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr):
+    """Keys [kv_lo, kv_hi) of this split, and num_live: the splits with keys (the first num_live)."""
+    first_key = 0
+    if USE_WINDOW:
+        first_key = tl.maximum(seq_len - window, 0)
+    num_keys = seq_len - first_key
+    chunk = tl.maximum(tl.cdiv(tl.cdiv(num_keys, num_splits), BLOCK_N), 1) * BLOCK_N
+    kv_lo = first_key + split * chunk
+    kv_hi = tl.minimum(kv_lo + chunk, seq_len)
+    return kv_lo, kv_hi, tl.cdiv(num_keys, chunk)
+
+
+@triton.jit
+def merge_head_splits(
+    out_row_ptr,  # [HEAD_DIM] this head's output row
+    part_row,  # row of split 0 of this (sequence, head) in the partial buffers
+    num_live, part_out_ptr, part_max_ptr, part_sum_ptr,
+    HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
+):
+    """out = sum_s acc_s 2^(m_s - m) / sum_s l_s 2^(m_s - m) over the live splits s, m = max_s m_s."""
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, HEAD_DIM)
+    live = offs_s < num_live
+    rows = part_row + offs_s  # [SPLITS_PAD]
+    maxes = tl.load(part_max_ptr + rows, mask=live, other=float("-inf"), cache_modifier=".cg")
+    sums = tl.load(part_sum_ptr + rows, mask=live, other=0.0, cache_modifier=".cg")
+    acc = tl.load(part_out_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=live[:, None], other=0.0,
+                  cache_modifier=".cg")  # [SPLITS_PAD, HEAD_DIM]
+    weights = tl.exp2(maxes - tl.max(maxes, 0))  # [SPLITS_PAD]; unvisited splits (max -inf) weigh 0
+    out = tl.sum(acc * weights[:, None], 0) / tl.sum(sums * weights, 0)  # [HEAD_DIM]
+    tl.store(out_row_ptr + offs_d, out.to(out_row_ptr.dtype.element_ty))
+
 
 @triton.jit(do_not_specialize=["window", "num_splits"])
 def decode_split_kernel(
+    out_ptr,  # [T, num_heads, HEAD_DIM]
     part_out_ptr,  # [B, num_heads, num_splits, HEAD_DIM] fp32, unnormalised
     part_max_ptr, part_sum_ptr,  # [B, num_heads, num_splits] fp32 (max in the log2 domain)
+    counters_ptr,  # [>= B * num_kv_heads] int32, zero at launch; zero again when the launch ends
     q_ptr,  # [T, num_heads, HEAD_DIM]
     k_cache_ptr, v_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
     block_table_ptr, query_start_loc_ptr, seq_lens_ptr,
     qk_scale, window, num_splits,
-    stride_q_t, stride_q_h, stride_bt,
+    stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt,
     stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """One program: one split of one sequence's keys x the GROUP query heads of one KV head."""
+    """One program: one split of one sequence's keys x the GROUP query heads of one KV head; the
+    group's last live split to finish also merges (see the module notes for the ordering)."""
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -42,15 +104,12 @@ def decode_split_kernel(
     if tl.load(query_start_loc_ptr + seq + 1) == q_token:  # no query this step (padding sequence)
         return
     seq_len = tl.load(seq_lens_ptr + seq)
-    first_key = 0
-    if USE_WINDOW:
-        first_key = tl.maximum(seq_len - window, 0)
-    chunk = tl.cdiv(tl.cdiv(seq_len - first_key, num_splits), BLOCK_N) * BLOCK_N
-    kv_lo = first_key + split * chunk
-    kv_hi = tl.minimum(kv_lo + chunk, seq_len)  # kv_lo >= kv_hi: empty split, max -inf, sum 0
+    kv_lo, kv_hi, num_live = split_key_range(seq_len, window, num_splits, split, BLOCK_N, USE_WINDOW)
+    if split >= num_live:  # no keys: stores nothing, does not count
+        return
     kv_mid = kv_lo  # with a window every tile is masked; without, all but a partial last one
     if not USE_WINDOW:
-        kv_mid = tl.maximum(kv_lo + (kv_hi - kv_lo) // BLOCK_N * BLOCK_N, kv_lo)
+        kv_mid = kv_lo + (kv_hi - kv_lo) // BLOCK_N * BLOCK_N
 
     rows = tl.arange(0, BLOCK_M)
     heads = kv_head * GROUP + rows  # [BLOCK_M]
@@ -73,31 +132,17 @@ def decode_split_kernel(
     tl.store(part_max_ptr + part_rows, m_i, mask=row_ok)
     tl.store(part_sum_ptr + part_rows, l_i, mask=row_ok)
 
-
-@triton.jit(do_not_specialize=["num_splits"])
-def decode_reduce_kernel(
-    out_ptr,  # [T, num_heads, HEAD_DIM]
-    part_out_ptr, part_max_ptr, part_sum_ptr,  # as written by decode_split_kernel
-    query_start_loc_ptr, num_splits, stride_o_t, stride_o_h,
-    HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
-):
-    """One program per (sequence, query head): merge the splits' partial softmax states."""
-    seq = tl.program_id(0)
-    head = tl.program_id(1)
-    q_token = tl.load(query_start_loc_ptr + seq)
-    if tl.load(query_start_loc_ptr + seq + 1) == q_token:
-        return
-    offs_s = tl.arange(0, SPLITS_PAD)
-    offs_d = tl.arange(0, HEAD_DIM)
-    split_ok = offs_s < num_splits
-    part_rows = (seq * tl.num_programs(1) + head).to(tl.int64) * num_splits + offs_s  # [SPLITS_PAD]
-    maxes = tl.load(part_max_ptr + part_rows, mask=split_ok, other=float("-inf"))
-    sums = tl.load(part_sum_ptr + part_rows, mask=split_ok, other=0.0)
-    acc = tl.load(part_out_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :], mask=split_ok[:, None], other=0.0)
-    weights = tl.exp2(maxes - tl.max(maxes, 0))  # [SPLITS_PAD]; empty splits (max -inf) weigh 0
-    out = tl.sum(acc * weights[:, None], 0) / tl.sum(sums * weights, 0)  # [HEAD_DIM]
-    o_offs = q_token.to(tl.int64) * stride_o_t + head * stride_o_h + offs_d
-    tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty))
+    tl.debug_barrier()  # every thread's partial stores before the (one-thread) release below
+    counter_ptr = counters_ptr + seq * tl.num_programs(1) + kv_head
+    if tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == num_live - 1:
+        for h in tl.static_range(GROUP):
+            head = kv_head * GROUP + h
+            merge_head_splits(
+                out_ptr + q_token.to(tl.int64) * stride_o_t + head * stride_o_h,
+                (seq * tl.num_programs(1) * GROUP + head).to(tl.int64) * num_splits,
+                num_live, part_out_ptr, part_max_ptr, part_sum_ptr, HEAD_DIM, SPLITS_PAD,
+            )
+        tl.store(counter_ptr, 0)
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int = DEFAULT_NUM_SMS) -> int:
@@ -109,6 +154,20 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sm
     by_occupancy = triton.cdiv(2 * num_sms, num_programs)
     by_length = triton.cdiv(max_seq_len, MIN_KEYS_PER_SPLIT)
     return max(1, min(by_occupancy, by_length, MAX_SPLITS))
+
+
+def split_counters(device: torch.device, num_groups: int) -> torch.Tensor:
+    """The device's counter buffer, [>= num_groups] int32 zeros (between launches). Allocated once
+    and grown (a new zeroed buffer) only for a larger batch, never during a CUDA graph capture:
+    DecodeGraphs captures its largest batch first, and its eager warm-up allocates the maximum."""
+    buffers = _counters.setdefault(device, [])
+    if not buffers or buffers[-1].numel() < num_groups:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"split decode needs {num_groups} counters but has "
+                               f"{buffers[-1].numel() if buffers else 0}; they cannot grow during a "
+                               f"CUDA graph capture (run the largest batch eagerly first)")
+        buffers.append(torch.zeros(num_groups, dtype=torch.int32, device=device))
+    return buffers[-1]
 
 
 def split_decode_attention(
@@ -129,16 +188,14 @@ def split_decode_attention(
     part_out = torch.empty(meta.num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     part_max = torch.empty(meta.num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
     part_sum = torch.empty_like(part_max)
+    counters = split_counters(q.device, meta.num_seqs * num_kv_heads)
     constexprs = kernel_constexprs(q, kv_cache, sliding_window)
     decode_split_kernel[(meta.num_seqs, num_kv_heads, num_splits)](
-        part_out, part_max, part_sum, q, kv_cache[0], kv_cache[1],
+        out, part_out, part_max, part_sum, counters, q, kv_cache[0], kv_cache[1],
         meta.block_table, meta.query_start_loc, meta.seq_lens, scale * LOG2_E, sliding_window or 0, num_splits,
-        q.stride(0), q.stride(1), meta.block_table.stride(0), *cache_strides(kv_cache),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), meta.block_table.stride(0),
+        *cache_strides(kv_cache), SPLITS_PAD=triton.next_power_of_2(num_splits),
         BLOCK_M=max(16, triton.next_power_of_2(constexprs["GROUP"])), **constexprs,
         num_warps=triton_paged.DECODE_NUM_WARPS, num_stages=triton_paged.DECODE_NUM_STAGES,
-    )
-    decode_reduce_kernel[(meta.num_seqs, num_heads)](
-        out, part_out, part_max, part_sum, meta.query_start_loc, num_splits, out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4,
     )
     return out
