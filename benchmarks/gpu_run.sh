@@ -11,6 +11,7 @@
 #   sampler1   the sampler alone on [256, 151936] logits (greedy / random / full)
 #   gemv       benchmarks/gemv_bench.py (small-batch GEMV against cuBLAS)
 #   profile    benchmarks/profile_kernels.py: qwen3-0.6b batch-1 decode (graphs), llama3-8b T0 prefill
+#   profile256 the same for batch-256 decode steps with graphs: qwen3-0.6b at T1's temperature, llama3-8b
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -27,7 +28,8 @@ step() {  # name timeout command...
 
 for s in ${STEPS:-tests sweep workloads}; do
   case $s in
-    tests) step tests "${TEST_TIMEOUT:-170}" python3 -m pytest -q -x -m gpu tests ;;
+    tests) step tests "${TEST_TIMEOUT:-170}" python3 -m pytest -q -x -m gpu tests/gpu tests/attention \
+             tests/ops tests/sample tests/worker/test_gpu_runner.py ;;
     sweep) step sweep "${SWEEP_TIMEOUT:-200}" python3 benchmarks/attention_kernels.py --sweep --json "$OUT/sweep.json" ;;
     workloads) step workloads "${BENCH_TIMEOUT:-300}" python3 benchmarks/gpu_workloads.py --json "$OUT/bench.json" \
              ${PEER:+--peer} --workloads "${WORKLOADS:-L2,T0-qwen3-0.6b,T1,L1,T0-llama3-8b,T3-on,T3-off}" ;;
@@ -43,6 +45,9 @@ for s in ${STEPS:-tests sweep workloads}; do
     profile) step profile "${PROFILE_TIMEOUT:-150}" bash -c "python3 benchmarks/profile_kernels.py --graphs \
              --top 14 && python3 benchmarks/profile_kernels.py --shape llama3-8b --batch-size 256 \
              --input-len 512 --skip 0 --steps 3 --top 16" ;;
+    profile256) step profile256 "${PROFILE_TIMEOUT:-150}" bash -c "python3 benchmarks/profile_kernels.py --graphs \
+             --batch-size 256 --input-len 512 --temperature 0.6 --steps 10 --top 14 && python3 \
+             benchmarks/profile_kernels.py --graphs --shape llama3-8b --batch-size 256 --input-len 512 --steps 10 --top 14" ;;
     *) echo "unknown step $s" | tee -a "$OUT/steps.txt" ;;
   esac
 done

@@ -2,7 +2,7 @@
 RMSNorm of q and k, rotary embedding of q and k, and the write of this step's k and v into the
 paged KV cache. Returns q; attention then reads k and v from the cache.
 
-One Triton kernel on CUDA (a program per token) instead of up to six launches (two copies, two
+One Triton kernel on CUDA (two programs per token: q, then k and v) instead of up to six launches (two copies, two
 norms, rotary, KV write); plain torch elsewhere (the pieces in pagedlm.ops and torch_ref).
 Rounding is the unfused path's: the norm rounds to the model dtype before the weight and after
 it, rotary computes in float32 and rounds once (pagedlm.ops.norm, pagedlm.ops.rotary).
@@ -62,7 +62,8 @@ def prepare_qkv_kernel(
     HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     QK_NORM: tl.constexpr,
 ):
-    """One program per token."""
+    """Two programs per token: part 0 rotates q, part 1 writes k and v (half the serial latency
+    of one program per token, which is what a batch-1 decode step waits for)."""
     token = tl.program_id(0).to(tl.int64)
     round_ty = q_out_ptr.dtype.element_ty
     pos = tl.load(positions_ptr + token).to(tl.int64)
@@ -70,8 +71,10 @@ def prepare_qkv_kernel(
     cos = tl.load(cos_sin_ptr + pos * stride_cs + offs).to(tl.float32)
     sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + offs).to(tl.float32)
     row = qkv_ptr + token * stride_qkv
-    q1, q2 = load_heads(row, num_heads, cos, sin, q_norm_ptr, eps, HALF, BLOCK_HQ, QK_NORM, round_ty)
-    store_heads(q_out_ptr + token * stride_qo_t, 2 * HALF, num_heads, q1, q2, HALF, BLOCK_HQ)
+    if tl.program_id(1) == 0:
+        q1, q2 = load_heads(row, num_heads, cos, sin, q_norm_ptr, eps, HALF, BLOCK_HQ, QK_NORM, round_ty)
+        store_heads(q_out_ptr + token * stride_qo_t, 2 * HALF, num_heads, q1, q2, HALF, BLOCK_HQ)
+        return
     slot = tl.load(slot_mapping_ptr + token)
     if slot >= 0:
         k_row = row + num_heads * 2 * HALF
@@ -128,7 +131,7 @@ def prepare_qkv_triton(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache
         return q
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     q_norm, k_norm = qk_norm if qk_norm is not None else (cos_sin_cache, cos_sin_cache)  # unread
-    prepare_qkv_kernel[(num_tokens,)](
+    prepare_qkv_kernel[(num_tokens, 2)](
         q, k_cache, v_cache, qkv, positions, slot_mapping, cos_sin_cache, q_norm, k_norm,
         eps, num_heads, num_kv_heads, qkv.stride(0), q.stride(0), cos_sin_cache.stride(0),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),

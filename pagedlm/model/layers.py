@@ -16,9 +16,9 @@ from pagedlm.ops import gemv
 
 class Linear(nn.Module):
     """y = act(x) W^T (+ b), without nn.Linear's random init (the loader overwrites it anyway).
-    act "silu_and_mul": x is [gate | up] and the product sees silu(gate) * up. On CUDA, batches of
-    at most gemv.MAX_M rows (small-batch decode) go through the Triton GEMV, with the activation fused
-    into its prologue; larger ones through cuBLAS."""
+    act "silu_and_mul": x is [gate | up] and the product sees silu(gate) * up. On CUDA, small-batch
+    decode on narrow outputs (gemv.prefer_gemv) goes through the Triton GEMV, with the activation
+    fused into its prologue; the rest through cuBLAS."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> None:
         super().__init__()
@@ -28,7 +28,7 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor, act: str | None = None) -> torch.Tensor:
         """x: [T, in_features] ([T, 2 * in_features] with act) -> [T, out_features]."""
-        if x.is_cuda and x.shape[0] <= gemv.MAX_M:
+        if x.is_cuda and gemv.prefer_gemv(x.shape[0], self.weight.shape[0]):
             return gemv.gemv(x, self.weight, self.bias, act=act)
         if act is not None:
             x = ops.silu_and_mul(x)

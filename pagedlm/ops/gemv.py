@@ -26,6 +26,10 @@ from pagedlm.ops.triton_compat import patch_interpreter
 patch_interpreter()
 
 MAX_M = 8
+# The H200 measurement (benchmarks/gemv_bench.py, 2026-11-29, RESULTS.md): the kernel beats cuBLAS on
+# narrow outputs, where cuBLAS launches too few CTAs (qwen3-0.6b o_proj N=1024 K=2048, M=1: 5.0 vs
+# 12.5 µs; down_proj + silu 6.4 vs 7.7), and loses a little on wide ones (llama3-8b qkv, o, down).
+MAX_GEMV_N = 2048
 ACTS = (None, "silu_and_mul")
 MIN_DOT_ROWS = 16  # tl.dot needs every dimension >= 16: x is padded to 16 rows on the dot path
 TARGET_WARPS = 1024  # split K until about this many warps (~8 per SM on a 132-SM H200)
@@ -59,12 +63,18 @@ class GemvConfig:
                              f"got {self.block_n}, {self.block_k}")
 
 
+def prefer_gemv(num_rows: int, n: int) -> bool:
+    """Whether x [num_rows, K] @ W[n, K].T should take this kernel rather than cuBLAS (on CUDA)."""
+    return num_rows <= MAX_M and n <= MAX_GEMV_N
+
+
 def default_config(num_rows: int, n: int, k: int, dtype: torch.dtype) -> GemvConfig:
     """A simple rule from host ints (provisional until the H200 sweep of benchmarks/gemv_bench.py).
-    M <= 2 or fp32: FMA with one warp per program and one 16-byte vector per lane per row and chunk,
+    M = 1 or fp32: FMA with one warp per program and one 16-byte vector per lane per row and chunk,
     so the x row, the weight tile and the reduction share one layout (no shared-memory round trip).
-    Larger M: tl.dot on 64 weight rows (wgmma m64n16 on Hopper). Split K until about TARGET_WARPS."""
-    if num_rows > 2 and dtype != torch.float32:
+    Larger M: tl.dot on 64 weight rows (wgmma m64n16 on Hopper; FMA at M=2 measured 1.5-2.5x slower
+    than at M=1). Split K until about TARGET_WARPS."""
+    if num_rows > 1 and dtype != torch.float32:
         config = GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=3, use_dot=True)
     else:
         vec = 16 // dtype.itemsize  # elements per 16-byte load
