@@ -169,6 +169,54 @@ def run_decode_case(name: str) -> list[dict]:
     return rows
 
 
+def shared_prefix_decode(num_prefixes: int = 16, seqs_per_prefix: int = 32, prefix_len: int = 2048,
+                         suffix_len: int = 129, num_heads: int = 32, num_kv_heads: int = 8) -> list[dict]:
+    """T3's decode steps: seqs_per_prefix sequences share each prefix's KV blocks. The varlen decode
+    kernel with the batch in random order (T3's shuffled arrival), grouped by prefix, and with no
+    sharing at all (every sequence its own blocks: the DRAM-bound baseline). GB/s counts the KV
+    each sequence reads, shared or not; more than the DRAM bandwidth means L2 hits."""
+    dev, dtype = "cuda", torch.bfloat16
+    num_seqs, context = num_prefixes * seqs_per_prefix, prefix_len + suffix_len
+    prefix_blocks, seq_blocks = prefix_len // BLOCK_SIZE, -(-context // BLOCK_SIZE)
+    own_blocks = seq_blocks - prefix_blocks
+    shared_pool = num_prefixes * prefix_blocks + num_seqs * own_blocks
+    unique_pool = num_seqs * seq_blocks
+    kv_cache = torch.randn(2, unique_pool + 1, BLOCK_SIZE, num_kv_heads, HEAD_DIM, device=dev, dtype=dtype)
+    seq_ids = torch.arange(num_seqs, device=dev)
+    prefix_table = (seq_ids // seqs_per_prefix)[:, None] * prefix_blocks + torch.arange(prefix_blocks, device=dev)
+    own_table = num_prefixes * prefix_blocks + seq_ids[:, None] * own_blocks + torch.arange(own_blocks, device=dev)
+    tables = {"shared": torch.cat([prefix_table, own_table], 1).int() + 1,
+              "unique": (seq_ids[:, None] * seq_blocks + torch.arange(seq_blocks, device=dev)).int() + 1}
+    q = torch.randn(num_seqs, num_heads, HEAD_DIM, device=dev, dtype=dtype)
+    starts = torch.arange(num_seqs + 1, dtype=torch.int32)
+    seq_lens = torch.full((num_seqs,), context, dtype=torch.int32)
+    kv_bytes = 2 * num_seqs * context * num_kv_heads * HEAD_DIM * kv_cache.element_size()
+    order_random = torch.randperm(num_seqs, generator=torch.Generator().manual_seed(0)).to(dev)
+    rows, outputs = [], {}
+    for layout, order in (("unique", order_random), ("shared", order_random), ("shared", seq_ids)):
+        table = tables[layout][order]
+        meta = AttentionMetadata(
+            num_tokens=num_seqs, num_seqs=num_seqs, max_query_len=1, max_seq_len=context,
+            query_start_loc=starts.to(dev), seq_lens=seq_lens.to(dev), slot_mapping=torch.empty(0, device=dev),
+            block_table=table, query_start_loc_cpu=starts, seq_lens_cpu=seq_lens)
+        out = torch.full_like(q, float("nan"))
+        call = lambda: triton_paged.varlen_attention(q[order], kv_cache, meta, HEAD_DIM ** -0.5, None, out=out)  # noqa: E731
+        ms = time_ms(call)
+        name = f"{layout}, {'grouped' if order is seq_ids else 'random'} order"
+        outputs[name] = out[torch.argsort(order)].float()
+        row = dict(case="decode-t3", config=name, ms=ms, gbs=kv_bytes / ms / 1e6)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    base = outputs["shared, random order"]
+    for name, out in outputs.items():
+        if name.startswith("shared"):
+            assert torch.equal(out, base), f"{name}: output differs with the batch order"
+    print(f"\n{'T3 decode (512 x 2177 keys)':34} {'ms':>8} {'GB/s':>7}")
+    for row in rows:
+        print(f"{row['config']:34} {row['ms']:8.3f} {row['gbs']:7.0f}")
+    return rows
+
+
 def print_decode_table(rows: list[dict]) -> None:
     print(f"\n{'case':16} {'config':26} {'ms':>8} {'GB/s':>7} {'max err':>8}")
     for name in DECODE_CASES:
@@ -182,8 +230,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sweep", action="store_true", help="try block_m x warps x stages x block_n")
     parser.add_argument("--decode", action="store_true", help="sweep the decode settings instead")
+    parser.add_argument("--shared-prefix", action="store_true",
+                        help="T3's decode steps: shared prefixes, batch order random vs grouped")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    if args.shared_prefix:
+        shared_prefix_decode()
+        return
     if args.decode:
         rows = [row for name in DECODE_CASES for row in run_decode_case(name)]
         if args.json:
