@@ -11,6 +11,8 @@ cdiv(query_len, BLOCK_Q) tiles; each program finds its sequence by a binary sear
 query_start_loc and exits early if its tile is past the sequence's queries. Unlike a
 num_seqs x cdiv(max_query_len, BLOCK_Q) grid, this launches ~T / BLOCK_Q programs for a mixed batch
 with one long prefill, and the grid depends only on (T, num_seqs), which CUDA graphs keep fixed.
+A decode-only batch (max_query_len <= 1, known on the host) skips the search: one program per
+sequence and KV head (the search's ~log2(B) dependent loads were a visible part of a short decode).
 
 Decode-only batches too small to fill the GPU take the flash-decoding path in triton_decode.py.
 """
@@ -124,16 +126,22 @@ def paged_attention_kernel(
     stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr, DECODE: tl.constexpr,
 ):
-    """One program: BLOCK_Q query tokens of one sequence x the GROUP query heads of one KV head."""
+    """One program: BLOCK_Q query tokens of one sequence x the GROUP query heads of one KV head.
+    DECODE (every sequence has at most one query token): program i is sequence i, no search."""
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_PAD
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
-    seq = find_seq(query_start_loc_ptr, num_seqs, tile, BLOCK_Q)
+    if DECODE:
+        seq = tile
+    else:
+        seq = find_seq(query_start_loc_ptr, num_seqs, tile, BLOCK_Q)
     q_seq_start = tl.load(query_start_loc_ptr + seq)
     q_seq_end = tl.load(query_start_loc_ptr + seq + 1)
-    q_first = q_seq_start + (tile - q_seq_start // BLOCK_Q - seq) * BLOCK_Q
+    q_first = q_seq_start
+    if not DECODE:
+        q_first += (tile - q_seq_start // BLOCK_Q - seq) * BLOCK_Q
     if q_first >= q_seq_end:
         return
     first_pos = tl.load(seq_lens_ptr + seq) - (q_seq_end - q_seq_start)  # position of token q_seq_start
@@ -223,12 +231,14 @@ def varlen_attention(
         constexprs["BLOCK_N"] = PREFILL_BLOCK_N
     elif q.shape[2] <= 128 and kv_cache.element_size() == 2:  # fp32 tiles would overflow shared memory
         constexprs["BLOCK_N"] = DECODE_BLOCK_N
-    grid = (triton.cdiv(q.shape[0], block_m // group_pad) + meta.num_seqs, kv_cache.shape[3])
+    decode = meta.max_query_len <= 1
+    num_tiles = meta.num_seqs if decode else triton.cdiv(q.shape[0], block_m // group_pad) + meta.num_seqs
+    grid = (num_tiles, kv_cache.shape[3])
     paged_attention_kernel[grid](
         out, q, kv_cache[0], kv_cache[1], meta.block_table, meta.query_start_loc, meta.seq_lens,
         meta.num_seqs, scale * LOG2_E, sliding_window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), meta.block_table.stride(0),
-        *cache_strides(kv_cache), GROUP_PAD=group_pad, BLOCK_M=block_m, **constexprs,
+        *cache_strides(kv_cache), GROUP_PAD=group_pad, BLOCK_M=block_m, DECODE=decode, **constexprs,
         num_warps=PREFILL_NUM_WARPS if prefill else DECODE_NUM_WARPS,
         num_stages=PREFILL_NUM_STAGES if prefill else DECODE_NUM_STAGES,
     )

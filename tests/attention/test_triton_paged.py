@@ -115,6 +115,8 @@ def write_cache(batch: PagedBatch) -> None:
 # (ctx_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, sliding_window, dtype, num_pad_tokens)
 VARLEN_CASES = {
     "decode": ([5, 33, 0], [1, 1, 1], 4, 4, 64, 16, None, torch.float32, 0),
+    # a decode batch as a CUDA graph pads it: sequences with no query, padding rows after
+    "decode_padded_gqa2_window": ([40, 7, 0, 19, 0], [1, 1, 0, 1, 0], 4, 2, 64, 16, 9, torch.float16, 2),
     "prefill": ([0, 0], [20, 7], 4, 2, 128, 32, None, torch.float16, 0),
     "mixed_chunks_in_block": ([0, 10, 40, 3, 7], [17, 1, 1, 6, 0], 8, 2, 64, 16, None, torch.float32, 3),
     "window_gqa8": ([0, 21, 30], [19, 1, 5], 8, 1, 64, 16, 8, torch.float16, 2),
