@@ -179,7 +179,6 @@ def shared_prefix_decode(num_prefixes: int = 16, seqs_per_prefix: int = 32, pref
     num_seqs, context = num_prefixes * seqs_per_prefix, prefix_len + suffix_len
     prefix_blocks, seq_blocks = prefix_len // BLOCK_SIZE, -(-context // BLOCK_SIZE)
     own_blocks = seq_blocks - prefix_blocks
-    shared_pool = num_prefixes * prefix_blocks + num_seqs * own_blocks
     unique_pool = num_seqs * seq_blocks
     kv_cache = torch.randn(2, unique_pool + 1, BLOCK_SIZE, num_kv_heads, HEAD_DIM, device=dev, dtype=dtype)
     seq_ids = torch.arange(num_seqs, device=dev)
