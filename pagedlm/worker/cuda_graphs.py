@@ -78,8 +78,8 @@ class DecodeGraphs:
     def capture(self, stream: torch.cuda.Stream) -> None:
         """Largest size first (the smaller graphs reuse its pool blocks), each after a warm-up
         run on the capture stream: it compiles the Triton kernels of that shape and gives cuBLAS
-        its workspace for the stream outside the capture. Then one replay of each, which uploads
-        it. Inputs: an all-padding batch, so no KV is read or written."""
+        its workspace for the stream outside the capture. Inputs: an all-padding batch, so no
+        KV is read or written."""
         device = self._output.device
         self._fill_padding()
         pool = torch.cuda.graph_pool_handle()
@@ -94,8 +94,6 @@ class DecodeGraphs:
                 finally:
                     graph.capture_end()
                 self._graphs[size] = graph
-            for graph in self._graphs.values():  # the first launch of a graph uploads it: here,
-                graph.replay()  # not in the first step of each batch size (all-padding inputs)
         torch.cuda.current_stream(device).wait_stream(stream)
 
     def replay(self, size: int, block_table: torch.Tensor) -> torch.Tensor:
