@@ -22,6 +22,7 @@ the split count: 1 = the varlen kernel) on decode-only batches, reported as KV-c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import sys
@@ -48,6 +49,25 @@ DECODE_CASES = {  # name: (num_seqs, context tokens, num_heads, num_kv_heads, sp
     "decode-b1-llama": (1, 400, 32, 8, (16,)),
 }
 HEAD_DIM, BLOCK_SIZE = 128, 16
+PREFILL_SETTINGS = ("PREFILL_BLOCK_M", "PREFILL_NUM_WARPS", "PREFILL_NUM_STAGES", "PREFILL_BLOCK_N")
+DECODE_SETTINGS = ("DECODE_BLOCK_N", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES")
+
+
+def current_settings(names: tuple[str, ...]) -> tuple[int, ...]:
+    return tuple(getattr(triton_paged, name) for name in names)
+
+
+@contextlib.contextmanager
+def kernel_settings(names: tuple[str, ...], values: tuple[int, ...]):
+    """triton_paged's module constants `names` set to `values` inside the block, restored after."""
+    saved = current_settings(names)
+    for name, value in zip(names, values):
+        setattr(triton_paged, name, value)
+    try:
+        yield
+    finally:
+        for name, value in zip(names, saved):
+            setattr(triton_paged, name, value)
 
 
 def make_case(num_seqs: int, cached: int, query_len: int, num_heads: int, num_kv_heads: int):
@@ -112,22 +132,17 @@ def run_case(name: str, configs: list[tuple[int, int, int, int]]) -> list[dict]:
         rows.append(row)
 
     emit(config="sdpa", ms=time_ms(lambda: sdpa(sq, sk, sv, cached)), err=0.0)
-    names = ("PREFILL_BLOCK_M", "PREFILL_NUM_WARPS", "PREFILL_NUM_STAGES", "PREFILL_BLOCK_N")
-    default = [getattr(triton_paged, n) for n in names]
     for config in configs:
         label = "M{} w{} s{} N{}".format(*config)
-        for attr, value in zip(names, config):
-            setattr(triton_paged, attr, value)
-        try:
-            out = torch.full_like(q, float("nan"))
-            call = lambda: triton_paged.varlen_attention(q, kv_cache, meta, HEAD_DIM ** -0.5, None, out=out)  # noqa: E731
-            call()
-            err = (out.float() - want.float()).abs().max().item()
-            emit(config=label, ms=time_ms(call), err=err)
-        except Exception as exc:  # a config the compiler refuses (shared memory): say so, go on
-            emit(config=label, ms=float("nan"), err=float("nan"), error=str(exc)[:120])
-    for attr, value in zip(names, default):
-        setattr(triton_paged, attr, value)
+        with kernel_settings(PREFILL_SETTINGS, config):
+            try:
+                out = torch.full_like(q, float("nan"))
+                call = lambda: triton_paged.varlen_attention(q, kv_cache, meta, HEAD_DIM ** -0.5, None, out=out)  # noqa: E731
+                call()
+                err = (out.float() - want.float()).abs().max().item()
+                emit(config=label, ms=time_ms(call), err=err)
+            except Exception as exc:  # a config the compiler refuses (shared memory): say so, go on
+                emit(config=label, ms=float("nan"), err=float("nan"), error=str(exc)[:120])
     return rows
 
 
@@ -139,12 +154,9 @@ def run_decode_case(name: str) -> list[dict]:
     q, kv_cache, meta, (sq, sk, sv), _ = make_case(num_seqs, context - 1, 1, num_heads, num_kv_heads)
     want = sdpa(sq, sk, sv, context - 1).transpose(1, 2).reshape(q.shape).float()
     kv_bytes = 2 * num_seqs * context * num_kv_heads * HEAD_DIM * kv_cache.element_size()
-    names = ("DECODE_BLOCK_N", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES")
-    default = [getattr(triton_paged, n) for n in names]
+    default = current_settings(DECODE_SETTINGS)
     rows = []
     for config in itertools.product([32, 64, 128], [4, 8], [1, 2, 3]):
-        for attr, value in zip(names, config):
-            setattr(triton_paged, attr, value)
         for splits in split_counts:
             out = torch.full_like(q, float("nan"))
             if splits == 1:
@@ -153,19 +165,18 @@ def run_decode_case(name: str) -> list[dict]:
                 call = lambda: triton_decode.split_decode_attention(  # noqa: E731
                     q, kv_cache, meta, HEAD_DIM ** -0.5, None, splits, out=out)
             label = "N{} w{} s{} split{}".format(*config, splits)
-            try:
-                call()
-                err = (out.float() - want).abs().max().item()
-                ms = time_ms(call)
-            except Exception as exc:  # a config the compiler refuses: say so, go on
-                ms, err = float("nan"), float("nan")
-                label += " " + str(exc)[:60]
+            with kernel_settings(DECODE_SETTINGS, config):
+                try:
+                    call()
+                    err = (out.float() - want).abs().max().item()
+                    ms = time_ms(call)
+                except Exception as exc:  # a config the compiler refuses: say so, go on
+                    ms, err = float("nan"), float("nan")
+                    label += " " + str(exc)[:60]
             row = dict(case=name, config=label, ms=ms, err=err, gbs=kv_bytes / ms / 1e6,
-                       default=list(config) == default)
+                       default=config == default)
             print(json.dumps(row), flush=True)
             rows.append(row)
-    for attr, value in zip(names, default):
-        setattr(triton_paged, attr, value)
     return rows
 
 
@@ -242,8 +253,7 @@ def main() -> None:
             Path(args.json).write_text(json.dumps(rows, indent=1))
         print_decode_table(rows)
         return
-    default = (triton_paged.PREFILL_BLOCK_M, triton_paged.PREFILL_NUM_WARPS, triton_paged.PREFILL_NUM_STAGES,
-               triton_paged.PREFILL_BLOCK_N)
+    default = current_settings(PREFILL_SETTINGS)
     configs = [default]
     if args.sweep:
         configs += [c for c in itertools.product([64, 128], [4, 8], [2, 3], [64, 128]) if c != default]
