@@ -76,20 +76,33 @@ def workload(wid: str) -> tuple[str, list[list[int]], list[int], float, dict]:
     raise ValueError(f"unknown workload {wid}")
 
 
-def run_pagedlm(llm, prompts, max_tokens, temperature, repeats: int) -> list[float]:
+def run_pagedlm(llm, prompts, max_tokens, temperature, repeats: int) -> tuple[list[float], list[dict]]:
+    """-> (seconds of each timed call, what each call paid besides the work: Triton compiles and
+    cudaMalloc calls of the caching allocator)."""
+    import torch
+
     from pagedlm import SamplingParams
+    from pagedlm.ops.jit_watch import compile_watch
 
     params = [SamplingParams(temperature=temperature, max_tokens=m, ignore_eos=True, seed=i)
               for i, m in enumerate(max_tokens)]
     inputs = [{"prompt_token_ids": p} for p in prompts]
     llm.generate(inputs[:8], params[:8], use_tqdm=False)  # warm-up
-    times = []
+    times, costs = [], []
     for _ in range(repeats):
+        first_compile = len(compile_watch().events)
+        stats = torch.cuda.memory_stats()
         start = time.perf_counter()
         outs = llm.generate(inputs, params, use_tqdm=False)
         times.append(time.perf_counter() - start)
+        after = torch.cuda.memory_stats()
+        compiles = compile_watch().since(first_compile)
+        costs.append({"compiles": len(compiles), "compile_s": round(sum(e.seconds for e in compiles), 3),
+                      "compiled": sorted({e.kernel for e in compiles}),
+                      "cuda_mallocs": after["num_device_alloc"] - stats["num_device_alloc"],
+                      "alloc_retries": after["num_alloc_retries"] - stats["num_alloc_retries"]})
         assert sum(len(o.outputs[0].token_ids) for o in outs) == sum(max_tokens)
-    return times
+    return times, costs
 
 
 def run_transformers_t0(path: str, prompts: list[list[int]], output_len: int, batch: int = 64) -> float:
@@ -142,12 +155,12 @@ def main() -> None:
             llms[key] = LLM(model_dir(model, root), load_format="dummy", dtype="bfloat16",
                             skip_tokenizer_init=True, **overrides, **extra)
         repeats = 3 if wid in ("L1", "L2") else 1
-        times = run_pagedlm(llms[key], prompts, max_tokens, temperature, repeats)
+        times, costs = run_pagedlm(llms[key], prompts, max_tokens, temperature, repeats)
         elapsed = statistics.median(times)
         out_tps = sum(max_tokens) / elapsed
         total_tps = (sum(map(len, prompts)) + sum(max_tokens)) / elapsed
         row = {"id": wid, "model": model, "seconds": elapsed, "output_tok_s": out_tps,
-               "total_tok_s": total_tps, "vllm": VLLM.get(wid), "all_times": times}
+               "total_tok_s": total_tps, "vllm": VLLM.get(wid), "all_times": times, "costs": costs}
         rows.append(row)
         print(json.dumps(row), flush=True)
     llms.clear()

@@ -79,7 +79,7 @@ def merge_head_splits(
     tl.store(out_row_ptr + offs_d, out.to(out_row_ptr.dtype.element_ty))
 
 
-@triton.jit(do_not_specialize=["window", "num_splits"])
+@triton.jit(do_not_specialize=["window", "num_splits", "stride_bt"])
 def decode_split_kernel(
     out_ptr,  # [T, num_heads, HEAD_DIM]
     part_out_ptr,  # [B, num_heads, num_splits, HEAD_DIM] fp32, unnormalised
@@ -194,7 +194,7 @@ def split_decode_attention(
         out, part_out, part_max, part_sum, counters, q, kv_cache[0], kv_cache[1],
         meta.block_table, meta.query_start_loc, meta.seq_lens, scale * LOG2_E, sliding_window or 0, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), meta.block_table.stride(0),
-        *cache_strides(kv_cache), SPLITS_PAD=triton.next_power_of_2(num_splits),
+        *cache_strides(kv_cache), SPLITS_PAD=MAX_SPLITS,  # not from num_splits: one compile for all
         BLOCK_M=max(16, triton.next_power_of_2(constexprs["GROUP"])), **constexprs,
         num_warps=triton_paged.DECODE_NUM_WARPS, num_stages=triton_paged.DECODE_NUM_STAGES,
     )

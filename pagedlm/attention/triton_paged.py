@@ -14,6 +14,12 @@ with one long prefill, and the grid depends only on (T, num_seqs), which CUDA gr
 A decode-only batch (max_query_len <= 1, known on the host) skips the search: one program per
 sequence and KV head (the search's ~log2(B) dependent loads were a visible part of a short decode).
 
+Decode launch order (ORDERED): decode tiles take a whole SM each, so the SMs take the programs in
+launch order, one at a time, and a ragged batch ends when its last-started long sequence does
+(makespan up to the mean load plus one long job). Given meta.decode_order (the host's permutation
+of the sequences by decreasing seq_len), program i serves sequence decode_order[i]: longest first
+(LPT scheduling), the short ones fill the gaps at the end. The result does not depend on the order.
+
 Decode-only batches too small to fill the GPU take the flash-decoding path in triton_decode.py.
 """
 from __future__ import annotations
@@ -113,7 +119,7 @@ def find_seq(query_start_loc_ptr, num_seqs, tile, BLOCK_Q: tl.constexpr):
     return lo
 
 
-@triton.jit(do_not_specialize=["num_seqs", "window"])
+@triton.jit(do_not_specialize=["num_seqs", "window", "stride_bt"])
 def paged_attention_kernel(
     out_ptr,  # [T, num_heads, HEAD_DIM]
     q_ptr,  # [T, num_heads, HEAD_DIM]
@@ -121,20 +127,26 @@ def paged_attention_kernel(
     block_table_ptr,  # [B, max_blocks_per_seq] int32
     query_start_loc_ptr,  # [B + 1] int32
     seq_lens_ptr,  # [B] int32
+    decode_order_ptr,  # [B] int32, a permutation of range(B), read when ORDERED; else None
     num_seqs, qk_scale, window,
     stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt,
     stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr, DECODE: tl.constexpr,
+    ORDERED: tl.constexpr,
 ):
     """One program: BLOCK_Q query tokens of one sequence x the GROUP query heads of one KV head.
-    DECODE (every sequence has at most one query token): program i is sequence i, no search."""
+    DECODE (every sequence has at most one query token): program i is sequence i, no search, or
+    sequence decode_order[i] when ORDERED (longest first: see the module notes)."""
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_PAD
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
     if DECODE:
-        seq = tile
+        if ORDERED:
+            seq = tl.load(decode_order_ptr + tile)
+        else:
+            seq = tile
     else:
         seq = find_seq(query_start_loc_ptr, num_seqs, tile, BLOCK_Q)
     q_seq_start = tl.load(query_start_loc_ptr + seq)
@@ -214,6 +226,15 @@ def cache_strides(kv_cache: torch.Tensor) -> tuple[int, ...]:
     return tuple(kv_cache[0].stride()[:3]) + tuple(kv_cache[1].stride()[:3])
 
 
+def decode_order(meta: AttentionMetadata) -> torch.Tensor | None:
+    """meta.decode_order ([num_seqs] int32) after a shape check; None when the batch has none."""
+    order = meta.decode_order
+    if order is not None and (order.shape != (meta.num_seqs,) or order.dtype != torch.int32):
+        raise ValueError(f"decode_order must be [num_seqs={meta.num_seqs}] int32; "
+                         f"got {tuple(order.shape)} {order.dtype}")
+    return order
+
+
 def varlen_attention(
     q: torch.Tensor,  # [T, num_heads, head_dim]
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
@@ -232,13 +253,15 @@ def varlen_attention(
     elif q.shape[2] <= 128 and kv_cache.element_size() == 2:  # fp32 tiles would overflow shared memory
         constexprs["BLOCK_N"] = DECODE_BLOCK_N
     decode = meta.max_query_len <= 1
+    order = decode_order(meta) if decode else None
     num_tiles = meta.num_seqs if decode else triton.cdiv(q.shape[0], block_m // group_pad) + meta.num_seqs
     grid = (num_tiles, kv_cache.shape[3])
     paged_attention_kernel[grid](
-        out, q, kv_cache[0], kv_cache[1], meta.block_table, meta.query_start_loc, meta.seq_lens,
+        out, q, kv_cache[0], kv_cache[1], meta.block_table, meta.query_start_loc, meta.seq_lens, order,
         meta.num_seqs, scale * LOG2_E, sliding_window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), meta.block_table.stride(0),
-        *cache_strides(kv_cache), GROUP_PAD=group_pad, BLOCK_M=block_m, DECODE=decode, **constexprs,
+        *cache_strides(kv_cache), GROUP_PAD=group_pad, BLOCK_M=block_m, DECODE=decode,
+        ORDERED=order is not None, **constexprs,
         num_warps=PREFILL_NUM_WARPS if prefill else DECODE_NUM_WARPS,
         num_stages=PREFILL_NUM_STAGES if prefill else DECODE_NUM_STAGES,
     )

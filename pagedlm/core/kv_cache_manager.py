@@ -56,10 +56,11 @@ class KVCacheManager:
         return hit_blocks, len(hit_blocks) * self.block_size
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
-                       computed_blocks: list[int] | None = None) -> list[int] | None:
+                       computed_blocks: list[int] | None = None, num_reserved_blocks: int = 0) -> list[int] | None:
         """Makes room for `num_computed_tokens` (+ the prefix hit in `computed_blocks`, for a request
         holding no blocks yet) + `num_new_tokens` tokens. Returns the newly taken block ids (hits
-        excluded), or None, changing nothing, when the pool is short."""
+        excluded), or None, changing nothing, when the pool is short or would be left with fewer
+        than `num_reserved_blocks` free blocks."""
         req_id = request.request_id
         held = self.req_to_blocks.get(req_id)
         if held is not None and not computed_blocks:  # the common decode step: often no new block
@@ -77,7 +78,7 @@ class KVCacheManager:
         num_new_blocks = max(cdiv(num_total_tokens, self.block_size) - len(held) - len(computed_blocks), 0)
         # Hits on free (evictable) blocks take them out of the free queue too.
         num_free_hits = sum(1 for block_id in computed_blocks if self.pool.ref_cnts[block_id] == 0)
-        if num_new_blocks + num_free_hits > self.pool.num_free_blocks:
+        if num_new_blocks + num_free_hits + num_reserved_blocks > self.pool.num_free_blocks:
             return None
         self.pool.touch(computed_blocks)
         new_blocks = self.pool.allocate(num_new_blocks)

@@ -15,11 +15,13 @@ prefix cache usually finds the computed prefix again.
 from __future__ import annotations
 
 import bisect
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pagedlm.config import CacheConfig, SchedulerConfig
+from pagedlm.core.growth import GrowthEstimate
 from pagedlm.core.kv_cache_manager import KVCacheManager
 from pagedlm.core.sched_output import (CachedRequestData, EngineCoreOutput, Logprobs,
                                        ModelRunnerOutput, NewRequestData, SchedulerOutput)
@@ -65,6 +67,7 @@ class Scheduler:
         self._num_added = 0
         self._step_id = 0
         self.num_preemptions = 0
+        self.growth = GrowthEstimate(max_model_len)
 
     # ---- requests in and out ----
 
@@ -199,18 +202,26 @@ class Scheduler:
                 return None
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
+        """Admits while the budget, max_num_seqs and the pool allow, keeping free the blocks the
+        running requests and the admitted one are expected to grow into (core/growth.py)."""
         kv = self.kv_cache_manager
         i = 0
+        reserved_tokens = None  # expected growth of `running`, computed once something may be admitted
         while (i < len(self.waiting) and plan.token_budget > 0
                and len(self.running) < self.config.max_num_seqs):
             request = self.waiting[i]
             if request.num_output_placeholders > 0:  # preempted with a token still in flight
                 i += 1
                 continue
+            if reserved_tokens is None:
+                reserved_tokens = self.growth.total_tokens(self.running)
             hit_blocks, num_hit_tokens = kv.get_computed_blocks(request)
             num_new = min(request.num_tokens - num_hit_tokens, plan.token_budget)
-            if kv.allocate_slots(request, num_new, hit_blocks) is None:
+            own_growth = max(self.growth.tokens(request) - num_hit_tokens - num_new, 0.0)
+            num_reserved = math.ceil((reserved_tokens + own_growth) / kv.block_size)
+            if kv.allocate_slots(request, num_new, hit_blocks, num_reserved) is None:
                 break
+            reserved_tokens += own_growth
             del self.waiting[i]
             self._start_running(request, num_hit_tokens)
             plan.new_reqs.append(NewRequestData(
@@ -301,6 +312,8 @@ class Scheduler:
         else:
             self._running_finished = True
         request.status = status
+        if status != RequestStatus.FINISHED_ABORTED:
+            self.growth.observe_finished(request)
         self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
         del self._sort_keys[request.request_id]

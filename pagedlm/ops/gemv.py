@@ -125,11 +125,13 @@ def gemv_kernel(
     x_ptr,  # [M, K] rows at stride_x ([M, 2K] gate then up with SILU_MUL)
     weight_ptr,  # [N, K] rows at stride_w
     bias_ptr,  # [N] (read only if HAS_BIAS)
-    N, K, stride_x, stride_w, k_per_split,
-    M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    M, N, K, stride_x, stride_w, k_per_split,
+    FMA_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, USE_DOT: tl.constexpr,
 ):
-    """Program (pid_n, pid_k): rows [pid_n * BLOCK_N, +BLOCK_N) of y over K slice pid_k."""
+    """Program (pid_n, pid_k): rows [pid_n * BLOCK_N, +BLOCK_N) of y over K slice pid_k. M is a
+    run-time value on the dot path (one compile for every M it takes); the FMA path unrolls its
+    FMA_ROWS (= M) rows."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -148,7 +150,7 @@ def gemv_kernel(
             x = _load_x(x_ptr + offs_m[:, None] * stride_x + offs_k[None, :], x_mask, K, SILU_MUL)
             acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")  # [BLOCK_N, BLOCK_M]
         else:
-            acc = _fma_accumulate(acc, w, x_ptr, offs_k, mask_k, K, stride_x, M, BLOCK_M, SILU_MUL)
+            acc = _fma_accumulate(acc, w, x_ptr, offs_k, mask_k, K, stride_x, FMA_ROWS, BLOCK_M, SILU_MUL)
     out_mask = mask_n[:, None] & (offs_m[None, :] < M)
     if not PARTIAL:
         if HAS_BIAS:
@@ -214,8 +216,9 @@ def gemv_triton(
     has_bias = bias is not None
     bias_arg = bias if has_bias else weight
     gemv_kernel[(triton.cdiv(n, config.block_n), split_k)](
-        partial, x, weight, bias_arg, n, k, x.stride(0), weight.stride(0), k_per_split,
-        M=num_rows, BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, PARTIAL=split_k > 1,
+        partial, x, weight, bias_arg, num_rows, n, k, x.stride(0), weight.stride(0), k_per_split,
+        FMA_ROWS=0 if config.use_dot else num_rows, BLOCK_M=block_m, BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k, PARTIAL=split_k > 1,
         HAS_BIAS=has_bias, SILU_MUL=act == "silu_and_mul", USE_DOT=config.use_dot,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )

@@ -62,7 +62,8 @@ class BatchLayout:
     rows_version: int = 0  # InputBatch.rows_version when laid out
     # Sections equal to the previous step's, left unwritten in the staging set (query_start_loc
     # excepted: the host metadata reads it) and not copied: the device buffers hold them.
-    reuse_seq_sections: bool = False  # query_start_loc, logits_indices, sample_rows, placeholder_*
+    # The sequence sections: query_start_loc, logits_indices, sample_rows, placeholder_*, decode_order.
+    reuse_seq_sections: bool = False
     reuse_block_table: bool = False
 
     @property
@@ -85,7 +86,8 @@ class BatchLayout:
         if not self.reuse_seq_sections:
             sizes.update(query_start_loc=num_seqs + 1, logits_indices=self.num_samples,
                          sample_rows=self.num_samples, placeholder_idx=self.num_placeholders,
-                         placeholder_rows=self.num_placeholders)
+                         placeholder_rows=self.num_placeholders,
+                         decode_order=num_seqs if self.max_query_len <= 1 else 0)
         if not self.reuse_block_table:
             sizes["block_table"] = self.num_seqs * self.num_block_cols
         return sizes

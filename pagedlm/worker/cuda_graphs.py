@@ -3,12 +3,15 @@
 One graph per capture size, all in one memory pool, captured largest first after a warm-up run
 each. A batch of n sequences replays the smallest size >= n. Every graph input is a static
 device buffer: the runner's step buffers (input_ids, positions, slot_mapping, query_start_loc,
-seq_lens), which the host fills and pads before the replay, and a block table of this module
-with a fixed width (max blocks per sequence), into which replay copies the step's compact table.
+seq_lens, decode_order), which the host fills and pads before the replay, and a block table of
+this module with a fixed width (max blocks per sequence), into which replay copies the step's
+compact table.
 
 Padding rows [n, size): token 0 at position 0, slot -1 (the KV write skips it), seq_len 0 and no
 query (query_start_loc stays flat at n), which the varlen and split-decode kernels both skip;
 their output rows are garbage and never read (every op is row-independent outside attention).
+They come last in decode_order (the varlen kernel's launch order, longest sequence first), which
+must be a permutation of range(size).
 
 The host ints of the captured AttentionMetadata are fixed per size: num_tokens = num_seqs = size,
 max_query_len 1, max_seq_len = max_model_len. So the backend's choice of kernel (varlen or split
@@ -120,7 +123,7 @@ class DecodeGraphs:
             query_start_loc=inputs.query_start_loc[:size + 1], seq_lens=inputs.seq_lens[:size],
             slot_mapping=inputs.slot_mapping[:size], block_table=self.block_table[:size],
             query_start_loc_cpu=self._query_start_loc_cpu[:size + 1],
-            seq_lens_cpu=self._seq_lens_cpu[:size])
+            seq_lens_cpu=self._seq_lens_cpu[:size], decode_order=inputs.decode_order[:size])
 
     def _fill_padding(self) -> None:
         """Every row of the static buffers a padding row (see the module notes)."""
@@ -130,3 +133,4 @@ class DecodeGraphs:
         inputs.slot_mapping[:size].fill_(-1)
         inputs.query_start_loc[:size + 1].zero_()
         inputs.seq_lens[:size].zero_()
+        torch.arange(size, out=inputs.decode_order[:size])

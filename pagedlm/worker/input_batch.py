@@ -6,9 +6,10 @@ Invariant: token_ids_np[row, :num_tokens_np[row]] are the token values the host 
 placeholder for the token the previous step sampled on the device (async scheduling).
 
 Steady decode: a step that schedules one token for each of the same requests, in the same
-order and rows, as the step before has the same query_start_loc, logits rows, sampling rows and
-placeholder rows as that step, and the same block table while no block was added; prepare()
-marks those sections reused, and the device buffers, which still hold them, are not rewritten.
+order and rows, as the step before has the same query_start_loc, logits rows, sampling rows,
+placeholder rows and decode order (every length grew by one) as that step, and the same block
+table while no block was added; prepare() marks those sections reused, and the device buffers,
+which still hold them, are not rewritten.
 """
 from __future__ import annotations
 
@@ -303,6 +304,8 @@ class InputBatch:
             table[:] = self.block_table_np[ragged.rows, :num_cols]
         if not layout.reuse_seq_sections:
             self._fill_seq_sections(buf, ragged, samples, placeholder_idx)
+            if layout.max_query_len <= 1:
+                self._fill_decode_order(buf, ragged.seq_lens)
 
     @staticmethod
     def _fill_seq_sections(buf: StepBuffers, ragged: Ragged, samples: Samples,
@@ -316,6 +319,14 @@ class InputBatch:
         buf.arrays["sample_rows"][:num_samples] = samples.rows_np
         buf.arrays["placeholder_idx"][:num_placeholders] = placeholder_idx
         buf.arrays["placeholder_rows"][:num_placeholders] = ragged.token_rows[placeholder_idx]
+
+    @staticmethod
+    def _fill_decode_order(buf: StepBuffers, seq_lens: np.ndarray) -> None:
+        """A decode-only batch's sequences by decreasing seq_len, ties in batch order (the
+        Triton decode kernel launches the longest first). A steady decode, which reuses the
+        sequence sections, keeps the previous step's order: every length grew by one."""
+        num_seqs = seq_lens.size
+        buf.arrays["decode_order"][:num_seqs] = np.argsort(-seq_lens, kind="stable")
 
     def _embeds_spans(self, rows: np.ndarray, ragged: Ragged) -> list[EmbedsSpan]:
         """Scheduled prompt positions of requests that came with prompt_embeds."""

@@ -26,6 +26,7 @@ from pagedlm.config import EngineConfig
 from pagedlm.core.sched_output import NewRequestData, SchedulerOutput
 from pagedlm.model.llama import LlamaForCausalLM
 from pagedlm.model.loader import load_model
+from pagedlm.ops.jit_watch import compile_watch
 from pagedlm.sample.sampler import SamplerOutput
 from pagedlm.sample.state import SamplingState
 from pagedlm.sampling_params import MAX_LOGPROBS, SamplingParams
@@ -33,6 +34,7 @@ from pagedlm.worker import memory
 from pagedlm.worker.cuda_graphs import DecodeGraphs, graphs_enabled
 from pagedlm.worker.batch_layout import BatchLayout
 from pagedlm.worker.input_batch import InputBatch, cdiv
+from pagedlm.worker.kernel_warmup import warm_up_kernels
 from pagedlm.worker.prompt_logprobs import compute_prompt_logprobs
 from pagedlm.worker.runner_output import AsyncRunnerOutput
 from pagedlm.worker.step_buffers import PrefixViews, StepBuffers
@@ -66,6 +68,7 @@ class ModelRunner:
         self.sampler = SamplingState(self.max_num_reqs, config.model.vocab_size, self.device,
                                      config.seed)
         self._num_steps = 0
+        self._first_compile = compile_watch().start_up() if self.use_cuda else 0
 
     def _init_buffers(self) -> None:
         sizes = (self.max_num_tokens, self.max_num_reqs, self.input_batch.max_num_blocks_per_req)
@@ -115,7 +118,10 @@ class ModelRunner:
         self.input_batch.num_kv_blocks = num_blocks
         if self.use_cuda_graphs:
             self._capture_graphs()
-            self.input_batch.forget_previous_step()  # the capture wrote the device buffers
+        if self.use_cuda:
+            warm_up_kernels(self)
+            _log_start_up_compiles(self._first_compile)
+        self.input_batch.forget_previous_step()  # the capture and warm-up wrote the device buffers
 
     def _capture_graphs(self) -> None:
         start = time.perf_counter()
@@ -245,7 +251,9 @@ class ModelRunner:
             slot_mapping=inputs.prefix("slot_mapping", num_tokens),
             block_table=block_table,
             query_start_loc_cpu=staging.prefix("query_start_loc", num_seqs + 1),
-            seq_lens_cpu=staging.prefix("seq_lens", num_seqs))
+            seq_lens_cpu=staging.prefix("seq_lens", num_seqs),
+            decode_order=(inputs.prefix("decode_order", num_seqs)
+                          if layout.max_query_len <= 1 else None))
 
     def _forward(self, staging: StepBuffers, layout: BatchLayout, graph_size: int) -> torch.Tensor:
         """[num_tokens (graph_size when replayed), hidden_size]: the model over the batch."""
@@ -363,6 +371,14 @@ class ModelRunner:
                                            finished_req_ids=set(req_ids)))
         self.kv_caches, self.input_batch.num_kv_blocks, self.graphs = saved
         return cache.numel() * cache.element_size()
+
+
+def _log_start_up_compiles(first_event: int) -> None:
+    watch = compile_watch()
+    events = watch.since(first_event)
+    logger.info("Triton: %d kernel specialisations compiled (or loaded from the disk cache) in %.1f s "
+                "at start-up", len(events), sum(e.seconds for e in events))
+    watch.serving()
 
 
 def _to_host(tensors: tuple[torch.Tensor, ...] | None) -> tuple[torch.Tensor, ...] | None:

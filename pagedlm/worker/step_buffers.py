@@ -13,7 +13,7 @@ import torch
 _TOKEN_SECTIONS = {"input_ids": torch.int64, "positions": torch.int64, "slot_mapping": torch.int64}
 _SEQ_SECTIONS = {"seq_lens": torch.int32, "logits_indices": torch.int64,
                  "sample_rows": torch.int64, "placeholder_idx": torch.int64,
-                 "placeholder_rows": torch.int64}
+                 "placeholder_rows": torch.int64, "decode_order": torch.int32}
 
 
 class PrefixViews:
@@ -42,7 +42,8 @@ class StepBuffers:
     seq_lens [max_num_reqs]; block_table [max_num_reqs * max_num_blocks_per_req] (flat: a
     step's table is the contiguous prefix viewed as [num_seqs, num_cols]); logits_indices,
     sample_rows (rows that sample), placeholder_idx (batch index of each placeholder input),
-    placeholder_rows (its row) [max_num_reqs]."""
+    placeholder_rows (its row), decode_order (a decode-only batch's sequences by decreasing
+    seq_len: AttentionMetadata.decode_order) [max_num_reqs]."""
 
     input_ids: torch.Tensor
     positions: torch.Tensor
@@ -54,6 +55,7 @@ class StepBuffers:
     sample_rows: torch.Tensor
     placeholder_idx: torch.Tensor
     placeholder_rows: torch.Tensor
+    decode_order: torch.Tensor
     prefix: Callable[..., torch.Tensor]  # prefix(name, *shape): PrefixViews.get
 
     def __init__(self, max_num_tokens: int, max_num_reqs: int, max_num_blocks_per_req: int,
@@ -71,13 +73,15 @@ class StepBuffers:
             if tensor.device.type == "cpu":
                 self.arrays[name] = tensor.numpy()  # sync-ok: a host tensor, at start-up
         self.prefix = PrefixViews(self.tensors).get
+        self._arange_np = np.arange(max_num_reqs, dtype=np.int32)
 
     def pad_decode(self, num_seqs: int, num_padded: int) -> None:
         """Rows [num_seqs, num_padded) of a decode batch (one token per sequence) as padding,
         for a CUDA graph of num_padded sequences: token 0 at position 0, slot -1 (no KV write),
         seq_len 0 and no query (query_start_loc stays at num_seqs): the attention kernels skip
-        such a sequence. (A step whose input ids all come from the device copies none: its
-        padding rows keep the valid ids the device buffer holds; their outputs are unread.)"""
+        such a sequence; last in decode_order, as the shortest. (A step whose input ids all come
+        from the device copies none: its padding rows keep the valid ids the device buffer
+        holds; their outputs are unread.)"""
         pad = slice(num_seqs, num_padded)
         arrays = self.arrays
         arrays["input_ids"][pad] = 0
@@ -85,6 +89,7 @@ class StepBuffers:
         arrays["slot_mapping"][pad] = -1
         arrays["seq_lens"][pad] = 0
         arrays["query_start_loc"][num_seqs + 1:num_padded + 1] = num_seqs
+        arrays["decode_order"][pad] = self._arange_np[pad]
 
     def copy_from(self, src: StepBuffers, sizes: dict[str, int]) -> None:
         """Non-blocking copy of the first `size` elements of each named section of src."""

@@ -28,7 +28,8 @@ def test_aot_compile_all_kernels_for_sm90() -> None:
     assert proc.returncode == 0, proc.stderr[-6000:]
     results = json.loads(proc.stdout.splitlines()[-1])
     names = [r["kernel"] for r in results]
-    assert names.count("paged_attention_kernel") == 2 * len(attention_scenarios())  # prefill and decode tiles
+    # prefill tiles, decode tiles in batch order and in decode_order
+    assert names.count("paged_attention_kernel") == 3 * len(attention_scenarios())
     assert set(names) == {"prepare_qkv_kernel", "paged_attention_kernel", "decode_split_kernel",
                           "rms_norm_kernel", "silu_and_mul_kernel",
                           "block_logmass_kernel", "pick_kernel", "gemv_kernel", "split_k_reduce_kernel"}
@@ -62,10 +63,10 @@ def run_attention_wrappers(dtype, head_dim: int, group: int, block_size: int, nu
     kv_cache = torch.empty(2, 64, block_size, num_kv_heads, head_dim, dtype=dtype)
     int32 = dict(dtype=torch.int32)
     qsl, seq_lens = torch.zeros(num_seqs + 1, **int32), torch.zeros(num_seqs, **int32)
-    for max_query_len in (20, 1):
+    for max_query_len, decode_order in ((20, None), (1, None), (1, torch.zeros(num_seqs, **int32))):
         meta = AttentionMetadata(num_tokens, num_seqs, max_query_len, 500, qsl, seq_lens,
                                  torch.zeros(num_tokens, dtype=torch.int64), torch.zeros(num_seqs, 8, **int32),
-                                 qsl, seq_lens)
+                                 qsl, seq_lens, decode_order)
         if max_query_len > 1:
             qkv = torch.empty(num_tokens, (num_kv_heads * (group + 2)) * head_dim, dtype=dtype)
             weight = torch.empty(head_dim, dtype=dtype)

@@ -7,6 +7,7 @@ outputs are NaN-poisoned, so any stray read or missing write shows up as NaN.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -225,3 +226,69 @@ def test_backend_rejects_bad_input() -> None:
         backend.attend(batch.q.half(), batch.kv_cache, batch.meta, 1.0, None)
     with pytest.raises(ValueError, match="max_query_len"):
         split_decode_attention(batch.q, batch.kv_cache, batch.meta, 1.0, None, 2)
+
+
+def lpt_order(seq_lens: torch.Tensor) -> torch.Tensor:
+    """[B] int32: sequences by decreasing length, ties in batch order (what the runner builds)."""
+    return torch.argsort(-seq_lens.long(), stable=True).to(torch.int32)
+
+
+def random_order(num_seqs: int) -> torch.Tensor:
+    """[num_seqs] int32: a fresh random permutation other than the identity."""
+    while True:
+        order = torch.randperm(num_seqs).to(torch.int32)
+        if order.tolist() != list(range(num_seqs)):
+            return order
+
+
+# (ctx_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, sliding_window, dtype, num_pad_tokens)
+ORDERED_CASES = {
+    "ragged_gqa2": ([3, 70, 0, 41, 12, 70], [1, 1, 1, 1, 1, 1], 4, 2, 32, 16, None, torch.float32, 0),
+    # a CUDA graph's padded batch: the padding sequences (seq_len 0, no query) sort last
+    "graph_padded_window": ([9, 50, 22, 0, 0], [1, 1, 1, 0, 0], 8, 2, 64, 16, 17, torch.float16, 2),
+}
+
+
+@pytest.mark.parametrize("order_kind", ["lpt", "random"])
+@pytest.mark.parametrize("case", list(ORDERED_CASES))
+def test_decode_order_keeps_the_output(case: str, order_kind: str) -> None:
+    """The DECODE kernel launched in a given order (any permutation) writes what batch order
+    writes, and matches the reference."""
+    ctx_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, window, dtype, num_pad = ORDERED_CASES[case]
+    batch = make_batch(ctx_lens, query_lens, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                       block_size=block_size, dtype=dtype, num_pad_tokens=num_pad)
+    write_cache(batch)
+    meta, scale = batch.meta, head_dim**-0.5
+    order = lpt_order(meta.seq_lens_cpu) if order_kind == "lpt" else random_order(meta.num_seqs)
+    assert order.tolist() != list(range(meta.num_seqs))  # else the case tests nothing
+    ordered = dataclasses.replace(meta, decode_order=order.to(DEVICE))
+    out = varlen_attention(batch.q, batch.kv_cache, ordered, scale, window, out=torch.full_like(batch.q, math.nan))
+    check_output(out, batch, scale, window)
+    unordered = varlen_attention(batch.q, batch.kv_cache, meta, scale, window, out=torch.full_like(batch.q, math.nan))
+    torch.testing.assert_close(out, unordered, rtol=0, atol=0, equal_nan=True)
+
+
+def test_decode_order_is_what_the_kernel_follows() -> None:
+    """An order naming sequence 1 for every program writes only sequence 1's row: the kernel
+    reads the order (it is not ignored); the check above could not tell."""
+    batch = make_batch([5, 20, 9], [1, 1, 1], num_heads=2, num_kv_heads=1, head_dim=32, block_size=16,
+                       dtype=torch.float32)
+    write_cache(batch)
+    meta = dataclasses.replace(batch.meta, decode_order=torch.ones(3, dtype=torch.int32, device=DEVICE))
+    out = varlen_attention(batch.q, batch.kv_cache, meta, 0.2, None, out=torch.full_like(batch.q, math.nan))
+    ref = reference_attention(batch, 0.2, None)
+    torch.testing.assert_close(out[1].double(), ref[1], atol=ATOL[torch.float32], rtol=1e-2)
+    assert out[[0, 2]].isnan().all()
+
+
+def test_lpt_order_puts_long_sequences_first() -> None:
+    seq_lens = torch.tensor([3, 70, 0, 41, 12, 70, 0], dtype=torch.int32)
+    assert lpt_order(seq_lens).tolist() == [1, 5, 3, 4, 0, 2, 6]
+
+
+def test_decode_order_bad_shape_raises() -> None:
+    batch = make_batch([5, 20], [1, 1], num_heads=2, num_kv_heads=1, head_dim=32, block_size=16,
+                       dtype=torch.float32)
+    meta = dataclasses.replace(batch.meta, decode_order=torch.zeros(3, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="decode_order must be"):
+        varlen_attention(batch.q, batch.kv_cache, meta, 0.2, None)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pagedlm.config import CacheConfig, SchedulerConfig
 from pagedlm.core.block_pool import NULL_BLOCK_ID
 from pagedlm.core.sched_output import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
+from pagedlm.core.growth import GrowthEstimate
 from pagedlm.core.scheduler import Scheduler
 from pagedlm.request import Request
 from pagedlm.sampling_params import SamplingParams
@@ -44,11 +45,15 @@ def make_request(req_id: str, prompt: list[int], max_tokens: int = 8, *, eos: tu
 
 def make_scheduler(num_blocks: int = 64, block_size: int = 8, max_model_len: int = 256,
                    max_num_seqs: int = 16, max_num_batched_tokens: int = 64, policy: str = "fcfs",
-                   enable_prefix_caching: bool = True) -> Scheduler:
+                   enable_prefix_caching: bool = True, growth_reserve: bool = False) -> Scheduler:
+    """growth_reserve=False: admission by the prompt alone, so small pools preempt (what most tests
+    here exercise); the reserve has its own tests."""
     sched_config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                    max_model_len=max_model_len, policy=policy)
     cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
-    return Scheduler(sched_config, cache_config, num_blocks, max_model_len)
+    scheduler = Scheduler(sched_config, cache_config, num_blocks, max_model_len)
+    scheduler.growth = GrowthEstimate(max_model_len, enabled=growth_reserve)
+    return scheduler
 
 
 def reference_output(request: Request, max_model_len: int, next_token: NextToken) -> tuple[list[int], str]:

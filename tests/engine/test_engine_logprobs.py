@@ -118,6 +118,7 @@ def test_prompt_logprobs_are_sent_once_under_preemption(tiny_llama_dir: Path,
     llm = LLM(str(tiny_llama_dir), skip_tokenizer_init=True, dtype="float32", device="cpu",
               max_model_len=128, num_gpu_blocks_override=12, max_num_batched_tokens=32,
               async_scheduling=async_scheduling)
+    llm.llm_engine.engine_core.scheduler.growth.enabled = False  # admit by the prompt alone: preempt
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
     prompts = [_prompt(length, 10 + i, 256) for i, length in enumerate([40, 56, 33, 60, 47, 52])]
     params = SamplingParams(max_tokens=28, ignore_eos=True, prompt_logprobs=1)

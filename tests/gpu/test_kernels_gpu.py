@@ -85,6 +85,37 @@ def test_split_decode_gpu(num_splits: int) -> None:
     assert out[3:].isnan().all()
 
 
+def test_step_varying_shapes_compile_once() -> None:
+    """What changes from step to step (sequence count, block-table width, split count) is a run-time
+    value: after one batch of each kind, batches of other sizes compile nothing."""
+    from pagedlm.ops.jit_watch import compile_watch
+
+    watch = compile_watch()
+    backend = TritonAttentionBackend()
+
+    def run(ctx_lens: list[int], query_lens: list[int], num_splits: int = 0) -> None:
+        batch = helpers.make_batch(ctx_lens, query_lens, num_heads=16, num_kv_heads=4, head_dim=128,
+                                   block_size=16, dtype=torch.bfloat16, num_pad_tokens=0, device="cuda")
+        helpers.write_cache(batch)
+        if num_splits:
+            out = split_decode_attention(batch.q, batch.kv_cache, batch.meta, 0.09, None, num_splits)
+        else:
+            out = backend.attend(batch.q, batch.kv_cache, batch.meta, 0.09, None)
+        ref = helpers.reference_attention(batch, 0.09, None, dtype=torch.float32)
+        assert rel_error(out[:sum(query_lens)], ref[:sum(query_lens)]) <= MAX_REL_ERROR
+
+    # mixed (prefill tiles), short chunks (the 16-row tile), decode-only, split decode
+    first_shapes = ([5, 300], [40, 1]), ([10, 20], [2, 3]), ([5] * 40, [1] * 40), ([3000, 17], [1, 1], 2)
+    for shapes in first_shapes:
+        run(*shapes)
+    first = len(watch.events)
+    for shapes in (([0, 250, 1000], [77, 3, 20]), ([0], [16]), ([600, 7, 90], [4, 1, 2]),
+                   ([9] * 33, [1] * 33), ([700] * 50, [1] * 50), ([230] * 20, [1] * 20),
+                   ([2000, 100], [1, 1], 5), ([40], [1], 7)):
+        run(*shapes)
+    assert [e.signature for e in watch.since(first)] == []
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_fused_ops_gpu(dtype: torch.dtype) -> None:
     x = torch.randn(4096, 2048, device="cuda").to(dtype)

@@ -35,6 +35,7 @@ class Recorder:
             slot_mapping=meta.slot_mapping.tolist(), block_table=meta.block_table.tolist(),
             query_start_loc_cpu=meta.query_start_loc_cpu.tolist(),
             seq_lens_cpu=meta.seq_lens_cpu.tolist(), hidden=hidden.clone(),
+            decode_order=None if meta.decode_order is None else meta.decode_order.tolist(),
             staging_ptr=meta.query_start_loc_cpu.data_ptr()))
         return hidden
 
@@ -94,6 +95,32 @@ def test_mixed_batch_layout(folder, async_mode):
     assert recorder.forwards[0]["staging_ptr"] != got["staging_ptr"]  # staging sets alternate
     assert runner.input_batch.token_ids_np[0, 11] == token_b
     assert runner.input_batch.num_tokens_np.tolist()[:3] == [13, 20, 14]
+
+
+def test_decode_order_is_longest_first(folder):
+    """A decode-only step carries its sequences by decreasing length, ties in batch order; a
+    step with a prefill chunk carries none."""
+    runner = make_runner(make_config(folder, max_num_seqs=4, max_num_batched_tokens=48,
+                                     block_size=8, num_blocks=16))
+    recorder = Recorder(runner.model)
+    runner.model = recorder
+    prompts = {"A": _prompt(5, 11), "B": _prompt(12, 12), "C": _prompt(9, 13), "D": _prompt(12, 14)}
+    blocks = {"A": [0], "B": [1, 2], "C": [3, 4], "D": [5, 6]}
+    new_reqs = [NewRequestData(r, prompts[r], [], GREEDY, blocks[r], 0) for r in prompts]
+    prefill = SchedulerOutput(new_reqs=new_reqs, cached_reqs=[],
+                              num_scheduled_tokens={r: len(p) for r, p in prompts.items()},
+                              total_num_scheduled_tokens=38, sampling_req_ids=set(prompts))
+    runner.execute_model(prefill).get_output()
+    order = ["C", "A", "D", "B"]  # batch order differs from row order
+    decode = SchedulerOutput(new_reqs=[], cached_reqs=[CachedRequestData(r, [], len(prompts[r]))
+                                                       for r in order],
+                             num_scheduled_tokens=dict.fromkeys(order, 1),
+                             total_num_scheduled_tokens=4, sampling_req_ids=set(order))
+    runner.execute_model(decode).get_output()
+    assert recorder.forwards[0]["decode_order"] is None
+    got = recorder.forwards[1]
+    assert got["seq_lens"] == [10, 6, 13, 13]
+    assert got["decode_order"] == [2, 3, 0, 1]  # D before B: the tie keeps batch order
 
 
 def test_layout_is_the_same_in_sync_and_async(folder):

@@ -73,6 +73,9 @@ def test_padded_decode_greedy_equals_transformers(tiny, max_model_len, async_mod
 
     def counted_replay(size: int, block_table: torch.Tensor) -> torch.Tensor:
         replays.append((block_table.shape[0], size))
+        seq_lens = runner._inputs.seq_lens[:size]  # padding rows: 0
+        expected = torch.argsort(-seq_lens.long(), stable=True)  # longest first, padding last
+        assert runner._inputs.decode_order[:size].tolist() == expected.tolist()
         return replay(size, block_table)
 
     graphs.replay = counted_replay

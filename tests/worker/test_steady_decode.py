@@ -57,7 +57,8 @@ class Twin:
         used = {"input_ids": num_tokens, "positions": num_tokens, "slot_mapping": num_tokens,
                 "query_start_loc": num_seqs + 1, "seq_lens": num_seqs,
                 "block_table": num_seqs * num_cols, "logits_indices": num_samples,
-                "sample_rows": num_samples}
+                "sample_rows": num_samples,
+                "decode_order": num_seqs if num_tokens == num_seqs else 0}
         for name, size in used.items():
             got = self.runner._inputs.tensors[name][:size].tolist()
             want = self.reference._inputs.tensors[name][:size].tolist()
@@ -103,6 +104,7 @@ def test_reused_sections_equal_a_full_layout(tiny, async_mode):
     # async: every input id is a token still on the device, none is copied
     assert all(("input_ids" in copied) != async_mode for copied in steady)
     assert all(copied - {"input_ids", "block_table"} == _STEP_SECTIONS for copied in steady)
+    assert any("decode_order" in copied for copied in twin.copied)  # decodes that do not reuse
 
 
 def test_reuse_survives_preemption(tiny):

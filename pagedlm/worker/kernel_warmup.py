@@ -1,0 +1,50 @@
+"""Start-up steps that launch the Triton kernel specialisations a pure-decode CUDA-graph capture
+leaves out, so that no request waits for a compile (pagedlm.ops.jit_watch logs any that still
+happens while serving). The capture covers decode batches; these steps add
+- a short query chunk (at most 16 rows of query tokens x heads of a KV group: the small non-decode
+  attention tile, where speculative decoding's verify steps and very short prompts land) and a
+  longer one (the prefill tile; the profile step has it too, but not with num_gpu_blocks_override),
+- the fused random draw with a temperature and without one,
+- a decode step of each (eager under enforce_eager: the split-decode kernel).
+They run on the real KV cache before any request exists, in blocks no request owns yet."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pagedlm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+from pagedlm.sampling_params import SamplingParams
+from pagedlm.worker.input_batch import cdiv
+
+if TYPE_CHECKING:
+    from pagedlm.worker.model_runner import ModelRunner
+
+# (prompt tokens, temperature): 2 tokens take the small tile for every GQA group up to 8, 32 the
+# prefill tile for every group >= 2; 0.7 draws with a temperature, 1.0 without.
+WARM_UP_REQUESTS = ((2, 0.7), (32, 1.0))
+
+
+def warm_up_kernels(runner: ModelRunner) -> None:
+    """Per request of WARM_UP_REQUESTS: its prompt in one step, one decode step, then it leaves.
+    Waits for each step."""
+    for i, (num_prompt, temperature) in enumerate(WARM_UP_REQUESTS):
+        num_blocks = cdiv(num_prompt + 1, runner.block_size)
+        if (num_blocks > runner.input_batch.num_kv_blocks or num_prompt > runner.max_num_tokens
+                or num_prompt + 1 > runner.config.model.max_model_len):
+            continue  # an engine this small never meets such a batch either
+        req_id = f"_warmup_{i}"
+        params = SamplingParams(temperature=temperature, seed=0, max_tokens=2, ignore_eos=True)
+        new = NewRequestData(req_id=req_id, prompt_token_ids=[0] * num_prompt, output_token_ids=[],
+                             sampling_params=params, block_ids=list(range(num_blocks)),
+                             num_computed_tokens=0)
+        _step(runner, [new], [], num_prompt, req_id)
+        _step(runner, [], [CachedRequestData(req_id, [], num_prompt)], 1, req_id)
+        runner.execute_model(SchedulerOutput(new_reqs=[], cached_reqs=[], num_scheduled_tokens={},
+                                             total_num_scheduled_tokens=0, finished_req_ids={req_id}))
+
+
+def _step(runner: ModelRunner, new_reqs: list[NewRequestData], cached_reqs: list[CachedRequestData],
+          num_tokens: int, req_id: str) -> None:
+    sched = SchedulerOutput(new_reqs=new_reqs, cached_reqs=cached_reqs,
+                            num_scheduled_tokens={req_id: num_tokens},
+                            total_num_scheduled_tokens=num_tokens, sampling_req_ids={req_id})
+    runner.execute_model(sched).get_output()

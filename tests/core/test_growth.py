@@ -1,0 +1,78 @@
+"""Admission with a growth reserve (core/growth.py): a pool that holds every prompt but not every
+request's full length admits only what can finish without preemption; the estimate learns from
+requests that stop early; a lone request too long for the reserve is still admitted."""
+from __future__ import annotations
+
+import pytest
+
+from pagedlm.core.growth import INITIAL_FRACTION, GrowthEstimate
+from pagedlm.request import RequestStatus
+
+from .fakes import FakeRunner, make_request, make_scheduler, reference_output, run_engine
+
+
+def _uniform_requests(num: int, prompt_len: int, max_tokens: int):
+    return [make_request(f"r{i}", [(5 * i + j) % 50 + 1 for j in range(prompt_len)], max_tokens=max_tokens,
+                         ignore_eos=True) for i in range(num)]
+
+
+@pytest.mark.parametrize("depth", [0, 1])
+@pytest.mark.parametrize("growth_reserve", [False, True])
+def test_reserve_avoids_preemption(growth_reserve: bool, depth: int):
+    """6 requests of 16 prompt + 24 output tokens (5 blocks of 8 each at the end) in 16 blocks: every
+    prompt fits (2 blocks each), but only 3 full requests do."""
+    sched = make_scheduler(num_blocks=17, max_model_len=64, max_num_batched_tokens=64,
+                           growth_reserve=growth_reserve)
+    requests = _uniform_requests(6, 16, 24)
+    for request in requests:
+        sched.add_request(request)
+    max_running = 0
+
+    def on_step(s, so) -> None:
+        nonlocal max_running
+        max_running = max(max_running, len(s.running))
+
+    results = run_engine(sched, FakeRunner(8), depth, on_step=on_step)
+    for request in requests:  # the same tokens either way
+        got = results[request.request_id]
+        assert (got.token_ids, got.finish_reason) == reference_output(request, 64, FakeRunner(8).next_token)
+    if growth_reserve:
+        assert sched.get_stats().num_preemptions == 0 and max_running == 3
+    else:
+        assert sched.get_stats().num_preemptions > 0 and max_running > 3
+
+
+def test_the_estimate_learns_from_early_stops():
+    estimate = GrowthEstimate(max_model_len=100)
+    assert estimate.fraction == INITIAL_FRACTION
+    request = make_request("early", [1] * 10, max_tokens=40)
+    for token in (3, 4, 5, 6):  # 4 of 40 allowed outputs
+        request.append_output_token(token)
+    assert estimate.tokens(request) == pytest.approx(14 + 36)  # 14 tokens not computed + 36 more outputs
+    request.num_computed_tokens = 13
+    assert estimate.tokens(request) == pytest.approx(1 + 36)
+    for _ in range(200):
+        estimate.observe_finished(request)
+    assert estimate.fraction == pytest.approx(0.1, abs=1e-3)
+    assert estimate.tokens(request) == pytest.approx(1 + 0.1 * 36, abs=1e-2)
+    assert GrowthEstimate(100, enabled=False).tokens(request) == 0.0
+
+
+def test_aborted_requests_teach_nothing():
+    sched = make_scheduler(growth_reserve=True)
+    request = make_request("a", [1, 2, 3], max_tokens=50)
+    sched.add_request(request)
+    sched.schedule()
+    sched.abort_requests(["a"])
+    assert sched.growth.fraction == INITIAL_FRACTION
+    assert request.status == RequestStatus.FINISHED_ABORTED
+
+
+def test_a_lone_long_request_is_admitted():
+    """Its own growth (up to max_model_len) exceeds what is free after its prompt: with nothing
+    running it is admitted anyway (the pool holds it: _check_fits), and finishes."""
+    sched = make_scheduler(num_blocks=9, max_model_len=64, growth_reserve=True)
+    (request,) = _uniform_requests(1, 8, 56)
+    sched.add_request(request)
+    results = run_engine(sched, FakeRunner(8))
+    assert len(results["r0"].token_ids) == 56 and sched.get_stats().num_preemptions == 0

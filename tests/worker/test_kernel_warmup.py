@@ -1,0 +1,41 @@
+"""The start-up warm-up steps leave the runner as they found it (CPU), and on CUDA they, with the
+profile step and the graph capture, cover what serving launches: no Triton compile while serving."""
+from __future__ import annotations
+
+import pytest
+from worker_helpers import MiniScheduler, Req, hf_greedy, make_config, make_runner, random_prompt, run_requests
+
+from pagedlm.sampling_params import SamplingParams
+from pagedlm.worker.kernel_warmup import warm_up_kernels
+
+
+def test_warm_up_leaves_no_trace(tiny):
+    folder, hf_model = tiny
+    runner = make_runner(make_config(folder, max_num_seqs=3, max_num_batched_tokens=32))
+    steps_before = runner._num_steps
+    warm_up_kernels(runner)
+    assert runner._num_steps == steps_before + 4  # both requests: a prompt step and a decode step
+    assert runner.input_batch.num_reqs == 0 and runner.input_batch.req_id_to_row == {}
+    sched = MiniScheduler(block_size=8, max_num_seqs=3, token_budget=32)
+    sched.add(Req("after", random_prompt(7, 60), 4))
+    assert run_requests(runner, sched, async_mode=True)["after"] == hf_greedy(hf_model, 4, random_prompt(7, 60))
+
+
+@pytest.mark.gpu
+def test_no_compile_while_serving(tiny):
+    """Prompts of 1..33 tokens chunked by a 12-token budget, greedy, temperature 0.7 and 1.0, top-p:
+    every kernel specialisation these steps launch was compiled at start-up."""
+    from pagedlm.ops.jit_watch import compile_watch
+
+    folder, _ = tiny
+    runner = make_runner(make_config(folder, max_num_seqs=4, max_num_batched_tokens=12, device="cuda",
+                                     attention_backend="auto"))
+    first = len(compile_watch().events)
+    sched = MiniScheduler(block_size=8, max_num_seqs=4, token_budget=12)
+    temperatures = (0.0, 0.7, 1.0)
+    for i, num_prompt in enumerate((1, 2, 3, 7, 19, 33)):
+        params = SamplingParams(temperature=temperatures[i % 3], seed=i, top_p=0.9 if i == 4 else 1.0)
+        sched.add(Req(f"r{i}", random_prompt(num_prompt, 70 + i), 6, params))
+    done = run_requests(runner, sched, async_mode=True)
+    assert all(len(tokens) == 6 for tokens in done.values())
+    assert [e.signature for e in compile_watch().since(first)] == []
