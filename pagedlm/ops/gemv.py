@@ -119,7 +119,7 @@ def _fma_accumulate(acc, w, x_ptr, offs_k, mask_k, K, stride_x,
     return acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def gemv_kernel(
     out_ptr,  # [M, N] in x's dtype; with PARTIAL, [num_splits, M, N] float32 partials
     x_ptr,  # [M, K] rows at stride_x ([M, 2K] gate then up with SILU_MUL)
@@ -161,7 +161,7 @@ def gemv_kernel(
         tl.store(out_ptr + (pid_k * M + offs_m[None, :]) * N + offs_n[:, None], acc, mask=out_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_outputs"])  # M x N: varies with M
 def split_k_reduce_kernel(
     out_ptr,  # [M * N] in x's dtype
     partial_ptr,  # [num_splits, M * N] float32

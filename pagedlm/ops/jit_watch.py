@@ -56,16 +56,31 @@ class CompileWatch:
             self._started[str(key)] = time.perf_counter()
         return False  # False: go on and compile
 
-    def _after(self, *, key, repr: str, fn, **_) -> None:  # noqa: A002 (Triton's keyword)
+    def _after(self, *, key, fn, compile: dict, **_) -> None:  # noqa: A002 (Triton's keyword)
         now = time.perf_counter()
         with self._lock:
             started = self._started.pop(str(key), now)
-        event = CompileEvent(kernel=fn.name, signature=repr, seconds=now - started,
+        event = CompileEvent(kernel=fn.name, signature=describe(compile), seconds=now - started,
                              while_serving=self._serving)
         self.events.append(event)
         if event.while_serving:
             logger.warning("Triton compiled %s while serving (%.2f s; a step waited): %s",
                            event.kernel, event.seconds, event.signature)
+
+
+def describe(compile: dict) -> str:
+    """One specialisation, from Triton's hook data: each argument as name: type, '/16' if it was
+    specialised as divisible by 16 (ints, and pointers as 16-byte aligned), '=value' if constant
+    (constexprs, and ints equal to 1); then the launch options."""
+    constants, attrs = compile["constants"], compile["configs"][0]
+    args = []
+    for i, (name, ty) in enumerate(compile["signature"].items()):
+        arg = f"{name}: {ty}" + ("/16" if (i,) in attrs else "")
+        if (i,) in constants:
+            arg = f"{name}={constants[(i,)]!r}"
+        args.append(arg)
+    return (f"({', '.join(args)}) num_warps={compile['num_warps']} "
+            f"num_stages={compile['num_stages']}")
 
 
 _watch: CompileWatch | None = None

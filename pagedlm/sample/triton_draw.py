@@ -57,7 +57,7 @@ def gumbel_noise_at(key, index):
     return -tl.log(-tl.log(uniform))
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["temperature_ptr"])  # a column of the sampling table
 def block_logmass_kernel(
     logmass_ptr,  # [N, num_blocks] fp32 out
     logits_ptr,  # [N, V] fp32, stride 1 along V
@@ -79,7 +79,9 @@ def block_logmass_kernel(
              mask=blocks < num_blocks)
 
 
-@triton.jit
+# keys: a row of a packed upload, only 8-byte aligned when the batch has an odd number of rows;
+# read once per row, like the temperature: no alignment specialisation (one compile for both)
+@triton.jit(do_not_specialize_on_alignment=["temperature_ptr", "keys_ptr"])
 def pick_kernel(
     ids_ptr,  # [N] int64 out
     logmass_ptr,  # [N, num_blocks] fp32, from block_logmass_kernel

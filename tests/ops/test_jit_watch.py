@@ -15,11 +15,13 @@ from pagedlm.ops.jit_watch import CompileWatch, compile_watch
 
 
 def _compile(watch: CompileWatch, key: str, name: str) -> None:
-    """What Triton's JITFunction._do_compile does around a compile."""
-    watch._before(key=key, repr=f"{name}[num_warps=4]()", fn=SimpleNamespace(name=name), compile={},
-                  is_manual_warmup=False, already_compiled=False)
-    watch._after(key=key, repr=f"{name}[num_warps=4](x: *fp32)", fn=SimpleNamespace(name=name),
-                 compile={}, is_manual_warmup=False, already_compiled=False)
+    """What Triton's JITFunction._do_compile does around a compile (the hook data of 3.6)."""
+    data = {"key": key, "signature": {"x_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"},
+            "constants": {(2,): 128}, "configs": [{(0,): [["tt.divisibility", 16]]}],
+            "num_warps": 4, "num_stages": 3}
+    for hook in (watch._before, watch._after):
+        hook(key=key, repr=f"{name}[num_warps=4](...)", fn=SimpleNamespace(name=name), compile=data,
+             is_manual_warmup=False, already_compiled=False)
 
 
 def test_events_and_warnings_only_while_serving(caplog: pytest.LogCaptureFixture) -> None:
@@ -33,7 +35,8 @@ def test_events_and_warnings_only_while_serving(caplog: pytest.LogCaptureFixture
     assert [e.while_serving for e in watch.events] == [False, True]
     assert all(e.seconds >= 0 for e in watch.events)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "late_kernel" in warnings[0] and "x: *fp32" in warnings[0]
+    assert len(warnings) == 1 and "late_kernel" in warnings[0]
+    assert "(x_ptr: *fp32/16, n: i32, BLOCK=128) num_warps=4 num_stages=3" in warnings[0]
     second_engine = watch.start_up()  # a new engine's start-up compiles are not warnings
     _compile(watch, "k3", "next_engine_kernel")
     assert watch.since(second_engine)[0].while_serving is False
