@@ -19,8 +19,9 @@ if TYPE_CHECKING:
     from pagedlm.worker.model_runner import ModelRunner
 
 # (prompt tokens, temperature): 2 tokens take the small tile for every GQA group up to 8, 32 the
-# prefill tile for every group >= 2; 0.7 draws with a temperature, 1.0 without.
-WARM_UP_REQUESTS = ((2, 0.7), (32, 1.0))
+# prefill tile for every group >= 2 (skipped where max_num_batched_tokens < 32); 0.7 draws with a
+# temperature, 1.0 without, 0 is greedy.
+WARM_UP_REQUESTS = ((2, 0.7), (2, 1.0), (32, 0.0))
 
 
 def warm_up_kernels(runner: ModelRunner) -> None:

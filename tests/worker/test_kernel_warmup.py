@@ -14,7 +14,7 @@ def test_warm_up_leaves_no_trace(tiny):
     runner = make_runner(make_config(folder, max_num_seqs=3, max_num_batched_tokens=32))
     steps_before = runner._num_steps
     warm_up_kernels(runner)
-    assert runner._num_steps == steps_before + 4  # both requests: a prompt step and a decode step
+    assert runner._num_steps == steps_before + 6  # 3 requests: a prompt step and a decode step each
     assert runner.input_batch.num_reqs == 0 and runner.input_batch.req_id_to_row == {}
     sched = MiniScheduler(block_size=8, max_num_seqs=3, token_budget=32)
     sched.add(Req("after", random_prompt(7, 60), 4))
