@@ -12,6 +12,8 @@
 #   gemv       benchmarks/gemv_bench.py (small-batch GEMV against cuBLAS)
 #   profile    benchmarks/profile_kernels.py: qwen3-0.6b batch-1 decode (graphs), llama3-8b T0 prefill
 #   profile256 the same for batch-256 decode steps with graphs: qwen3-0.6b at T1's temperature, llama3-8b
+#   defaults   the engine defaults swept: max_num_batched_tokens 8k/16k/32k, max_num_seqs 256/512/1024
+#              on $DEFAULT_WORKLOADS (T1,T0-qwen3-0.6b), then 8k/16k/32k on T0-llama3-8b
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -48,6 +50,18 @@ for s in ${STEPS:-tests sweep workloads}; do
     profile256) step profile256 "${PROFILE_TIMEOUT:-150}" bash -c "python3 benchmarks/profile_kernels.py --graphs \
              --batch-size 256 --input-len 512 --temperature 0.6 --steps 10 --top 14 && python3 \
              benchmarks/profile_kernels.py --graphs --shape llama3-8b --batch-size 256 --input-len 512 --steps 10 --top 14" ;;
+    defaults) for args in '{}' '{"max_num_batched_tokens": 8192}' '{"max_num_batched_tokens": 32768}' \
+               '{"max_num_seqs": 256}' '{"max_num_seqs": 512}'; do
+               echo "engine args $args" >> "$OUT/defaults.log"
+               timeout "${DEFAULTS_TIMEOUT:-120}" python3 benchmarks/gpu_workloads.py --engine-args "$args" \
+                 --workloads "${DEFAULT_WORKLOADS:-T1,T0-qwen3-0.6b}" >> "$OUT/defaults.log" 2>&1
+             done
+             for args in '{}' '{"max_num_batched_tokens": 8192}' '{"max_num_batched_tokens": 32768}'; do
+               echo "engine args $args" >> "$OUT/defaults.log"
+               timeout "${DEFAULTS_TIMEOUT:-120}" python3 benchmarks/gpu_workloads.py --engine-args "$args" \
+                 --workloads T0-llama3-8b >> "$OUT/defaults.log" 2>&1
+             done
+             echo "== defaults done" | tee -a "$OUT/steps.txt" ;;
     *) echo "unknown step $s" | tee -a "$OUT/steps.txt" ;;
   esac
 done
