@@ -3,7 +3,8 @@ leaves out, so that no request waits for a compile (pagedlm.ops.jit_watch logs a
 happens while serving). The capture covers decode batches; these steps add
 - a short query chunk (at most 16 rows of query tokens x heads of a KV group: the small non-decode
   attention tile, where speculative decoding's verify steps and very short prompts land) and a
-  longer one (the prefill tile; the profile step has it too, but not with num_gpu_blocks_override),
+  longer one (the prefill tile; the profile step has it too, but not with num_gpu_blocks_override,
+  which skips the profile),
 - the fused random draw with a temperature and without one,
 - a decode step of each (eager under enforce_eager: the split-decode kernel).
 They run on the real KV cache before any request exists, in blocks no request owns yet."""
@@ -18,9 +19,9 @@ from pagedlm.worker.input_batch import cdiv
 if TYPE_CHECKING:
     from pagedlm.worker.model_runner import ModelRunner
 
-# (prompt tokens, temperature): 2 tokens take the small tile for every GQA group up to 8, 32 the
-# prefill tile for every group >= 2 (skipped where max_num_batched_tokens < 32); 0.7 draws with a
-# temperature, 1.0 without, 0 is greedy.
+# (prompt tokens, temperature): 2 tokens take the small tile for every GQA group up to 8; 32 (or
+# the longest chunk the engine runs, if shorter) the prefill tile for every group >= 2 and the
+# activations of more than gemv.MAX_M rows; 0.7 draws with a temperature, 1.0 without, 0 is greedy.
 WARM_UP_REQUESTS = ((2, 0.7), (2, 1.0), (32, 0.0))
 
 
@@ -28,10 +29,10 @@ def warm_up_kernels(runner: ModelRunner) -> None:
     """Per request of WARM_UP_REQUESTS: its prompt in one step, one decode step, then it leaves.
     Waits for each step."""
     for i, (num_prompt, temperature) in enumerate(WARM_UP_REQUESTS):
+        num_prompt = min(num_prompt, runner.max_num_tokens, runner.config.model.max_model_len - 1)
         num_blocks = cdiv(num_prompt + 1, runner.block_size)
-        if (num_blocks > runner.input_batch.num_kv_blocks or num_prompt > runner.max_num_tokens
-                or num_prompt + 1 > runner.config.model.max_model_len):
-            continue  # an engine this small never meets such a batch either
+        if num_blocks > runner.input_batch.num_kv_blocks:
+            continue  # a KV cache this small never holds such a batch either
         req_id = f"_warmup_{i}"
         params = SamplingParams(temperature=temperature, seed=0, max_tokens=2, ignore_eos=True)
         new = NewRequestData(req_id=req_id, prompt_token_ids=[0] * num_prompt, output_token_ids=[],
