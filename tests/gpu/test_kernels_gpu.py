@@ -132,3 +132,19 @@ def test_fused_ops_gpu(dtype: torch.dtype) -> None:
     gate_up = torch.randn(4096, 2 * 5632, device="cuda").to(dtype)
     assert rel_error(activation.silu_and_mul_triton(gate_up), activation.silu_and_mul_torch(gate_up.float())) \
         <= MAX_REL_ERROR
+
+
+def test_logits_come_out_of_the_gemm_in_float32() -> None:
+    """compute_logits in bf16 on CUDA: float32 logits with the fp32 accumulation kept (no bf16
+    rounding in between), equal to the product in float32 up to the accumulation order."""
+    from types import SimpleNamespace
+
+    from pagedlm.model.llama import LlamaForCausalLM
+
+    hidden = torch.randn(37, 1024, device="cuda").to(torch.bfloat16)
+    weight = torch.randn(5000, 1024, device="cuda").to(torch.bfloat16)
+    model = SimpleNamespace(config=SimpleNamespace(tie_word_embeddings=False), lm_head=SimpleNamespace(weight=weight))
+    logits = LlamaForCausalLM.compute_logits(model, hidden)
+    assert logits.dtype == torch.float32 and logits.shape == (37, 5000)
+    want = hidden.float() @ weight.float().T
+    torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-3)  # bf16-rounded logits would miss this
