@@ -9,7 +9,10 @@ growth of every running request and its own:
 `fraction` estimates how much of max_tokens requests really use: the moving average of
 outputs / max_tokens over finished requests, starting at 1 (nothing known: assume they run to
 max_tokens). Requests stopped early by EOS or a stop string pull it down, so a chat workload with a
-large max_tokens soon reserves little. Preemption stays the safety net when the estimate is short.
+large max_tokens soon reserves little. An allowance counts at most MAX_ESTIMATED_OUTPUTS tokens
+(SGLang clips its estimate the same way), so requests that leave max_tokens to the context length
+(up to max_model_len: 40k tokens on Qwen3) do not each hold a context's worth of blocks while the
+fraction is still being learned. Preemption stays the safety net when the estimate is short.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from pagedlm.request import Request
 
 INITIAL_FRACTION = 1.0
 AVERAGE_WEIGHT = 0.05  # of each finished request in the moving average (~the last 20-40 count)
+MAX_ESTIMATED_OUTPUTS = 4096
 
 
 class GrowthEstimate:
@@ -49,4 +53,4 @@ class GrowthEstimate:
         return sum(self.tokens(request) for request in requests)
 
     def _output_allowance(self, max_tokens: int, num_prompt: int) -> int:
-        return min(max_tokens, self.max_model_len - num_prompt)
+        return min(max_tokens, self.max_model_len - num_prompt, MAX_ESTIMATED_OUTPUTS)

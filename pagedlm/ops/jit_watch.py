@@ -86,6 +86,11 @@ def describe(compile: dict) -> str:
 _watch: CompileWatch | None = None
 
 
+def num_compiles_while_serving() -> int:
+    """Compiles a step waited for, since the process started (0 where no engine watches)."""
+    return 0 if _watch is None else sum(event.while_serving for event in _watch.events)
+
+
 def compile_watch() -> CompileWatch:
     """The process's watch, installed at the first call (Triton's hooks are process-wide)."""
     global _watch

@@ -16,6 +16,7 @@ import zmq
 
 from pagedlm.config import EngineConfig
 from pagedlm.core.sched_output import EngineCoreOutput
+from pagedlm.ops.jit_watch import num_compiles_while_serving
 from pagedlm.request import Request
 from pagedlm.server import wire
 from pagedlm.server.metrics import CoreStats
@@ -60,7 +61,7 @@ def core_stats(core: Any) -> CoreStats:
         num_running=stats.num_running, num_waiting=stats.num_waiting,
         kv_cache_usage=float(stats.kv_cache_usage),
         prefix_cache_queries=stats.prefix_cache_queries, prefix_cache_hits=stats.prefix_cache_hits,
-        num_preemptions=stats.num_preemptions)
+        num_preemptions=stats.num_preemptions, num_kernel_compiles=num_compiles_while_serving())
 
 
 class CoreLoop:

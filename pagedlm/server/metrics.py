@@ -30,6 +30,7 @@ class CoreStats:
     prefix_cache_queries: int = 0  # tokens looked up
     prefix_cache_hits: int = 0  # tokens found
     num_preemptions: int = 0
+    num_kernel_compiles: int = 0  # Triton compiles a step waited for (pagedlm.ops.jit_watch)
 
 
 @dataclass(slots=True)
@@ -71,6 +72,8 @@ class ServerMetrics:
         self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
         self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
         self.preemptions = counter("num_preemptions", "Requests preempted by the scheduler.")
+        self.kernel_compiles = counter("kernel_compiles_while_serving",
+                                       "Triton kernel compiles a step waited for (0 when start-up covered all).")
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.")
         self.generation_tokens = counter("generation_tokens", "Generated tokens.")
         self.request_success = counter("request_success", "Finished requests by reason.",
@@ -79,7 +82,7 @@ class ServerMetrics:
                                 ("reason",))
         # Every series exists from the start (at 0), so dashboards and rates see it.
         for metric in (self.num_running, self.num_waiting, self.kv_usage, self.prefix_queries,
-                       self.prefix_hits, self.preemptions, self.prompt_tokens,
+                       self.prefix_hits, self.preemptions, self.kernel_compiles, self.prompt_tokens,
                        self.generation_tokens):
             metric.labels(model_name=self.model_name)
         for reason in FINISH_REASONS:
@@ -112,7 +115,8 @@ class ServerMetrics:
         for counter, now, before in (
                 (self.prefix_queries, stats.prefix_cache_queries, self._last.prefix_cache_queries),
                 (self.prefix_hits, stats.prefix_cache_hits, self._last.prefix_cache_hits),
-                (self.preemptions, stats.num_preemptions, self._last.num_preemptions)):
+                (self.preemptions, stats.num_preemptions, self._last.num_preemptions),
+                (self.kernel_compiles, stats.num_kernel_compiles, self._last.num_kernel_compiles)):
             if now > before:
                 self._m(counter).inc(now - before)
         self._last = stats

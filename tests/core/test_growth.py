@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagedlm.core.growth import INITIAL_FRACTION, GrowthEstimate
+from pagedlm.core.growth import INITIAL_FRACTION, MAX_ESTIMATED_OUTPUTS, GrowthEstimate
 from pagedlm.request import RequestStatus
 
 from .fakes import FakeRunner, make_request, make_scheduler, reference_output, run_engine
@@ -56,6 +56,16 @@ def test_the_estimate_learns_from_early_stops():
     assert estimate.fraction == pytest.approx(0.1, abs=1e-3)
     assert estimate.tokens(request) == pytest.approx(1 + 0.1 * 36, abs=1e-2)
     assert GrowthEstimate(100, enabled=False).tokens(request) == 0.0
+
+
+def test_an_allowance_counts_at_most_max_estimated_outputs():
+    """max_tokens left to the context (40k on Qwen3): the reserve holds MAX_ESTIMATED_OUTPUTS."""
+    estimate = GrowthEstimate(max_model_len=40960)
+    request = make_request("long", [1] * 100, max_tokens=40960 - 100)
+    request.num_computed_tokens = 100
+    assert estimate.tokens(request) == MAX_ESTIMATED_OUTPUTS
+    request.append_output_token(5)
+    assert estimate.tokens(request) == pytest.approx(1 + MAX_ESTIMATED_OUTPUTS - 1)
 
 
 def test_aborted_requests_teach_nothing():

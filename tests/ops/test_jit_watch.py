@@ -42,6 +42,20 @@ def test_events_and_warnings_only_while_serving(caplog: pytest.LogCaptureFixture
     assert watch.since(second_engine)[0].while_serving is False
 
 
+def test_the_process_count_of_compiles_while_serving(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pagedlm.ops import jit_watch
+
+    monkeypatch.setattr(jit_watch, "_watch", None)
+    assert jit_watch.num_compiles_while_serving() == 0  # no engine watches: nothing installed either
+    watch = CompileWatch()
+    monkeypatch.setattr(jit_watch, "_watch", watch)
+    _compile(watch, "k1", "start_kernel")
+    watch.serving()
+    _compile(watch, "k2", "late_kernel")
+    _compile(watch, "k3", "later_kernel")
+    assert jit_watch.num_compiles_while_serving() == 2
+
+
 @triton.jit
 def _scale_kernel(out_ptr, x_ptr, n, FACTOR: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)

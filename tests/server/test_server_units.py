@@ -151,7 +151,9 @@ def test_remote_core_accounting_and_metrics() -> None:
     assert (core.num_in_flight, core.num_prefill_tokens) == (0, 0)
     last = wire.to_core_decoder().decode(sent[-1])
     assert isinstance(last, wire.AbortRequests) and last.request_ids == ["c"] and last.stopped
+    metrics.update_core_stats(wire.CoreStats(num_kernel_compiles=2))
     text = metrics.render().decode()
+    assert 'pagedlm:kernel_compiles_while_serving_total{model_name="m"} 2.0' in text
     for reason in ("length", "abort", "stop"):
         assert f'pagedlm:request_success_total{{finished_reason="{reason}",model_name="m"}} 1.0' in text
     assert 'pagedlm:generation_tokens_total{model_name="m"} 3.0' in text
