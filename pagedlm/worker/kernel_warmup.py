@@ -7,11 +7,13 @@ happens while serving). The capture covers decode batches; these steps add
   which skips the profile),
 - the fused random draw with a temperature and without one,
 - a decode step of each (eager under enforce_eager: the split-decode kernel).
-They run on the real KV cache before any request exists, in blocks no request owns yet."""
+They run on the real KV cache before any request exists, in blocks no request owns yet (not the
+null block, which pads block tables)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pagedlm.core.block_pool import NULL_BLOCK_ID
 from pagedlm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from pagedlm.sampling_params import SamplingParams
 from pagedlm.worker.input_batch import cdiv
@@ -31,12 +33,13 @@ def warm_up_kernels(runner: ModelRunner) -> None:
     for i, (num_prompt, temperature) in enumerate(WARM_UP_REQUESTS):
         num_prompt = min(num_prompt, runner.max_num_tokens, runner.config.model.max_model_len - 1)
         num_blocks = cdiv(num_prompt + 1, runner.block_size)
-        if num_blocks > runner.input_batch.num_kv_blocks:
+        if NULL_BLOCK_ID + num_blocks >= runner.input_batch.num_kv_blocks:
             continue  # a KV cache this small never holds such a batch either
         req_id = f"_warmup_{i}"
         params = SamplingParams(temperature=temperature, seed=0, max_tokens=2, ignore_eos=True)
         new = NewRequestData(req_id=req_id, prompt_token_ids=[0] * num_prompt, output_token_ids=[],
-                             sampling_params=params, block_ids=list(range(num_blocks)),
+                             sampling_params=params,
+                             block_ids=list(range(NULL_BLOCK_ID + 1, NULL_BLOCK_ID + 1 + num_blocks)),
                              num_computed_tokens=0)
         _step(runner, [new], [], num_prompt, req_id)
         _step(runner, [], [CachedRequestData(req_id, [], num_prompt)], 1, req_id)
