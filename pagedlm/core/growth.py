@@ -3,9 +3,14 @@
 Admitting a request only because its prompt fits fills the pool with prompts; as the batch decodes,
 the pool runs out and requests are preempted by recompute, their prefill thrown away (the CPU
 simulation of the 1000 x 1000/1000 workload: 410 preemptions, 28% of all computed tokens redone).
-So a waiting request is admitted only if, after its prompt, the pool still holds the expected
-growth of every running request and its own:
-    growth(r) = prompt tokens not yet computed + fraction x outputs still allowed (max_tokens)
+So a waiting request is admitted only if, after its prompt, the pool still holds the blocks that
+its own expected growth and that of every running request ranked before it need:
+    growth(r) = known tokens not yet computed + fraction x outputs still allowed (max_tokens)
+in whole blocks beyond the ones the request already fills (the free slots of its last block count).
+Running requests ranked after the candidate (priority policy) are not reserved for: if the pool
+runs out, they are the ones preempted, as without the reserve. With nothing running and nothing
+admitted in the step, a request is admitted if it fits at all (`_check_fits` made sure it does
+alone), so no request waits for a reserve that only its own growth makes too large.
 `fraction` estimates how much of max_tokens requests really use: the moving average of
 outputs / max_tokens over finished requests, starting at 1 (nothing known: assume they run to
 max_tokens). Requests stopped early by EOS or a stop string pull it down, so a chat workload with a
@@ -16,7 +21,10 @@ fraction is still being learned. Preemption stays the safety net when the estima
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+import bisect
+import itertools
+import math
+from collections.abc import Callable, Hashable
 
 from pagedlm.request import Request
 
@@ -40,17 +48,46 @@ class GrowthEstimate:
             used = min(len(request.output_token_ids) / allowance, 1.0)
             self.fraction += AVERAGE_WEIGHT * (used - self.fraction)
 
-    def tokens(self, request: Request) -> float:
-        """Tokens the request will still add to the KV cache (expected)."""
+    def tokens(self, request: Request, num_kv_tokens: int) -> float:
+        """Tokens the request is expected to add to the KV cache beyond its first num_kv_tokens."""
         if not self.enabled:
             return 0.0
         num_outputs = len(request.output_token_ids) + request.num_output_placeholders
         allowance = self._output_allowance(request.max_tokens, len(request.prompt_token_ids))
-        num_uncomputed = max(request.num_tokens - request.num_computed_tokens, 0)
+        num_uncomputed = max(request.num_tokens - num_kv_tokens, 0)
         return num_uncomputed + self.fraction * max(allowance - num_outputs, 0)
 
-    def total_tokens(self, requests: Iterable[Request]) -> float:
-        return sum(self.tokens(request) for request in requests)
+    def blocks(self, request: Request, num_kv_tokens: int, block_size: int) -> int:
+        """Blocks beyond the cdiv(num_kv_tokens, block_size) that hold its first num_kv_tokens."""
+        expected = num_kv_tokens + self.tokens(request, num_kv_tokens)
+        return max(math.ceil(expected / block_size) - math.ceil(num_kv_tokens / block_size), 0)
 
     def _output_allowance(self, max_tokens: int, num_prompt: int) -> int:
         return min(max_tokens, self.max_model_len - num_prompt, MAX_ESTIMATED_OUTPUTS)
+
+
+class AdmissionReserve:
+    """One step's admission: the blocks each candidate must leave free, from the running requests
+    (sorted by sort_key, as Scheduler.running is) and those admitted so far in the step."""
+
+    def __init__(self, running: list[Request], growth: GrowthEstimate, block_size: int,
+                 sort_key: Callable[[Request], Hashable]) -> None:
+        self._growth = growth
+        self._block_size = block_size
+        self._keys = [sort_key(request) for request in running]
+        growth_blocks = (growth.blocks(r, r.num_computed_tokens, block_size) for r in running)
+        self._prefix_sums = list(itertools.accumulate(growth_blocks, initial=0))
+        self._admitted: list[tuple[Hashable, int]] = []  # (sort key, growth blocks)
+
+    def blocks_to_keep(self, request: Request, key: Hashable, num_kv_tokens: int) -> tuple[int, int]:
+        """-> (blocks to leave free if `request` is admitted holding num_kv_tokens, its own growth
+        blocks): its growth plus that of everyone ranked before it; 0 when it would be alone."""
+        own = self._growth.blocks(request, num_kv_tokens, self._block_size)
+        if not self._keys and not self._admitted:
+            return 0, own
+        before = self._prefix_sums[bisect.bisect_left(self._keys, key)]
+        before += sum(blocks for other, blocks in self._admitted if other < key)
+        return own + before, own
+
+    def admit(self, key: Hashable, own_blocks: int) -> None:
+        self._admitted.append((key, own_blocks))

@@ -55,8 +55,8 @@ class KVCacheManager:
             hit_blocks.append(block_id)
         return hit_blocks, len(hit_blocks) * self.block_size
 
-    def allocate_slots(self, request: Request, num_new_tokens: int,
-                       computed_blocks: list[int] | None = None, num_reserved_blocks: int = 0) -> list[int] | None:
+    def allocate_slots(self, request: Request, num_new_tokens: int, computed_blocks: list[int] | None = None,
+                       num_reserved_blocks: int = 0) -> list[int] | None:
         """Makes room for `num_computed_tokens` (+ the prefix hit in `computed_blocks`, for a request
         holding no blocks yet) + `num_new_tokens` tokens. Returns the newly taken block ids (hits
         excluded), or None, changing nothing, when the pool is short or would be left with fewer

@@ -15,13 +15,12 @@ prefix cache usually finds the computed prefix again.
 from __future__ import annotations
 
 import bisect
-import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pagedlm.config import CacheConfig, SchedulerConfig
-from pagedlm.core.growth import GrowthEstimate
+from pagedlm.core.growth import AdmissionReserve, GrowthEstimate
 from pagedlm.core.kv_cache_manager import KVCacheManager
 from pagedlm.core.sched_output import (CachedRequestData, EngineCoreOutput, Logprobs,
                                        ModelRunnerOutput, NewRequestData, SchedulerOutput)
@@ -203,25 +202,26 @@ class Scheduler:
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
         """Admits while the budget, max_num_seqs and the pool allow, keeping free the blocks the
-        running requests and the admitted one are expected to grow into (core/growth.py)."""
+        admitted request and the running ones ranked before it are expected to grow into
+        (core/growth.py)."""
         kv = self.kv_cache_manager
         i = 0
-        reserved_tokens = None  # expected growth of `running`, computed once something may be admitted
+        reserve = None  # built once something may be admitted
         while (i < len(self.waiting) and plan.token_budget > 0
                and len(self.running) < self.config.max_num_seqs):
             request = self.waiting[i]
             if request.num_output_placeholders > 0:  # preempted with a token still in flight
                 i += 1
                 continue
-            if reserved_tokens is None:
-                reserved_tokens = self.growth.total_tokens(self.running)
+            if reserve is None:
+                reserve = AdmissionReserve(self.running, self.growth, kv.block_size, self._sort_key)
             hit_blocks, num_hit_tokens = kv.get_computed_blocks(request)
             num_new = min(request.num_tokens - num_hit_tokens, plan.token_budget)
-            own_growth = max(self.growth.tokens(request) - num_hit_tokens - num_new, 0.0)
-            num_reserved = math.ceil((reserved_tokens + own_growth) / kv.block_size)
+            key = self._sort_key(request)
+            num_reserved, own_blocks = reserve.blocks_to_keep(request, key, num_hit_tokens + num_new)
             if kv.allocate_slots(request, num_new, hit_blocks, num_reserved) is None:
                 break
-            reserved_tokens += own_growth
+            reserve.admit(key, own_blocks)
             del self.waiting[i]
             self._start_running(request, num_hit_tokens)
             plan.new_reqs.append(NewRequestData(

@@ -26,7 +26,8 @@ class CompileEvent:
 
 class CompileWatch:
     """Installs Triton's jit_cache_hook (called before a compile) and jit_post_compile_hook (after)
-    for the process; `events` lists the compiles since `install`."""
+    for the process (replacing any hooks set before); `events` lists the compiles since `install`.
+    The serving flag is the process's: engines built one after another each call `start_up`."""
 
     def __init__(self) -> None:
         self.events: list[CompileEvent] = []
@@ -51,15 +52,15 @@ class CompileWatch:
         """The events after the first `index` (take len(events) before a call, then this)."""
         return self.events[index:]
 
-    def _before(self, *, key, **_) -> bool:
+    def _before(self, *, key, fn, **_) -> bool:
         with self._lock:
-            self._started[str(key)] = time.perf_counter()
+            self._started[f"{fn.name}:{key}"] = time.perf_counter()
         return False  # False: go on and compile
 
     def _after(self, *, key, fn, compile: dict, **_) -> None:  # noqa: A002 (Triton's keyword)
         now = time.perf_counter()
         with self._lock:
-            started = self._started.pop(str(key), now)
+            started = self._started.pop(f"{fn.name}:{key}", now)
         event = CompileEvent(kernel=fn.name, signature=describe(compile), seconds=now - started,
                              while_serving=self._serving)
         self.events.append(event)
@@ -84,6 +85,7 @@ def describe(compile: dict) -> str:
 
 
 _watch: CompileWatch | None = None
+_watch_lock = threading.Lock()
 
 
 def num_compiles_while_serving() -> int:
@@ -94,7 +96,8 @@ def num_compiles_while_serving() -> int:
 def compile_watch() -> CompileWatch:
     """The process's watch, installed at the first call (Triton's hooks are process-wide)."""
     global _watch
-    if _watch is None:
-        _watch = CompileWatch()
-        _watch.install()
+    with _watch_lock:
+        if _watch is None:
+            _watch = CompileWatch()
+            _watch.install()
     return _watch

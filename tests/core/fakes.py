@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 from pagedlm.config import CacheConfig, SchedulerConfig
 from pagedlm.core.block_pool import NULL_BLOCK_ID
-from pagedlm.core.sched_output import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 from pagedlm.core.growth import GrowthEstimate
+from pagedlm.core.sched_output import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 from pagedlm.core.scheduler import Scheduler
 from pagedlm.request import Request
 from pagedlm.sampling_params import SamplingParams
