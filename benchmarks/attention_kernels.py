@@ -2,7 +2,7 @@
 (FlashAttention on contiguous q/k/v) as the peer, with a sweep of the prefill tile settings.
 
     python benchmarks/attention_kernels.py [--sweep] [--json out.json]
-    python benchmarks/attention_kernels.py --decode [--json out.json]   (the decode tile sweep)
+    python benchmarks/attention_kernels.py --decode [--spread 5] [--json out.json]   (the decode tile sweep)
 
 Cases (bf16, block size 16, head_dim 128, KV blocks shuffled in the pool):
   prefill-llama  16 prompts x 512 tokens, 32 heads / 8 KV heads (T0 llama3-8b's prefill)
@@ -70,12 +70,15 @@ def kernel_settings(names: tuple[str, ...], values: tuple[int, ...]):
             setattr(triton_paged, name, value)
 
 
-def make_case(num_seqs: int, cached: int, query_len: int, num_heads: int, num_kv_heads: int):
-    """-> (q [T, H, D], kv_cache, meta, q/k/v for SDPA [B, H, L, D], causal FLOPs)."""
+def make_case(num_seqs: int, cached: int, query_len: int, num_heads: int, num_kv_heads: int,
+              spread: int = 1):
+    """-> (q [T, H, D], kv_cache, meta, q/k/v for SDPA [B, H, L, D], causal FLOPs). The blocks are
+    drawn at random from a pool `spread` times larger than they fill (the engine's per-layer pool
+    is 3-4 GB, most of it idle in a small batch)."""
     dev, dtype = "cuda", torch.bfloat16
     seq_len = cached + query_len
     blocks_per_seq = -(-seq_len // BLOCK_SIZE)
-    num_blocks = num_seqs * blocks_per_seq + 1
+    num_blocks = spread * num_seqs * blocks_per_seq + 1
     k = torch.randn(num_seqs, seq_len, num_kv_heads, HEAD_DIM, device=dev, dtype=dtype)
     v = torch.randn_like(k)
     q = torch.randn(num_seqs, query_len, num_heads, HEAD_DIM, device=dev, dtype=dtype)
@@ -146,12 +149,12 @@ def run_case(name: str, configs: list[tuple[int, int, int, int]]) -> list[dict]:
     return rows
 
 
-def run_decode_case(name: str) -> list[dict]:
+def run_decode_case(name: str, spread: int = 1) -> list[dict]:
     """Every (block_n, warps, stages) x the case's split counts; GB/s of KV read."""
     from pagedlm.attention import triton_decode
 
     num_seqs, context, num_heads, num_kv_heads, split_counts = DECODE_CASES[name]
-    q, kv_cache, meta, (sq, sk, sv), _ = make_case(num_seqs, context - 1, 1, num_heads, num_kv_heads)
+    q, kv_cache, meta, (sq, sk, sv), _ = make_case(num_seqs, context - 1, 1, num_heads, num_kv_heads, spread)
     want = sdpa(sq, sk, sv, context - 1).transpose(1, 2).reshape(q.shape).float()
     kv_bytes = 2 * num_seqs * context * num_kv_heads * HEAD_DIM * kv_cache.element_size()
     default = current_settings(DECODE_SETTINGS)
@@ -242,13 +245,15 @@ def main() -> None:
     parser.add_argument("--decode", action="store_true", help="sweep the decode settings instead")
     parser.add_argument("--shared-prefix", action="store_true",
                         help="T3's decode steps: shared prefixes, batch order random vs grouped")
+    parser.add_argument("--spread", type=int, default=1,
+                        help="--decode: blocks drawn from a pool this many times larger than they fill")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.shared_prefix:
         shared_prefix_decode()
         return
     if args.decode:
-        rows = [row for name in DECODE_CASES for row in run_decode_case(name)]
+        rows = [row for name in DECODE_CASES for row in run_decode_case(name, args.spread)]
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
         print_decode_table(rows)
