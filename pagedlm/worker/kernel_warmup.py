@@ -2,7 +2,7 @@
 leaves out, so that no request waits for a compile (pagedlm.ops.jit_watch logs any that still
 happens while serving). The capture covers decode batches; these steps add
 - a short query chunk (at most 16 rows of query tokens x heads of a KV group: the small non-decode
-  attention tile, where speculative decoding's verify steps and very short prompts land) and a
+  attention tile, where very short prompts and the last few tokens of a chunked one land) and a
   longer one (the prefill tile; the profile step has it too, but not with num_gpu_blocks_override,
   which skips the profile),
 - the fused random draw with a temperature and without one,
