@@ -71,6 +71,12 @@ class BatchLayout:
         return len(self.sampling_req_ids)
 
     @property
+    def decode_only(self) -> bool:
+        """At most one query token per sequence: the attention kernels' decode path, launched in
+        decode_order."""
+        return self.max_query_len <= 1
+
+    @property
     def samples_every_token(self) -> bool:
         """One token per request and every request samples: logits rows are 0..num_tokens-1."""
         return len(self.sampling_req_ids) == self.num_tokens
@@ -87,7 +93,7 @@ class BatchLayout:
             sizes.update(query_start_loc=num_seqs + 1, logits_indices=self.num_samples,
                          sample_rows=self.num_samples, placeholder_idx=self.num_placeholders,
                          placeholder_rows=self.num_placeholders,
-                         decode_order=num_seqs if self.max_query_len <= 1 else 0)
+                         decode_order=num_seqs if self.decode_only else 0)
         if not self.reuse_block_table:
             sizes["block_table"] = self.num_seqs * self.num_block_cols
         return sizes

@@ -304,7 +304,7 @@ class InputBatch:
             table[:] = self.block_table_np[ragged.rows, :num_cols]
         if not layout.reuse_seq_sections:
             self._fill_seq_sections(buf, ragged, samples, placeholder_idx)
-            if layout.max_query_len <= 1:
+            if layout.decode_only:
                 self._fill_decode_order(buf, ragged.seq_lens)
 
     @staticmethod

@@ -252,8 +252,7 @@ class ModelRunner:
             block_table=block_table,
             query_start_loc_cpu=staging.prefix("query_start_loc", num_seqs + 1),
             seq_lens_cpu=staging.prefix("seq_lens", num_seqs),
-            decode_order=(inputs.prefix("decode_order", num_seqs)
-                          if layout.max_query_len <= 1 else None))
+            decode_order=inputs.prefix("decode_order", num_seqs) if layout.decode_only else None)
 
     def _forward(self, staging: StepBuffers, layout: BatchLayout, graph_size: int) -> torch.Tensor:
         """[num_tokens (graph_size when replayed), hidden_size]: the model over the batch."""
