@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from pagedlm.attention.torch_ref import write_kv_cache
+from pagedlm.ops import pdl
 from pagedlm.ops.norm import rms_norm_torch
 from pagedlm.ops.rotary import rotary_embedding_torch
 
@@ -60,7 +61,7 @@ def prepare_qkv_kernel(
     eps, num_heads, num_kv_heads, stride_qkv, stride_qo_t, stride_cs, stride_kc_blk, stride_kc_slot,
     stride_vc_blk, stride_vc_slot,
     HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    QK_NORM: tl.constexpr,
+    QK_NORM: tl.constexpr, PDL: tl.constexpr,
 ):
     """Two programs per token: part 0 rotates q, part 1 writes k and v (half the serial latency
     of one program per token, which is what a batch-1 decode step waits for)."""
@@ -70,6 +71,7 @@ def prepare_qkv_kernel(
     offs = tl.arange(0, HALF)
     cos = tl.load(cos_sin_ptr + pos * stride_cs + offs).to(tl.float32)
     sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + offs).to(tl.float32)
+    pdl.wait_for_producers(PDL)  # positions and the table are step inputs; qkv is the GEMM's output
     row = qkv_ptr + token * stride_qkv
     if tl.program_id(1) == 0:
         q1, q2 = load_heads(row, num_heads, cos, sin, q_norm_ptr, eps, HALF, BLOCK_HQ, QK_NORM, round_ty)
@@ -137,7 +139,7 @@ def prepare_qkv_triton(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         HALF=head_dim // 2, BLOCK_HQ=triton.next_power_of_2(num_heads),
         BLOCK_HK=triton.next_power_of_2(num_kv_heads), BLOCK_SIZE=kv_cache.shape[2],
-        QK_NORM=qk_norm is not None, num_warps=4,
+        QK_NORM=qk_norm is not None, num_warps=4, **pdl.launch_args(qkv.device),
     )
     return q
 

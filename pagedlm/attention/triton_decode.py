@@ -35,6 +35,7 @@ import triton.language as tl
 from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.attention import triton_paged
 from pagedlm.attention.triton_paged import LOG2_E, attend_key_range, cache_strides, kernel_constexprs
+from pagedlm.ops import pdl
 
 DEFAULT_NUM_SMS = 132  # H100/H200; used where no CUDA device can be asked
 MIN_KEYS_PER_SPLIT = 256
@@ -93,7 +94,7 @@ def decode_split_kernel(
     stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     """One program: one split of one sequence's keys x the GROUP query heads of one KV head; the
     group's last live split to finish also merges (see the module notes for the ordering)."""
@@ -115,6 +116,7 @@ def decode_split_kernel(
     heads = kv_head * GROUP + rows  # [BLOCK_M]
     row_ok = rows < GROUP
     offs_d = tl.arange(0, HEAD_DIM)
+    pdl.wait_for_producers(PDL)  # above: step inputs only; q and this step's keys come from prepare_qkv
     q_offs = q_token.to(tl.int64) * stride_q_t + heads[:, None] * stride_q_h + offs_d[None, :]
     q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0).to(k_cache_ptr.dtype.element_ty)
     q_pos = tl.full([BLOCK_M], 0, tl.int32) + seq_len - 1
@@ -197,5 +199,6 @@ def split_decode_attention(
         *cache_strides(kv_cache), SPLITS_PAD=MAX_SPLITS,  # not from num_splits: one compile for all
         BLOCK_M=max(16, triton.next_power_of_2(constexprs["GROUP"])), **constexprs,
         num_warps=triton_paged.DECODE_NUM_WARPS, num_stages=triton_paged.DECODE_NUM_STAGES,
+        **pdl.launch_args(q.device),
     )
     return out

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from pagedlm.attention.backend import AttentionMetadata
+from pagedlm.ops import pdl
 from pagedlm.ops.triton_compat import patch_interpreter
 
 patch_interpreter()
@@ -134,7 +135,7 @@ def paged_attention_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr, DECODE: tl.constexpr,
-    ORDERED: tl.constexpr,
+    ORDERED: tl.constexpr, PDL: tl.constexpr,
 ):
     """One program: BLOCK_Q query tokens of one sequence x the GROUP query heads of one KV head.
     DECODE (every sequence has at most one query token): program i is sequence i, no search, or
@@ -164,6 +165,7 @@ def paged_attention_kernel(
     row_ok = (tokens < q_seq_end) & (rows % GROUP_PAD < GROUP)
     q_pos = first_pos + tokens - q_seq_start  # [BLOCK_M]
     offs_d = tl.arange(0, HEAD_DIM)
+    pdl.wait_for_producers(PDL)  # above: step inputs only; q and this step's keys come from prepare_qkv
     q_offs = tokens.to(tl.int64)[:, None] * stride_q_t + heads[:, None] * stride_q_h + offs_d[None, :]
     q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0).to(k_cache_ptr.dtype.element_ty)
 
@@ -263,6 +265,6 @@ def varlen_attention(
         *cache_strides(kv_cache), GROUP_PAD=group_pad, BLOCK_M=block_m, DECODE=decode,
         ORDERED=order is not None, **constexprs,
         num_warps=PREFILL_NUM_WARPS if prefill else DECODE_NUM_WARPS,
-        num_stages=PREFILL_NUM_STAGES if prefill else DECODE_NUM_STAGES,
+        num_stages=PREFILL_NUM_STAGES if prefill else DECODE_NUM_STAGES, **pdl.launch_args(q.device),
     )
     return out

@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedlm.ops import pdl
 from pagedlm.ops.norm import as_rows
 
 BLOCK_D = 1024
@@ -16,12 +17,13 @@ def silu_and_mul_kernel(
     out_ptr,  # [N, d]
     x_ptr,  # [N, 2 * d]
     d, stride_o, stride_x,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     """One program per (row, BLOCK columns)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
+    pdl.wait_for_producers(PDL)
     gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + d + cols, mask=mask, other=0.0).to(tl.float32)
     out = gate / (1.0 + tl.exp(-gate)) * up
@@ -50,5 +52,6 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
         block = min(BLOCK_D, triton.next_power_of_2(d))
         silu_and_mul_kernel[(x_2d.shape[0], triton.cdiv(d, block))](
             out, x_2d, d, out.stride(0), x_2d.stride(0), BLOCK=block, num_warps=4,
+            **pdl.launch_args(x.device),
         )
     return out.view(*x.shape[:-1], d)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from pagedlm.ops import pdl
 from pagedlm.ops.activation import silu_and_mul_torch
 from pagedlm.ops.triton_compat import patch_interpreter
 
@@ -119,6 +120,28 @@ def _fma_accumulate(acc, w, x_ptr, offs_k, mask_k, K, stride_x,
     return acc
 
 
+@triton.jit
+def _load_weight_tile(w_rows, mask_n, k0, K, BLOCK_K: tl.constexpr):
+    """[BLOCK_N, BLOCK_K] of the weight at columns [k0, k0 + BLOCK_K); 0 past K."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & (offs_k < K)[None, :], other=0.0)
+
+
+@triton.jit
+def _accumulate(acc, w, x_ptr, k0, M, K, stride_x,
+                FMA_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                SILU_MUL: tl.constexpr, USE_DOT: tl.constexpr):
+    """acc [BLOCK_N, BLOCK_M] += w [BLOCK_N, BLOCK_K] @ x[:, k0:k0 + BLOCK_K].T"""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    mask_k = offs_k < K  # slices hold whole chunks: only K cuts one
+    if USE_DOT:
+        offs_m = tl.arange(0, BLOCK_M)
+        x_mask = (offs_m[:, None] < M) & mask_k[None, :]
+        x = _load_x(x_ptr + offs_m[:, None] * stride_x + offs_k[None, :], x_mask, K, SILU_MUL)
+        return tl.dot(w, tl.trans(x), acc, input_precision="ieee")
+    return _fma_accumulate(acc, w, x_ptr, offs_k, mask_k, K, stride_x, FMA_ROWS, BLOCK_M, SILU_MUL)
+
+
 @triton.jit(do_not_specialize=["M"])
 def gemv_kernel(
     out_ptr,  # [M, N] in x's dtype; with PARTIAL, [num_splits, M, N] float32 partials
@@ -128,6 +151,7 @@ def gemv_kernel(
     M, N, K, stride_x, stride_w, k_per_split,
     FMA_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, USE_DOT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Program (pid_n, pid_k): rows [pid_n * BLOCK_N, +BLOCK_N) of y over K slice pid_k. M is a
     run-time value on the dot path (one compile for every M it takes); the FMA path unrolls its
@@ -141,16 +165,14 @@ def gemv_kernel(
     k_end = tl.minimum(K, k_start + k_per_split)
     w_rows = weight_ptr + offs_n[:, None].to(tl.int64) * stride_w  # [BLOCK_N, 1]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # y.T tile
-    for k0 in range(k_start, k_end, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < K  # slices hold whole chunks: only K cuts one
-        w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-        if USE_DOT:
-            x_mask = (offs_m[:, None] < M) & mask_k[None, :]
-            x = _load_x(x_ptr + offs_m[:, None] * stride_x + offs_k[None, :], x_mask, K, SILU_MUL)
-            acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")  # [BLOCK_N, BLOCK_M]
-        else:
-            acc = _fma_accumulate(acc, w, x_ptr, offs_k, mask_k, K, stride_x, FMA_ROWS, BLOCK_M, SILU_MUL)
+    # the first weight tile is read before waiting for x's producer (weights are never written);
+    # every launched slice has at least one chunk (launch_split_k)
+    w = _load_weight_tile(w_rows, mask_n, k_start, K, BLOCK_K)
+    pdl.wait_for_producers(PDL)
+    acc = _accumulate(acc, w, x_ptr, k_start, M, K, stride_x, FMA_ROWS, BLOCK_M, BLOCK_K, SILU_MUL, USE_DOT)
+    for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
+        w = _load_weight_tile(w_rows, mask_n, k0, K, BLOCK_K)
+        acc = _accumulate(acc, w, x_ptr, k0, M, K, stride_x, FMA_ROWS, BLOCK_M, BLOCK_K, SILU_MUL, USE_DOT)
     out_mask = mask_n[:, None] & (offs_m[None, :] < M)
     if not PARTIAL:
         if HAS_BIAS:
@@ -167,11 +189,12 @@ def split_k_reduce_kernel(
     partial_ptr,  # [num_splits, M * N] float32
     bias_ptr,  # [N] (read only if HAS_BIAS)
     N, num_outputs, num_splits,
-    BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
 ):
     """out = sum over slices (in slice order) of the partials, + bias, rounded once."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < num_outputs
+    pdl.wait_for_producers(PDL)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for s in range(num_splits):
         acc += tl.load(partial_ptr + s * num_outputs + offs, mask=mask, other=0.0)
@@ -220,11 +243,12 @@ def gemv_triton(
         FMA_ROWS=0 if config.use_dot else num_rows, BLOCK_M=block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, PARTIAL=split_k > 1,
         HAS_BIAS=has_bias, SILU_MUL=act == "silu_and_mul", USE_DOT=config.use_dot,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_args(x.device),
     )
     if split_k > 1:
         split_k_reduce_kernel[(triton.cdiv(num_rows * n, REDUCE_BLOCK),)](
             out, partial, bias_arg, n, num_rows * n, split_k, BLOCK=REDUCE_BLOCK, HAS_BIAS=has_bias, num_warps=4,
+            **pdl.launch_args(x.device),
         )
     return out
 

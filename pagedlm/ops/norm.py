@@ -6,6 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedlm.ops import pdl
+
 
 @triton.jit
 def rms_norm_kernel(
@@ -14,12 +16,14 @@ def rms_norm_kernel(
     x_ptr, residual_ptr,  # [N, hidden]
     weight_ptr,  # [hidden]
     eps, hidden, stride_o, stride_ro, stride_x, stride_r,
-    BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr,
 ):
     """One program per row."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden
+    weight = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    pdl.wait_for_producers(PDL)
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         residual = tl.load(residual_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
@@ -28,7 +32,6 @@ def rms_norm_kernel(
         x = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, 0) / hidden + eps)
     normed = (x * rstd).to(out_ptr.dtype.element_ty).to(tl.float32)
-    weight = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * stride_o + offs, (normed * weight).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -97,6 +100,7 @@ def _launch(
             out, residual_out, x_2d, residual_2d, weight, eps, hidden,
             out.stride(0), residual_out.stride(0), x_2d.stride(0), residual_2d.stride(0),
             BLOCK=block, HAS_RESIDUAL=residual is not None, num_warps=min(max(block // 512, 1), 16),
+            **pdl.launch_args(x.device),
         )
     new_residual = None if residual is None else residual_out.view(x.shape)
     return out.view(x.shape), new_residual

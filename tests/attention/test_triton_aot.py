@@ -19,6 +19,7 @@ import pytest
 
 TARGET_ARCH = 90
 MAX_SHARED_BYTES = 232448  # opt-in shared memory per block on sm_90
+DRAW_KERNELS = ("block_logmass_kernel", "pick_kernel")  # the sampler's: launched without PDL
 
 
 @pytest.mark.slow
@@ -35,6 +36,7 @@ def test_aot_compile_all_kernels_for_sm90() -> None:
                           "block_logmass_kernel", "pick_kernel", "gemv_kernel", "split_k_reduce_kernel"}
     for r in results:
         assert r["cubin_bytes"] > 0, r
+        assert r["pdl_wait"] == (r["kernel"] not in DRAW_KERNELS), r
         assert r["shared"] <= MAX_SHARED_BYTES, r
 
 
@@ -141,10 +143,15 @@ def main() -> None:
     from triton.compiler import make_backend
 
     assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "the AOT compile must not run in the interpreter"
+    from pagedlm.ops import pdl
+
     target = GPUTarget("cuda", TARGET_ARCH, 32)
     backend = make_backend(target)
     seen, results = set(), []
-    for fn, args, kwargs in record_launches(attention_scenarios(), with_ops=True):
+    pdl.pdl_enabled = lambda device: True  # as on an H200: every kernel with its PDL wait, launched with PDL
+    launches = record_launches(attention_scenarios(), with_ops=True)
+    assert all(kwargs.get("launch_pdl") for fn, _, kwargs in launches if fn.__name__ not in DRAW_KERNELS)
+    for fn, args, kwargs in launches:
         signature, constexprs, attrs, options = specialise(fn, args, kwargs, backend)
         key = repr((fn.__name__, signature, constexprs, attrs, options))
         if key in seen:
@@ -153,7 +160,8 @@ def main() -> None:
         source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
         compiled = triton.compile(source, target=target, options=options.__dict__)
         results.append(dict(kernel=fn.__name__, cubin_bytes=len(compiled.asm.get("cubin", b"")),
-                            shared=compiled.metadata.shared, constexprs=repr(constexprs)))
+                            shared=compiled.metadata.shared, constexprs=repr(constexprs),
+                            pdl_wait="griddepcontrol.wait" in compiled.asm["ptx"]))
     print(json.dumps(results))
 
 

@@ -148,3 +148,55 @@ def test_logits_come_out_of_the_gemm_in_float32() -> None:
     assert logits.dtype == torch.float32 and logits.shape == (37, 5000)
     want = hidden.float() @ weight.float().T
     torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-3)  # bf16-rounded logits would miss this
+
+
+def test_pdl_chain_in_a_graph_matches_launches_without_pdl(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batch-1 decode layers (norm, GEMV with split K, prepare_qkv, split decode, GEMV with fused
+    SiLU) in a CUDA graph with programmatic dependent launch, replayed on fresh inputs, against
+    the same kernels launched one after another. A kernel that read its producer's output before
+    its PDL wait would see the previous replay's values: the inputs change every replay so that
+    such a read shows as a wrong result."""
+    from pagedlm.attention.prepare_qkv import prepare_qkv_triton
+    from pagedlm.ops import pdl
+    from pagedlm.ops.gemv import gemv_triton
+
+    assert pdl.pdl_enabled(torch.device("cuda")), "the H200 launches with PDL"
+    hidden, num_heads, num_kv_heads, head_dim, inter, num_layers, eps = 1024, 16, 8, 128, 3072, 4, 1e-6
+    batch = helpers.make_batch([299], [1], num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                               block_size=16, dtype=torch.bfloat16, device="cuda")
+    helpers.write_cache(batch)
+    positions = torch.tensor([299], device="cuda")
+    cos_sin = torch.randn(512, head_dim, device="cuda")
+
+    def weights(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, device="cuda") / shape[-1] ** 0.5).to(torch.bfloat16)
+
+    layers = [dict(norm1=weights(hidden) + 1, qkv=weights((num_heads + 2 * num_kv_heads) * head_dim, hidden),
+                   o=weights(hidden, num_heads * head_dim), norm2=weights(hidden) + 1,
+                   gate_up=weights(2 * inter, hidden), down=weights(hidden, inter)) for _ in range(num_layers)]
+
+    def decode_layers(x: torch.Tensor) -> torch.Tensor:  # [1, hidden] -> [1, hidden]
+        residual = x
+        for w in layers:
+            h = norm.rms_norm_triton(residual, w["norm1"], eps)
+            q = prepare_qkv_triton(gemv_triton(h, w["qkv"]), positions, cos_sin, None, eps, batch.kv_cache,
+                                   batch.meta.slot_mapping, num_heads)
+            attn = split_decode_attention(q, batch.kv_cache, batch.meta, head_dim ** -0.5, None, num_splits=4)
+            h, residual = norm.fused_add_rms_norm_triton(gemv_triton(attn.reshape(1, -1), w["o"]), residual,
+                                                         w["norm2"], eps)
+            residual = gemv_triton(gemv_triton(h, w["gate_up"]), w["down"], act="silu_and_mul") + residual
+        return residual
+
+    static_in = torch.randn(1, hidden, device="cuda").to(torch.bfloat16)
+    decode_layers(static_in)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = decode_layers(static_in)
+    for replay in range(20):
+        static_in.copy_(torch.randn(1, hidden, device="cuda"))
+        graph.replay()
+        got = static_out.clone()
+        with monkeypatch.context() as patch:
+            patch.setattr(pdl, "pdl_enabled", lambda device: False)
+            want = decode_layers(static_in)
+        assert rel_error(got, want) <= 1e-3, f"replay {replay}: PDL result differs from serial launches"
