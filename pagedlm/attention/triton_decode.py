@@ -6,7 +6,8 @@ sequence's visible keys are cut into num_splits contiguous chunks: one program p
 the last program of a (sequence, KV head) group to finish merges the group's partials into the
 output rows, all in one launch. num_splits comes from host-known shapes only.
 
-Who merges: each (sequence, KV head) group has an int32 counter, zero at every launch. A live split
+Who merges: each (sequence, KV head) group has an int32 counter (pagedlm.ops.counters), zero at
+every launch. A live split
 (one with keys) stores its partial, then adds 1 to the counter; the program that reads
 num_live - 1 is the last and merges. Empty splits (short contexts: num_live < num_splits) store
 nothing and do not count, so the merge never reads them. The merging program resets the counter to
@@ -36,14 +37,12 @@ from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.attention import triton_paged
 from pagedlm.attention.triton_paged import LOG2_E, attend_key_range, cache_strides, kernel_constexprs
 from pagedlm.ops import pdl
+from pagedlm.ops.counters import zeroed_counters
 
 DEFAULT_NUM_SMS = 132  # H100/H200; used where no CUDA device can be asked
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 32
 
-# Per device: the split counters, [num_groups] int32, zero between launches. The newest (largest)
-# is last; older ones stay alive, as a CUDA graph captured with one keeps using its address.
-_counters: dict[torch.device, list[torch.Tensor]] = {}
 
 
 @triton.jit
@@ -158,20 +157,6 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sm
     return max(1, min(by_occupancy, by_length, MAX_SPLITS))
 
 
-def split_counters(device: torch.device, num_groups: int) -> torch.Tensor:
-    """The device's counter buffer, [>= num_groups] int32 zeros (between launches). Allocated once
-    and grown (a new zeroed buffer) only for a larger batch, never during a CUDA graph capture:
-    DecodeGraphs captures its largest batch first, and its eager warm-up allocates the maximum."""
-    buffers = _counters.setdefault(device, [])
-    if not buffers or buffers[-1].numel() < num_groups:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"split decode needs {num_groups} counters but has "
-                               f"{buffers[-1].numel() if buffers else 0}; they cannot grow during a "
-                               f"CUDA graph capture (run the largest batch eagerly first)")
-        buffers.append(torch.zeros(num_groups, dtype=torch.int32, device=device))
-    return buffers[-1]
-
-
 def split_decode_attention(
     q: torch.Tensor,  # [T, num_heads, head_dim]; sequence b's query (if any) at row query_start_loc[b]
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
@@ -190,7 +175,7 @@ def split_decode_attention(
     part_out = torch.empty(meta.num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     part_max = torch.empty(meta.num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
     part_sum = torch.empty_like(part_max)
-    counters = split_counters(q.device, meta.num_seqs * num_kv_heads)
+    counters = zeroed_counters(q.device, meta.num_seqs * num_kv_heads)
     constexprs = kernel_constexprs(q, kv_cache, sliding_window)
     decode_split_kernel[(meta.num_seqs, num_kv_heads, num_splits)](
         out, part_out, part_max, part_sum, counters, q, kv_cache[0], kv_cache[1],

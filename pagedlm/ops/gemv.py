@@ -7,7 +7,8 @@ Kernel: program (pid_n, pid_k) owns BLOCK_N output rows and one of split_k slice
 weight in [BLOCK_N, BLOCK_K] tiles (16-byte loads along K). The multiply-accumulate is either fp32 FMAs
 with a tl.sum over K (one x row at a time) or, with use_dot, tl.dot on the transposed problem
 (weight tile as the A operand, x padded to 16 rows as B). With split_k > 1 each program writes an
-fp32 partial and a second tiny kernel sums them in slice order (deterministic, no atomics).
+fp32 partial and the last slice of each row block to finish (an atomic counter) sums them in slice
+order: deterministic, and one launch.
 No host sync and no allocation that depends on device values: safe inside a CUDA graph.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ import triton.language as tl
 
 from pagedlm.ops import pdl
 from pagedlm.ops.activation import silu_and_mul_torch
+from pagedlm.ops.counters import zeroed_counters
 from pagedlm.ops.triton_compat import patch_interpreter
 
 patch_interpreter()
@@ -34,7 +36,6 @@ MAX_GEMV_N = 2048
 ACTS = (None, "silu_and_mul")
 MIN_DOT_ROWS = 16  # tl.dot needs every dimension >= 16: x is padded to 16 rows on the dot path
 TARGET_WARPS = 1024  # split K until about this many warps (~8 per SM on a 132-SM H200)
-REDUCE_BLOCK = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +145,9 @@ def _accumulate(acc, w, x_ptr, k0, M, K, stride_x,
 
 @triton.jit(do_not_specialize=["M"])
 def gemv_kernel(
-    out_ptr,  # [M, N] in x's dtype; with PARTIAL, [num_splits, M, N] float32 partials
+    out_ptr,  # [M, N] in x's dtype
+    partial_ptr,  # [num_splits, M, N] float32 (with PARTIAL)
+    counters_ptr,  # [>= cdiv(N, BLOCK_N)] int32, zero at launch and at its end (with PARTIAL)
     x_ptr,  # [M, K] rows at stride_x ([M, 2K] gate then up with SILU_MUL)
     weight_ptr,  # [N, K] rows at stride_w
     bias_ptr,  # [N] (read only if HAS_BIAS)
@@ -155,7 +158,8 @@ def gemv_kernel(
 ):
     """Program (pid_n, pid_k): rows [pid_n * BLOCK_N, +BLOCK_N) of y over K slice pid_k. M is a
     run-time value on the dot path (one compile for every M it takes); the FMA path unrolls its
-    FMA_ROWS (= M) rows."""
+    FMA_ROWS (= M) rows. With PARTIAL (split K), the last slice of a row block to finish sums the
+    block's partials and writes y (the counter protocol of attention/triton_decode.py)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -174,33 +178,28 @@ def gemv_kernel(
         w = _load_weight_tile(w_rows, mask_n, k0, K, BLOCK_K)
         acc = _accumulate(acc, w, x_ptr, k0, M, K, stride_x, FMA_ROWS, BLOCK_M, BLOCK_K, SILU_MUL, USE_DOT)
     out_mask = mask_n[:, None] & (offs_m[None, :] < M)
-    if not PARTIAL:
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
-        out_ptrs = out_ptr + offs_m[None, :] * N + offs_n[:, None]
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    if PARTIAL:
+        part_offs = offs_m[None, :] * N + offs_n[:, None]  # [BLOCK_N, BLOCK_M] within one slice
+        tl.store(partial_ptr + pid_k * M * N + part_offs, acc, mask=out_mask)
+        tl.debug_barrier()  # every thread's partial stores before the (one-thread) release below
+        counter_ptr = counters_ptr + pid_n
+        num_splits = tl.num_programs(1)
+        if tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
+            acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+            for s in range(num_splits):  # in slice order: deterministic
+                acc += tl.load(partial_ptr + s * M * N + part_offs, mask=out_mask, other=0.0, cache_modifier=".cg")
+            _store_y(out_ptr, bias_ptr, acc, offs_n, offs_m, mask_n, out_mask, N, HAS_BIAS)
+            tl.store(counter_ptr, 0)
     else:
-        tl.store(out_ptr + (pid_k * M + offs_m[None, :]) * N + offs_n[:, None], acc, mask=out_mask)
+        _store_y(out_ptr, bias_ptr, acc, offs_n, offs_m, mask_n, out_mask, N, HAS_BIAS)
 
 
-@triton.jit(do_not_specialize=["num_outputs"])  # M x N: varies with M
-def split_k_reduce_kernel(
-    out_ptr,  # [M * N] in x's dtype
-    partial_ptr,  # [num_splits, M * N] float32
-    bias_ptr,  # [N] (read only if HAS_BIAS)
-    N, num_outputs, num_splits,
-    BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
-):
-    """out = sum over slices (in slice order) of the partials, + bias, rounded once."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < num_outputs
-    pdl.wait_for_producers(PDL)
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for s in range(num_splits):
-        acc += tl.load(partial_ptr + s * num_outputs + offs, mask=mask, other=0.0)
+@triton.jit
+def _store_y(out_ptr, bias_ptr, acc, offs_n, offs_m, mask_n, out_mask, N, HAS_BIAS: tl.constexpr):
+    """y.T tile acc [BLOCK_N, BLOCK_M] (+ bias), rounded once to out's dtype."""
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
+    tl.store(out_ptr + offs_m[None, :] * N + offs_n[:, None], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 def gemv(
@@ -233,23 +232,21 @@ def gemv_triton(
     config = config or default_config(num_rows, n, k, x.dtype)
     split_k, k_per_split = launch_split_k(k, config)
     out = torch.empty(num_rows, n, dtype=x.dtype, device=x.device)
-    partial = out if split_k == 1 else torch.empty(split_k, num_rows, n, dtype=torch.float32, device=x.device)
+    num_blocks_n = triton.cdiv(n, config.block_n)
+    partial, counters = out, out  # unread without split K
+    if split_k > 1:
+        partial = torch.empty(split_k, num_rows, n, dtype=torch.float32, device=x.device)
+        counters = zeroed_counters(x.device, num_blocks_n)
     block_m = triton.next_power_of_2(num_rows)
     block_m = max(MIN_DOT_ROWS, block_m) if config.use_dot else block_m
     has_bias = bias is not None
-    bias_arg = bias if has_bias else weight
-    gemv_kernel[(triton.cdiv(n, config.block_n), split_k)](
-        partial, x, weight, bias_arg, num_rows, n, k, x.stride(0), weight.stride(0), k_per_split,
-        FMA_ROWS=0 if config.use_dot else num_rows, BLOCK_M=block_m, BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, PARTIAL=split_k > 1,
+    gemv_kernel[(num_blocks_n, split_k)](
+        out, partial, counters, x, weight, bias if has_bias else weight, num_rows, n, k, x.stride(0),
+        weight.stride(0), k_per_split, FMA_ROWS=0 if config.use_dot else num_rows, BLOCK_M=block_m,
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k, PARTIAL=split_k > 1,
         HAS_BIAS=has_bias, SILU_MUL=act == "silu_and_mul", USE_DOT=config.use_dot,
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_args(x.device),
     )
-    if split_k > 1:
-        split_k_reduce_kernel[(triton.cdiv(num_rows * n, REDUCE_BLOCK),)](
-            out, partial, bias_arg, n, num_rows * n, split_k, BLOCK=REDUCE_BLOCK, HAS_BIAS=has_bias, num_warps=4,
-            **pdl.launch_args(x.device),
-        )
     return out
 
 

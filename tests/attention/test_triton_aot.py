@@ -33,7 +33,7 @@ def test_aot_compile_all_kernels_for_sm90() -> None:
     assert names.count("paged_attention_kernel") == 3 * len(attention_scenarios())
     assert set(names) == {"prepare_qkv_kernel", "paged_attention_kernel", "decode_split_kernel",
                           "rms_norm_kernel", "silu_and_mul_kernel",
-                          "block_logmass_kernel", "pick_kernel", "gemv_kernel", "split_k_reduce_kernel"}
+                          "block_logmass_kernel", "pick_kernel", "gemv_kernel"}
     for r in results:
         assert r["cubin_bytes"] > 0, r
         assert r["pdl_wait"] == (r["kernel"] not in DRAW_KERNELS), r
@@ -96,7 +96,7 @@ def run_op_wrappers() -> None:
             for n, k, act in ((1024, 3072, "silu_and_mul"), (4096, 1024, None), (151936, 1024, None)):
                 x = torch.empty(num_rows, 2 * k if act else k, dtype=dtype)
                 bias = torch.empty(n, dtype=dtype) if n == 4096 else None
-                gemv_triton(x, torch.empty(n, k, dtype=dtype), bias, act=act)  # N=1024: split K + reduce
+                gemv_triton(x, torch.empty(n, k, dtype=dtype), bias, act=act)  # N=1024: split K
     for vocab_size in (151936, 49152, 32000):
         for temperature in (None, torch.empty(256, 6)[:, 1]):  # None and a strided column
             fused_gumbel_draw(torch.empty(256, vocab_size), temperature, torch.empty(256, dtype=torch.int64))

@@ -14,8 +14,9 @@ import math
 import pytest
 import torch
 
-from pagedlm.attention import triton_decode
-from pagedlm.attention.triton_decode import split_counters, split_decode_attention
+from pagedlm.attention.triton_decode import split_decode_attention
+from pagedlm.ops import counters
+from pagedlm.ops.counters import zeroed_counters
 from test_triton_paged import DEVICE, check_output, make_batch, write_cache
 
 # (ctx_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, sliding_window, dtype, num_splits);
@@ -47,7 +48,7 @@ def nan_workspace(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def fresh_counters(monkeypatch: pytest.MonkeyPatch) -> None:
     """Start with no counter buffer, as a new process would."""
-    monkeypatch.setattr(triton_decode, "_counters", {})
+    monkeypatch.setattr(counters, "_buffers", {})
 
 
 def run_case(batch, window: int | None, num_splits: int, scale: float = 0.3) -> torch.Tensor:
@@ -55,7 +56,7 @@ def run_case(batch, window: int | None, num_splits: int, scale: float = 0.3) -> 
     out = split_decode_attention(batch.q, batch.kv_cache, batch.meta, scale, window, num_splits,
                                  out=torch.full_like(batch.q, math.nan))
     check_output(out, batch, scale, window)
-    assert not split_counters(batch.q.device, 0).any(), "every counter must be reset to 0"
+    assert not zeroed_counters(batch.q.device, 0).any(), "every counter must be reset to 0"
     return out
 
 
@@ -96,18 +97,18 @@ def test_batches_3_2_3_share_one_buffer(fresh_counters: None) -> None:
                            dtype=torch.float32, num_pad_tokens=1)
         write_cache(batch)
         run_case(batch, None, 5)
-        sizes.append(split_counters(batch.q.device, 0).numel())
+        sizes.append(zeroed_counters(batch.q.device, 0).numel())
     assert sizes == [6, 6, 6]
-    assert len(triton_decode._counters[batch.q.device]) == 1
+    assert len(counters._buffers[batch.q.device]) == 1
 
 
 def test_counters_grow_for_a_larger_batch(fresh_counters: None) -> None:
     device = torch.device(DEVICE)
-    small = split_counters(device, 4)
-    assert split_counters(device, 3) is small
+    small = zeroed_counters(device, 4)
+    assert zeroed_counters(device, 3) is small
     small[:] = 7  # a grown buffer is new and zero; the old one stays alive for graphs that hold it
-    grown = split_counters(device, 9)
+    grown = zeroed_counters(device, 9)
     assert grown.numel() == 9 and not grown.any() and grown.dtype == torch.int32
-    assert [t.data_ptr() for t in triton_decode._counters[device]] == [small.data_ptr(), grown.data_ptr()]
+    assert [t.data_ptr() for t in counters._buffers[device]] == [small.data_ptr(), grown.data_ptr()]
     batch, window, num_splits = case_batch("split2_gqa2_pad")
     run_case(batch, window, num_splits)

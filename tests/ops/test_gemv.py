@@ -103,6 +103,21 @@ def test_launch_split_k_covers_k_without_empty_slices() -> None:
             assert (num_splits - 1) * k_per_split < k <= num_splits * k_per_split
 
 
+@pytest.mark.parametrize("config_name", ["fma-split", "dot-split"])
+def test_split_k_sum_resets_its_counters(config_name: str) -> None:
+    """The last slice of a row block sums the partials and zeroes the block's counter: a second
+    call (which sums only when its counters reach split_k - 1) gives the same bits, and every
+    counter ends at zero."""
+    from pagedlm.ops.counters import zeroed_counters
+
+    x, weight, bias = make_inputs(2, 45, 100, torch.float16, act=None, with_bias=True)
+    first = gemv_triton(x, weight, bias, config=CONFIGS[config_name])
+    second = gemv_triton(x, weight, bias, config=CONFIGS[config_name])
+    check(first, x, weight, bias, None)
+    assert torch.equal(first, second)
+    assert not zeroed_counters(x.device, 0).any()
+
+
 @pytest.mark.parametrize("act", [None, "silu_and_mul"])
 def test_gemv_dispatch_and_torch_fallback(act: str | None) -> None:
     """On CPU gemv is the torch fallback (silu_and_mul_torch then F.linear); on CUDA, the kernel."""
@@ -158,7 +173,7 @@ def test_gemv_bf16_cuda(num_rows: int, act: str | None) -> None:
 
 @pytest.mark.gpu
 def test_gemv_cuda_graph_replay_without_syncs() -> None:
-    """Captured once (split K: partials + reduce; fused silu), replayed on new inputs: equals eager."""
+    """Captured once (split K: partials summed by the last slice; fused silu), replayed on new inputs: equals eager."""
     x, weight, bias = make_inputs(4, 1000, 3000, torch.bfloat16, "silu_and_mul", with_bias=True)
     config = GemvConfig(block_n=64, block_k=128, split_k=8, use_dot=True)
     gemv_triton(x, weight, bias, act="silu_and_mul", config=config)  # compile outside the capture
