@@ -42,16 +42,21 @@ DTYPE, DEVICE = torch.bfloat16, "cuda"
 
 
 def sweep_configs(num_rows: int, n: int, k: int, default: GemvConfig) -> list[GemvConfig]:
-    """FMA tiles (one warp) for M <= 4, tl.dot tiles for M >= 2, each with K split by the default rule
-    and unsplit; split_k as launched (so no launch twice), the default config (timed already) left out."""
+    """FMA tiles (one warp; at M=1 also two pipeline stages and two warps) for M <= 4, tl.dot tiles for
+    M >= 2, each with K split by the default rule, 2x and 4x that, and unsplit; split_k as launched
+    (so no launch twice), the default config (timed already) left out."""
     tiles = []
     if num_rows <= 4:
         tiles += [GemvConfig(block_n, block_k, num_warps=1, num_stages=1)
                   for block_n, block_k in ((4, 512), (8, 256), (8, 512), (16, 256))]
+    if num_rows == 1:
+        tiles += [GemvConfig(8, 256, num_warps=1, num_stages=2), GemvConfig(16, 256, num_warps=2, num_stages=1)]
     if num_rows >= 2:
         tiles += [GemvConfig(block_n, block_k, num_warps=4, num_stages=3, use_dot=True)
                   for block_n, block_k in ((64, 128), (128, 64))]
-    configs = dict.fromkeys(as_launched(c, k) for tile in tiles for c in (with_auto_split_k(tile, n), tile))
+    splits = [with_auto_split_k(tile, n) for tile in tiles]
+    splits += [dataclasses.replace(c, split_k=c.split_k * f) for c in splits for f in (2, 4)]
+    configs = dict.fromkeys(as_launched(c, k) for c in splits + tiles)
     return [c for c in configs if c != as_launched(default, k)]
 
 

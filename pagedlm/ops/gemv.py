@@ -3,12 +3,8 @@ in float32, optionally with silu_and_mul fused into the prologue (x is then [M, 
 the product sees silu(gate) * up rounded to x's dtype, as silu_and_mul followed by F.linear would).
 Triton on CUDA, torch (F.linear) elsewhere.
 
-Kernel: program (pid_n, pid_k) owns BLOCK_N output rows and one of split_k slices of K, streaming the
-weight in [BLOCK_N, BLOCK_K] tiles (16-byte loads along K). The multiply-accumulate is either fp32 FMAs
-with a tl.sum over K (one x row at a time) or, with use_dot, tl.dot on the transposed problem
-(weight tile as the A operand, x padded to 16 rows as B). With split_k > 1 each program writes an
-fp32 partial and the last slice of each row block to finish (an atomic counter) sums them in slice
-order: deterministic, and one launch.
+`norm_gemv` also fuses the RMSNorm (with its residual add) that feeds the product, on the FMA tiles:
+one launch instead of two for batch-1 decode. The kernel: pagedlm/ops/gemv_kernel.py.
 No host sync and no allocation that depends on device values: safe inside a CUDA graph.
 """
 from __future__ import annotations
@@ -19,11 +15,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 import triton
-import triton.language as tl
 
+from pagedlm.ops import norm as ops_norm
 from pagedlm.ops import pdl
 from pagedlm.ops.activation import silu_and_mul_torch
 from pagedlm.ops.counters import zeroed_counters
+from pagedlm.ops.gemv_kernel import gemv_kernel
 from pagedlm.ops.triton_compat import patch_interpreter
 
 patch_interpreter()
@@ -33,8 +30,13 @@ MAX_M = 8
 # narrow outputs, where cuBLAS launches too few CTAs (qwen3-0.6b o_proj N=1024 K=2048, M=1: 5.0 vs
 # 12.5 µs; down_proj + silu 6.4 vs 7.7), and loses a little on wide ones (llama3-8b qkv, o, down).
 MAX_GEMV_N = 2048
+# With PDL (session 5, gemv_bench.py at M=1, graph replays): the kernel also beats cuBLAS on every
+# qwen3-0.6b matrix (qkv 4.2 vs 5.0 µs, gate_up 5.3 vs 5.9) and on llama3-8b's o_proj (12.0 vs 12.5),
+# all at most 2^24 elements; it loses on llama3-8b's larger qkv, gate_up and down (2.8-3.5 vs 3.1-4.1 TB/s).
+MAX_GEMV_ELEMENTS = 1 << 24
 ACTS = (None, "silu_and_mul")
 MIN_DOT_ROWS = 16  # tl.dot needs every dimension >= 16: x is padded to 16 rows on the dot path
+NORM_ROW_ELEMENTS = 2048  # x elements a program holds at once while it sums the rows' squares (fused norm)
 TARGET_WARPS = 1024  # split K until about this many warps (~8 per SM on a 132-SM H200)
 
 
@@ -65,9 +67,9 @@ class GemvConfig:
                              f"got {self.block_n}, {self.block_k}")
 
 
-def prefer_gemv(num_rows: int, n: int) -> bool:
-    """Whether x [num_rows, K] @ W[n, K].T should take this kernel rather than cuBLAS (on CUDA)."""
-    return num_rows <= MAX_M and n <= MAX_GEMV_N
+def prefer_gemv(num_rows: int, n: int, k: int) -> bool:
+    """Whether x [num_rows, k] @ W[n, k].T should take this kernel rather than cuBLAS (on CUDA)."""
+    return num_rows <= MAX_M and (n <= MAX_GEMV_N or n * k <= MAX_GEMV_ELEMENTS)
 
 
 def default_config(num_rows: int, n: int, k: int, dtype: torch.dtype) -> GemvConfig:
@@ -97,120 +99,40 @@ def launch_split_k(k: int, config: GemvConfig) -> tuple[int, int]:
     return triton.cdiv(num_chunks, chunks_per_split), chunks_per_split * config.block_k
 
 
-@triton.jit
-def _load_x(ptrs, mask, K, SILU_MUL: tl.constexpr):
-    """x at ptrs in x's dtype; with SILU_MUL, silu(gate at ptrs) * (up at ptrs + K) in fp32, rounded."""
-    x = tl.load(ptrs, mask=mask, other=0.0)
-    if SILU_MUL:
-        gate = x.to(tl.float32)
-        up = tl.load(ptrs + K, mask=mask, other=0.0).to(tl.float32)
-        x = (gate / (1.0 + tl.exp(-gate)) * up).to(ptrs.dtype.element_ty)
-    return x
+@dataclass(frozen=True)
+class NormIn:
+    """RMSNorm applied to x on the way into the product: rms_norm(x + residual) with `weight` [K]
+    and eps; residual None means rms_norm(x)."""
 
-
-@triton.jit
-def _fma_accumulate(acc, w, x_ptr, offs_k, mask_k, K, stride_x,
-                    M: tl.constexpr, BLOCK_M: tl.constexpr, SILU_MUL: tl.constexpr):
-    """acc[:, m] += w @ x[m] for each of the M rows, fp32 multiply + tl.sum over K."""
-    w = w.to(tl.float32)  # [BLOCK_N, BLOCK_K]
-    cols = tl.arange(0, BLOCK_M)
-    for m in tl.static_range(M):
-        x = _load_x(x_ptr + m * stride_x + offs_k[None, :], mask_k[None, :], K, SILU_MUL)  # [1, BLOCK_K]
-        part = tl.sum(w * x.to(tl.float32), axis=1)  # [BLOCK_N]
-        acc = tl.where(cols[None, :] == m, acc + part[:, None], acc)
-    return acc
-
-
-@triton.jit
-def _load_weight_tile(w_rows, mask_n, k0, K, BLOCK_K: tl.constexpr):
-    """[BLOCK_N, BLOCK_K] of the weight at columns [k0, k0 + BLOCK_K); 0 past K."""
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    return tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & (offs_k < K)[None, :], other=0.0)
-
-
-@triton.jit
-def _accumulate(acc, w, x_ptr, k0, M, K, stride_x,
-                FMA_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                SILU_MUL: tl.constexpr, USE_DOT: tl.constexpr):
-    """acc [BLOCK_N, BLOCK_M] += w [BLOCK_N, BLOCK_K] @ x[:, k0:k0 + BLOCK_K].T"""
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    mask_k = offs_k < K  # slices hold whole chunks: only K cuts one
-    if USE_DOT:
-        offs_m = tl.arange(0, BLOCK_M)
-        x_mask = (offs_m[:, None] < M) & mask_k[None, :]
-        x = _load_x(x_ptr + offs_m[:, None] * stride_x + offs_k[None, :], x_mask, K, SILU_MUL)
-        return tl.dot(w, tl.trans(x), acc, input_precision="ieee")
-    return _fma_accumulate(acc, w, x_ptr, offs_k, mask_k, K, stride_x, FMA_ROWS, BLOCK_M, SILU_MUL)
-
-
-@triton.jit(do_not_specialize=["M"])
-def gemv_kernel(
-    out_ptr,  # [M, N] in x's dtype
-    partial_ptr,  # [num_splits, M, N] float32 (with PARTIAL)
-    counters_ptr,  # [>= cdiv(N, BLOCK_N)] int32, zero at launch and at its end (with PARTIAL)
-    x_ptr,  # [M, K] rows at stride_x ([M, 2K] gate then up with SILU_MUL)
-    weight_ptr,  # [N, K] rows at stride_w
-    bias_ptr,  # [N] (read only if HAS_BIAS)
-    M, N, K, stride_x, stride_w, k_per_split,
-    FMA_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, USE_DOT: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    """Program (pid_n, pid_k): rows [pid_n * BLOCK_N, +BLOCK_N) of y over K slice pid_k. M is a
-    run-time value on the dot path (one compile for every M it takes); the FMA path unrolls its
-    FMA_ROWS (= M) rows. With PARTIAL (split K), the last slice of a row block to finish sums the
-    block's partials and writes y (the counter protocol of attention/triton_decode.py)."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
-    mask_n = offs_n < N
-    k_start = pid_k * k_per_split
-    k_end = tl.minimum(K, k_start + k_per_split)
-    w_rows = weight_ptr + offs_n[:, None].to(tl.int64) * stride_w  # [BLOCK_N, 1]
-    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # y.T tile
-    # the first weight tile is read before waiting for x's producer (weights are never written);
-    # every launched slice has at least one chunk (launch_split_k)
-    w = _load_weight_tile(w_rows, mask_n, k_start, K, BLOCK_K)
-    pdl.wait_for_producers(PDL)
-    acc = _accumulate(acc, w, x_ptr, k_start, M, K, stride_x, FMA_ROWS, BLOCK_M, BLOCK_K, SILU_MUL, USE_DOT)
-    for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
-        w = _load_weight_tile(w_rows, mask_n, k0, K, BLOCK_K)
-        acc = _accumulate(acc, w, x_ptr, k0, M, K, stride_x, FMA_ROWS, BLOCK_M, BLOCK_K, SILU_MUL, USE_DOT)
-    out_mask = mask_n[:, None] & (offs_m[None, :] < M)
-    if PARTIAL:
-        part_offs = offs_m[None, :] * N + offs_n[:, None]  # [BLOCK_N, BLOCK_M] within one slice
-        tl.store(partial_ptr + pid_k * M * N + part_offs, acc, mask=out_mask)
-        tl.debug_barrier()  # every thread's partial stores before the (one-thread) release below
-        counter_ptr = counters_ptr + pid_n
-        num_splits = tl.num_programs(1)
-        if tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
-            acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-            for s in range(num_splits):  # in slice order: deterministic
-                acc += tl.load(partial_ptr + s * M * N + part_offs, mask=out_mask, other=0.0, cache_modifier=".cg")
-            _store_y(out_ptr, bias_ptr, acc, offs_n, offs_m, mask_n, out_mask, N, HAS_BIAS)
-            tl.store(counter_ptr, 0)
-    else:
-        _store_y(out_ptr, bias_ptr, acc, offs_n, offs_m, mask_n, out_mask, N, HAS_BIAS)
-
-
-@triton.jit
-def _store_y(out_ptr, bias_ptr, acc, offs_n, offs_m, mask_n, out_mask, N, HAS_BIAS: tl.constexpr):
-    """y.T tile acc [BLOCK_N, BLOCK_M] (+ bias), rounded once to out's dtype."""
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
-    tl.store(out_ptr + offs_m[None, :] * N + offs_n[:, None], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    weight: torch.Tensor
+    eps: float
+    residual: torch.Tensor | None = None
 
 
 def gemv(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-    act: str | None = None, config: GemvConfig | None = None,
+    act: str | None = None, out_dtype: torch.dtype | None = None, config: GemvConfig | None = None,
 ) -> torch.Tensor:
-    """x: [M, K] ([M, 2K] with act="silu_and_mul"), weight: [N, K], bias: [N] -> [M, N] in x's dtype.
-    M must be in [1, MAX_M]. config (Triton path only) overrides `default_config`."""
+    """x: [M, K] ([M, 2K] with act="silu_and_mul"), weight: [N, K], bias: [N] -> [M, N] in out_dtype
+    (x's dtype by default). M must be in [1, MAX_M]. config (Triton path only) overrides `default_config`."""
     if x.is_cuda:
-        return gemv_triton(x, weight, bias, act=act, config=config)
-    return gemv_torch(x, weight, bias, act=act)
+        return gemv_triton(x, weight, bias, act=act, out_dtype=out_dtype, config=config)
+    return gemv_torch(x, weight, bias, act=act).to(out_dtype or x.dtype)
+
+
+def norm_gemv(
+    x: torch.Tensor, norm: NormIn, weight: torch.Tensor, bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual) @ weight.T + bias, x + residual), x [M, K]; without a residual the
+    second is x itself. One launch where the default config is an FMA tile (M = 1 in 16-bit, or
+    float32); else pagedlm.ops' norm, then the GEMV."""
+    if x.is_cuda and not default_config(x.shape[0], weight.shape[0], weight.shape[1], x.dtype).use_dot:
+        return norm_gemv_triton(x, norm, weight, bias)
+    if norm.residual is None:
+        normed, new_residual = ops_norm.rms_norm(x, norm.weight, norm.eps), x
+    else:
+        normed, new_residual = ops_norm.fused_add_rms_norm(x, norm.residual, norm.weight, norm.eps)
+    return gemv(normed, weight, bias), new_residual
 
 
 def gemv_torch(
@@ -222,16 +144,37 @@ def gemv_torch(
 
 def gemv_triton(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-    act: str | None = None, config: GemvConfig | None = None,
+    act: str | None = None, out_dtype: torch.dtype | None = None, config: GemvConfig | None = None,
 ) -> torch.Tensor:
     """The Triton kernel on any device the kernel can run on (CUDA, or CPU under TRITON_INTERPRET=1)."""
     _check_inputs(x, weight, bias, act)
+    return _launch(x, weight, bias, act, None, out_dtype, config)[0]
+
+
+def norm_gemv_triton(
+    x: torch.Tensor, norm: NormIn, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+    config: GemvConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """norm_gemv in one launch of the Triton kernel (an FMA config)."""
+    _check_inputs(x, weight, bias, None)
+    _check_norm(x, norm)
+    y, new_residual = _launch(x, weight, bias, None, norm, None, config)
+    return y, x if new_residual is None else new_residual
+
+
+def _launch(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str | None, norm: NormIn | None,
+    out_dtype: torch.dtype | None, config: GemvConfig | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(y, x + residual if norm has a residual else None), on checked inputs."""
     if x.stride(-1) != 1:
         x = x.contiguous()
     (num_rows, _), (n, k) = x.shape, weight.shape
     config = config or default_config(num_rows, n, k, x.dtype)
+    if norm is not None and config.use_dot:
+        raise ValueError("the fused norm needs an FMA config (use_dot=False)")
     split_k, k_per_split = launch_split_k(k, config)
-    out = torch.empty(num_rows, n, dtype=x.dtype, device=x.device)
+    out = torch.empty(num_rows, n, dtype=out_dtype or x.dtype, device=x.device)
     num_blocks_n = triton.cdiv(n, config.block_n)
     partial, counters = out, out  # unread without split K
     if split_k > 1:
@@ -240,14 +183,32 @@ def gemv_triton(
     block_m = triton.next_power_of_2(num_rows)
     block_m = max(MIN_DOT_ROWS, block_m) if config.use_dot else block_m
     has_bias = bias is not None
+    residual = None if norm is None else norm.residual
+    new_residual = None if residual is None else torch.empty(num_rows, k, dtype=x.dtype, device=x.device)
     gemv_kernel[(num_blocks_n, split_k)](
-        out, partial, counters, x, weight, bias if has_bias else weight, num_rows, n, k, x.stride(0),
-        weight.stride(0), k_per_split, FMA_ROWS=0 if config.use_dot else num_rows, BLOCK_M=block_m,
+        out, partial, counters, x, weight, bias if has_bias else weight,
+        x if residual is None else residual, x if new_residual is None else new_residual,
+        x if norm is None else norm.weight,
+        num_rows, n, k, x.stride(0), weight.stride(0), x.stride(0) if residual is None else residual.stride(0),
+        k_per_split, 0.0 if norm is None else norm.eps,
+        FMA_ROWS=0 if config.use_dot else num_rows, BLOCK_M=block_m,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, PARTIAL=split_k > 1,
         HAS_BIAS=has_bias, SILU_MUL=act == "silu_and_mul", USE_DOT=config.use_dot,
+        NORM=norm is not None, HAS_RESIDUAL=residual is not None,
+        NORM_BLOCK=min(triton.next_power_of_2(k), NORM_ROW_ELEMENTS // block_m),
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_args(x.device),
     )
-    return out
+    return out, new_residual
+
+
+def _check_norm(x: torch.Tensor, norm: NormIn) -> None:
+    if norm.weight.shape != (x.shape[1],) or norm.weight.dtype != x.dtype:
+        raise ValueError(f"the norm weight must be [{x.shape[1]}] (x's K) in {x.dtype}; "
+                         f"got {tuple(norm.weight.shape)}, {norm.weight.dtype}")
+    if norm.residual is not None and (norm.residual.shape != x.shape or norm.residual.dtype != x.dtype
+                                      or norm.residual.stride(-1) != 1):
+        raise ValueError(f"the residual must be like x ({tuple(x.shape)}, {x.dtype}, unit stride along K); "
+                         f"got {tuple(norm.residual.shape)}, {norm.residual.dtype}")
 
 
 def _check_inputs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str | None) -> None:
