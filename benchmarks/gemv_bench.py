@@ -54,7 +54,7 @@ def sweep_configs(num_rows: int, n: int, k: int, default: GemvConfig) -> list[Ge
     if num_rows >= 2:
         tiles += [GemvConfig(block_n, block_k, num_warps=4, num_stages=3, use_dot=True)
                   for block_n, block_k in ((64, 128), (128, 64))]
-    splits = [with_auto_split_k(tile, n) for tile in tiles]
+    splits = [with_auto_split_k(tile, n, k) for tile in tiles]
     splits += [dataclasses.replace(c, split_k=c.split_k * f) for c in splits for f in (2, 4)]
     configs = dict.fromkeys(as_launched(c, k) for c in splits + tiles)
     return [c for c in configs if c != as_launched(default, k)]

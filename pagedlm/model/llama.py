@@ -155,7 +155,7 @@ class LlamaForCausalLM(nn.Module):
         float32 itself (cuBLAS epilogue): no 16-bit logits rounded and then copied (at 256 x 151936,
         that copy alone was 0.11 ms a step)."""
         weight = self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
-        if hidden.is_cuda and hidden.shape[0] <= gemv.MAX_M:  # 4.4 vs 4.0-4.2 TB/s (gemv_bench.py, lm_head)
+        if hidden.is_cuda and gemv.prefer_gemv(hidden.shape[0], *weight.shape):  # batch-1 decode
             return gemv.gemv(hidden, weight, out_dtype=torch.float32)
         if hidden.is_cuda and hidden.dtype != torch.float32:
             return torch.mm(hidden, weight.t(), out_dtype=torch.float32)

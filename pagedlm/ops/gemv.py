@@ -30,14 +30,21 @@ MAX_M = 8
 # narrow outputs, where cuBLAS launches too few CTAs (qwen3-0.6b o_proj N=1024 K=2048, M=1: 5.0 vs
 # 12.5 µs; down_proj + silu 6.4 vs 7.7), and loses a little on wide ones (llama3-8b qkv, o, down).
 MAX_GEMV_N = 2048
-# With PDL (session 5, gemv_bench.py at M=1, graph replays): the kernel also beats cuBLAS on every
-# qwen3-0.6b matrix (qkv 4.2 vs 5.0 µs, gate_up 5.3 vs 5.9) and on llama3-8b's o_proj (12.0 vs 12.5),
-# all at most 2^24 elements; it loses on llama3-8b's larger qkv, gate_up and down (2.8-3.5 vs 3.1-4.1 TB/s).
-MAX_GEMV_ELEMENTS = 1 << 24
+# With PDL (session 5, gemv_bench.py --sweep at M=1, graph replays) the FMA tiles also win or tie on
+# wide outputs while K <= 4096: every qwen3-0.6b matrix (qkv 4.2 vs 5.0 µs, gate_up 5.3 vs 5.9),
+# llama3-8b's qkv (14.2 vs 15.3), o (12.0 vs 12.5), gate_up (58.6 vs 57.6) and both LM heads (4.4-4.5
+# vs 4.0-4.2 TB/s); they lose on llama3-8b's down_proj (K=14336: 34.7 vs 32.6 µs with its SiLU).
+# At M >= 2 the tl.dot tiles lose to cuBLAS on wide outputs (session 3), so this is for M = 1 only.
+MAX_FMA_K = 4096
 ACTS = (None, "silu_and_mul")
 MIN_DOT_ROWS = 16  # tl.dot needs every dimension >= 16: x is padded to 16 rows on the dot path
 NORM_ROW_ELEMENTS = 2048  # x elements a program holds at once while it sums the rows' squares (fused norm)
 TARGET_WARPS = 1024  # split K until about this many warps (~8 per SM on a 132-SM H200)
+# ... and until a program streams at most this many BLOCK_K chunks (llama3-8b at M=1: qkv 18.4 -> 14.2 µs,
+# gate_up 67.9 -> 58.6 with 4 chunks per program instead of 16), unless that launches more than
+# MAX_PROGRAMS programs (an LM head of 16,032 row blocks streams at 4.5 TB/s unsplit)
+MAX_CHUNKS_PER_SLICE = 4
+MAX_PROGRAMS = 16384
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +76,7 @@ class GemvConfig:
 
 def prefer_gemv(num_rows: int, n: int, k: int) -> bool:
     """Whether x [num_rows, k] @ W[n, k].T should take this kernel rather than cuBLAS (on CUDA)."""
-    return num_rows <= MAX_M and (n <= MAX_GEMV_N or n * k <= MAX_GEMV_ELEMENTS)
+    return num_rows <= MAX_M and (n <= MAX_GEMV_N or (num_rows == 1 and k <= MAX_FMA_K))
 
 
 def default_config(num_rows: int, n: int, k: int, dtype: torch.dtype) -> GemvConfig:
@@ -83,13 +90,16 @@ def default_config(num_rows: int, n: int, k: int, dtype: torch.dtype) -> GemvCon
     else:
         vec = 16 // dtype.itemsize  # elements per 16-byte load
         config = GemvConfig(block_n=8, block_k=32 * vec, num_warps=1, num_stages=1)
-    return with_auto_split_k(config, n)
+    return with_auto_split_k(config, n, k)
 
 
-def with_auto_split_k(config: GemvConfig, n: int) -> GemvConfig:
-    """config with split_k chosen so that the launch has about TARGET_WARPS warps."""
-    num_warps = triton.cdiv(n, config.block_n) * config.num_warps
-    return dataclasses.replace(config, split_k=max(1, TARGET_WARPS // num_warps))
+def with_auto_split_k(config: GemvConfig, n: int, k: int) -> GemvConfig:
+    """config with split_k chosen so that the launch has about TARGET_WARPS warps and each program
+    at most MAX_CHUNKS_PER_SLICE chunks of K, within MAX_PROGRAMS programs."""
+    num_blocks = triton.cdiv(n, config.block_n)
+    by_warps = TARGET_WARPS // (num_blocks * config.num_warps)
+    by_chunks = min(triton.cdiv(triton.cdiv(k, config.block_k), MAX_CHUNKS_PER_SLICE), MAX_PROGRAMS // num_blocks)
+    return dataclasses.replace(config, split_k=max(1, by_warps, by_chunks))
 
 
 def launch_split_k(k: int, config: GemvConfig) -> tuple[int, int]:
