@@ -135,8 +135,6 @@ def main() -> None:
     parser.add_argument("--engine-args", default="{}", help="JSON dict of extra LLM(...) arguments")
     parser.add_argument("--gemv-max-n", type=int, default=None,
                         help="widest output (N) the small-batch GEMV takes instead of cuBLAS (pagedlm.ops.gemv.MAX_GEMV_N)")
-    parser.add_argument("--unfused-norm", action="store_true",
-                        help="A/B: the decoder layers' RMSNorm as its own kernel before the GEMV (not in its prologue)")
     parser.add_argument("--write-model", choices=sorted(MODELS), default=None,
                         help="only write that shape's config.json to a new temp folder, print it")
     args = parser.parse_args()
@@ -150,14 +148,6 @@ def main() -> None:
 
     if args.gemv_max_n is not None:
         gemv.MAX_GEMV_N = args.gemv_max_n
-    if args.unfused_norm:
-        from pagedlm.model import llama
-
-        def norm_then_linear(norm, linear, x, residual):
-            normed, residual = norm(x, residual)
-            return linear(normed), residual
-
-        llama.norm_linear = norm_then_linear
     extra = json.loads(args.engine_args)
     root = Path(tempfile.mkdtemp())
     rows, llms = [], {}

@@ -16,9 +16,9 @@ from pagedlm.ops import gemv
 
 class Linear(nn.Module):
     """y = act(x) W^T (+ b), without nn.Linear's random init (the loader overwrites it anyway).
-    act "silu_and_mul": x is [gate | up] and the product sees silu(gate) * up. On CUDA, small-batch
-    decode on small or narrow matrices (gemv.prefer_gemv) goes through the Triton GEMV, with the
-    activation fused into its prologue; the rest through cuBLAS."""
+    act "silu_and_mul": x is [gate | up] and the product sees silu(gate) * up. On CUDA, batch-1 decode
+    (K <= 4096) and small-batch decode on narrow outputs (gemv.prefer_gemv) go through the Triton
+    GEMV, with the activation fused into its prologue; the rest through cuBLAS."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> None:
         super().__init__()
@@ -28,16 +28,11 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor, act: str | None = None) -> torch.Tensor:
         """x: [T, in_features] ([T, 2 * in_features] with act) -> [T, out_features]."""
-        if self.takes_gemv(x):
+        if x.is_cuda and gemv.prefer_gemv(x.shape[0], *self.weight.shape):
             return gemv.gemv(x, self.weight, self.bias, act=act)
         if act is not None:
             x = ops.silu_and_mul(x)
         return F.linear(x, self.weight, self.bias)
-
-
-    def takes_gemv(self, x: torch.Tensor) -> bool:
-        """Whether x goes through the Triton GEMV (small batches on CUDA; gemv.prefer_gemv)."""
-        return x.is_cuda and gemv.prefer_gemv(x.shape[0], *self.weight.shape)
 
 
 class Embedding(nn.Module):
@@ -64,16 +59,6 @@ class RMSNorm(nn.Module):
         if residual is None:
             return ops.rms_norm(x, self.weight, self.eps), x
         return ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
-
-
-def norm_linear(norm: RMSNorm, linear: Linear, x: torch.Tensor, residual: torch.Tensor | None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(linear(norm(x + residual)), x + residual): on the GEMV path the norm runs in the GEMV's
-    prologue (one launch instead of two); elsewhere the norm, then the linear layer."""
-    if linear.takes_gemv(x):
-        return gemv.norm_gemv(x, gemv.NormIn(norm.weight, norm.eps, residual), linear.weight, linear.bias)
-    normed, residual = norm(x, residual)
-    return linear(normed), residual
 
 
 def rope_inv_freq(head_dim: int, rope_theta: float, rope_scaling: dict | None) -> torch.Tensor:

@@ -17,7 +17,7 @@ from torch import nn
 from pagedlm.attention.backend import AttentionBackend, AttentionMetadata
 from pagedlm.attention.prepare_qkv import prepare_qkv
 from pagedlm.config import ModelConfig
-from pagedlm.model.layers import Embedding, Linear, RMSNorm, RotaryEmbedding, norm_linear
+from pagedlm.model.layers import Embedding, Linear, RMSNorm, RotaryEmbedding
 from pagedlm.ops import gemv
 
 
@@ -64,15 +64,15 @@ class LlamaAttention(nn.Module):
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
 
-    def forward(self, positions: torch.Tensor, qkv: torch.Tensor, kv_cache: torch.Tensor,
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: AttentionMetadata) -> torch.Tensor:
-        """qkv: [T, q_size + 2 * kv_size], qkv_proj's output (the decoder layer fuses it with its norm)."""
+        qkv = self.qkv_proj(hidden)  # [T, q_size + 2 * kv_size]
         qk_norm, eps = (None, 0.0) if self.q_norm is None else ((self.q_norm.weight, self.k_norm.weight),
                                                                   self.q_norm.eps)
         q = prepare_qkv(qkv, positions, self.rotary.cos_sin_cache, qk_norm, eps, kv_cache,
                         attn_metadata.slot_mapping, self.num_heads)  # [T, num_heads, head_dim]; k, v cached
         out = self.attn_backend.attend(q, kv_cache, attn_metadata, self.scale, self.sliding_window)
-        return self.o_proj(out.reshape(qkv.shape[0], self.q_size))
+        return self.o_proj(out.reshape(hidden.shape[0], self.q_size))
 
 
 class LlamaMLP(nn.Module):
@@ -82,9 +82,8 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias, config.dtype)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias, config.dtype)
 
-    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """gate_up: gate_up_proj's output (the decoder layer fuses it with its norm)."""
-        return self.down_proj(gate_up, act="silu_and_mul")
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.gate_up_proj(hidden), act="silu_and_mul")
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -100,10 +99,10 @@ class LlamaDecoderLayer(nn.Module):
                 kv_cache: torch.Tensor, attn_metadata: AttentionMetadata
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (this layer's MLP output, the residual stream before it); the next norm adds them."""
-        qkv, residual = norm_linear(self.input_layernorm, self.self_attn.qkv_proj, hidden, residual)
-        attn_out = self.self_attn(positions, qkv, kv_cache, attn_metadata)
-        gate_up, residual = norm_linear(self.post_attention_layernorm, self.mlp.gate_up_proj, attn_out, residual)
-        return self.mlp(gate_up), residual
+        normed, residual = self.input_layernorm(hidden, residual)
+        attn_out = self.self_attn(positions, normed, kv_cache, attn_metadata)
+        normed, residual = self.post_attention_layernorm(attn_out, residual)
+        return self.mlp(normed), residual
 
 
 class LlamaModel(nn.Module):
@@ -153,9 +152,10 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden_size] -> logits [N, vocab_size] float32. On CUDA in 16-bit the GEMM writes
         float32 itself (cuBLAS epilogue): no 16-bit logits rounded and then copied (at 256 x 151936,
-        that copy alone was 0.11 ms a step)."""
+        that copy alone was 0.11 ms a step); at batch 1 the Triton GEMV writes them (4.4-4.5 TB/s
+        against cuBLAS's 4.0-4.2 on both LM heads, gemv_bench.py)."""
         weight = self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
-        if hidden.is_cuda and gemv.prefer_gemv(hidden.shape[0], *weight.shape):  # batch-1 decode
+        if hidden.is_cuda and gemv.prefer_gemv(hidden.shape[0], *weight.shape):
             return gemv.gemv(hidden, weight, out_dtype=torch.float32)
         if hidden.is_cuda and hidden.dtype != torch.float32:
             return torch.mm(hidden, weight.t(), out_dtype=torch.float32)

@@ -3,8 +3,7 @@ in float32, optionally with silu_and_mul fused into the prologue (x is then [M, 
 the product sees silu(gate) * up rounded to x's dtype, as silu_and_mul followed by F.linear would).
 Triton on CUDA, torch (F.linear) elsewhere.
 
-`norm_gemv` also fuses the RMSNorm (with its residual add) that feeds the product, on the FMA tiles:
-one launch instead of two for batch-1 decode. The kernel: pagedlm/ops/gemv_kernel.py.
+The kernel: pagedlm/ops/gemv_kernel.py.
 No host sync and no allocation that depends on device values: safe inside a CUDA graph.
 """
 from __future__ import annotations
@@ -16,7 +15,6 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from pagedlm.ops import norm as ops_norm
 from pagedlm.ops import pdl
 from pagedlm.ops.activation import silu_and_mul_torch
 from pagedlm.ops.counters import zeroed_counters
@@ -38,7 +36,6 @@ MAX_GEMV_N = 2048
 MAX_FMA_K = 4096
 ACTS = (None, "silu_and_mul")
 MIN_DOT_ROWS = 16  # tl.dot needs every dimension >= 16: x is padded to 16 rows on the dot path
-NORM_ROW_ELEMENTS = 2048  # x elements a program holds at once while it sums the rows' squares (fused norm)
 TARGET_WARPS = 1024  # split K until about this many warps (~8 per SM on a 132-SM H200)
 # ... and until a program streams at most this many BLOCK_K chunks (llama3-8b at M=1: qkv 18.4 -> 14.2 µs,
 # gate_up 67.9 -> 58.6 with 4 chunks per program instead of 16), unless that launches more than
@@ -109,16 +106,6 @@ def launch_split_k(k: int, config: GemvConfig) -> tuple[int, int]:
     return triton.cdiv(num_chunks, chunks_per_split), chunks_per_split * config.block_k
 
 
-@dataclass(frozen=True)
-class NormIn:
-    """RMSNorm applied to x on the way into the product: rms_norm(x + residual) with `weight` [K]
-    and eps; residual None means rms_norm(x)."""
-
-    weight: torch.Tensor
-    eps: float
-    residual: torch.Tensor | None = None
-
-
 def gemv(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
     act: str | None = None, out_dtype: torch.dtype | None = None, config: GemvConfig | None = None,
@@ -128,21 +115,6 @@ def gemv(
     if x.is_cuda:
         return gemv_triton(x, weight, bias, act=act, out_dtype=out_dtype, config=config)
     return gemv_torch(x, weight, bias, act=act).to(out_dtype or x.dtype)
-
-
-def norm_gemv(
-    x: torch.Tensor, norm: NormIn, weight: torch.Tensor, bias: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(x + residual) @ weight.T + bias, x + residual), x [M, K]; without a residual the
-    second is x itself. One launch where the default config is an FMA tile (M = 1 in 16-bit, or
-    float32); else pagedlm.ops' norm, then the GEMV."""
-    if x.is_cuda and not default_config(x.shape[0], weight.shape[0], weight.shape[1], x.dtype).use_dot:
-        return norm_gemv_triton(x, norm, weight, bias)
-    if norm.residual is None:
-        normed, new_residual = ops_norm.rms_norm(x, norm.weight, norm.eps), x
-    else:
-        normed, new_residual = ops_norm.fused_add_rms_norm(x, norm.residual, norm.weight, norm.eps)
-    return gemv(normed, weight, bias), new_residual
 
 
 def gemv_torch(
@@ -158,31 +130,17 @@ def gemv_triton(
 ) -> torch.Tensor:
     """The Triton kernel on any device the kernel can run on (CUDA, or CPU under TRITON_INTERPRET=1)."""
     _check_inputs(x, weight, bias, act)
-    return _launch(x, weight, bias, act, None, out_dtype, config)[0]
-
-
-def norm_gemv_triton(
-    x: torch.Tensor, norm: NormIn, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-    config: GemvConfig | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """norm_gemv in one launch of the Triton kernel (an FMA config)."""
-    _check_inputs(x, weight, bias, None)
-    _check_norm(x, norm)
-    y, new_residual = _launch(x, weight, bias, None, norm, None, config)
-    return y, x if new_residual is None else new_residual
+    return _launch(x, weight, bias, act, out_dtype, config)
 
 
 def _launch(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str | None, norm: NormIn | None,
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str | None,
     out_dtype: torch.dtype | None, config: GemvConfig | None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(y, x + residual if norm has a residual else None), on checked inputs."""
+) -> torch.Tensor:
     if x.stride(-1) != 1:
         x = x.contiguous()
     (num_rows, _), (n, k) = x.shape, weight.shape
     config = config or default_config(num_rows, n, k, x.dtype)
-    if norm is not None and config.use_dot:
-        raise ValueError("the fused norm needs an FMA config (use_dot=False)")
     split_k, k_per_split = launch_split_k(k, config)
     out = torch.empty(num_rows, n, dtype=out_dtype or x.dtype, device=x.device)
     num_blocks_n = triton.cdiv(n, config.block_n)
@@ -193,32 +151,14 @@ def _launch(
     block_m = triton.next_power_of_2(num_rows)
     block_m = max(MIN_DOT_ROWS, block_m) if config.use_dot else block_m
     has_bias = bias is not None
-    residual = None if norm is None else norm.residual
-    new_residual = None if residual is None else torch.empty(num_rows, k, dtype=x.dtype, device=x.device)
     gemv_kernel[(num_blocks_n, split_k)](
-        out, partial, counters, x, weight, bias if has_bias else weight,
-        x if residual is None else residual, x if new_residual is None else new_residual,
-        x if norm is None else norm.weight,
-        num_rows, n, k, x.stride(0), weight.stride(0), x.stride(0) if residual is None else residual.stride(0),
-        k_per_split, 0.0 if norm is None else norm.eps,
-        FMA_ROWS=0 if config.use_dot else num_rows, BLOCK_M=block_m,
+        out, partial, counters, x, weight, bias if has_bias else weight, num_rows, n, k, x.stride(0),
+        weight.stride(0), k_per_split, FMA_ROWS=0 if config.use_dot else num_rows, BLOCK_M=block_m,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, PARTIAL=split_k > 1,
         HAS_BIAS=has_bias, SILU_MUL=act == "silu_and_mul", USE_DOT=config.use_dot,
-        NORM=norm is not None, HAS_RESIDUAL=residual is not None,
-        NORM_BLOCK=min(triton.next_power_of_2(k), NORM_ROW_ELEMENTS // block_m),
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_args(x.device),
     )
-    return out, new_residual
-
-
-def _check_norm(x: torch.Tensor, norm: NormIn) -> None:
-    if norm.weight.shape != (x.shape[1],) or norm.weight.dtype != x.dtype:
-        raise ValueError(f"the norm weight must be [{x.shape[1]}] (x's K) in {x.dtype}; "
-                         f"got {tuple(norm.weight.shape)}, {norm.weight.dtype}")
-    if norm.residual is not None and (norm.residual.shape != x.shape or norm.residual.dtype != x.dtype
-                                      or norm.residual.stride(-1) != 1):
-        raise ValueError(f"the residual must be like x ({tuple(x.shape)}, {x.dtype}, unit stride along K); "
-                         f"got {tuple(norm.residual.shape)}, {norm.residual.dtype}")
+    return out
 
 
 def _check_inputs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str | None) -> None:

@@ -5,8 +5,7 @@ in [BLOCK_N, BLOCK_K] tiles (16-byte loads along K). The multiply-accumulate is 
 with a tl.sum over K (one x row at a time) or, with USE_DOT, tl.dot on the transposed problem
 (weight tile as the A operand, x padded to 16 rows as B). With split K each program writes an fp32
 partial and the last slice of each row block to finish (an atomic counter) sums them in slice
-order: deterministic, and one launch. x's prologue may apply silu_and_mul (SILU_MUL) or RMSNorm
-with a residual add (NORM, FMA tiles only). With PDL the first weight tile is read before the wait
+order: deterministic, and one launch. x's prologue may apply silu_and_mul (SILU_MUL). With PDL the first weight tile is read before the wait
 for x's producer (pagedlm/ops/pdl.py).
 """
 from __future__ import annotations
@@ -18,65 +17,24 @@ from pagedlm.ops import pdl
 
 
 @triton.jit
-def _load_x(x_ptr, rows, offs_k, M, K, stride_x, res_ptr, stride_r, norm_w_ptr, rstd,
-            SILU_MUL: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
-    """[R, BLOCK_K]: rows `rows` [R] of x at columns offs_k as the product sees them, in x's dtype (0
-    past M and K). SILU_MUL: silu(gate) * up in fp32, rounded. NORM: rms_norm(x (+ residual)) with
-    each row's rstd [R], rounded where pagedlm.ops.norm rounds."""
-    dtype = x_ptr.dtype.element_ty
-    mask = (rows < M)[:, None] & (offs_k < K)[None, :]
-    ptrs = x_ptr + rows[:, None] * stride_x + offs_k[None, :]
+def _load_x(ptrs, mask, K, SILU_MUL: tl.constexpr):
+    """x at ptrs in x's dtype; with SILU_MUL, silu(gate at ptrs) * (up at ptrs + K) in fp32, rounded."""
     x = tl.load(ptrs, mask=mask, other=0.0)
     if SILU_MUL:
         gate = x.to(tl.float32)
         up = tl.load(ptrs + K, mask=mask, other=0.0).to(tl.float32)
-        x = (gate / (1.0 + tl.exp(-gate)) * up).to(dtype)
-    if NORM:
-        x = _add_residual(x, res_ptr + rows[:, None] * stride_r + offs_k[None, :], mask, HAS_RESIDUAL)
-        w = tl.load(norm_w_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
-        x = ((x.to(tl.float32) * rstd[:, None]).to(dtype).to(tl.float32) * w[None, :]).to(dtype)
+        x = (gate / (1.0 + tl.exp(-gate)) * up).to(ptrs.dtype.element_ty)
     return x
 
 
 @triton.jit
-def _add_residual(x, res_ptrs, mask, HAS_RESIDUAL: tl.constexpr):
-    """x + residual rounded to x's dtype (as torch adds them); x without HAS_RESIDUAL."""
-    if HAS_RESIDUAL:
-        x = (x.to(tl.float32) + tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)).to(x.dtype)
-    return x
-
-
-@triton.jit
-def _row_rstd(x_ptr, M, K, stride_x, res_ptr, stride_r, res_out_ptr, eps, write_residual,
-              BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
-    """[BLOCK_M] fp32: rsqrt(mean(h^2) + eps) of each row h of x (+ residual), which the program with
-    write_residual also stores to res_out ([M, K], contiguous rows)."""
-    rows = tl.arange(0, BLOCK_M)
-    sum_sq = tl.zeros([BLOCK_M], tl.float32)
-    for k0 in range(0, K, BLOCK_R):
-        offs_k = k0 + tl.arange(0, BLOCK_R)
-        mask = (rows < M)[:, None] & (offs_k < K)[None, :]
-        h = tl.load(x_ptr + rows[:, None] * stride_x + offs_k[None, :], mask=mask, other=0.0)
-        h = _add_residual(h, res_ptr + rows[:, None] * stride_r + offs_k[None, :], mask, HAS_RESIDUAL)
-        if HAS_RESIDUAL:
-            tl.store(res_out_ptr + rows[:, None] * K + offs_k[None, :], h, mask=mask & write_residual)
-        h = h.to(tl.float32)
-        sum_sq += tl.sum(h * h, 1)
-    return tl.rsqrt(sum_sq / K + eps)
-
-
-@triton.jit
-def _fma_accumulate(acc, w, x_ptr, offs_k, M, K, stride_x, res_ptr, stride_r, norm_w_ptr, rstd,
-                    FMA_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, SILU_MUL: tl.constexpr,
-                    NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+def _fma_accumulate(acc, w, x_ptr, offs_k, mask_k, K, stride_x,
+                    FMA_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, SILU_MUL: tl.constexpr):
     """acc[:, m] += w @ x[m] for each of the FMA_ROWS rows, fp32 multiply + tl.sum over K."""
     w = w.to(tl.float32)  # [BLOCK_N, BLOCK_K]
     cols = tl.arange(0, BLOCK_M)
     for m in tl.static_range(FMA_ROWS):
-        row = tl.arange(0, 1) + m  # [1]
-        row_rstd = tl.zeros([1], tl.float32) + tl.sum(tl.where(cols == m, rstd, 0.0), 0)
-        x = _load_x(x_ptr, row, offs_k, M, K, stride_x, res_ptr, stride_r, norm_w_ptr, row_rstd,
-                    SILU_MUL, NORM, HAS_RESIDUAL)  # [1, BLOCK_K]
+        x = _load_x(x_ptr + m * stride_x + offs_k[None, :], mask_k[None, :], K, SILU_MUL)  # [1, BLOCK_K]
         part = tl.sum(w * x.to(tl.float32), axis=1)  # [BLOCK_N]
         acc = tl.where(cols[None, :] == m, acc + part[:, None], acc)
     return acc
@@ -90,42 +48,37 @@ def _load_weight_tile(w_rows, mask_n, k0, K, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _accumulate(acc, w, x_ptr, k0, M, K, stride_x, res_ptr, stride_r, norm_w_ptr, rstd,
+def _accumulate(acc, w, x_ptr, k0, M, K, stride_x,
                 FMA_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                SILU_MUL: tl.constexpr, USE_DOT: tl.constexpr, NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+                SILU_MUL: tl.constexpr, USE_DOT: tl.constexpr):
     """acc [BLOCK_N, BLOCK_M] += w [BLOCK_N, BLOCK_K] @ x[:, k0:k0 + BLOCK_K].T"""
     offs_k = k0 + tl.arange(0, BLOCK_K)
+    mask_k = offs_k < K  # slices hold whole chunks: only K cuts one
     if USE_DOT:
-        x = _load_x(x_ptr, tl.arange(0, BLOCK_M), offs_k, M, K, stride_x, res_ptr, stride_r, norm_w_ptr, rstd,
-                    SILU_MUL, NORM, HAS_RESIDUAL)
+        offs_m = tl.arange(0, BLOCK_M)
+        x_mask = (offs_m[:, None] < M) & mask_k[None, :]
+        x = _load_x(x_ptr + offs_m[:, None] * stride_x + offs_k[None, :], x_mask, K, SILU_MUL)
         return tl.dot(w, tl.trans(x), acc, input_precision="ieee")
-    return _fma_accumulate(acc, w, x_ptr, offs_k, M, K, stride_x, res_ptr, stride_r, norm_w_ptr, rstd,
-                           FMA_ROWS, BLOCK_M, SILU_MUL, NORM, HAS_RESIDUAL)
+    return _fma_accumulate(acc, w, x_ptr, offs_k, mask_k, K, stride_x, FMA_ROWS, BLOCK_M, SILU_MUL)
 
 
 @triton.jit(do_not_specialize=["M"])
 def gemv_kernel(
-    out_ptr,  # [M, N] in x's dtype (float32 with OUT_FP32)
+    out_ptr,  # [M, N] in x's dtype, or float32 (the LM head's logits)
     partial_ptr,  # [num_splits, M, N] float32 (with PARTIAL)
     counters_ptr,  # [>= cdiv(N, BLOCK_N)] int32, zero at launch and at its end (with PARTIAL)
     x_ptr,  # [M, K] rows at stride_x ([M, 2K] gate then up with SILU_MUL)
     weight_ptr,  # [N, K] rows at stride_w
     bias_ptr,  # [N] (read only if HAS_BIAS)
-    res_ptr,  # [M, K] rows at stride_r: added to x before the norm (HAS_RESIDUAL)
-    res_out_ptr,  # [M, K] contiguous: x + residual (written with HAS_RESIDUAL)
-    norm_w_ptr,  # [K] the RMSNorm weight (NORM)
-    M, N, K, stride_x, stride_w, stride_r, k_per_split, eps,
+    M, N, K, stride_x, stride_w, k_per_split,
     FMA_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, USE_DOT: tl.constexpr,
-    NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, NORM_BLOCK: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Program (pid_n, pid_k): rows [pid_n * BLOCK_N, +BLOCK_N) of y over K slice pid_k. M is a
     run-time value on the dot path (one compile for every M it takes); the FMA path unrolls its
     FMA_ROWS (= M) rows. With PARTIAL (split K), the last slice of a row block to finish sums the
-    block's partials and writes y (the counter protocol of attention/triton_decode.py). With NORM
-    (FMA path only), every program first computes the rows' RMS over all of K (the x rows are in L2),
-    and program (0, 0) writes x + residual."""
-    tl.static_assert(not (NORM and USE_DOT), "the fused norm is on the FMA path only")
+    block's partials and writes y (the counter protocol of attention/triton_decode.py)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -139,16 +92,10 @@ def gemv_kernel(
     # every launched slice has at least one chunk (launch_split_k)
     w = _load_weight_tile(w_rows, mask_n, k_start, K, BLOCK_K)
     pdl.wait_for_producers(PDL)
-    rstd = tl.zeros([BLOCK_M], tl.float32)
-    if NORM:
-        rstd = _row_rstd(x_ptr, M, K, stride_x, res_ptr, stride_r, res_out_ptr, eps, (pid_n == 0) & (pid_k == 0),
-                         BLOCK_M, NORM_BLOCK, HAS_RESIDUAL)
-    acc = _accumulate(acc, w, x_ptr, k_start, M, K, stride_x, res_ptr, stride_r, norm_w_ptr, rstd,
-                      FMA_ROWS, BLOCK_M, BLOCK_K, SILU_MUL, USE_DOT, NORM, HAS_RESIDUAL)
+    acc = _accumulate(acc, w, x_ptr, k_start, M, K, stride_x, FMA_ROWS, BLOCK_M, BLOCK_K, SILU_MUL, USE_DOT)
     for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
         w = _load_weight_tile(w_rows, mask_n, k0, K, BLOCK_K)
-        acc = _accumulate(acc, w, x_ptr, k0, M, K, stride_x, res_ptr, stride_r, norm_w_ptr, rstd,
-                          FMA_ROWS, BLOCK_M, BLOCK_K, SILU_MUL, USE_DOT, NORM, HAS_RESIDUAL)
+        acc = _accumulate(acc, w, x_ptr, k0, M, K, stride_x, FMA_ROWS, BLOCK_M, BLOCK_K, SILU_MUL, USE_DOT)
     out_mask = mask_n[:, None] & (offs_m[None, :] < M)
     if PARTIAL:
         part_offs = offs_m[None, :] * N + offs_n[:, None]  # [BLOCK_N, BLOCK_M] within one slice

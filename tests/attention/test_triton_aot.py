@@ -82,7 +82,7 @@ def run_op_wrappers() -> None:
     import torch
 
     from pagedlm.ops import activation, norm
-    from pagedlm.ops.gemv import NormIn, gemv_triton, norm_gemv_triton
+    from pagedlm.ops.gemv import gemv_triton
     from pagedlm.sample.triton_draw import fused_gumbel_draw
 
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
@@ -97,11 +97,8 @@ def run_op_wrappers() -> None:
                 x = torch.empty(num_rows, 2 * k if act else k, dtype=dtype)
                 bias = torch.empty(n, dtype=dtype) if n == 4096 else None
                 gemv_triton(x, torch.empty(n, k, dtype=dtype), bias, act=act)  # N=1024: split K
-        for n, k, with_residual in ((4096, 1024, False), (1024, 2048, True), (6144, 4096, True)):  # fused norm
-            x = torch.empty(1, k, dtype=dtype)
-            norm_gemv_triton(x, NormIn(torch.empty(k, dtype=dtype), 1e-6, torch.empty_like(x) if with_residual
-                                       else None), torch.empty(n, k, dtype=dtype))
-        gemv_triton(x[:, :1024], torch.empty(151936, 1024, dtype=dtype), out_dtype=torch.float32)  # LM head
+        gemv_triton(torch.empty(1, 1024, dtype=dtype), torch.empty(151936, 1024, dtype=dtype),
+                    out_dtype=torch.float32)  # the LM head's logits
     for vocab_size in (151936, 49152, 32000):
         for temperature in (None, torch.empty(256, 6)[:, 1]):  # None and a strided column
             fused_gumbel_draw(torch.empty(256, vocab_size), temperature, torch.empty(256, dtype=torch.int64))

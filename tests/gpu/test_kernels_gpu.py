@@ -151,14 +151,14 @@ def test_logits_come_out_of_the_gemm_in_float32() -> None:
 
 
 def test_pdl_chain_in_a_graph_matches_launches_without_pdl(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Batch-1 decode layers (GEMV with the norm fused, prepare_qkv, split decode, GEMV with split K,
-    norm, GEMV with fused SiLU) in a CUDA graph with programmatic dependent launch, replayed on fresh inputs, against
+    """Batch-1 decode layers (norm, GEMV, prepare_qkv, split decode, GEMV with split K, norm, GEMV
+    with fused SiLU) in a CUDA graph with programmatic dependent launch, replayed on fresh inputs, against
     the same kernels launched one after another. A kernel that read its producer's output before
     its PDL wait would see the previous replay's values: the inputs change every replay so that
     such a read shows as a wrong result."""
     from pagedlm.attention.prepare_qkv import prepare_qkv_triton
     from pagedlm.ops import pdl
-    from pagedlm.ops.gemv import NormIn, gemv_triton, norm_gemv_triton
+    from pagedlm.ops.gemv import gemv_triton
 
     assert pdl.pdl_enabled(torch.device("cuda")), "the H200 launches with PDL"
     hidden, num_heads, num_kv_heads, head_dim, inter, num_layers, eps = 1024, 16, 8, 128, 3072, 4, 1e-6
@@ -176,11 +176,14 @@ def test_pdl_chain_in_a_graph_matches_launches_without_pdl(monkeypatch: pytest.M
                    gate_up=weights(2 * inter, hidden), down=weights(hidden, inter)) for _ in range(num_layers)]
 
     def decode_layers(x: torch.Tensor) -> torch.Tensor:  # [1, hidden] -> [1, hidden]
-        residual, mlp_out = None, x
+        residual, mlp_out = x, None
         for w in layers:
-            qkv, residual = norm_gemv_triton(mlp_out, NormIn(w["norm1"], eps, residual), w["qkv"])
-            q = prepare_qkv_triton(qkv, positions, cos_sin, None, eps, batch.kv_cache, batch.meta.slot_mapping,
-                                   num_heads)
+            if mlp_out is None:
+                h = norm.rms_norm_triton(residual, w["norm1"], eps)
+            else:
+                h, residual = norm.fused_add_rms_norm_triton(mlp_out, residual, w["norm1"], eps)
+            q = prepare_qkv_triton(gemv_triton(h, w["qkv"]), positions, cos_sin, None, eps, batch.kv_cache,
+                                   batch.meta.slot_mapping, num_heads)
             attn = split_decode_attention(q, batch.kv_cache, batch.meta, head_dim ** -0.5, None, num_splits=4)
             h, residual = norm.fused_add_rms_norm_triton(gemv_triton(attn.reshape(1, -1), w["o"]), residual,
                                                          w["norm2"], eps)

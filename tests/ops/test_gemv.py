@@ -9,8 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from pagedlm.ops import gemv as gemv_mod
-from pagedlm.ops.gemv import GemvConfig, NormIn, gemv, gemv_torch, gemv_triton, norm_gemv, norm_gemv_triton
-from pagedlm.ops.norm import fused_add_rms_norm_torch, rms_norm_torch
+from pagedlm.ops.gemv import GemvConfig, gemv, gemv_torch, gemv_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=2e-2, rtol=2e-2),
@@ -102,54 +101,6 @@ def test_launch_split_k_covers_k_without_empty_slices() -> None:
             num_splits, k_per_split = gemv_mod.launch_split_k(k, config)
             assert k_per_split % 16 == 0 and 1 <= num_splits <= split_k
             assert (num_splits - 1) * k_per_split < k <= num_splits * k_per_split
-
-
-def norm_reference(x: torch.Tensor, norm: NormIn, weight: torch.Tensor, bias: torch.Tensor | None):
-    """pagedlm.ops.norm's torch path (its roundings), then the float64 product."""
-    if norm.residual is None:
-        normed, new_residual = rms_norm_torch(x, norm.weight, norm.eps), x
-    else:
-        normed, new_residual = fused_add_rms_norm_torch(x, norm.residual, norm.weight, norm.eps)
-    return reference(normed, weight, bias, None), new_residual
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("num_rows, k", [(1, 100), (2, 1100)])  # K=1100 at M=2: two 1024-column passes for the RMS
-@pytest.mark.parametrize("with_residual", [True, False])
-@pytest.mark.parametrize("config_name", ["fma", "fma-split"])
-def test_norm_gemv_triton(dtype: torch.dtype, num_rows: int, k: int, with_residual: bool, config_name: str) -> None:
-    """rms_norm(x + residual) fused into the prologue: y as the separate norm then the GEMV, and
-    x + residual written whole (by one program) in x's dtype."""
-    x, weight, bias = make_inputs(num_rows, 45, k, dtype, act=None, with_bias=with_residual)
-    x = x * 3 + 1  # an RMS far from 1, so a missing or wrong rstd shows
-    norm = NormIn(torch.randn(k, device=DEVICE).to(dtype), 1e-5,
-                  torch.randn(num_rows, k, device=DEVICE).to(dtype) if with_residual else None)
-    y, new_residual = norm_gemv_triton(x, norm, weight, bias, config=CONFIGS[config_name])
-    want_y, want_residual = norm_reference(x, norm, weight, bias)
-    assert y.dtype == dtype and not y.isnan().any()
-    torch.testing.assert_close(y.double(), want_y, **TOL[dtype])
-    assert torch.equal(new_residual, want_residual)
-    assert with_residual or new_residual is x
-
-
-def test_norm_gemv_outside_the_fma_tile_is_norm_then_gemv() -> None:
-    """norm_gemv off CUDA (and on the tl.dot tile) runs the norm op, then the GEMV."""
-    x, weight, bias = make_inputs(3, 45, 100, torch.float32, act=None, with_bias=True)
-    norm = NormIn(torch.randn(100, device=DEVICE), 1e-6, torch.randn(3, 100, device=DEVICE))
-    y, new_residual = norm_gemv(x, norm, weight, bias)
-    want_y, want_residual = norm_reference(x, norm, weight, bias)
-    torch.testing.assert_close(y.double(), want_y, **TOL[torch.float32])
-    torch.testing.assert_close(new_residual, want_residual)
-
-
-def test_norm_gemv_rejects_bad_norm_inputs() -> None:
-    x, weight, _ = make_inputs(1, 45, 100, torch.float32, act=None, with_bias=False)
-    with pytest.raises(ValueError, match="norm weight must be \\[100\\]"):
-        norm_gemv_triton(x, NormIn(torch.ones(99, device=DEVICE), 1e-6), weight)
-    with pytest.raises(ValueError, match="residual must be like x"):
-        norm_gemv_triton(x, NormIn(torch.ones(100, device=DEVICE), 1e-6, torch.ones(2, 100, device=DEVICE)), weight)
-    with pytest.raises(ValueError, match="FMA config"):
-        norm_gemv_triton(x, NormIn(torch.ones(100, device=DEVICE), 1e-6), weight, config=CONFIGS["dot"])
 
 
 def test_gemv_float32_output() -> None:
