@@ -7,6 +7,7 @@ produce the same tokens.
 """
 from __future__ import annotations
 
+import gc
 import logging
 from collections import deque
 from typing import Any
@@ -29,6 +30,10 @@ class EngineCore:
         async_scheduling = config.scheduler.async_scheduling
         self._max_steps_in_flight = _MAX_STEPS_IN_FLIGHT if async_scheduling else 1
         self._in_flight: deque[tuple[SchedulerOutput, Any]] = deque()  # (plan, pending output)
+        # What exists now (the model, imported libraries: ~200k tracked objects) lives as long as the
+        # engine: moved out of the cyclic GC's way, a full collection while serving walks only what
+        # was made since (one took ~140 ms of a 0.9 s T0-shaped generate on the CPU).
+        gc.freeze()
 
     def _init_model_runner(self) -> None:
         from pagedlm.worker.model_runner import ModelRunner
