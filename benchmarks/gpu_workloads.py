@@ -133,8 +133,6 @@ def main() -> None:
     parser.add_argument("--peer", action="store_true", help="also time transformers' generate on T0")
     parser.add_argument("--json", default=None)
     parser.add_argument("--engine-args", default="{}", help="JSON dict of extra LLM(...) arguments")
-    parser.add_argument("--gemv-max-n", type=int, default=None,
-                        help="widest output (N) the small-batch GEMV takes instead of cuBLAS (pagedlm.ops.gemv.MAX_GEMV_N)")
     parser.add_argument("--write-model", choices=sorted(MODELS), default=None,
                         help="only write that shape's config.json to a new temp folder, print it")
     args = parser.parse_args()
@@ -144,10 +142,6 @@ def main() -> None:
     import torch
 
     from pagedlm import LLM
-    from pagedlm.ops import gemv
-
-    if args.gemv_max_n is not None:
-        gemv.MAX_GEMV_N = args.gemv_max_n
     extra = json.loads(args.engine_args)
     root = Path(tempfile.mkdtemp())
     rows, llms = [], {}

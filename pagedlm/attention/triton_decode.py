@@ -7,12 +7,12 @@ the last program of a (sequence, KV head) group to finish merges the group's par
 output rows, all in one launch. num_splits comes from host-known shapes only.
 
 Who merges: each (sequence, KV head) group has an int32 counter (pagedlm.ops.counters), zero at
-every launch. A live split
-(one with keys) stores its partial, then adds 1 to the counter; the program that reads
-num_live - 1 is the last and merges. Empty splits (short contexts: num_live < num_splits) store
-nothing and do not count, so the merge never reads them. The merging program resets the counter to
-0: no other program of this launch touches it again, and the next launch on the stream starts after
-this one ends, so every launch (and every CUDA graph replay) starts from zeros.
+every launch. A live split (one with keys) stores its partial, then adds 1 to the counter; the
+program that reads num_live - 1 is the last and merges. Empty splits (short contexts: num_live <
+num_splits) store nothing and do not count, so the merge never reads them. The merging program
+resets the counter to 0: no other program of this launch touches it again, and the next launch on
+the stream touches counters only after its PDL wait, when this one has ended, so every launch (and
+every CUDA graph replay) starts from zeros.
 
 Memory ordering (the interpreter runs programs one after another and cannot show a race):
 1. A program's threads store its partial, then meet at a CTA barrier (bar.sync), so every one of
@@ -42,7 +42,6 @@ from pagedlm.ops.counters import zeroed_counters
 DEFAULT_NUM_SMS = 132  # H100/H200; used where no CUDA device can be asked
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 32
-
 
 
 @triton.jit
@@ -101,11 +100,11 @@ def decode_split_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     q_token = tl.load(query_start_loc_ptr + seq)
-    if tl.load(query_start_loc_ptr + seq + 1) == q_token:  # no query this step (padding sequence)
-        return
+    has_query = tl.load(query_start_loc_ptr + seq + 1) > q_token  # else a padding sequence
     seq_len = tl.load(seq_lens_ptr + seq)
     kv_lo, kv_hi, num_live = split_key_range(seq_len, window, num_splits, split, BLOCK_N, USE_WINDOW)
-    if split >= num_live:  # no keys: stores nothing, does not count
+    pdl.wait_for_producers(PDL)  # above: step inputs only; q and this step's keys come from prepare_qkv
+    if not has_query or split >= num_live:  # no keys: stores nothing, does not count
         return
     kv_mid = kv_lo  # with a window every tile is masked; without, all but a partial last one
     if not USE_WINDOW:
@@ -115,7 +114,6 @@ def decode_split_kernel(
     heads = kv_head * GROUP + rows  # [BLOCK_M]
     row_ok = rows < GROUP
     offs_d = tl.arange(0, HEAD_DIM)
-    pdl.wait_for_producers(PDL)  # above: step inputs only; q and this step's keys come from prepare_qkv
     q_offs = q_token.to(tl.int64) * stride_q_t + heads[:, None] * stride_q_h + offs_d[None, :]
     q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0).to(k_cache_ptr.dtype.element_ty)
     q_pos = tl.full([BLOCK_M], 0, tl.int32) + seq_len - 1

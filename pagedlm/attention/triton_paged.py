@@ -155,6 +155,7 @@ def paged_attention_kernel(
     q_first = q_seq_start
     if not DECODE:
         q_first += (tile - q_seq_start // BLOCK_Q - seq) * BLOCK_Q
+    pdl.wait_for_producers(PDL)  # above: step inputs only; q and this step's keys come from prepare_qkv
     if q_first >= q_seq_end:
         return
     first_pos = tl.load(seq_lens_ptr + seq) - (q_seq_end - q_seq_start)  # position of token q_seq_start
@@ -165,7 +166,6 @@ def paged_attention_kernel(
     row_ok = (tokens < q_seq_end) & (rows % GROUP_PAD < GROUP)
     q_pos = first_pos + tokens - q_seq_start  # [BLOCK_M]
     offs_d = tl.arange(0, HEAD_DIM)
-    pdl.wait_for_producers(PDL)  # above: step inputs only; q and this step's keys come from prepare_qkv
     q_offs = tokens.to(tl.int64)[:, None] * stride_q_t + heads[:, None] * stride_q_h + offs_d[None, :]
     q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0).to(k_cache_ptr.dtype.element_ty)
 

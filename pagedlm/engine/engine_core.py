@@ -32,7 +32,10 @@ class EngineCore:
         self._in_flight: deque[tuple[SchedulerOutput, Any]] = deque()  # (plan, pending output)
         # What exists now (the model, imported libraries: ~200k tracked objects) lives as long as the
         # engine: moved out of the cyclic GC's way, a full collection while serving walks only what
-        # was made since (one took ~140 ms of a 0.9 s T0-shaped generate on the CPU).
+        # was made since (one took ~140 ms of a 0.9 s T0-shaped generate on the CPU). Start-up's
+        # cyclic garbage is collected first: frozen, it would never be. The engine itself is freed
+        # by reference counting when dropped (tests/engine: no cycle may hold it).
+        gc.collect()
         gc.freeze()
 
     def _init_model_runner(self) -> None:

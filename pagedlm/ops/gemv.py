@@ -114,14 +114,20 @@ def gemv(
     (x's dtype by default). M must be in [1, MAX_M]. config (Triton path only) overrides `default_config`."""
     if x.is_cuda:
         return gemv_triton(x, weight, bias, act=act, out_dtype=out_dtype, config=config)
-    return gemv_torch(x, weight, bias, act=act).to(out_dtype or x.dtype)
+    return gemv_torch(x, weight, bias, act=act, out_dtype=out_dtype)
 
 
 def gemv_torch(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, act: str | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    _check_inputs(x, weight, bias, act)
-    return F.linear(silu_and_mul_torch(x) if act else x, weight, bias)
+    """F.linear; with another out_dtype, the product is computed in it (as the kernel accumulates in
+    float32 and rounds once)."""
+    _check_inputs(x, weight, bias, act, out_dtype)
+    x = silu_and_mul_torch(x) if act else x
+    if out_dtype is not None and out_dtype != x.dtype:
+        x, weight, bias = (None if t is None else t.to(out_dtype) for t in (x, weight, bias))
+    return F.linear(x, weight, bias)
 
 
 def gemv_triton(
@@ -129,7 +135,7 @@ def gemv_triton(
     act: str | None = None, out_dtype: torch.dtype | None = None, config: GemvConfig | None = None,
 ) -> torch.Tensor:
     """The Triton kernel on any device the kernel can run on (CUDA, or CPU under TRITON_INTERPRET=1)."""
-    _check_inputs(x, weight, bias, act)
+    _check_inputs(x, weight, bias, act, out_dtype)
     return _launch(x, weight, bias, act, out_dtype, config)
 
 
@@ -161,9 +167,12 @@ def _launch(
     return out
 
 
-def _check_inputs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str | None) -> None:
+def _check_inputs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str | None,
+                  out_dtype: torch.dtype | None = None) -> None:
     if act not in ACTS:
         raise ValueError(f"act must be one of {ACTS}; got {act!r}")
+    if out_dtype is not None and not out_dtype.is_floating_point:
+        raise ValueError(f"out_dtype must be a float dtype or None (x's); got {out_dtype}")
     if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_M:
         raise ValueError(f"x must be [M, K] with M (rows) in [1, {MAX_M}]; got {tuple(x.shape)}")
     if weight.dim() != 2 or min(weight.shape) < 1 or weight.stride(-1) != 1:

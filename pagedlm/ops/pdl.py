@@ -8,16 +8,20 @@ become resident as the previous kernel winds down and do the work that needs not
 
 The rule every kernel launched with PDL keeps (`wait_for_producers` is where it switches):
 1. Before the wait it only reads, and only data that the kernel just before it does not write:
-   weights, and the step's inputs (copied in before the step's first kernel).
+   weights, and the step's inputs (copied in before the step's first kernel). So a caller of the
+   attention or prepare_qkv wrappers must not produce their metadata (query_start_loc, seq_lens,
+   block_table, positions, slot_mapping) with the kernel it launches right before them.
 2. At the wait (griddepcontrol.wait) it blocks until the previous kernel has finished and its
    writes are visible; only then does it read activations or write anything.
-3. Right after the wait it lets the next kernel launch (griddepcontrol.launch_dependents). So when a
-   kernel starts, every kernel two or more launches back has finished: rule 1's "inputs copied in
-   before the step" holds however long the chain of PDL launches is.
+3. Right after the wait it lets the next kernel launch (griddepcontrol.launch_dependents), and every
+   program reaches the wait, even one with nothing to do (an exit before it would count as a
+   launch_dependents). So when a kernel starts, every kernel two or more launches back has
+   finished: rule 1's "inputs copied in before the step" holds however long the chain of PDL
+   launches is.
 A kernel launched without PDL (cuBLAS, torch) starts after everything before it, as always.
 
 On by default where the device supports it; PAGEDLM_PDL=0 turns it off (for A/B measurements).
-Off on CPU and in the Triton interpreter (the constexpr compiles the instructions out).
+Off on CPU, on ROCm and under the Triton interpreter (the constexpr compiles the instructions out).
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ import triton.language as tl
 
 MIN_CAPABILITY = 9  # griddepcontrol: sm_90 and later
 ENABLED_BY_ENV = os.environ.get("PAGEDLM_PDL", "1") != "0"  # read once: launch_args runs at every launch
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @functools.lru_cache(maxsize=None)
@@ -38,8 +43,9 @@ def _device_supports_pdl(index: int) -> bool:
 
 
 def pdl_enabled(device: torch.device) -> bool:
-    """Whether kernels on `device` launch with PDL."""
-    if device.type != "cuda" or not ENABLED_BY_ENV:
+    """Whether kernels on `device` launch with PDL: NVIDIA sm_90+, not under the Triton interpreter
+    (which cannot run griddepcontrol, even on CUDA tensors)."""
+    if device.type != "cuda" or not ENABLED_BY_ENV or torch.version.hip is not None or INTERPRETED:
         return False
     return _device_supports_pdl(device.index if device.index is not None else torch.cuda.current_device())
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -36,7 +37,7 @@ def test_aot_compile_all_kernels_for_sm90() -> None:
                           "block_logmass_kernel", "pick_kernel", "gemv_kernel"}
     for r in results:
         assert r["cubin_bytes"] > 0, r
-        assert r["pdl_wait"] == (r["kernel"] not in DRAW_KERNELS), r
+        assert r["pdl"] == ("wait, then launch_dependents" if r["kernel"] not in DRAW_KERNELS else "none"), r
         assert r["shared"] <= MAX_SHARED_BYTES, r
 
 
@@ -138,6 +139,19 @@ def specialise(fn, args: tuple, kwargs: dict, backend) -> tuple:
     return signature, constexprs, attrs, options
 
 
+def pdl_order(ptx: str) -> str:
+    """What a kernel's PTX does about PDL: "wait, then launch_dependents" when both are there, in that
+    order, and nothing is written to global memory before the wait (pagedlm/ops/pdl.py's rules)."""
+    wait, launch = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
+    if wait < 0 and launch < 0:
+        return "none"
+    writes = re.finditer(r"(?<![\w.])(st\.global|atom\.|red\.)", ptx)  # not "ld.shared.": whole opcodes
+    writes_before = [m.group(1) for m in writes if m.start() < wait]
+    if wait < 0 or launch < wait or writes_before:
+        return f"wait at {wait}, launch_dependents at {launch}, writes before the wait: {writes_before}"
+    return "wait, then launch_dependents"
+
+
 def main() -> None:
     """Subprocess entry: compile each distinct recorded launch; print one JSON line of results."""
     import triton
@@ -163,7 +177,7 @@ def main() -> None:
         compiled = triton.compile(source, target=target, options=options.__dict__)
         results.append(dict(kernel=fn.__name__, cubin_bytes=len(compiled.asm.get("cubin", b"")),
                             shared=compiled.metadata.shared, constexprs=repr(constexprs),
-                            pdl_wait="griddepcontrol.wait" in compiled.asm["ptx"]))
+                            pdl=pdl_order(compiled.asm["ptx"])))
     print(json.dumps(results))
 
 

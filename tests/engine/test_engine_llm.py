@@ -152,3 +152,20 @@ def test_start_up_objects_are_out_of_the_cyclic_gc(tiny_llm: LLM) -> None:
     tracked = {id(obj) for obj in gc.get_objects()}
     assert id(model) not in tracked
     assert id(later) in tracked
+
+
+def test_a_dropped_engine_is_freed_without_the_cyclic_gc(tiny_llama_dir: Path) -> None:
+    """The GC heap is frozen after start-up, so an engine held by a reference cycle would never be
+    freed (nor its device memory): dropping the LLM must free it by reference counting alone."""
+    import gc
+    import weakref
+
+    llm = LLM(str(tiny_llama_dir), skip_tokenizer_init=True, seed=0)
+    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3), use_tqdm=False)
+    model, engine = weakref.ref(llm.llm_engine.engine_core.model_runner.model), weakref.ref(llm.llm_engine)
+    gc.disable()
+    try:
+        del llm
+        assert model() is None and engine() is None
+    finally:
+        gc.enable()

@@ -202,4 +202,5 @@ def test_pdl_chain_in_a_graph_matches_launches_without_pdl(monkeypatch: pytest.M
         with monkeypatch.context() as patch:
             patch.setattr(pdl, "pdl_enabled", lambda device: False)
             want = decode_layers(static_in)
-        assert rel_error(got, want) <= 1e-3, f"replay {replay}: PDL result differs from serial launches"
+        # elementwise: a stale read confined to one tile must show; the arithmetic is the same
+        torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2, msg=lambda m: f"replay {replay}: {m}")

@@ -103,21 +103,47 @@ def test_launch_split_k_covers_k_without_empty_slices() -> None:
             assert (num_splits - 1) * k_per_split < k <= num_splits * k_per_split
 
 
-def test_gemv_float32_output() -> None:
-    """out_dtype=float32 (the LM head's logits): the fp32 accumulation is stored without rounding."""
+@pytest.mark.parametrize("impl", [gemv_triton, gemv_torch])
+def test_gemv_float32_output(impl) -> None:
+    """out_dtype=float32 (the LM head's logits): the product is not rounded to x's dtype on the way."""
     x, weight, _ = make_inputs(2, 45, 100, torch.float16, act=None, with_bias=False)
-    y = gemv_triton(x, weight, out_dtype=torch.float32, config=CONFIGS["fma-split"])
+    kwargs = {"config": CONFIGS["fma-split"]} if impl is gemv_triton else {}
+    y = impl(x, weight, out_dtype=torch.float32, **kwargs)
     assert y.dtype == torch.float32
     torch.testing.assert_close(y.double(), reference(x, weight, None, None), atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="out_dtype must be a float dtype"):
+        impl(x, weight, out_dtype=torch.int32, **kwargs)
+
+
+@pytest.mark.parametrize("num_rows, n, k, takes_gemv", [
+    (1, 6144, 4096, True), (1, 28672, 4096, True), (1, 128256, 4096, True),  # llama3-8b qkv, gate_up, LM head
+    (1, 4096, 14336, False),  # llama3-8b down_proj: cuBLAS
+    (4, 4096, 1024, False), (4, 1024, 3072, True),  # M > 1: narrow outputs only
+    (9, 1024, 2048, False),  # more rows than MAX_M
+])
+def test_prefer_gemv_follows_the_measured_rule(num_rows: int, n: int, k: int, takes_gemv: bool) -> None:
+    assert gemv_mod.prefer_gemv(num_rows, n, k) == takes_gemv
+
+
+@pytest.mark.parametrize("n, k, split_k", [
+    (28672, 4096, 4), (6144, 4096, 4),  # llama3-8b gate_up, qkv: 4 chunks of 256 per program
+    (128256, 4096, 1),  # LM head: 16,032 row blocks already, no split
+    (1024, 2048, 8), (6144, 1024, 1),  # qwen3-0.6b o_proj (by warps), gate_up (4 chunks anyway)
+])
+def test_auto_split_k_at_one_row(n: int, k: int, split_k: int) -> None:
+    config = gemv_mod.default_config(1, n, k, torch.bfloat16)
+    assert gemv_mod.launch_split_k(k, config)[0] == split_k
 
 
 @pytest.mark.parametrize("config_name", ["fma-split", "dot-split"])
-def test_split_k_sum_resets_its_counters(config_name: str) -> None:
+def test_split_k_sum_resets_its_counters(config_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The last slice of a row block sums the partials and zeroes the block's counter: a second
     call (which sums only when its counters reach split_k - 1) gives the same bits, and every
     counter ends at zero."""
+    from pagedlm.ops import counters
     from pagedlm.ops.counters import zeroed_counters
 
+    monkeypatch.setattr(counters, "_buffers", {})  # a fresh buffer, whatever ran before
     x, weight, bias = make_inputs(2, 45, 100, torch.float16, act=None, with_bias=True)
     first = gemv_triton(x, weight, bias, config=CONFIGS[config_name])
     second = gemv_triton(x, weight, bias, config=CONFIGS[config_name])
