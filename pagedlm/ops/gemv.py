@@ -26,11 +26,11 @@ patch_interpreter()
 MAX_M = 8
 # The H200 measurement (benchmarks/gemv_bench.py, 2026-11-29, RESULTS.md): the kernel beats cuBLAS on
 # narrow outputs, where cuBLAS launches too few CTAs (qwen3-0.6b o_proj N=1024 K=2048, M=1: 5.0 vs
-# 12.5 µs; down_proj + silu 6.4 vs 7.7), and loses a little on wide ones (llama3-8b qkv, o, down).
+# 12.5 µs; down_proj + silu 6.4 vs 7.7), and, without PDL, lost a little on wide ones (llama3-8b).
 MAX_GEMV_N = 2048
 # With PDL (session 5, gemv_bench.py --sweep at M=1, graph replays) the FMA tiles also win or tie on
 # wide outputs while K <= 4096: every qwen3-0.6b matrix (qkv 4.2 vs 5.0 µs, gate_up 5.3 vs 5.9),
-# llama3-8b's qkv (14.2 vs 15.3), o (12.0 vs 12.5), gate_up (58.6 vs 57.6) and both LM heads (4.4-4.5
+# llama3-8b's qkv (14.2 vs 15.3), o (12.0 vs 12.5 at split 2), gate_up (58.6 vs 57.6) and both LM heads (4.4-4.5
 # vs 4.0-4.2 TB/s); they lose on llama3-8b's down_proj (K=14336: 34.7 vs 32.6 µs with its SiLU).
 # At M >= 2 the tl.dot tiles lose to cuBLAS on wide outputs (session 3), so this is for M = 1 only.
 MAX_FMA_K = 4096

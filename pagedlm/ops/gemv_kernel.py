@@ -5,8 +5,8 @@ in [BLOCK_N, BLOCK_K] tiles (16-byte loads along K). The multiply-accumulate is 
 with a tl.sum over K (one x row at a time) or, with USE_DOT, tl.dot on the transposed problem
 (weight tile as the A operand, x padded to 16 rows as B). With split K each program writes an fp32
 partial and the last slice of each row block to finish (an atomic counter) sums them in slice
-order: deterministic, and one launch. x's prologue may apply silu_and_mul (SILU_MUL). With PDL the first weight tile is read before the wait
-for x's producer (pagedlm/ops/pdl.py).
+order: deterministic, and one launch. x's prologue may apply silu_and_mul (SILU_MUL). With PDL the
+first weight tile is read before the wait for x's producer (pagedlm/ops/pdl.py).
 """
 from __future__ import annotations
 
