@@ -134,6 +134,24 @@ def test_fused_ops_gpu(dtype: torch.dtype) -> None:
         <= MAX_REL_ERROR
 
 
+@pytest.mark.parametrize("vocab_size, hidden_size", [(151936, 1024), (128256, 4096)])
+def test_batch_1_logits_come_out_of_the_gemv_in_float32(vocab_size: int, hidden_size: int) -> None:
+    """compute_logits at one row (batch-1 decode): the Triton GEMV (gemv.prefer_gemv), float32 from
+    its fp32 accumulation, equal to the float32 product up to the accumulation order."""
+    from types import SimpleNamespace
+
+    from pagedlm.model.llama import LlamaForCausalLM
+    from pagedlm.ops import gemv
+
+    assert gemv.prefer_gemv(1, vocab_size, hidden_size)
+    hidden = torch.randn(1, hidden_size, device="cuda").to(torch.bfloat16)
+    weight = (torch.randn(vocab_size, hidden_size, device="cuda") / hidden_size ** 0.5).to(torch.bfloat16)
+    model = SimpleNamespace(config=SimpleNamespace(tie_word_embeddings=False), lm_head=SimpleNamespace(weight=weight))
+    logits = LlamaForCausalLM.compute_logits(model, hidden)
+    assert logits.dtype == torch.float32 and logits.shape == (1, vocab_size)
+    torch.testing.assert_close(logits, hidden.float() @ weight.float().T, rtol=1e-4, atol=1e-4)
+
+
 def test_logits_come_out_of_the_gemm_in_float32() -> None:
     """compute_logits in bf16 on CUDA: float32 logits with the fp32 accumulation kept (no bf16
     rounding in between), equal to the product in float32 up to the accumulation order."""
@@ -157,10 +175,8 @@ def test_pdl_chain_in_a_graph_matches_launches_without_pdl(monkeypatch: pytest.M
     its PDL wait would see the previous replay's values: the inputs change every replay so that
     such a read shows as a wrong result."""
     from pagedlm.attention.prepare_qkv import prepare_qkv_triton
-    from pagedlm.ops import pdl
     from pagedlm.ops.gemv import gemv_triton
 
-    assert pdl.pdl_enabled(torch.device("cuda")), "the H200 launches with PDL"
     hidden, num_heads, num_kv_heads, head_dim, inter, num_layers, eps = 1024, 16, 8, 128, 3072, 4, 1e-6
     batch = helpers.make_batch([299], [1], num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                                block_size=16, dtype=torch.bfloat16, device="cuda")
@@ -190,17 +206,72 @@ def test_pdl_chain_in_a_graph_matches_launches_without_pdl(monkeypatch: pytest.M
             mlp_out = gemv_triton(gemv_triton(h, w["gate_up"]), w["down"], act="silu_and_mul")
         return mlp_out + residual
 
-    static_in = torch.randn(1, hidden, device="cuda").to(torch.bfloat16)
-    decode_layers(static_in)  # compile outside the capture
+    assert_pdl_graph_matches_serial_launches(decode_layers, torch.randn(1, hidden, device="cuda"), 1, monkeypatch)
+
+
+def test_pdl_mixed_batch_chain_in_a_graph_matches_launches_without_pdl(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same check on a mixed batch (a 20-token prefill chunk, two decodes, a sequence with no
+    query, two padding rows): cuBLAS GEMMs inside the chain, prepare_qkv with Qwen3's q/k norm,
+    the varlen paged kernel, silu_and_mul. Only the 22 real rows are compared (padding rows of the
+    attention output are left unwritten, by design)."""
+    from pagedlm.attention.prepare_qkv import prepare_qkv_triton
+    from pagedlm.attention.triton_paged import varlen_attention
+
+    hidden, num_heads, num_kv_heads, head_dim, inter, num_layers, eps = 512, 8, 2, 128, 1024, 3, 1e-6
+    batch = helpers.make_batch([0, 40, 300, 0], [20, 1, 1, 0], num_heads=num_heads, num_kv_heads=num_kv_heads,
+                               head_dim=head_dim, block_size=16, dtype=torch.bfloat16, num_pad_tokens=2,
+                               device="cuda")
+    positions = torch.tensor([*range(20), 40, 300, 0, 0], device="cuda")
+    cos_sin = torch.randn(512, head_dim, device="cuda")
+    num_rows = positions.shape[0]
+
+    def weights(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, device="cuda") / shape[-1] ** 0.5).to(torch.bfloat16)
+
+    layers = [dict(norm1=weights(hidden) + 1, qkv=weights((num_heads + 2 * num_kv_heads) * head_dim, hidden),
+                   q_norm=weights(head_dim) + 1, k_norm=weights(head_dim) + 1,
+                   o=weights(hidden, num_heads * head_dim), norm2=weights(hidden) + 1,
+                   gate_up=weights(2 * inter, hidden), down=weights(hidden, inter)) for _ in range(num_layers)]
+
+    def mixed_layers(x: torch.Tensor) -> torch.Tensor:  # [num_rows, hidden] -> [num_rows, hidden]
+        residual, mlp_out = x, None
+        for w in layers:
+            if mlp_out is None:
+                h = norm.rms_norm_triton(residual, w["norm1"], eps)
+            else:
+                h, residual = norm.fused_add_rms_norm_triton(mlp_out, residual, w["norm1"], eps)
+            q = prepare_qkv_triton(torch.nn.functional.linear(h, w["qkv"]), positions, cos_sin,
+                                   (w["q_norm"], w["k_norm"]), eps, batch.kv_cache, batch.meta.slot_mapping,
+                                   num_heads)
+            attn = varlen_attention(q, batch.kv_cache, batch.meta, head_dim ** -0.5, None)
+            h, residual = norm.fused_add_rms_norm_triton(
+                torch.nn.functional.linear(attn.reshape(num_rows, -1), w["o"]), residual, w["norm2"], eps)
+            mlp_out = torch.nn.functional.linear(
+                activation.silu_and_mul_triton(torch.nn.functional.linear(h, w["gate_up"])), w["down"])
+        return mlp_out + residual
+
+    assert_pdl_graph_matches_serial_launches(mixed_layers, torch.randn(num_rows, hidden, device="cuda"), 22,
+                                             monkeypatch)
+
+
+def assert_pdl_graph_matches_serial_launches(layers, first_input: torch.Tensor, num_real_rows: int,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """layers captured once in a CUDA graph (kernels launched with PDL), replayed 20 times on fresh
+    inputs; each replay's first num_real_rows rows against the same kernels launched without PDL."""
+    from pagedlm.ops import pdl
+
+    assert pdl.pdl_enabled(torch.device("cuda")), "the H200 launches with PDL"
+    static_in = first_input.to(torch.bfloat16)
+    layers(static_in)  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_out = decode_layers(static_in)
+        static_out = layers(static_in)
     for replay in range(20):
-        static_in.copy_(torch.randn(1, hidden, device="cuda"))
+        static_in.copy_(torch.randn_like(first_input))
         graph.replay()
-        got = static_out.clone()
+        got = static_out[:num_real_rows].clone()
         with monkeypatch.context() as patch:
             patch.setattr(pdl, "pdl_enabled", lambda device: False)
-            want = decode_layers(static_in)
+            want = layers(static_in)[:num_real_rows]
         # elementwise: a stale read confined to one tile must show; the arithmetic is the same
         torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2, msg=lambda m: f"replay {replay}: {m}")
