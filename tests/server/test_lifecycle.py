@@ -85,9 +85,11 @@ def test_dropped_stream_is_aborted(server: ServerProcess) -> None:
 
 
 def test_abandoned_request_is_aborted(server: ServerProcess) -> None:
-    """A non-streaming client that gives up (timeout) aborts its request too."""
+    """A non-streaming client that gives up (timeout) aborts its request too. The request fills the
+    model's length (~500 steps) and the client waits 0.3 s: the engine is far from done (on this
+    machine 300 tokens once took just under a second)."""
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.url("/v1/completions"), json=LONG, timeout=1.0)
+        httpx.post(server.url("/v1/completions"), json={**LONG, "max_tokens": 490}, timeout=0.3)
     wait_for_idle(server)
 
 
