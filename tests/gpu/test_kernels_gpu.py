@@ -183,21 +183,12 @@ def test_pdl_chain_in_a_graph_matches_launches_without_pdl(monkeypatch: pytest.M
     helpers.write_cache(batch)
     positions = torch.tensor([299], device="cuda")
     cos_sin = torch.randn(512, head_dim, device="cuda")
-
-    def weights(*shape: int) -> torch.Tensor:
-        return (torch.randn(*shape, device="cuda") / shape[-1] ** 0.5).to(torch.bfloat16)
-
-    layers = [dict(norm1=weights(hidden) + 1, qkv=weights((num_heads + 2 * num_kv_heads) * head_dim, hidden),
-                   o=weights(hidden, num_heads * head_dim), norm2=weights(hidden) + 1,
-                   gate_up=weights(2 * inter, hidden), down=weights(hidden, inter)) for _ in range(num_layers)]
+    layers = random_layers(num_layers, hidden, num_heads, num_kv_heads, head_dim, inter)
 
     def decode_layers(x: torch.Tensor) -> torch.Tensor:  # [1, hidden] -> [1, hidden]
         residual, mlp_out = x, None
         for w in layers:
-            if mlp_out is None:
-                h = norm.rms_norm_triton(residual, w["norm1"], eps)
-            else:
-                h, residual = norm.fused_add_rms_norm_triton(mlp_out, residual, w["norm1"], eps)
+            h, residual = input_norm(mlp_out, residual, w["norm1"], eps)
             q = prepare_qkv_triton(gemv_triton(h, w["qkv"]), positions, cos_sin, None, eps, batch.kv_cache,
                                    batch.meta.slot_mapping, num_heads)
             attn = split_decode_attention(q, batch.kv_cache, batch.meta, head_dim ** -0.5, None, num_splits=4)
@@ -224,22 +215,12 @@ def test_pdl_mixed_batch_chain_in_a_graph_matches_launches_without_pdl(monkeypat
     positions = torch.tensor([*range(20), 40, 300, 0, 0], device="cuda")
     cos_sin = torch.randn(512, head_dim, device="cuda")
     num_rows = positions.shape[0]
-
-    def weights(*shape: int) -> torch.Tensor:
-        return (torch.randn(*shape, device="cuda") / shape[-1] ** 0.5).to(torch.bfloat16)
-
-    layers = [dict(norm1=weights(hidden) + 1, qkv=weights((num_heads + 2 * num_kv_heads) * head_dim, hidden),
-                   q_norm=weights(head_dim) + 1, k_norm=weights(head_dim) + 1,
-                   o=weights(hidden, num_heads * head_dim), norm2=weights(hidden) + 1,
-                   gate_up=weights(2 * inter, hidden), down=weights(hidden, inter)) for _ in range(num_layers)]
+    layers = random_layers(num_layers, hidden, num_heads, num_kv_heads, head_dim, inter)
 
     def mixed_layers(x: torch.Tensor) -> torch.Tensor:  # [num_rows, hidden] -> [num_rows, hidden]
         residual, mlp_out = x, None
         for w in layers:
-            if mlp_out is None:
-                h = norm.rms_norm_triton(residual, w["norm1"], eps)
-            else:
-                h, residual = norm.fused_add_rms_norm_triton(mlp_out, residual, w["norm1"], eps)
+            h, residual = input_norm(mlp_out, residual, w["norm1"], eps)
             q = prepare_qkv_triton(torch.nn.functional.linear(h, w["qkv"]), positions, cos_sin,
                                    (w["q_norm"], w["k_norm"]), eps, batch.kv_cache, batch.meta.slot_mapping,
                                    num_heads)
@@ -252,6 +233,28 @@ def test_pdl_mixed_batch_chain_in_a_graph_matches_launches_without_pdl(monkeypat
 
     assert_pdl_graph_matches_serial_launches(mixed_layers, torch.randn(num_rows, hidden, device="cuda"), 22,
                                              monkeypatch)
+
+
+def random_layers(num_layers: int, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                  inter: int) -> list[dict[str, torch.Tensor]]:
+    """Random bf16 weights of decoder layers (fused qkv and gate_up, Qwen3's q/k norms), scaled so
+    that activations stay O(1) through a few layers."""
+    def weights(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, device="cuda") / shape[-1] ** 0.5).to(torch.bfloat16)
+
+    return [dict(norm1=weights(hidden) + 1, qkv=weights((num_heads + 2 * num_kv_heads) * head_dim, hidden),
+                 q_norm=weights(head_dim) + 1, k_norm=weights(head_dim) + 1,
+                 o=weights(hidden, num_heads * head_dim), norm2=weights(hidden) + 1,
+                 gate_up=weights(2 * inter, hidden), down=weights(hidden, inter)) for _ in range(num_layers)]
+
+
+def input_norm(mlp_out: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer's input norm: of the residual stream alone in the first layer (no MLP output yet),
+    then of the previous MLP output added to it (LlamaDecoderLayer's order)."""
+    if mlp_out is None:
+        return norm.rms_norm_triton(residual, weight, eps), residual
+    return norm.fused_add_rms_norm_triton(mlp_out, residual, weight, eps)
 
 
 def assert_pdl_graph_matches_serial_launches(layers, first_input: torch.Tensor, num_real_rows: int,
