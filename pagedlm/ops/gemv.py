@@ -30,8 +30,9 @@ MAX_M = 8
 MAX_GEMV_N = 2048
 # With PDL (session 5, gemv_bench.py --sweep at M=1, graph replays) the FMA tiles also win or tie on
 # wide outputs while K <= 4096: every qwen3-0.6b matrix (qkv 4.2 vs 5.0 µs, gate_up 5.3 vs 5.9),
-# llama3-8b's qkv (14.2 vs 15.3), o (12.0 vs 12.5 at split 2), gate_up (58.6 vs 57.6) and both LM heads (4.4-4.5
-# vs 4.0-4.2 TB/s); they lose on llama3-8b's down_proj (K=14336: 34.7 vs 32.6 µs with its SiLU).
+# llama3-8b's qkv (14.2 vs 15.3), o (12.0 vs 12.5 at split 2), gate_up (58.6 vs 57.6) and both LM
+# heads (4.4-4.5 vs 4.0-4.2 TB/s); they lose on llama3-8b's down_proj (K=14336: 34.7 vs 32.6 µs
+# with its SiLU).
 # At M >= 2 the tl.dot tiles lose to cuBLAS on wide outputs (session 3), so this is for M = 1 only.
 MAX_FMA_K = 4096
 ACTS = (None, "silu_and_mul")
@@ -136,13 +137,6 @@ def gemv_triton(
 ) -> torch.Tensor:
     """The Triton kernel on any device the kernel can run on (CUDA, or CPU under TRITON_INTERPRET=1)."""
     _check_inputs(x, weight, bias, act, out_dtype)
-    return _launch(x, weight, bias, act, out_dtype, config)
-
-
-def _launch(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str | None,
-    out_dtype: torch.dtype | None, config: GemvConfig | None,
-) -> torch.Tensor:
     if x.stride(-1) != 1:
         x = x.contiguous()
     (num_rows, _), (n, k) = x.shape, weight.shape
