@@ -14,18 +14,8 @@ resets the counter to 0: no other program of this launch touches it again, and t
 the stream touches counters only after its PDL wait, when this one has ended, so every launch (and
 every CUDA graph replay) starts from zeros.
 
-Memory ordering (the interpreter runs programs one after another and cannot show a race):
-1. A program's threads store its partial, then meet at a CTA barrier (bar.sync), so every one of
-   those stores is ordered before the single thread that performs the counter atomic.
-2. The atomic is acq_rel at GPU scope. Its release half publishes, cumulatively, every write
-   ordered before it, i.e. the whole program's partial.
-3. The atomics of one counter form a single modification order, each reading the value before it;
-   the one that reads num_live - 1 comes after all other live programs' atomics, and its acquire
-   half synchronises with each of their releases: their partials happen-before what follows.
-4. Triton hands a scalar atomic's result to the other threads through shared memory behind a
-   barrier, so every thread's merge loads are ordered after the acquire. The loads use the .cg
-   cache modifier (L2, the GPU's point of coherence, not the SM's non-coherent L1), so no stale
-   line left by an earlier launch over the same addresses can be read.
+The counter protocol and its memory ordering: pagedlm.ops.counters.last_to_arrive; the merge
+reads the partials with the .cg cache modifier, as it asks.
 """
 from __future__ import annotations
 
@@ -37,7 +27,7 @@ from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.attention import triton_paged
 from pagedlm.attention.triton_paged import LOG2_E, attend_key_range, cache_strides, kernel_constexprs
 from pagedlm.ops import pdl
-from pagedlm.ops.counters import zeroed_counters
+from pagedlm.ops.counters import last_to_arrive, zeroed_counters
 
 DEFAULT_NUM_SMS = 132  # H100/H200; used where no CUDA device can be asked
 MIN_KEYS_PER_SPLIT = 256
@@ -131,9 +121,7 @@ def decode_split_kernel(
     tl.store(part_max_ptr + part_rows, m_i, mask=row_ok)
     tl.store(part_sum_ptr + part_rows, l_i, mask=row_ok)
 
-    tl.debug_barrier()  # every thread's partial stores before the (one-thread) release below
-    counter_ptr = counters_ptr + seq * tl.num_programs(1) + kv_head
-    if tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == num_live - 1:
+    if last_to_arrive(counters_ptr + seq * tl.num_programs(1) + kv_head, num_live):
         for h in tl.static_range(GROUP):
             head = kv_head * GROUP + h
             merge_head_splits(
@@ -141,7 +129,6 @@ def decode_split_kernel(
                 (seq * tl.num_programs(1) * GROUP + head).to(tl.int64) * num_splits,
                 num_live, part_out_ptr, part_max_ptr, part_sum_ptr, HEAD_DIM, SPLITS_PAD,
             )
-        tl.store(counter_ptr, 0)
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int = DEFAULT_NUM_SMS) -> int:

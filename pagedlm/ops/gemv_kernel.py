@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from pagedlm.ops import pdl
+from pagedlm.ops.counters import last_to_arrive
 
 
 @triton.jit
@@ -78,7 +79,7 @@ def gemv_kernel(
     """Program (pid_n, pid_k): rows [pid_n * BLOCK_N, +BLOCK_N) of y over K slice pid_k. M is a
     run-time value on the dot path (one compile for every M it takes); the FMA path unrolls its
     FMA_ROWS (= M) rows. With PARTIAL (split K), the last slice of a row block to finish sums the
-    block's partials and writes y (the counter protocol of attention/triton_decode.py)."""
+    block's partials and writes y (pagedlm.ops.counters.last_to_arrive)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -100,15 +101,12 @@ def gemv_kernel(
     if PARTIAL:
         part_offs = offs_m[None, :] * N + offs_n[:, None]  # [BLOCK_N, BLOCK_M] within one slice
         tl.store(partial_ptr + pid_k * M * N + part_offs, acc, mask=out_mask)
-        tl.debug_barrier()  # every thread's partial stores before the (one-thread) release below
-        counter_ptr = counters_ptr + pid_n
         num_splits = tl.num_programs(1)
-        if tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
+        if last_to_arrive(counters_ptr + pid_n, num_splits):
             acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
             for s in range(num_splits):  # in slice order: deterministic
                 acc += tl.load(partial_ptr + s * M * N + part_offs, mask=out_mask, other=0.0, cache_modifier=".cg")
             _store_y(out_ptr, bias_ptr, acc, offs_n, offs_m, mask_n, out_mask, N, HAS_BIAS)
-            tl.store(counter_ptr, 0)
     else:
         _store_y(out_ptr, bias_ptr, acc, offs_n, offs_m, mask_n, out_mask, N, HAS_BIAS)
 
