@@ -5,6 +5,7 @@ created uninitialised (torch.empty, in the model dtype): the loader fills every 
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -12,13 +13,22 @@ from torch import nn
 
 from pagedlm import ops
 from pagedlm.ops import gemv
+from pagedlm.ops.gemv import PendingNorm, ResidualSum
+
+# the residual add and the norms folded into the GEMVs around them (see Linear); PAGEDLM_FUSE_NORMS=0
+# keeps them in the norm kernel, for A/B measurements
+FUSE_NORMS = os.environ.get("PAGEDLM_FUSE_NORMS", "1") != "0"
 
 
 class Linear(nn.Module):
     """y = act(x) W^T (+ b), without nn.Linear's random init (the loader overwrites it anyway).
     act "silu_and_mul": x is [gate | up] and the product sees silu(gate) * up. On CUDA, batch-1 decode
     (K <= 4096) and small-batch decode on narrow outputs (gemv.prefer_gemv) go through the Triton
-    GEMV, with the activation fused into its prologue; the rest through cuBLAS."""
+    GEMV, with the activation fused into its prologue; the rest through cuBLAS.
+
+    Norm fusion (pagedlm/ops/gemv.py): x may be a PendingNorm, which the GEMV normalises in its
+    prologue (cuBLAS gets it materialised first); given the residual, the GEMV path returns the
+    ResidualSum y + residual, while cuBLAS returns y alone and leaves the add to the next norm."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> None:
         super().__init__()
@@ -26,13 +36,21 @@ class Linear(nn.Module):
         self.bias = (nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False)
                      if bias else None)
 
-    def forward(self, x: torch.Tensor, act: str | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | PendingNorm, act: str | None = None,
+                residual: torch.Tensor | None = None) -> torch.Tensor | ResidualSum:
         """x: [T, in_features] ([T, 2 * in_features] with act) -> [T, out_features]."""
-        if x.is_cuda and gemv.prefer_gemv(x.shape[0], *self.weight.shape):
-            return gemv.gemv(x, self.weight, self.bias, act=act)
+        if takes_gemv(x.h if isinstance(x, PendingNorm) else x, self.weight):
+            return gemv.gemv(x, self.weight, self.bias, act=act, residual=residual if FUSE_NORMS else None)
+        if isinstance(x, PendingNorm):
+            x = x.materialize()
         if act is not None:
             x = ops.silu_and_mul(x)
         return F.linear(x, self.weight, self.bias)
+
+
+def takes_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether Linear sends x [T, K] @ weight [N, K].T to the Triton GEMV (else cuBLAS / torch)."""
+    return x.is_cuda and gemv.prefer_gemv(x.shape[0], *weight.shape)
 
 
 class Embedding(nn.Module):
@@ -47,15 +65,19 @@ class Embedding(nn.Module):
 
 class RMSNorm(nn.Module):
     """HF Llama RMSNorm (normalise in float32, scale in the input dtype), with an optional
-    fused residual add: forward(x, residual) normalises x + residual and returns the sum too."""
+    fused residual add: forward(x, residual) normalises x + residual and returns the sum too.
+    Given a ResidualSum (the add already done by a GEMV), it only returns the norm as a PendingNorm
+    for the next Linear to apply."""
 
     def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.empty(hidden_size, dtype=dtype), requires_grad=False)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor | ResidualSum, residual: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor | PendingNorm, torch.Tensor]:
+        if isinstance(x, ResidualSum):
+            return PendingNorm(x.h, x.sumsq, self.weight, self.eps), x.h
         if residual is None:
             return ops.rms_norm(x, self.weight, self.eps), x
         return ops.fused_add_rms_norm(x, residual, self.weight, self.eps)

@@ -19,6 +19,7 @@ from pagedlm.attention.prepare_qkv import prepare_qkv
 from pagedlm.config import ModelConfig
 from pagedlm.model.layers import Embedding, Linear, RMSNorm, RotaryEmbedding
 from pagedlm.ops import gemv
+from pagedlm.ops.gemv import PendingNorm, ResidualSum
 
 
 @dataclass(frozen=True)
@@ -64,15 +65,16 @@ class LlamaAttention(nn.Module):
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor,
-                attn_metadata: AttentionMetadata) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor | PendingNorm, residual: torch.Tensor,
+                kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor | ResidualSum:
+        """o_proj's output, or its ResidualSum with residual (layers.Linear)."""
         qkv = self.qkv_proj(hidden)  # [T, q_size + 2 * kv_size]
         qk_norm, eps = (None, 0.0) if self.q_norm is None else ((self.q_norm.weight, self.k_norm.weight),
                                                                   self.q_norm.eps)
         q = prepare_qkv(qkv, positions, self.rotary.cos_sin_cache, qk_norm, eps, kv_cache,
                         attn_metadata.slot_mapping, self.num_heads)  # [T, num_heads, head_dim]; k, v cached
         out = self.attn_backend.attend(q, kv_cache, attn_metadata, self.scale, self.sliding_window)
-        return self.o_proj(out.reshape(hidden.shape[0], self.q_size))
+        return self.o_proj(out.reshape(qkv.shape[0], self.q_size), residual=residual)
 
 
 class LlamaMLP(nn.Module):
@@ -82,8 +84,9 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias, config.dtype)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias, config.dtype)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.gate_up_proj(hidden), act="silu_and_mul")
+    def forward(self, hidden: torch.Tensor | PendingNorm, residual: torch.Tensor) -> torch.Tensor | ResidualSum:
+        """down_proj's output, or its ResidualSum with residual (layers.Linear)."""
+        return self.down_proj(self.gate_up_proj(hidden), act="silu_and_mul", residual=residual)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -95,14 +98,15 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.dtype)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor | ResidualSum, residual: torch.Tensor | None,
                 kv_cache: torch.Tensor, attn_metadata: AttentionMetadata
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (this layer's MLP output, the residual stream before it); the next norm adds them."""
+                ) -> tuple[torch.Tensor | ResidualSum, torch.Tensor]:
+        """Returns (this layer's MLP output, the residual stream before it); the next norm adds them,
+        unless down_proj already did (a ResidualSum: the norm is then folded into the next GEMV)."""
         normed, residual = self.input_layernorm(hidden, residual)
-        attn_out = self.self_attn(positions, normed, kv_cache, attn_metadata)
+        attn_out = self.self_attn(positions, normed, residual, kv_cache, attn_metadata)
         normed, residual = self.post_attention_layernorm(attn_out, residual)
-        return self.mlp(normed), residual
+        return self.mlp(normed, residual), residual
 
 
 class LlamaModel(nn.Module):
@@ -122,7 +126,7 @@ class LlamaModel(nn.Module):
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden, residual = layer(positions, hidden, residual, kv_cache, attn_metadata)
         normed, _ = self.norm(hidden, residual)
-        return normed  # [T, hidden_size]
+        return normed.materialize() if isinstance(normed, PendingNorm) else normed  # [T, hidden_size]
 
 
 class LlamaForCausalLM(nn.Module):

@@ -3,6 +3,12 @@ in float32, optionally with silu_and_mul fused into the prologue (x is then [M, 
 the product sees silu(gate) * up rounded to x's dtype, as silu_and_mul followed by F.linear would).
 Triton on CUDA, torch (F.linear) elsewhere.
 
+A decoder layer's norms need no kernel of their own when both GEMVs around them take this path:
+the producer (o_proj, down_proj) adds the residual in its epilogue and leaves a `ResidualSum` (the
+new residual stream h and per-row-block partial sums of h**2), the norm becomes a `PendingNorm`,
+and the consumer (gate_up_proj, the next layer's qkv_proj) normalises h in its prologue from those
+partial sums. Where a consumer takes cuBLAS instead, `PendingNorm.materialize` runs the norm kernel.
+
 The kernel: pagedlm/ops/gemv_kernel.py.
 No host sync and no allocation that depends on device values: safe inside a CUDA graph.
 """
@@ -19,6 +25,7 @@ from pagedlm.ops import pdl
 from pagedlm.ops.activation import silu_and_mul_torch
 from pagedlm.ops.counters import zeroed_counters
 from pagedlm.ops.gemv_kernel import gemv_kernel
+from pagedlm.ops.norm import rms_norm, rms_norm_torch
 from pagedlm.ops.triton_compat import patch_interpreter
 
 patch_interpreter()
@@ -43,6 +50,28 @@ TARGET_WARPS = 1024  # split K until about this many warps (~8 per SM on a 132-S
 # MAX_PROGRAMS programs (an LM head of 16,032 row blocks streams at 4.5 TB/s unsplit)
 MAX_CHUNKS_PER_SLICE = 4
 MAX_PROGRAMS = 16384
+
+
+@dataclass(frozen=True, slots=True)
+class ResidualSum:
+    """residual + a GEMV's output: the residual stream's next value h [M, N], and sumsq [M, P] float32,
+    partial sums of h**2 (their sum over P is each row's)."""
+
+    h: torch.Tensor
+    sumsq: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class PendingNorm:
+    """rms_norm(h, weight, eps), not computed yet: `gemv` applies it in its prologue from sumsq."""
+
+    h: torch.Tensor  # [M, K]
+    sumsq: torch.Tensor  # [M, P] float32, as ResidualSum.sumsq
+    weight: torch.Tensor  # [K]
+    eps: float
+
+    def materialize(self) -> torch.Tensor:  # [M, K]
+        return rms_norm(self.h, self.weight, self.eps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,35 +137,47 @@ def launch_split_k(k: int, config: GemvConfig) -> tuple[int, int]:
 
 
 def gemv(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-    act: str | None = None, out_dtype: torch.dtype | None = None, config: GemvConfig | None = None,
-) -> torch.Tensor:
-    """x: [M, K] ([M, 2K] with act="silu_and_mul"), weight: [N, K], bias: [N] -> [M, N] in out_dtype
-    (x's dtype by default). M must be in [1, MAX_M]. config (Triton path only) overrides `default_config`."""
-    if x.is_cuda:
-        return gemv_triton(x, weight, bias, act=act, out_dtype=out_dtype, config=config)
-    return gemv_torch(x, weight, bias, act=act, out_dtype=out_dtype)
+    x: torch.Tensor | PendingNorm, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+    act: str | None = None, residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+    config: GemvConfig | None = None,
+) -> torch.Tensor | ResidualSum:
+    """x: [M, K] ([M, 2K] with act="silu_and_mul"; or a PendingNorm of [M, K]), weight: [N, K],
+    bias: [N] -> y [M, N] in out_dtype (x's dtype by default), or, with residual [M, N], the
+    ResidualSum of y + residual. M must be in [1, MAX_M]. config (Triton path only) overrides
+    `default_config`."""
+    if _rows(x).is_cuda:
+        return gemv_triton(x, weight, bias, act=act, residual=residual, out_dtype=out_dtype, config=config)
+    return gemv_torch(x, weight, bias, act=act, residual=residual, out_dtype=out_dtype)
 
 
 def gemv_torch(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, act: str | None = None,
-    out_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
+    x: torch.Tensor | PendingNorm, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+    act: str | None = None, residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+) -> torch.Tensor | ResidualSum:
     """F.linear; with another out_dtype, the product is computed in it (as the kernel accumulates in
-    float32 and rounds once)."""
-    _check_inputs(x, weight, bias, act, out_dtype)
+    float32 and rounds once). A PendingNorm is normalised by rms_norm_torch (the row's full sum)."""
+    _check_inputs(x, weight, bias, act, residual, out_dtype)
+    if isinstance(x, PendingNorm):
+        x = rms_norm_torch(x.h, x.weight, x.eps)
     x = silu_and_mul_torch(x) if act else x
     if out_dtype is not None and out_dtype != x.dtype:
         x, weight, bias = (None if t is None else t.to(out_dtype) for t in (x, weight, bias))
-    return F.linear(x, weight, bias)
+    y = F.linear(x, weight, bias)
+    if residual is None:
+        return y
+    h = y + residual
+    return ResidualSum(h, h.float().square().sum(-1, keepdim=True))
 
 
 def gemv_triton(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-    act: str | None = None, out_dtype: torch.dtype | None = None, config: GemvConfig | None = None,
-) -> torch.Tensor:
+    x: torch.Tensor | PendingNorm, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+    act: str | None = None, residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+    config: GemvConfig | None = None,
+) -> torch.Tensor | ResidualSum:
     """The Triton kernel on any device the kernel can run on (CUDA, or CPU under TRITON_INTERPRET=1)."""
-    _check_inputs(x, weight, bias, act, out_dtype)
+    _check_inputs(x, weight, bias, act, residual, out_dtype)
+    norm = x if isinstance(x, PendingNorm) else None
+    x = _rows(x)
     if x.stride(-1) != 1:
         x = x.contiguous()
     (num_rows, _), (n, k) = x.shape, weight.shape
@@ -144,29 +185,44 @@ def gemv_triton(
     split_k, k_per_split = launch_split_k(k, config)
     out = torch.empty(num_rows, n, dtype=out_dtype or x.dtype, device=x.device)
     num_blocks_n = triton.cdiv(n, config.block_n)
-    partial, counters = out, out  # unread without split K
+    partial, counters, sumsq_out = out, out, out  # unread without split K or a residual
     if split_k > 1:
         partial = torch.empty(split_k, num_rows, n, dtype=torch.float32, device=x.device)
         counters = zeroed_counters(x.device, num_blocks_n)
+    if residual is not None:
+        residual = residual.contiguous()
+        sumsq_out = torch.empty(num_rows, num_blocks_n, dtype=torch.float32, device=x.device)
     block_m = triton.next_power_of_2(num_rows)
     block_m = max(MIN_DOT_ROWS, block_m) if config.use_dot else block_m
     has_bias = bias is not None
+    num_parts = 1 if norm is None else norm.sumsq.shape[1]
     gemv_kernel[(num_blocks_n, split_k)](
-        out, partial, counters, x, weight, bias if has_bias else weight, num_rows, n, k, x.stride(0),
-        weight.stride(0), k_per_split, FMA_ROWS=0 if config.use_dot else num_rows, BLOCK_M=block_m,
-        BLOCK_N=config.block_n, BLOCK_K=config.block_k, PARTIAL=split_k > 1,
-        HAS_BIAS=has_bias, SILU_MUL=act == "silu_and_mul", USE_DOT=config.use_dot,
-        num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_args(x.device),
+        out, partial, counters, x, weight, bias if has_bias else weight,
+        out if residual is None else residual, sumsq_out, out if norm is None else norm.sumsq,
+        weight if norm is None else norm.weight, num_rows, n, k, x.stride(0), weight.stride(0), k_per_split,
+        num_parts, 0.0 if norm is None else norm.eps,
+        FMA_ROWS=0 if config.use_dot else num_rows, BLOCK_M=block_m, BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k, PARTIAL=split_k > 1, HAS_BIAS=has_bias, SILU_MUL=act == "silu_and_mul",
+        NORM=norm is not None, PARTS_PAD=triton.next_power_of_2(num_parts), ADD_RESIDUAL=residual is not None,
+        USE_DOT=config.use_dot, num_warps=config.num_warps, num_stages=config.num_stages,
+        **pdl.launch_args(x.device),
     )
-    return out
+    return out if residual is None else ResidualSum(out, sumsq_out)
 
 
-def _check_inputs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str | None,
-                  out_dtype: torch.dtype | None = None) -> None:
+def _rows(x: torch.Tensor | PendingNorm) -> torch.Tensor:
+    return x.h if isinstance(x, PendingNorm) else x
+
+
+def _check_inputs(x: torch.Tensor | PendingNorm, weight: torch.Tensor, bias: torch.Tensor | None,
+                  act: str | None, residual: torch.Tensor | None, out_dtype: torch.dtype | None) -> None:
     if act not in ACTS:
         raise ValueError(f"act must be one of {ACTS}; got {act!r}")
     if out_dtype is not None and not out_dtype.is_floating_point:
         raise ValueError(f"out_dtype must be a float dtype or None (x's); got {out_dtype}")
+    if isinstance(x, PendingNorm):
+        _check_norm(x, act)
+    x = _rows(x)
     if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_M:
         raise ValueError(f"x must be [M, K] with M (rows) in [1, {MAX_M}]; got {tuple(x.shape)}")
     if weight.dim() != 2 or min(weight.shape) < 1 or weight.stride(-1) != 1:
@@ -181,3 +237,20 @@ def _check_inputs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != x.dtype):
         raise ValueError(f"bias must be [{weight.shape[0]}] (weight's N) in {x.dtype}; "
                          f"got {tuple(bias.shape)}, {bias.dtype}")
+    if residual is not None and (residual.shape != (x.shape[0], weight.shape[0]) or residual.dtype != x.dtype
+                                 or out_dtype not in (None, x.dtype)):
+        raise ValueError(f"residual must be [{x.shape[0]}, {weight.shape[0]}] (x's rows, weight's N) in "
+                         f"x's dtype {x.dtype}, with out_dtype None; got {tuple(residual.shape)}, "
+                         f"{residual.dtype}, out_dtype {out_dtype}")
+
+
+def _check_norm(norm: PendingNorm, act: str | None) -> None:
+    num_rows, hidden = norm.h.shape if norm.h.dim() == 2 else (None, None)
+    if act is not None:
+        raise ValueError(f"act must be None when x is a PendingNorm; got {act!r}")
+    if (norm.sumsq.dim() != 2 or norm.sumsq.shape[0] != num_rows or norm.sumsq.dtype != torch.float32
+            or not norm.sumsq.is_contiguous()):
+        raise ValueError(f"PendingNorm.sumsq must be contiguous [{num_rows}, P] float32 (h's rows); "
+                         f"got {tuple(norm.sumsq.shape)}, {norm.sumsq.dtype}")
+    if norm.weight.shape != (hidden,):
+        raise ValueError(f"PendingNorm.weight must be [{hidden}] (h's last dim); got {tuple(norm.weight.shape)}")

@@ -5,8 +5,18 @@ in [BLOCK_N, BLOCK_K] tiles (16-byte loads along K). The multiply-accumulate is 
 with a tl.sum over K (one x row at a time) or, with USE_DOT, tl.dot on the transposed problem
 (weight tile as the A operand, x padded to 16 rows as B). With split K each program writes an fp32
 partial and the last slice of each row block to finish (an atomic counter) sums them in slice
-order: deterministic, and one launch. x's prologue may apply silu_and_mul (SILU_MUL). With PDL the
-first weight tile is read before the wait for x's producer (pagedlm/ops/pdl.py).
+order: deterministic, and one launch. With PDL the first weight tile is read before the wait for x's
+producer (pagedlm/ops/pdl.py).
+
+Fusions around the product, so that a batch-1 decoder layer needs no separate norm kernel:
+- prologue SILU_MUL: x = silu(gate) * up;
+- prologue NORM: x = rms_norm(h) * norm_weight, where the row's sum of squares comes as partial sums
+  (one per row block of the GEMV that produced h, see ADD_RESIDUAL): each program adds up those
+  few floats instead of re-reading the whole row;
+- epilogue ADD_RESIDUAL: y = (x @ W.T + b) + residual (the residual stream's next value), and the
+  sum of y**2 over the block's rows, per row, into sumsq_out[m, pid_n] for the next GEMV's NORM.
+Rounding is the unfused ops': y rounds to the model dtype before the add and after it; the norm
+rounds h * rstd and then the product with the weight (pagedlm/ops/norm.py).
 """
 from __future__ import annotations
 
@@ -18,24 +28,40 @@ from pagedlm.ops.counters import last_to_arrive
 
 
 @triton.jit
-def _load_x(ptrs, mask, K, SILU_MUL: tl.constexpr):
-    """x at ptrs in x's dtype; with SILU_MUL, silu(gate at ptrs) * (up at ptrs + K) in fp32, rounded."""
+def _load_x(ptrs, mask, K, rstd, norm_w, SILU_MUL: tl.constexpr, NORM: tl.constexpr):
+    """x at ptrs in x's dtype; with SILU_MUL, silu(gate at ptrs) * (up at ptrs + K) in fp32, rounded;
+    with NORM, (h at ptrs) * rstd, rounded, times norm_w (fp32, broadcast along rows), rounded."""
     x = tl.load(ptrs, mask=mask, other=0.0)
     if SILU_MUL:
         gate = x.to(tl.float32)
         up = tl.load(ptrs + K, mask=mask, other=0.0).to(tl.float32)
         x = (gate / (1.0 + tl.exp(-gate)) * up).to(ptrs.dtype.element_ty)
+    if NORM:
+        normed = (x.to(tl.float32) * rstd).to(ptrs.dtype.element_ty).to(tl.float32)
+        x = (normed * norm_w).to(ptrs.dtype.element_ty)
     return x
 
 
 @triton.jit
-def _fma_accumulate(acc, w, x_ptr, offs_k, mask_k, K, stride_x,
-                    FMA_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, SILU_MUL: tl.constexpr):
+def _rows_rstd(sumsq_ptr, num_parts, M, K, eps, BLOCK_M: tl.constexpr, PARTS_PAD: tl.constexpr):
+    """[BLOCK_M] fp32 1 / sqrt(mean of h**2 + eps) per row, from sumsq [M, num_parts] partial sums."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_p = tl.arange(0, PARTS_PAD)
+    mask = (offs_m[:, None] < M) & (offs_p[None, :] < num_parts)
+    parts = tl.load(sumsq_ptr + offs_m[:, None] * num_parts + offs_p[None, :], mask=mask, other=0.0)
+    return tl.rsqrt(tl.sum(parts, 1) / K + eps)
+
+
+@triton.jit
+def _fma_accumulate(acc, w, x_ptr, offs_k, mask_k, K, stride_x, rstd, norm_w,
+                    FMA_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr):
     """acc[:, m] += w @ x[m] for each of the FMA_ROWS rows, fp32 multiply + tl.sum over K."""
     w = w.to(tl.float32)  # [BLOCK_N, BLOCK_K]
     cols = tl.arange(0, BLOCK_M)
     for m in tl.static_range(FMA_ROWS):
-        x = _load_x(x_ptr + m * stride_x + offs_k[None, :], mask_k[None, :], K, SILU_MUL)  # [1, BLOCK_K]
+        rstd_m = tl.sum(tl.where(cols == m, rstd, 0.0), 0)  # row m's (unused without NORM)
+        x = _load_x(x_ptr + m * stride_x + offs_k[None, :], mask_k[None, :], K, rstd_m, norm_w[None, :],
+                    SILU_MUL, NORM)  # [1, BLOCK_K]
         part = tl.sum(w * x.to(tl.float32), axis=1)  # [BLOCK_N]
         acc = tl.where(cols[None, :] == m, acc + part[:, None], acc)
     return acc
@@ -49,21 +75,26 @@ def _load_weight_tile(w_rows, mask_n, k0, K, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _accumulate(acc, w, x_ptr, k0, M, K, stride_x,
+def _accumulate(acc, w, x_ptr, k0, M, K, stride_x, rstd, norm_w_ptr,
                 FMA_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                SILU_MUL: tl.constexpr, USE_DOT: tl.constexpr):
+                SILU_MUL: tl.constexpr, NORM: tl.constexpr, USE_DOT: tl.constexpr):
     """acc [BLOCK_N, BLOCK_M] += w [BLOCK_N, BLOCK_K] @ x[:, k0:k0 + BLOCK_K].T"""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     mask_k = offs_k < K  # slices hold whole chunks: only K cuts one
+    norm_w = tl.zeros([BLOCK_K], tl.float32)
+    if NORM:
+        norm_w = tl.load(norm_w_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)
     if USE_DOT:
         offs_m = tl.arange(0, BLOCK_M)
         x_mask = (offs_m[:, None] < M) & mask_k[None, :]
-        x = _load_x(x_ptr + offs_m[:, None] * stride_x + offs_k[None, :], x_mask, K, SILU_MUL)
+        x = _load_x(x_ptr + offs_m[:, None] * stride_x + offs_k[None, :], x_mask, K, rstd[:, None],
+                    norm_w[None, :], SILU_MUL, NORM)
         return tl.dot(w, tl.trans(x), acc, input_precision="ieee")
-    return _fma_accumulate(acc, w, x_ptr, offs_k, mask_k, K, stride_x, FMA_ROWS, BLOCK_M, SILU_MUL)
+    return _fma_accumulate(acc, w, x_ptr, offs_k, mask_k, K, stride_x, rstd, norm_w,
+                           FMA_ROWS, BLOCK_M, SILU_MUL, NORM)
 
 
-@triton.jit(do_not_specialize=["M"])
+@triton.jit(do_not_specialize=["M", "num_parts"])
 def gemv_kernel(
     out_ptr,  # [M, N] in x's dtype, or float32 (the LM head's logits)
     partial_ptr,  # [num_splits, M, N] float32 (with PARTIAL)
@@ -71,10 +102,14 @@ def gemv_kernel(
     x_ptr,  # [M, K] rows at stride_x ([M, 2K] gate then up with SILU_MUL)
     weight_ptr,  # [N, K] rows at stride_w
     bias_ptr,  # [N] (read only if HAS_BIAS)
-    M, N, K, stride_x, stride_w, k_per_split,
+    residual_ptr,  # [M, N] contiguous (read only if ADD_RESIDUAL)
+    sumsq_out_ptr,  # [M, cdiv(N, BLOCK_N)] float32 (written only if ADD_RESIDUAL)
+    sumsq_ptr,  # [M, num_parts] float32: partial sums of x**2 (read only if NORM)
+    norm_w_ptr,  # [K] (read only if NORM)
+    M, N, K, stride_x, stride_w, k_per_split, num_parts, eps,
     FMA_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, USE_DOT: tl.constexpr,
-    PDL: tl.constexpr,
+    PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr,
+    PARTS_PAD: tl.constexpr, ADD_RESIDUAL: tl.constexpr, USE_DOT: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program (pid_n, pid_k): rows [pid_n * BLOCK_N, +BLOCK_N) of y over K slice pid_k. M is a
     run-time value on the dot path (one compile for every M it takes); the FMA path unrolls its
@@ -85,6 +120,8 @@ def gemv_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     mask_n = offs_n < N
+    out_mask = mask_n[:, None] & (offs_m[None, :] < M)
+    y_offs = offs_m[None, :] * N + offs_n[:, None]  # [BLOCK_N, BLOCK_M] of y.T in a row-major [M, N]
     k_start = pid_k * k_per_split
     k_end = tl.minimum(K, k_start + k_per_split)
     w_rows = weight_ptr + offs_n[:, None].to(tl.int64) * stride_w  # [BLOCK_N, 1]
@@ -93,27 +130,43 @@ def gemv_kernel(
     # every launched slice has at least one chunk (launch_split_k)
     w = _load_weight_tile(w_rows, mask_n, k_start, K, BLOCK_K)
     pdl.wait_for_producers(PDL)
-    acc = _accumulate(acc, w, x_ptr, k_start, M, K, stride_x, FMA_ROWS, BLOCK_M, BLOCK_K, SILU_MUL, USE_DOT)
+    rstd = tl.zeros([BLOCK_M], tl.float32)
+    if NORM:
+        rstd = _rows_rstd(sumsq_ptr, num_parts, M, K, eps, BLOCK_M, PARTS_PAD)
+    residual = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    if ADD_RESIDUAL:  # loaded early, used in the epilogue
+        residual = tl.load(residual_ptr + y_offs, mask=out_mask, other=0.0).to(tl.float32)
+    acc = _accumulate(acc, w, x_ptr, k_start, M, K, stride_x, rstd, norm_w_ptr,
+                      FMA_ROWS, BLOCK_M, BLOCK_K, SILU_MUL, NORM, USE_DOT)
     for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
         w = _load_weight_tile(w_rows, mask_n, k0, K, BLOCK_K)
-        acc = _accumulate(acc, w, x_ptr, k0, M, K, stride_x, FMA_ROWS, BLOCK_M, BLOCK_K, SILU_MUL, USE_DOT)
-    out_mask = mask_n[:, None] & (offs_m[None, :] < M)
+        acc = _accumulate(acc, w, x_ptr, k0, M, K, stride_x, rstd, norm_w_ptr,
+                          FMA_ROWS, BLOCK_M, BLOCK_K, SILU_MUL, NORM, USE_DOT)
     if PARTIAL:
-        part_offs = offs_m[None, :] * N + offs_n[:, None]  # [BLOCK_N, BLOCK_M] within one slice
-        tl.store(partial_ptr + pid_k * M * N + part_offs, acc, mask=out_mask)
+        tl.store(partial_ptr + pid_k * M * N + y_offs, acc, mask=out_mask)
         num_splits = tl.num_programs(1)
         if last_to_arrive(counters_ptr + pid_n, num_splits):
             acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
             for s in range(num_splits):  # in slice order: deterministic
-                acc += tl.load(partial_ptr + s * M * N + part_offs, mask=out_mask, other=0.0, cache_modifier=".cg")
-            _store_y(out_ptr, bias_ptr, acc, offs_n, offs_m, mask_n, out_mask, N, HAS_BIAS)
+                acc += tl.load(partial_ptr + s * M * N + y_offs, mask=out_mask, other=0.0, cache_modifier=".cg")
+            _store_y(out_ptr, bias_ptr, residual, sumsq_out_ptr, acc, y_offs, offs_n, offs_m, mask_n, out_mask,
+                     M, HAS_BIAS, ADD_RESIDUAL)
     else:
-        _store_y(out_ptr, bias_ptr, acc, offs_n, offs_m, mask_n, out_mask, N, HAS_BIAS)
+        _store_y(out_ptr, bias_ptr, residual, sumsq_out_ptr, acc, y_offs, offs_n, offs_m, mask_n, out_mask,
+                 M, HAS_BIAS, ADD_RESIDUAL)
 
 
 @triton.jit
-def _store_y(out_ptr, bias_ptr, acc, offs_n, offs_m, mask_n, out_mask, N, HAS_BIAS: tl.constexpr):
-    """y.T tile acc [BLOCK_N, BLOCK_M] (+ bias), rounded once to out's dtype."""
+def _store_y(out_ptr, bias_ptr, residual, sumsq_out_ptr, acc, y_offs, offs_n, offs_m, mask_n, out_mask, M,
+             HAS_BIAS: tl.constexpr, ADD_RESIDUAL: tl.constexpr):
+    """y.T tile acc [BLOCK_N, BLOCK_M] (+ bias), rounded to out's dtype; with ADD_RESIDUAL, + residual
+    (fp32 [BLOCK_N, BLOCK_M]) rounded again, and each row's sum of squares of the block's outputs."""
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
-    tl.store(out_ptr + offs_m[None, :] * N + offs_n[:, None], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    y = acc.to(out_ptr.dtype.element_ty)
+    if ADD_RESIDUAL:  # rows past N are 0 in acc, bias and residual, so they add nothing below
+        y = (y.to(tl.float32) + residual).to(out_ptr.dtype.element_ty)
+        squares = y.to(tl.float32) * y.to(tl.float32)
+        tl.store(sumsq_out_ptr + offs_m * tl.num_programs(0) + tl.program_id(0), tl.sum(squares, 0),
+                 mask=offs_m < M)
+    tl.store(out_ptr + y_offs, y, mask=out_mask)

@@ -83,7 +83,7 @@ def run_op_wrappers() -> None:
     import torch
 
     from pagedlm.ops import activation, norm
-    from pagedlm.ops.gemv import gemv_triton
+    from pagedlm.ops.gemv import PendingNorm, gemv_triton
     from pagedlm.sample.triton_draw import fused_gumbel_draw
 
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
@@ -98,6 +98,11 @@ def run_op_wrappers() -> None:
                 x = torch.empty(num_rows, 2 * k if act else k, dtype=dtype)
                 bias = torch.empty(n, dtype=dtype) if n == 4096 else None
                 gemv_triton(x, torch.empty(n, k, dtype=dtype), bias, act=act)  # N=1024: split K
+            # a decoder layer's norm folded in: o_proj's residual epilogue, then gate_up's norm prologue
+            summed = gemv_triton(torch.empty(num_rows, 2048, dtype=dtype), torch.empty(1024, 2048, dtype=dtype),
+                                 residual=torch.empty(num_rows, 1024, dtype=dtype))
+            gemv_triton(PendingNorm(summed.h, summed.sumsq, torch.empty(1024, dtype=dtype), 1e-6),
+                        torch.empty(6144, 1024, dtype=dtype))
         gemv_triton(torch.empty(1, 1024, dtype=dtype), torch.empty(151936, 1024, dtype=dtype),
                     out_dtype=torch.float32)  # the LM head's logits
     for vocab_size in (151936, 49152, 32000):

@@ -103,6 +103,37 @@ def test_chunked_prefill_matches_one_pass(family: tuple[torch.nn.Module, LlamaFo
     assert (logits[-1] - want_short[-1]).abs().max() <= TOL
 
 
+def test_decode_through_fused_gemvs_matches_transformers(
+        family: tuple[torch.nn.Module, LlamaForCausalLM], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode step of 4 sequences with every Linear on the Triton GEMV (the interpreter on CPU), as
+    CUDA decode takes it: residual adds in the GEMV epilogues, norms in the prologues. Only the first
+    layer's input norm (of the embeddings) and the final norm (before the logits rows are picked)
+    remain norm calls."""
+    from pagedlm.model import layers
+    from pagedlm.ops import gemv as gemv_module
+    from pagedlm.ops.gemv import gemv_triton
+
+    hf_model, model = family
+    batch = prompts(model.config.vocab_size)
+    cache = make_cache(model.config, len(batch), max(map(len, batch)), BLOCK_SIZE)
+    with torch.no_grad():
+        input_ids, positions, meta = make_step(cache, [(ids[:-1], 0) for ids in batch])
+        model(input_ids, positions, cache.kv_caches, meta)  # the prompts but their last tokens
+        monkeypatch.setattr(layers, "takes_gemv", lambda x, weight: x.shape[0] <= gemv_module.MAX_M)
+        monkeypatch.setattr(gemv_module, "gemv", gemv_triton)
+        norm_calls = []
+        for module, name in ((layers.ops, "rms_norm"), (layers.ops, "fused_add_rms_norm"), (gemv_module, "rms_norm")):
+            norm = getattr(module, name)
+            label = "PendingNorm.materialize" if module is gemv_module else name
+            monkeypatch.setattr(module, name, lambda *args, norm=norm, label=label: norm_calls.append(label)
+                                or norm(*args))
+        input_ids, positions, meta = make_step(cache, [(ids[-1:], len(ids) - 1) for ids in batch])
+        logits = model.compute_logits(model(input_ids, positions, cache.kv_caches, meta))
+    assert norm_calls == ["rms_norm", "PendingNorm.materialize"]
+    for ids, got in zip(batch, logits, strict=True):
+        assert (got - hf_logits(hf_model, ids)[-1]).abs().max() <= TOL, f"prompt of {len(ids)} tokens"
+
+
 def test_inputs_embeds_replace_input_ids(family: tuple[torch.nn.Module, LlamaForCausalLM]) -> None:
     _, model = family
     ids = prompts(model.config.vocab_size)[0]

@@ -7,9 +7,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from triton import cdiv as triton_cdiv
 
 from pagedlm.ops import gemv as gemv_mod
-from pagedlm.ops.gemv import GemvConfig, gemv, gemv_torch, gemv_triton
+from pagedlm.ops.gemv import GemvConfig, PendingNorm, ResidualSum, gemv, gemv_torch, gemv_triton
+from pagedlm.ops.norm import rms_norm_torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=2e-2, rtol=2e-2),
@@ -73,6 +75,79 @@ def test_gemv_silu_and_mul_rounds_before_the_product(config_name: str) -> None:
     out = gemv_triton(x, weight, act="silu_and_mul", config=CONFIGS[config_name])
     expected = reference(x, weight, None, "silu_and_mul").half()
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("num_rows", [1, 3])
+@pytest.mark.parametrize("config_name", list(CONFIGS))
+def test_gemv_residual_epilogue(dtype: torch.dtype, num_rows: int, config_name: str) -> None:
+    """h = round(round(x @ W.T + b) + residual), and sumsq [M, row blocks] adds up to each row's sum of
+    h**2 (rows of the last, partial block past N contribute nothing)."""
+    x, weight, bias = make_inputs(num_rows, 45, 100, dtype, act=None, with_bias=True)
+    residual = torch.randn(num_rows, 45, device=DEVICE).to(dtype)
+    config = CONFIGS[config_name]
+    result = gemv_triton(x, weight, bias, residual=residual, config=config)
+    assert isinstance(result, ResidualSum) and result.h.dtype == dtype
+    assert result.sumsq.shape == (num_rows, triton_cdiv(45, config.block_n))
+    y = gemv_triton(x, weight, bias, config=config)  # the same product, rounded once
+    torch.testing.assert_close(result.h, y + residual, rtol=0, atol=0)
+    torch.testing.assert_close(result.sumsq.sum(1), result.h.float().square().sum(1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("num_rows", [1, 3])
+@pytest.mark.parametrize("config_name", list(CONFIGS))
+def test_gemv_norm_prologue(dtype: torch.dtype, num_rows: int, config_name: str) -> None:
+    """x = PendingNorm(h, sumsq from a residual epilogue): the product of rms_norm_torch(h) * weight,
+    to the rounding of an rstd summed in another order."""
+    h_in, first_weight, _ = make_inputs(num_rows, 100, 60, dtype, act=None, with_bias=False)
+    residual = torch.randn(num_rows, 100, device=DEVICE).to(dtype)
+    summed = gemv_triton(h_in, first_weight, residual=residual, config=CONFIGS["fma-split"])  # 7 parts
+    norm_weight = (1 + torch.randn(100, device=DEVICE) / 4).to(dtype)
+    pending = PendingNorm(summed.h, summed.sumsq, norm_weight, 1e-5)
+    _, weight, bias = make_inputs(num_rows, 45, 100, dtype, act=None, with_bias=True)
+    out = gemv_triton(pending, weight, bias, config=CONFIGS[config_name])
+    check(out, rms_norm_torch(summed.h, norm_weight, 1e-5), weight, bias, None)
+    torch.testing.assert_close(out, gemv_torch(pending, weight, bias), **TOL[dtype])
+
+
+def test_gemv_norm_prologue_rounds_like_the_norm_kernel() -> None:
+    """K-wide rows of exact fp16 values and one part: the normalised x is fp16(fp16(h * rstd) * w) bit for
+    bit (a product with unit weights reads it back), as rms_norm_torch rounds it."""
+    h = torch.randint(-64, 64, (2, 64), device=DEVICE).half() / 8
+    sumsq = h.float().square().sum(1, keepdim=True)  # exact: small integers / 64
+    norm_weight = (1 + torch.randint(-16, 16, (64,), device=DEVICE).half() / 32)
+    eye = torch.eye(64, device=DEVICE).half()
+    for config in (CONFIGS["fma"], CONFIGS["dot"]):
+        out = gemv_triton(PendingNorm(h, sumsq, norm_weight, 1e-6), eye, config=config)
+        torch.testing.assert_close(out, rms_norm_torch(h, norm_weight, 1e-6), rtol=0, atol=0)
+
+
+def test_gemv_residual_and_norm_torch_fallback() -> None:
+    x, weight, bias = make_inputs(2, 24, 40, torch.float32, act=None, with_bias=True)
+    residual = torch.randn(2, 24, device=DEVICE)
+    result = gemv_torch(x, weight, bias, residual=residual)
+    torch.testing.assert_close(result.h.double(), reference(x, weight, bias, None) + residual.double(), **TOL[torch.float32])
+    torch.testing.assert_close(result.sumsq[:, 0], result.h.square().sum(1))
+    pending = PendingNorm(result.h, result.sumsq, torch.ones(24, device=DEVICE), 1e-6)
+    torch.testing.assert_close(pending.materialize(), rms_norm_torch(result.h, pending.weight, 1e-6))
+
+
+@pytest.mark.parametrize("impl", [gemv_triton, gemv_torch])
+def test_gemv_rejects_bad_residual_and_norm(impl) -> None:
+    x, weight = torch.randn(2, 16, device=DEVICE), torch.randn(8, 16, device=DEVICE)
+    sumsq = torch.ones(2, 3, device=DEVICE)
+    with pytest.raises(ValueError, match="residual must be \\[2, 8\\]"):
+        impl(x, weight, residual=torch.randn(2, 16, device=DEVICE))
+    with pytest.raises(ValueError, match="with out_dtype None"):
+        impl(x, weight, residual=torch.randn(2, 8, device=DEVICE), out_dtype=torch.float16)
+    with pytest.raises(ValueError, match="PendingNorm.sumsq must be"):
+        impl(PendingNorm(x, sumsq.double(), torch.ones(16, device=DEVICE), 1e-6), weight)
+    with pytest.raises(ValueError, match="PendingNorm.weight must be \\[16\\]"):
+        impl(PendingNorm(x, sumsq, torch.ones(8, device=DEVICE), 1e-6), weight)
+    with pytest.raises(ValueError, match="act must be None"):
+        impl(PendingNorm(x, sumsq, torch.ones(16, device=DEVICE), 1e-6), torch.randn(8, 8, device=DEVICE),
+             act="silu_and_mul")
 
 
 def test_gemv_triton_strided_views() -> None:
@@ -203,6 +278,26 @@ def test_gemv_bf16_cuda(num_rows: int, act: str | None) -> None:
         expected = F.linear(x_in.float(), weight.float(), bias.float())
         assert out.dtype == torch.bfloat16 and not out.isnan().any()
         torch.testing.assert_close(out.float(), expected, **TOL[torch.bfloat16])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_rows", [1, 3, 8])
+def test_gemv_residual_then_norm_bf16_cuda(num_rows: int) -> None:
+    """A decoder layer's o_proj -> norm -> gate_up at qwen3-0.6b's shape with the default configs (split
+    K, FMA at one row, tl.dot above), in bf16: the residual epilogue and the norm prologue against the
+    fp32 torch of the unfused ops, rounded where they round."""
+    attn, o_weight, _ = make_inputs(num_rows, 1024, 2048, torch.bfloat16, act=None, with_bias=False)
+    residual = torch.randn(num_rows, 1024, device=DEVICE).to(torch.bfloat16)
+    norm_weight = (1 + torch.randn(1024, device=DEVICE) / 4).to(torch.bfloat16)
+    _, up_weight, _ = make_inputs(num_rows, 6144, 1024, torch.bfloat16, act=None, with_bias=False)
+    summed = gemv_triton(attn, o_weight, residual=residual)
+    h = (F.linear(attn.float(), o_weight.float()).to(torch.bfloat16) + residual)
+    torch.testing.assert_close(summed.h.float(), h.float(), **TOL[torch.bfloat16])
+    torch.testing.assert_close(summed.sumsq.sum(1), summed.h.float().square().sum(1), rtol=1e-4, atol=1e-3)
+    out = gemv_triton(PendingNorm(summed.h, summed.sumsq, norm_weight, 1e-6), up_weight)
+    expected = F.linear(rms_norm_torch(summed.h, norm_weight, 1e-6).float(), up_weight.float())
+    assert out.dtype == torch.bfloat16 and not out.isnan().any()
+    torch.testing.assert_close(out.float(), expected, **TOL[torch.bfloat16])
 
 
 @pytest.mark.gpu
