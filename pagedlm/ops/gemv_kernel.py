@@ -28,40 +28,46 @@ from pagedlm.ops.counters import last_to_arrive
 
 
 @triton.jit
-def _load_x(ptrs, mask, K, rstd, norm_w, SILU_MUL: tl.constexpr, NORM: tl.constexpr):
-    """x at ptrs in x's dtype; with SILU_MUL, silu(gate at ptrs) * (up at ptrs + K) in fp32, rounded;
-    with NORM, (h at ptrs) * rstd, rounded, times norm_w (fp32, broadcast along rows), rounded."""
+def _load_x(ptrs, mask, K, SILU_MUL: tl.constexpr):
+    """x at ptrs in x's dtype; with SILU_MUL, silu(gate at ptrs) * (up at ptrs + K) in fp32, rounded."""
     x = tl.load(ptrs, mask=mask, other=0.0)
     if SILU_MUL:
         gate = x.to(tl.float32)
         up = tl.load(ptrs + K, mask=mask, other=0.0).to(tl.float32)
         x = (gate / (1.0 + tl.exp(-gate)) * up).to(ptrs.dtype.element_ty)
-    if NORM:
-        normed = (x.to(tl.float32) * rstd).to(ptrs.dtype.element_ty).to(tl.float32)
-        x = (normed * norm_w).to(ptrs.dtype.element_ty)
     return x
 
 
 @triton.jit
-def _rows_rstd(sumsq_ptr, num_parts, M, K, eps, BLOCK_M: tl.constexpr, PARTS_PAD: tl.constexpr):
-    """[BLOCK_M] fp32 1 / sqrt(mean of h**2 + eps) per row, from sumsq [M, num_parts] partial sums."""
+def _load_parts(sumsq_ptr, M, BLOCK_M: tl.constexpr, NUM_PARTS: tl.constexpr, PARTS_PAD: tl.constexpr):
+    """[BLOCK_M, PARTS_PAD] fp32: each row's partial sums of h**2 (0 past M and NUM_PARTS)."""
     offs_m = tl.arange(0, BLOCK_M)
     offs_p = tl.arange(0, PARTS_PAD)
-    mask = (offs_m[:, None] < M) & (offs_p[None, :] < num_parts)
-    parts = tl.load(sumsq_ptr + offs_m[:, None] * num_parts + offs_p[None, :], mask=mask, other=0.0)
-    return tl.rsqrt(tl.sum(parts, 1) / K + eps)
+    mask = (offs_m[:, None] < M) & (offs_p[None, :] < NUM_PARTS)
+    return tl.load(sumsq_ptr + offs_m[:, None] * NUM_PARTS + offs_p[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
-def _fma_accumulate(acc, w, x_ptr, offs_k, mask_k, K, stride_x, rstd, norm_w,
+def _normed(x, parts, K, eps, norm_w):
+    """rms_norm of the x rows [R, BLOCK_K] (model dtype) with their partial sums of squares parts
+    [R, PARTS_PAD], times norm_w [1, BLOCK_K] fp32: rounded after h * rstd and after the weight.
+    The caller loads x before calling, so x's load and the parts' reduction overlap."""
+    rstd = tl.rsqrt(tl.sum(parts, 1) / K + eps)  # [R]
+    normed = (x.to(tl.float32) * rstd[:, None]).to(x.dtype).to(tl.float32)
+    return (normed * norm_w).to(x.dtype)
+
+
+@triton.jit
+def _fma_accumulate(acc, w, x_ptr, offs_k, mask_k, K, stride_x, parts, eps, norm_w,
                     FMA_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr):
     """acc[:, m] += w @ x[m] for each of the FMA_ROWS rows, fp32 multiply + tl.sum over K."""
     w = w.to(tl.float32)  # [BLOCK_N, BLOCK_K]
     cols = tl.arange(0, BLOCK_M)
     for m in tl.static_range(FMA_ROWS):
-        rstd_m = tl.sum(tl.where(cols == m, rstd, 0.0), 0)  # row m's (unused without NORM)
-        x = _load_x(x_ptr + m * stride_x + offs_k[None, :], mask_k[None, :], K, rstd_m, norm_w[None, :],
-                    SILU_MUL, NORM)  # [1, BLOCK_K]
+        x = _load_x(x_ptr + m * stride_x + offs_k[None, :], mask_k[None, :], K, SILU_MUL)  # [1, BLOCK_K]
+        if NORM:
+            row_parts = tl.sum(tl.where(cols[:, None] == m, parts, 0.0), 0)  # row m's [PARTS_PAD]
+            x = _normed(x, row_parts[None, :], K, eps, norm_w)
         part = tl.sum(w * x.to(tl.float32), axis=1)  # [BLOCK_N]
         acc = tl.where(cols[None, :] == m, acc + part[:, None], acc)
     return acc
@@ -75,26 +81,27 @@ def _load_weight_tile(w_rows, mask_n, k0, K, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _accumulate(acc, w, x_ptr, k0, M, K, stride_x, rstd, norm_w_ptr,
+def _accumulate(acc, w, x_ptr, k0, M, K, stride_x, parts, eps, norm_w_ptr,
                 FMA_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                 SILU_MUL: tl.constexpr, NORM: tl.constexpr, USE_DOT: tl.constexpr):
     """acc [BLOCK_N, BLOCK_M] += w [BLOCK_N, BLOCK_K] @ x[:, k0:k0 + BLOCK_K].T"""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     mask_k = offs_k < K  # slices hold whole chunks: only K cuts one
-    norm_w = tl.zeros([BLOCK_K], tl.float32)
+    norm_w = tl.zeros([1, BLOCK_K], tl.float32)
     if NORM:
-        norm_w = tl.load(norm_w_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        norm_w = tl.load(norm_w_ptr + offs_k[None, :], mask=mask_k[None, :], other=0.0).to(tl.float32)
     if USE_DOT:
         offs_m = tl.arange(0, BLOCK_M)
         x_mask = (offs_m[:, None] < M) & mask_k[None, :]
-        x = _load_x(x_ptr + offs_m[:, None] * stride_x + offs_k[None, :], x_mask, K, rstd[:, None],
-                    norm_w[None, :], SILU_MUL, NORM)
+        x = _load_x(x_ptr + offs_m[:, None] * stride_x + offs_k[None, :], x_mask, K, SILU_MUL)
+        if NORM:
+            x = _normed(x, parts, K, eps, norm_w)
         return tl.dot(w, tl.trans(x), acc, input_precision="ieee")
-    return _fma_accumulate(acc, w, x_ptr, offs_k, mask_k, K, stride_x, rstd, norm_w,
+    return _fma_accumulate(acc, w, x_ptr, offs_k, mask_k, K, stride_x, parts, eps, norm_w,
                            FMA_ROWS, BLOCK_M, SILU_MUL, NORM)
 
 
-@triton.jit(do_not_specialize=["M", "num_parts"])
+@triton.jit(do_not_specialize=["M"])
 def gemv_kernel(
     out_ptr,  # [M, N] in x's dtype, or float32 (the LM head's logits)
     partial_ptr,  # [num_splits, M, N] float32 (with PARTIAL)
@@ -104,12 +111,13 @@ def gemv_kernel(
     bias_ptr,  # [N] (read only if HAS_BIAS)
     residual_ptr,  # [M, N] contiguous (read only if ADD_RESIDUAL)
     sumsq_out_ptr,  # [M, cdiv(N, BLOCK_N)] float32 (written only if ADD_RESIDUAL)
-    sumsq_ptr,  # [M, num_parts] float32: partial sums of x**2 (read only if NORM)
+    sumsq_ptr,  # [M, NUM_PARTS] float32: partial sums of x**2 (read only if NORM)
     norm_w_ptr,  # [K] (read only if NORM)
-    M, N, K, stride_x, stride_w, k_per_split, num_parts, eps,
+    M, N, K, stride_x, stride_w, k_per_split, eps,
     FMA_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr,
-    PARTS_PAD: tl.constexpr, ADD_RESIDUAL: tl.constexpr, USE_DOT: tl.constexpr, PDL: tl.constexpr,
+    NUM_PARTS: tl.constexpr, PARTS_PAD: tl.constexpr, ADD_RESIDUAL: tl.constexpr, USE_DOT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Program (pid_n, pid_k): rows [pid_n * BLOCK_N, +BLOCK_N) of y over K slice pid_k. M is a
     run-time value on the dot path (one compile for every M it takes); the FMA path unrolls its
@@ -130,17 +138,17 @@ def gemv_kernel(
     # every launched slice has at least one chunk (launch_split_k)
     w = _load_weight_tile(w_rows, mask_n, k_start, K, BLOCK_K)
     pdl.wait_for_producers(PDL)
-    rstd = tl.zeros([BLOCK_M], tl.float32)
-    if NORM:
-        rstd = _rows_rstd(sumsq_ptr, num_parts, M, K, eps, BLOCK_M, PARTS_PAD)
+    parts = tl.zeros([BLOCK_M, PARTS_PAD], tl.float32)
+    if NORM:  # reduced only after the first x chunk's load is issued (_normed)
+        parts = _load_parts(sumsq_ptr, M, BLOCK_M, NUM_PARTS, PARTS_PAD)
     residual = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     if ADD_RESIDUAL:  # loaded early, used in the epilogue
         residual = tl.load(residual_ptr + y_offs, mask=out_mask, other=0.0).to(tl.float32)
-    acc = _accumulate(acc, w, x_ptr, k_start, M, K, stride_x, rstd, norm_w_ptr,
+    acc = _accumulate(acc, w, x_ptr, k_start, M, K, stride_x, parts, eps, norm_w_ptr,
                       FMA_ROWS, BLOCK_M, BLOCK_K, SILU_MUL, NORM, USE_DOT)
     for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
         w = _load_weight_tile(w_rows, mask_n, k0, K, BLOCK_K)
-        acc = _accumulate(acc, w, x_ptr, k0, M, K, stride_x, rstd, norm_w_ptr,
+        acc = _accumulate(acc, w, x_ptr, k0, M, K, stride_x, parts, eps, norm_w_ptr,
                           FMA_ROWS, BLOCK_M, BLOCK_K, SILU_MUL, NORM, USE_DOT)
     if PARTIAL:
         tl.store(partial_ptr + pid_k * M * N + y_offs, acc, mask=out_mask)
