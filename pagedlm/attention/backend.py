@@ -50,37 +50,6 @@ class AttentionBackend(Protocol):
         (pagedlm.attention.prepare_qkv writes them at slot_mapping)."""
         ...
 
-    def prepare_and_attend(
-        self,
-        qkv: torch.Tensor,  # [T, (num_heads + 2 * num_kv_heads) * head_dim], the QKV projection's output
-        positions: torch.Tensor,  # [T]
-        cos_sin_cache: torch.Tensor,  # [max_position, head_dim]: cos, then sin
-        qk_norm: tuple[torch.Tensor, torch.Tensor] | None,  # (q_norm, k_norm) weights [head_dim], or None
-        eps: float,
-        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
-        meta: AttentionMetadata,
-        num_heads: int,
-        scale: float,
-        sliding_window: int | None,
-    ) -> torch.Tensor:  # [T, num_heads, head_dim]
-        """pagedlm.attention.prepare_qkv (this step's k/v into the cache at meta.slot_mapping), then
-        attend; a backend may do both in fewer launches (PrepareThenAttend: the plain sequence)."""
-        ...
-
-
-class PrepareThenAttend:
-    """AttentionBackend.prepare_and_attend as prepare_qkv, then self.attend: the backends' default."""
-
-    def prepare_and_attend(
-        self, qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
-        qk_norm: tuple[torch.Tensor, torch.Tensor] | None, eps: float, kv_cache: torch.Tensor,
-        meta: AttentionMetadata, num_heads: int, scale: float, sliding_window: int | None,
-    ) -> torch.Tensor:  # [T, num_heads, head_dim]
-        from pagedlm.attention.prepare_qkv import prepare_qkv  # not at the top: it imports this module
-
-        q = prepare_qkv(qkv, positions, cos_sin_cache, qk_norm, eps, kv_cache, meta.slot_mapping, num_heads)
-        return self.attend(q, kv_cache, meta, scale, sliding_window)
-
 
 def get_attention_backend(name: str, device: torch.device) -> AttentionBackend:
     """`auto` picks Triton on CUDA and batched torch elsewhere; `torch_ref` is the reference."""

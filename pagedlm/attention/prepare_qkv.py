@@ -7,8 +7,6 @@ norms, rotary, KV write); plain torch elsewhere (the pieces in pagedlm.ops and t
 Rounding is the unfused path's: the norm rounds to the model dtype before the weight and after
 it, rotary computes in float32 and rounds once (pagedlm.ops.norm, pagedlm.ops.rotary).
 KV cache layout: pagedlm.attention.backend; slot_mapping < 0 marks a padding row (not written).
-The jit helpers (load_halves, load_heads, load_new_kv, store_new_kv) are shared with the split
-decode kernel, which does this work itself on decode batches (triton_decode.prepare_and_split_decode).
 """
 from __future__ import annotations
 
@@ -23,17 +21,9 @@ from pagedlm.ops.rotary import rotary_embedding_torch
 
 
 @triton.jit
-def load_halves(ptr, HALF: tl.constexpr):
-    """[HALF] x2 fp32: elements [0, HALF) and [HALF, 2 * HALF) from ptr (a cos/sin row, a norm weight)."""
-    offs = tl.arange(0, HALF)
-    return tl.load(ptr + offs).to(tl.float32), tl.load(ptr + HALF + offs).to(tl.float32)
-
-
-@triton.jit
-def load_heads(row_ptr, num_heads, cos, sin, w1, w2, eps,
+def load_heads(row_ptr, num_heads, cos, sin, norm_ptr, eps,
                HALF: tl.constexpr, BLOCK_H: tl.constexpr, QK_NORM: tl.constexpr, ROUND_TY: tl.constexpr):
-    """[BLOCK_H, HALF] x2 fp32: the rotated halves of num_heads heads stored from row_ptr on (rows
-    past num_heads are 0); w1, w2: the halves of the norm weight (read only if QK_NORM)."""
+    """[BLOCK_H, HALF] x2 fp32: the rotated halves of num_heads heads stored from row_ptr on."""
     offs_h = tl.arange(0, BLOCK_H)
     offs = tl.arange(0, HALF)
     mask = (offs_h < num_heads)[:, None]
@@ -42,6 +32,8 @@ def load_heads(row_ptr, num_heads, cos, sin, w1, w2, eps,
     x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
     if QK_NORM:  # per-head RMSNorm, rounded as pagedlm.ops.norm rounds it
         rstd = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)  # [BLOCK_H]
+        w1 = tl.load(norm_ptr + offs).to(tl.float32)
+        w2 = tl.load(norm_ptr + HALF + offs).to(tl.float32)
         x1 = ((x1 * rstd[:, None]).to(ROUND_TY).to(tl.float32) * w1[None, :]).to(ROUND_TY).to(tl.float32)
         x2 = ((x2 * rstd[:, None]).to(ROUND_TY).to(tl.float32) * w2[None, :]).to(ROUND_TY).to(tl.float32)
     return x1 * cos[None, :] - x2 * sin[None, :], x2 * cos[None, :] + x1 * sin[None, :]
@@ -56,29 +48,6 @@ def store_heads(dst_ptr, stride_h, num_heads, y1, y2, HALF: tl.constexpr, BLOCK_
     dst = dst_ptr + offs_h[:, None] * stride_h + offs[None, :]
     tl.store(dst, y1.to(dst_ptr.dtype.element_ty), mask=mask)
     tl.store(dst + HALF, y2.to(dst_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def load_new_kv(row_ptr, num_heads, num_kv_heads, first_kv_head, count, cos, sin, w1, w2, eps,
-                HALF: tl.constexpr, BLOCK_H: tl.constexpr, QK_NORM: tl.constexpr, ROUND_TY: tl.constexpr):
-    """KV heads [first_kv_head, first_kv_head + count) of one token's qkv row (at row_ptr): k normed
-    and rotated ([BLOCK_H, HALF] x2 fp32, as load_heads), v as it is ([BLOCK_H, 2 * HALF])."""
-    k_row = row_ptr + (num_heads + first_kv_head) * (2 * HALF)
-    k1, k2 = load_heads(k_row, count, cos, sin, w1, w2, eps, HALF, BLOCK_H, QK_NORM, ROUND_TY)
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, 2 * HALF)
-    v_src = k_row + num_kv_heads * (2 * HALF) + offs_h[:, None] * (2 * HALF) + offs_d[None, :]
-    return k1, k2, tl.load(v_src, mask=(offs_h < count)[:, None])
-
-
-@triton.jit
-def store_new_kv(k_dst_ptr, v_dst_ptr, count, k1, k2, v, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
-    """load_new_kv's heads into one cache slot: head h at k_dst_ptr / v_dst_ptr + h * 2 * HALF."""
-    store_heads(k_dst_ptr, 2 * HALF, count, k1, k2, HALF, BLOCK_H)
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, 2 * HALF)
-    v_dst = v_dst_ptr + offs_h[:, None] * (2 * HALF) + offs_d[None, :]
-    tl.store(v_dst, v.to(v_dst_ptr.dtype.element_ty), mask=(offs_h < count)[:, None])
 
 
 @triton.jit
@@ -99,23 +68,28 @@ def prepare_qkv_kernel(
     token = tl.program_id(0).to(tl.int64)
     round_ty = q_out_ptr.dtype.element_ty
     pos = tl.load(positions_ptr + token).to(tl.int64)
-    cos, sin = load_halves(cos_sin_ptr + pos * stride_cs, HALF)
-    norm_ptr = q_norm_ptr if tl.program_id(1) == 0 else k_norm_ptr
-    w1, w2 = load_halves(norm_ptr, HALF)
-    pdl.wait_for_producers(PDL)  # positions, the table and the weights are inputs; qkv is the GEMM's output
+    offs = tl.arange(0, HALF)
+    cos = tl.load(cos_sin_ptr + pos * stride_cs + offs).to(tl.float32)
+    sin = tl.load(cos_sin_ptr + pos * stride_cs + HALF + offs).to(tl.float32)
+    pdl.wait_for_producers(PDL)  # positions and the table are step inputs; qkv is the GEMM's output
     row = qkv_ptr + token * stride_qkv
     if tl.program_id(1) == 0:
-        q1, q2 = load_heads(row, num_heads, cos, sin, w1, w2, eps, HALF, BLOCK_HQ, QK_NORM, round_ty)
+        q1, q2 = load_heads(row, num_heads, cos, sin, q_norm_ptr, eps, HALF, BLOCK_HQ, QK_NORM, round_ty)
         store_heads(q_out_ptr + token * stride_qo_t, 2 * HALF, num_heads, q1, q2, HALF, BLOCK_HQ)
         return
     slot = tl.load(slot_mapping_ptr + token)
     if slot >= 0:
-        k1, k2, v = load_new_kv(row, num_heads, num_kv_heads, 0, num_kv_heads, cos, sin, w1, w2, eps,
-                                HALF, BLOCK_HK, QK_NORM, round_ty)
+        k_row = row + num_heads * 2 * HALF
+        k1, k2 = load_heads(k_row, num_kv_heads, cos, sin, k_norm_ptr, eps, HALF, BLOCK_HK, QK_NORM, round_ty)
         block, offset = slot // BLOCK_SIZE, slot % BLOCK_SIZE
-        store_new_kv(k_cache_ptr + block * stride_kc_blk + offset * stride_kc_slot,
-                     v_cache_ptr + block * stride_vc_blk + offset * stride_vc_slot, num_kv_heads, k1, k2, v,
-                     HALF, BLOCK_HK)
+        store_heads(k_cache_ptr + block * stride_kc_blk + offset * stride_kc_slot, 2 * HALF, num_kv_heads,
+                    k1, k2, HALF, BLOCK_HK)
+        offs_h = tl.arange(0, BLOCK_HK)
+        offs_d = tl.arange(0, 2 * HALF)
+        mask = (offs_h < num_kv_heads)[:, None]
+        v = tl.load(k_row + num_kv_heads * 2 * HALF + offs_h[:, None] * (2 * HALF) + offs_d[None, :], mask=mask)
+        v_dst = v_cache_ptr + block * stride_vc_blk + offset * stride_vc_slot
+        tl.store(v_dst + offs_h[:, None] * (2 * HALF) + offs_d[None, :], v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 def prepare_qkv(
@@ -129,7 +103,7 @@ def prepare_qkv(
     num_heads: int,
 ) -> torch.Tensor:  # q: [T, num_heads, head_dim], normed and rotated
     """Split, norm, rotate; write k and v into kv_cache at slot_mapping; return q."""
-    check_prepare_qkv(qkv, positions, cos_sin_cache, kv_cache, slot_mapping, num_heads)
+    _check_prepare_qkv(qkv, positions, cos_sin_cache, kv_cache, slot_mapping, num_heads)
     if qkv.is_cuda:
         return prepare_qkv_triton(qkv, positions, cos_sin_cache, qk_norm, eps, kv_cache, slot_mapping, num_heads)
     return prepare_qkv_torch(qkv, positions, cos_sin_cache, qk_norm, eps, kv_cache, slot_mapping, num_heads)
@@ -152,7 +126,8 @@ def prepare_qkv_triton(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache
                        slot_mapping: torch.Tensor, num_heads: int) -> torch.Tensor:
     num_tokens = qkv.shape[0]
     num_kv_heads, head_dim = kv_cache.shape[3], kv_cache.shape[4]
-    check_triton_head_dim(head_dim)
+    if head_dim & (head_dim - 1) or not 16 <= head_dim <= 256:
+        raise ValueError(f"head_dim must be a power of two in [16, 256] on CUDA; got {head_dim}")
     q = torch.empty(num_tokens, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     if num_tokens == 0:
         return q
@@ -169,12 +144,7 @@ def prepare_qkv_triton(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache
     return q
 
 
-def check_triton_head_dim(head_dim: int) -> None:
-    if head_dim & (head_dim - 1) or not 16 <= head_dim <= 256:
-        raise ValueError(f"head_dim must be a power of two in [16, 256] on CUDA; got {head_dim}")
-
-
-def check_prepare_qkv(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+def _check_prepare_qkv(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
                        kv_cache: torch.Tensor, slot_mapping: torch.Tensor, num_heads: int) -> None:
     if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
         raise ValueError(f"kv_cache must be [2, num_blocks, block_size, num_kv_heads, head_dim]; "

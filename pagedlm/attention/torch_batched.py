@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedlm.attention.backend import AttentionMetadata, PrepareThenAttend
+from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.attention.torch_ref import attend_sequence, check_heads
 
 BUCKET_GROWTH = 1.25  # a bucket's longest context (in blocks) is at most this × its shortest
@@ -106,7 +106,7 @@ def attend_bucket(q: torch.Tensor, kv_cache: torch.Tensor, bucket: DecodeBucket,
     return own.permute(0, 3, 1, 2).reshape(num_seqs, -1, head_dim)  # [b, H, D]
 
 
-class TorchBatchedAttentionBackend(PrepareThenAttend):
+class TorchBatchedAttentionBackend:
     """AttentionBackend for the CPU: reference prefill, bucketed batched decodes."""
 
     def __init__(self) -> None:

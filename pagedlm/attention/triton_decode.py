@@ -16,22 +16,6 @@ every CUDA graph replay) starts from zeros.
 
 The counter protocol and its memory ordering: pagedlm.ops.counters.last_to_arrive; the merge
 reads the partials with the .cg cache modifier, as it asks.
-
-Fused prepare_qkv (prepare_and_split_decode, FUSED_QKV): the kernel takes the QKV projection's
-output instead of q and does prepare_qkv's work where it is needed, so a decode layer's attention
-is one launch. Every program computes its GROUP query heads' q from the qkv row (norm, rotary,
-rounded as prepare_qkv rounds them: the same load_heads). The split that holds position
-seq_len - 1 (the last live one) also computes this step's k and v of its KV head, stores them at
-slot_mapping[token] (not when slot < 0), and attends to that key from registers as a rank-1
-online-softmax step; every cached key a program reads is older, so no program reads a slot this
-launch writes (decode-only batches: the only new key of a sequence is its query's own).
-With PDL, what the kernel reads before its wait (pagedlm.ops.pdl, rule 1): query_start_loc,
-seq_lens, positions, slot_mapping and the block table (step inputs), the cos/sin row and the norm
-weights, and its first BLOCK_N-key tile of cached keys and values (keys < seq_len - 1, written by
-earlier steps; this step's key is masked out of that load). A split of one tile, i.e. every split of
-a context up to num_splits * BLOCK_N keys, then reads nothing after the wait but the qkv row. Later
-tiles of longer splits are loaded in the loop after the wait, as in the unfused kernel. So the
-kernel launched right before this one must write none of those: the QKV GEMM writes only qkv.
 """
 from __future__ import annotations
 
@@ -41,12 +25,7 @@ import triton.language as tl
 
 from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.attention import triton_paged
-from pagedlm.attention.prepare_qkv import (
-    check_prepare_qkv, check_triton_head_dim, load_halves, load_heads, load_new_kv, store_new_kv,
-)
-from pagedlm.attention.triton_paged import (
-    LOG2_E, attend_key_range, attend_tile, cache_strides, kernel_constexprs, load_kv_tile,
-)
+from pagedlm.attention.triton_paged import LOG2_E, attend_key_range, cache_strides, kernel_constexprs
 from pagedlm.ops import pdl
 from pagedlm.ops.counters import last_to_arrive, zeroed_counters
 
@@ -89,87 +68,13 @@ def merge_head_splits(
     tl.store(out_row_ptr + offs_d, out.to(out_row_ptr.dtype.element_ty))
 
 
-@triton.jit
-def store_and_merge(
-    acc, m_i, l_i,  # [BLOCK_M, HEAD_DIM], [BLOCK_M], [BLOCK_M]: this split's unnormalised state
-    out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, counters_ptr,  # as decode_split_kernel's
-    seq, kv_head, split, q_token, num_live, num_splits, stride_o_t, stride_o_h,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-):
-    """Store the split's partial; the group's last live split to arrive merges all of them."""
-    num_kv_heads = tl.num_programs(1)
-    rows = tl.arange(0, BLOCK_M)
-    row_ok = rows < GROUP
-    offs_d = tl.arange(0, HEAD_DIM)
-    part_rows = ((seq * num_kv_heads * GROUP + kv_head * GROUP + rows) * num_splits + split).to(tl.int64)
-    tl.store(part_out_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None])
-    tl.store(part_max_ptr + part_rows, m_i, mask=row_ok)
-    tl.store(part_sum_ptr + part_rows, l_i, mask=row_ok)
-    if last_to_arrive(counters_ptr + seq * num_kv_heads + kv_head, num_live):
-        for h in tl.static_range(GROUP):
-            head = kv_head * GROUP + h
-            merge_head_splits(
-                out_ptr + q_token.to(tl.int64) * stride_o_t + head * stride_o_h,
-                (seq * num_kv_heads * GROUP + head).to(tl.int64) * num_splits,
-                num_live, part_out_ptr, part_max_ptr, part_sum_ptr, HEAD_DIM, SPLITS_PAD,
-            )
-
-
-@triton.jit
-def join_halves(x1, x2, BLOCK_H: tl.constexpr, HALF: tl.constexpr):
-    """[BLOCK_H, 2 * HALF]: x1 then x2 ([BLOCK_H, HALF] each) along the last dim."""
-    return tl.reshape(tl.permute(tl.join(x1, x2), (0, 2, 1)), (BLOCK_H, 2 * HALF))
-
-
-@triton.jit
-def attend_new_key(
-    acc, m_i, l_i, q,  # the running state and q, as attend_tile's
-    k1, k2, v,  # this step's key of one KV head (load_new_kv: normed and rotated halves) and value
-    k_dst_ptr, v_dst_ptr,  # that KV head's row of the token's cache slot; written unless slot < 0
-    slot, qk_scale, HEAD_DIM: tl.constexpr,
-):
-    """Store this step's key and value into the cache and attend to them from registers: one
-    online-softmax step that every row sees (the key is at the query's own position)."""
-    HALF: tl.constexpr = HEAD_DIM // 2
-    if slot >= 0:
-        store_new_kv(k_dst_ptr, v_dst_ptr, 1, k1, k2, v, HALF, 1)
-    cache_ty = k_dst_ptr.dtype.element_ty  # rounded as the cache holds them
-    k_new = tl.reshape(join_halves(k1, k2, 1, HALF), (HEAD_DIM,)).to(cache_ty).to(tl.float32)
-    v_new = tl.reshape(v, (HEAD_DIM,)).to(cache_ty).to(tl.float32)
-    s = tl.sum(q.to(tl.float32) * k_new[None, :], 1) * qk_scale  # [BLOCK_M]
-    m_new = tl.maximum(m_i, s)
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new)
-    return acc * alpha[:, None] + p[:, None] * v_new[None, :], m_new, l_i * alpha + p
-
-
-@triton.jit
-def attend_split_keys(
-    acc, m_i, l_i, q, q_pos, kv_lo, kv_hi,
-    k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head, window, qk_scale,
-    stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
-    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):
-    """The cached keys [kv_lo, kv_hi) of a split (none if kv_hi <= kv_lo), all below the query's
-    position: with a window every tile is masked; without, all but a partial last one."""
-    kv_mid = kv_lo
-    if not USE_WINDOW:
-        kv_mid = kv_lo + tl.maximum(kv_hi - kv_lo, 0) // BLOCK_N * BLOCK_N
-    return attend_key_range(
-        acc, m_i, l_i, q, q_pos, kv_lo, kv_mid, kv_hi, k_cache_ptr, v_cache_ptr, block_table_row_ptr,
-        kv_head, window, qk_scale, stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot,
-        stride_vc_h, HEAD_DIM, BLOCK_N, BLOCK_SIZE, USE_WINDOW, DOT_PRECISION,
-    )
-
-
 @triton.jit(do_not_specialize=["window", "num_splits", "stride_bt"])
 def decode_split_kernel(
     out_ptr,  # [T, num_heads, HEAD_DIM]
     part_out_ptr,  # [B, num_heads, num_splits, HEAD_DIM] fp32, unnormalised
     part_max_ptr, part_sum_ptr,  # [B, num_heads, num_splits] fp32 (max in the log2 domain)
     counters_ptr,  # [>= B * num_kv_heads] int32, zero at launch; zero again when the launch ends
-    q_ptr,  # [T, num_heads, HEAD_DIM]; FUSED_QKV: qkv [T, (num_heads + 2 * num_kv_heads) * HEAD_DIM]
+    q_ptr,  # [T, num_heads, HEAD_DIM]
     k_cache_ptr, v_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
     block_table_ptr, query_start_loc_ptr, seq_lens_ptr,
     qk_scale, window, num_splits,
@@ -178,18 +83,9 @@ def decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
-    # FUSED_QKV only: prepare_qkv's inputs
-    positions_ptr=None, slot_mapping_ptr=None,  # [T]
-    cos_sin_ptr=None,  # [max_position, HEAD_DIM]: cos, then sin
-    q_norm_ptr=None, k_norm_ptr=None,  # [HEAD_DIM]; any readable [HEAD_DIM] when QK_NORM is off (unused)
-    eps=0.0, stride_cs=0,
-    FUSED_QKV: tl.constexpr = False, QK_NORM: tl.constexpr = False,
 ):
     """One program: one split of one sequence's keys x the GROUP query heads of one KV head; the
-    group's last live split to finish also merges (see the module notes for the ordering).
-    FUSED_QKV: q, and in the split that holds position seq_len - 1 this step's k and v, come from
-    the qkv row as prepare_qkv makes them (module notes: what is read before the wait)."""
-    HALF: tl.constexpr = HEAD_DIM // 2
+    group's last live split to finish also merges (see the module notes for the ordering)."""
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -197,57 +93,42 @@ def decode_split_kernel(
     has_query = tl.load(query_start_loc_ptr + seq + 1) > q_token  # else a padding sequence
     seq_len = tl.load(seq_lens_ptr + seq)
     kv_lo, kv_hi, num_live = split_key_range(seq_len, window, num_splits, split, BLOCK_N, USE_WINDOW)
-    block_table_row_ptr = block_table_ptr + seq.to(tl.int64) * stride_bt
-    if FUSED_QKV:  # all but the qkv row, before the wait: step inputs, weights, keys of earlier steps
-        slot = tl.load(slot_mapping_ptr + q_token, mask=has_query, other=-1)
-        pos = tl.load(positions_ptr + q_token, mask=has_query, other=0).to(tl.int64)
-        cos, sin = load_halves(cos_sin_ptr + pos * stride_cs, HALF)
-        q_w1, q_w2 = load_halves(q_norm_ptr, HALF)
-        k_w1, k_w2 = load_halves(k_norm_ptr, HALF)
-        old_hi = tl.where(has_query, tl.minimum(kv_hi, seq_len - 1), kv_lo)  # this step's key: not cached yet
-        k_first, v_first = load_kv_tile(kv_lo, old_hi, k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head,
-                                        stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot,
-                                        stride_vc_h, HEAD_DIM, BLOCK_N, BLOCK_SIZE, True)
-    pdl.wait_for_producers(PDL)  # after it: q or qkv from the kernel before (prepare_qkv or the QKV GEMM)
+    pdl.wait_for_producers(PDL)  # above: step inputs only; q and this step's keys come from prepare_qkv
     if not has_query or split >= num_live:  # no keys: stores nothing, does not count
         return
+    kv_mid = kv_lo  # with a window every tile is masked; without, all but a partial last one
+    if not USE_WINDOW:
+        kv_mid = kv_lo + (kv_hi - kv_lo) // BLOCK_N * BLOCK_N
 
+    rows = tl.arange(0, BLOCK_M)
+    heads = kv_head * GROUP + rows  # [BLOCK_M]
+    row_ok = rows < GROUP
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_offs = q_token.to(tl.int64) * stride_q_t + heads[:, None] * stride_q_h + offs_d[None, :]
+    q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0).to(k_cache_ptr.dtype.element_ty)
     q_pos = tl.full([BLOCK_M], 0, tl.int32) + seq_len - 1
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    q_row_ptr = q_ptr + q_token.to(tl.int64) * stride_q_t
-    if FUSED_QKV:
-        round_ty = q_ptr.dtype.element_ty  # q rounded as prepare_qkv stores it, then as the unfused path reads it
-        q1, q2 = load_heads(q_row_ptr + kv_head * GROUP * HEAD_DIM, GROUP, cos, sin, q_w1, q_w2, eps,
-                            HALF, BLOCK_M, QK_NORM, round_ty)
-        # this step's k and v of the KV head, loaded with q (no second round trip after the dot); a split
-        # that does not hold position seq_len - 1 masks every load
-        holds_new_key = kv_hi == seq_len
-        k1, k2, v = load_new_kv(q_row_ptr, tl.num_programs(1) * GROUP, tl.num_programs(1), kv_head,
-                                holds_new_key.to(tl.int32), cos, sin, k_w1, k_w2, eps, HALF, 1, QK_NORM, round_ty)
-        q = join_halves(q1, q2, BLOCK_M, HALF).to(round_ty).to(k_cache_ptr.dtype.element_ty)
-        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, q_pos, k_first, v_first, kv_lo, old_hi, window, qk_scale,
-                                    BLOCK_N, USE_WINDOW, DOT_PRECISION, True)
-        if holds_new_key:
-            block, offset = slot // BLOCK_SIZE, slot % BLOCK_SIZE
-            acc, m_i, l_i = attend_new_key(
-                acc, m_i, l_i, q, k1, k2, v,
-                k_cache_ptr + block * stride_kc_blk + offset * stride_kc_slot + kv_head * stride_kc_h,
-                v_cache_ptr + block * stride_vc_blk + offset * stride_vc_slot + kv_head * stride_vc_h,
-                slot, qk_scale, HEAD_DIM)
-        kv_lo, kv_hi = kv_lo + BLOCK_N, old_hi  # the split's later tiles, loaded as they come
-    else:
-        rows = tl.arange(0, BLOCK_M)
-        q_offs = (kv_head * GROUP + rows)[:, None] * stride_q_h + tl.arange(0, HEAD_DIM)[None, :]
-        q = tl.load(q_row_ptr + q_offs, mask=(rows < GROUP)[:, None], other=0.0).to(k_cache_ptr.dtype.element_ty)
-    acc, m_i, l_i = attend_split_keys(
-        acc, m_i, l_i, q, q_pos, kv_lo, kv_hi, k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head, window,
-        qk_scale, stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
+    acc, m_i, l_i = attend_key_range(
+        acc, m_i, l_i, q, q_pos, kv_lo, kv_mid, kv_hi, k_cache_ptr, v_cache_ptr,
+        block_table_ptr + seq.to(tl.int64) * stride_bt, kv_head, window, qk_scale,
+        stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
         HEAD_DIM, BLOCK_N, BLOCK_SIZE, USE_WINDOW, DOT_PRECISION,
     )
-    store_and_merge(acc, m_i, l_i, out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, counters_ptr, seq, kv_head,
-                    split, q_token, num_live, num_splits, stride_o_t, stride_o_h, GROUP, HEAD_DIM, SPLITS_PAD, BLOCK_M)
+    part_rows = ((seq * tl.num_programs(1) * GROUP + heads) * num_splits + split).to(tl.int64)  # [BLOCK_M]
+    tl.store(part_out_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None])
+    tl.store(part_max_ptr + part_rows, m_i, mask=row_ok)
+    tl.store(part_sum_ptr + part_rows, l_i, mask=row_ok)
+
+    if last_to_arrive(counters_ptr + seq * tl.num_programs(1) + kv_head, num_live):
+        for h in tl.static_range(GROUP):
+            head = kv_head * GROUP + h
+            merge_head_splits(
+                out_ptr + q_token.to(tl.int64) * stride_o_t + head * stride_o_h,
+                (seq * tl.num_programs(1) * GROUP + head).to(tl.int64) * num_splits,
+                num_live, part_out_ptr, part_max_ptr, part_sum_ptr, HEAD_DIM, SPLITS_PAD,
+            )
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int = DEFAULT_NUM_SMS) -> int:
@@ -270,61 +151,24 @@ def split_decode_attention(
     num_splits: int,
     out: torch.Tensor | None = None,  # [T, num_heads, head_dim], like q; allocated when None
 ) -> torch.Tensor:  # [T, num_heads, head_dim]; rows of no sequence's query are left unwritten
-    out = torch.empty_like(q) if out is None else out
-    _launch(out, q, (q.stride(0), q.stride(1)), kv_cache, meta, scale, sliding_window, num_splits, {})
-    return out
-
-
-def prepare_and_split_decode(
-    qkv: torch.Tensor,  # [T, (num_heads + 2 * num_kv_heads) * head_dim]
-    positions: torch.Tensor,  # [T] int
-    cos_sin_cache: torch.Tensor,  # [max_position, head_dim]
-    qk_norm: tuple[torch.Tensor, torch.Tensor] | None,  # (q_norm, k_norm) weights [head_dim], or None
-    eps: float,
-    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
-    meta: AttentionMetadata,
-    num_heads: int,
-    scale: float,
-    sliding_window: int | None,
-    num_splits: int,
-) -> torch.Tensor:  # [T, num_heads, head_dim]; rows of no sequence's query are left unwritten
-    """prepare_qkv (at meta.slot_mapping), then split_decode_attention, in one launch. Only the
-    sequences' query rows are prepared: a row of no sequence must have slot -1 (or it is not written)."""
-    check_prepare_qkv(qkv, positions, cos_sin_cache, kv_cache, meta.slot_mapping, num_heads)
-    head_dim = kv_cache.shape[4]
-    check_triton_head_dim(head_dim)
-    out = torch.empty(qkv.shape[0], num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
-    q_norm, k_norm = qk_norm if qk_norm is not None else (cos_sin_cache, cos_sin_cache)  # unused
-    prologue = dict(positions_ptr=positions, slot_mapping_ptr=meta.slot_mapping, cos_sin_ptr=cos_sin_cache,
-                    q_norm_ptr=q_norm, k_norm_ptr=k_norm, eps=eps, stride_cs=cos_sin_cache.stride(0),
-                    FUSED_QKV=True, QK_NORM=qk_norm is not None)
-    _launch(out, qkv, (qkv.stride(0), head_dim), kv_cache, meta, scale, sliding_window, num_splits, prologue)
-    return out
-
-
-def _launch(
-    out: torch.Tensor,  # [T, num_heads, head_dim]
-    q_src: torch.Tensor,  # q [T, num_heads, head_dim], or qkv with prologue's FUSED_QKV
-    q_strides: tuple[int, int],  # (token, head) strides of q in q_src
-    kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float, sliding_window: int | None,
-    num_splits: int, prologue: dict,  # decode_split_kernel's FUSED_QKV arguments, {} without
-) -> None:
-    if meta.max_query_len > 1 or not 1 <= num_splits <= MAX_SPLITS:
-        raise ValueError(f"split decode needs max_query_len <= 1 and 1 <= num_splits <= {MAX_SPLITS}; "
+    if meta.max_query_len > 1 or num_splits < 1:
+        raise ValueError(f"split decode needs max_query_len <= 1 and num_splits >= 1; "
                          f"got {meta.max_query_len}, {num_splits}")
-    num_heads, head_dim = out.shape[1], out.shape[2]
+    num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = kv_cache.shape[3]
-    part_out = torch.empty(meta.num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=out.device)
-    part_max = torch.empty(meta.num_seqs, num_heads, num_splits, dtype=torch.float32, device=out.device)
+    out = torch.empty_like(q) if out is None else out
+    part_out = torch.empty(meta.num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+    part_max = torch.empty(meta.num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
     part_sum = torch.empty_like(part_max)
-    counters = zeroed_counters(out.device, meta.num_seqs * num_kv_heads)
-    constexprs = kernel_constexprs(out, kv_cache, sliding_window)
+    counters = zeroed_counters(q.device, meta.num_seqs * num_kv_heads)
+    constexprs = kernel_constexprs(q, kv_cache, sliding_window)
     decode_split_kernel[(meta.num_seqs, num_kv_heads, num_splits)](
-        out, part_out, part_max, part_sum, counters, q_src, kv_cache[0], kv_cache[1],
+        out, part_out, part_max, part_sum, counters, q, kv_cache[0], kv_cache[1],
         meta.block_table, meta.query_start_loc, meta.seq_lens, scale * LOG2_E, sliding_window or 0, num_splits,
-        *q_strides, out.stride(0), out.stride(1), meta.block_table.stride(0),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), meta.block_table.stride(0),
         *cache_strides(kv_cache), SPLITS_PAD=MAX_SPLITS,  # not from num_splits: one compile for all
         BLOCK_M=max(16, triton.next_power_of_2(constexprs["GROUP"])), **constexprs,
         num_warps=triton_paged.DECODE_NUM_WARPS, num_stages=triton_paged.DECODE_NUM_STAGES,
-        **pdl.launch_args(out.device), **prologue,
+        **pdl.launch_args(q.device),
     )
+    return out

@@ -20,9 +20,7 @@ launch order, one at a time, and a ragged batch ends when its last-started long 
 of the sequences by decreasing seq_len), program i serves sequence decode_order[i]: longest first
 (LPT scheduling), the short ones fill the gaps at the end. The result does not depend on the order.
 
-Decode-only batches too small to fill the GPU take the flash-decoding path in triton_decode.py,
-which shares the key loop (attend_keys: load_kv_tile, then attend_tile, per tile of BLOCK_N keys;
-it loads its first tile itself, before its PDL wait, when it prepares q from the qkv row).
+Decode-only batches too small to fill the GPU take the flash-decoding path in triton_decode.py.
 """
 from __future__ import annotations
 
@@ -39,64 +37,10 @@ LOG2_E = 1.4426950408889634
 
 
 @triton.jit
-def load_kv_tile(
-    start, kv_hi,  # the tile's keys: positions [start, start + BLOCK_N), of which those < kv_hi are read
-    k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head,
-    stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
-    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr,
-):
-    """K [HEAD_DIM, BLOCK_N] and V [BLOCK_N, HEAD_DIM] of one tile of keys through the block table;
-    MASKED: keys at or past kv_hi are 0 and their block-table entries are not read."""
-    offs_d = tl.arange(0, HEAD_DIM)
-    offs_n = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
-    in_range = offs_n < kv_hi
-    if MASKED:
-        block_ids = tl.load(block_table_row_ptr + offs_n // BLOCK_SIZE, mask=in_range, other=0)
-    else:
-        block_ids = tl.load(block_table_row_ptr + offs_n // BLOCK_SIZE)
-    block_ids = block_ids.to(tl.int64)
-    slots = offs_n % BLOCK_SIZE
-    k_offs = block_ids * stride_kc_blk + slots * stride_kc_slot + kv_head * stride_kc_h  # [BLOCK_N]
-    v_offs = block_ids * stride_vc_blk + slots * stride_vc_slot + kv_head * stride_vc_h  # [BLOCK_N]
-    if MASKED:
-        k = tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=in_range[None, :], other=0.0)
-        v = tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :], mask=in_range[:, None], other=0.0)
-    else:
-        k = tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None])
-        v = tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :])
-    return k, v
-
-
-@triton.jit
-def attend_tile(
+def attend_keys(
     acc, m_i, l_i,  # [BLOCK_M, HEAD_DIM], [BLOCK_M], [BLOCK_M] fp32 running state
     q,  # [BLOCK_M, HEAD_DIM], cache dtype
     q_pos,  # [BLOCK_M] position of each row's query token
-    k, v,  # load_kv_tile's [HEAD_DIM, BLOCK_N] and [BLOCK_N, HEAD_DIM] of keys [start, start + BLOCK_N)
-    start, kv_hi, window, qk_scale,
-    BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr,
-):
-    """One online-softmax step over the tile's keys j < kv_hi with j <= q_pos (and q_pos - j < window).
-    MASKED=False: the caller guarantees a whole tile that every row sees in full."""
-    s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
-    if MASKED:
-        offs_n = start + tl.arange(0, BLOCK_N)
-        visible = (offs_n[None, :] < kv_hi) & (offs_n[None, :] <= q_pos[:, None])
-        if USE_WINDOW:
-            visible = visible & (q_pos[:, None] - offs_n[None, :] < window)
-        s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)  # rows that have seen no key yet
-    p = tl.exp2(s - m_ref[:, None])  # [BLOCK_M, BLOCK_N]
-    alpha = tl.exp2(m_i - m_ref)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return acc, m_new, l_i
-
-
-@triton.jit
-def attend_keys(
-    acc, m_i, l_i, q, q_pos,  # as attend_tile's
     kv_lo, kv_hi,  # key positions [kv_lo, kv_hi) to visit; all < seq_len, so all written
     k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head, window, qk_scale,
     stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
@@ -106,12 +50,39 @@ def attend_keys(
     """Online softmax over the keys j in [kv_lo, kv_hi) with j <= q_pos (and q_pos - j < window).
     MASKED=False: the caller guarantees whole BLOCK_N tiles that every row sees in full (keys
     below the tile's first query, no window), so no bounds or visibility masks are computed."""
+    offs_d = tl.arange(0, HEAD_DIM)
     for start in range(kv_lo, kv_hi, BLOCK_N):
-        k, v = load_kv_tile(start, kv_hi, k_cache_ptr, v_cache_ptr, block_table_row_ptr, kv_head,
-                            stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
-                            HEAD_DIM, BLOCK_N, BLOCK_SIZE, MASKED)
-        acc, m_i, l_i = attend_tile(acc, m_i, l_i, q, q_pos, k, v, start, kv_hi, window, qk_scale,
-                                    BLOCK_N, USE_WINDOW, DOT_PRECISION, MASKED)
+        offs_n = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
+        in_range = offs_n < kv_hi
+        if MASKED:
+            block_ids = tl.load(block_table_row_ptr + offs_n // BLOCK_SIZE, mask=in_range, other=0)
+        else:
+            block_ids = tl.load(block_table_row_ptr + offs_n // BLOCK_SIZE)
+        block_ids = block_ids.to(tl.int64)
+        slots = offs_n % BLOCK_SIZE
+        k_offs = block_ids * stride_kc_blk + slots * stride_kc_slot + kv_head * stride_kc_h  # [BLOCK_N]
+        v_offs = block_ids * stride_vc_blk + slots * stride_vc_slot + kv_head * stride_vc_h  # [BLOCK_N]
+        if MASKED:
+            k = tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=in_range[None, :], other=0.0)
+        else:
+            k = tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None])
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+        if MASKED:
+            visible = in_range[None, :] & (offs_n[None, :] <= q_pos[:, None])
+            if USE_WINDOW:
+                visible = visible & (q_pos[:, None] - offs_n[None, :] < window)
+            s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)  # rows that have seen no key yet
+        p = tl.exp2(s - m_ref[:, None])  # [BLOCK_M, BLOCK_N]
+        alpha = tl.exp2(m_i - m_ref)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if MASKED:
+            v = tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :], mask=in_range[:, None], other=0.0)
+        else:
+            v = tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :])
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
     return acc, m_i, l_i
 
 

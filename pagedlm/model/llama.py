@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedlm.attention.backend import AttentionBackend, AttentionMetadata
+from pagedlm.attention.prepare_qkv import prepare_qkv
 from pagedlm.config import ModelConfig
 from pagedlm.model.layers import Embedding, Linear, RMSNorm, RotaryEmbedding
 from pagedlm.ops import gemv
@@ -70,9 +71,9 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(hidden)  # [T, q_size + 2 * kv_size]
         qk_norm, eps = (None, 0.0) if self.q_norm is None else ((self.q_norm.weight, self.k_norm.weight),
                                                                   self.q_norm.eps)
-        out = self.attn_backend.prepare_and_attend(  # [T, num_heads, head_dim]; this step's k, v cached
-            qkv, positions, self.rotary.cos_sin_cache, qk_norm, eps, kv_cache, attn_metadata, self.num_heads,
-            self.scale, self.sliding_window)
+        q = prepare_qkv(qkv, positions, self.rotary.cos_sin_cache, qk_norm, eps, kv_cache,
+                        attn_metadata.slot_mapping, self.num_heads)  # [T, num_heads, head_dim]; k, v cached
+        out = self.attn_backend.attend(q, kv_cache, attn_metadata, self.scale, self.sliding_window)
         return self.o_proj(out.reshape(qkv.shape[0], self.q_size), residual=residual)
 
 

@@ -5,8 +5,7 @@ this compiles for real with Triton's own ptxas. It must run without TRITON_INTER
 subprocess: this file is also that subprocess's script. The host wrappers are called on empty CPU
 tensors with JITFunction.run replaced by a recorder; each recorded launch is then bound, specialised
 and compiled exactly as the runtime would do on an H100/H200 (the same binder and _pack_args).
-Shapes: every dtype x head_dim, with GQA group, block size and sliding window cycled among them; the
-split decode both unfused and with prepare_qkv fused in (whose pre-wait loads are counted too).
+Shapes: every dtype x head_dim, with GQA group, block size and sliding window cycled among them.
 """
 from __future__ import annotations
 
@@ -22,9 +21,6 @@ import pytest
 TARGET_ARCH = 90
 MAX_SHARED_BYTES = 232448  # opt-in shared memory per block on sm_90
 DRAW_KERNELS = ("block_logmass_kernel", "pick_kernel")  # the sampler's: launched without PDL
-# ld.global before the wait in the fused split decode: 21-77 over the scenarios (Triton 3.6); 7-15 when the
-# first key tile is loaded after the wait instead
-MIN_FUSED_LOADS_BEFORE_WAIT = 16
 
 
 @pytest.mark.slow
@@ -39,11 +35,6 @@ def test_aot_compile_all_kernels_for_sm90() -> None:
     assert set(names) == {"prepare_qkv_kernel", "paged_attention_kernel", "decode_split_kernel",
                           "rms_norm_kernel", "silu_and_mul_kernel",
                           "block_logmass_kernel", "pick_kernel", "gemv_kernel"}
-    # the split decode with prepare_qkv fused (FUSED_QKV), one per scenario: it must load its first key tile
-    # (and cos/sin, the norm weights, the block table) before the wait
-    fused = [r for r in results if r["fused_qkv"]]
-    assert len(fused) == len(attention_scenarios()) and {r["kernel"] for r in fused} == {"decode_split_kernel"}
-    assert all(r["loads_before_wait"] >= MIN_FUSED_LOADS_BEFORE_WAIT for r in fused), fused
     for r in results:
         assert r["cubin_bytes"] > 0, r
         assert r["pdl"] == ("wait, then launch_dependents" if r["kernel"] not in DRAW_KERNELS else "none"), r
@@ -66,17 +57,13 @@ def run_attention_wrappers(dtype, head_dim: int, group: int, block_size: int, nu
     import torch
 
     from pagedlm.attention.backend import AttentionMetadata
-    from pagedlm.attention.triton_decode import prepare_and_split_decode, split_decode_attention
+    from pagedlm.attention.triton_decode import split_decode_attention
     from pagedlm.attention.prepare_qkv import prepare_qkv_triton
     from pagedlm.attention.triton_paged import varlen_attention
 
-    num_tokens, num_seqs, num_heads = 40, 3, num_kv_heads * group
-    q = torch.empty(num_tokens, num_heads, head_dim, dtype=dtype)
+    num_tokens, num_seqs = 40, 3
+    q = torch.empty(num_tokens, num_kv_heads * group, head_dim, dtype=dtype)
     kv_cache = torch.empty(2, 64, block_size, num_kv_heads, head_dim, dtype=dtype)
-    qkv = torch.empty(num_tokens, (num_kv_heads * (group + 2)) * head_dim, dtype=dtype)
-    weight = torch.empty(head_dim, dtype=dtype)
-    prepare_args = (torch.zeros(num_tokens, dtype=torch.int64), torch.empty(100, head_dim),
-                    (weight, weight) if group % 2 else None, 1e-6)  # positions, cos_sin_cache, qk_norm, eps
     int32 = dict(dtype=torch.int32)
     qsl, seq_lens = torch.zeros(num_seqs + 1, **int32), torch.zeros(num_seqs, **int32)
     for max_query_len, decode_order in ((20, None), (1, None), (1, torch.zeros(num_seqs, **int32))):
@@ -84,10 +71,12 @@ def run_attention_wrappers(dtype, head_dim: int, group: int, block_size: int, nu
                                  torch.zeros(num_tokens, dtype=torch.int64), torch.zeros(num_seqs, 8, **int32),
                                  qsl, seq_lens, decode_order)
         if max_query_len > 1:
-            prepare_qkv_triton(qkv, *prepare_args, kv_cache, meta.slot_mapping, num_heads)
+            qkv = torch.empty(num_tokens, (num_kv_heads * (group + 2)) * head_dim, dtype=dtype)
+            weight = torch.empty(head_dim, dtype=dtype)
+            prepare_qkv_triton(qkv, meta.slot_mapping, torch.empty(100, head_dim), (weight, weight) if group % 2
+                               else None, 1e-6, kv_cache, meta.slot_mapping, num_kv_heads * group)
         varlen_attention(q, kv_cache, meta, 0.1, sliding_window)
     split_decode_attention(q, kv_cache, meta, 0.1, sliding_window, num_splits=5)
-    prepare_and_split_decode(qkv, *prepare_args, kv_cache, meta, num_heads, 0.1, sliding_window, num_splits=5)
 
 
 def run_op_wrappers() -> None:
@@ -168,12 +157,6 @@ def pdl_order(ptx: str) -> str:
     return "wait, then launch_dependents"
 
 
-def loads_before_wait(ptx: str) -> int:
-    """Global loads (ld.global, any width) in the PTX before griddepcontrol.wait (all of them without one)."""
-    wait = ptx.find("griddepcontrol.wait")
-    return len(re.findall(r"\bld\.global\.", ptx[:wait] if wait >= 0 else ptx))
-
-
 def main() -> None:
     """Subprocess entry: compile each distinct recorded launch; print one JSON line of results."""
     import triton
@@ -197,10 +180,9 @@ def main() -> None:
         seen.add(key)
         source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
         compiled = triton.compile(source, target=target, options=options.__dict__)
-        ptx = compiled.asm["ptx"]
         results.append(dict(kernel=fn.__name__, cubin_bytes=len(compiled.asm.get("cubin", b"")),
-                            shared=compiled.metadata.shared, constexprs=repr(constexprs), pdl=pdl_order(ptx),
-                            fused_qkv=bool(kwargs.get("FUSED_QKV")), loads_before_wait=loads_before_wait(ptx)))
+                            shared=compiled.metadata.shared, constexprs=repr(constexprs),
+                            pdl=pdl_order(compiled.asm["ptx"])))
     print(json.dumps(results))
 
 

@@ -1,9 +1,9 @@
 """The fused flash-decoding kernel (split + last-program merge in one launch) against the float64
 reference of test_triton_paged, under TRITON_INTERPRET=1 on CPU.
 
-Every run NaN-poisons the output and the kernel's workspace (conftest's nan_workspace: torch.empty
-gives NaN), so a missing write, a stray read of another head's rows or an unwritten partial of an
-empty split read by the merge shows up as NaN. Each multi-split case holds a sequence shorter than one key tile
+Every run NaN-poisons the output and the kernel's workspace (torch.empty is patched to return NaN),
+so a missing write, a stray read of another head's rows or an unwritten partial of an empty split
+read by the merge shows up as NaN. Each multi-split case holds a sequence shorter than one key tile
 (at least 32 keys per split), so it has empty splits. The interpreter runs programs one after
 another: it checks the arithmetic and the counter protocol, not the memory ordering.
 """
@@ -33,7 +33,16 @@ CASES = {
 }
 
 
-pytestmark = pytest.mark.usefixtures("nan_workspace")  # conftest.py: torch.empty gives NaN
+@pytest.fixture(autouse=True)
+def nan_workspace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.empty / empty_like give NaN-filled floating tensors, so unwritten partials read as NaN."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def poison(t: torch.Tensor) -> torch.Tensor:
+        return t.fill_(math.nan) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", lambda *args, **kwargs: poison(empty(*args, **kwargs)))
+    monkeypatch.setattr(torch, "empty_like", lambda *args, **kwargs: poison(empty_like(*args, **kwargs)))
 
 
 @pytest.fixture
