@@ -38,8 +38,9 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor | PendingNorm, act: str | None = None,
                 residual: torch.Tensor | None = None) -> torch.Tensor | ResidualSum:
-        """x: [T, in_features] ([T, 2 * in_features] with act) -> [T, out_features]."""
-        if takes_gemv(x.h if isinstance(x, PendingNorm) else x, self.weight):
+        """x: [T, in_features] ([T, 2 * in_features] with act) -> y [T, out_features], or (GEMV path,
+        residual [T, out_features] given) the ResidualSum of y + residual."""
+        if takes_gemv(gemv.input_rows(x), self.weight):
             return gemv.gemv(x, self.weight, self.bias, act=act, residual=residual if FUSE_NORMS else None)
         if isinstance(x, PendingNorm):
             x = x.materialize()

@@ -17,6 +17,7 @@ from torch import nn
 from pagedlm.attention.backend import AttentionBackend, AttentionMetadata
 from pagedlm.attention.prepare_qkv import prepare_qkv
 from pagedlm.config import ModelConfig
+from pagedlm.model import layers
 from pagedlm.model.layers import Embedding, Linear, RMSNorm, RotaryEmbedding
 from pagedlm.ops import gemv
 from pagedlm.ops.gemv import PendingNorm, ResidualSum
@@ -159,7 +160,7 @@ class LlamaForCausalLM(nn.Module):
         that copy alone was 0.11 ms a step); at batch 1 the Triton GEMV writes them (4.4-4.5 TB/s
         against cuBLAS's 4.0-4.2 on both LM heads, gemv_bench.py)."""
         weight = self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
-        if hidden.is_cuda and gemv.prefer_gemv(hidden.shape[0], *weight.shape):
+        if layers.takes_gemv(hidden, weight):
             return gemv.gemv(hidden, weight, out_dtype=torch.float32)
         if hidden.is_cuda and hidden.dtype != torch.float32:
             return torch.mm(hidden, weight.t(), out_dtype=torch.float32)

@@ -145,7 +145,7 @@ def gemv(
     bias: [N] -> y [M, N] in out_dtype (x's dtype by default), or, with residual [M, N], the
     ResidualSum of y + residual. M must be in [1, MAX_M]. config (Triton path only) overrides
     `default_config`."""
-    if _rows(x).is_cuda:
+    if input_rows(x).is_cuda:
         return gemv_triton(x, weight, bias, act=act, residual=residual, out_dtype=out_dtype, config=config)
     return gemv_torch(x, weight, bias, act=act, residual=residual, out_dtype=out_dtype)
 
@@ -177,7 +177,7 @@ def gemv_triton(
     """The Triton kernel on any device the kernel can run on (CUDA, or CPU under TRITON_INTERPRET=1)."""
     _check_inputs(x, weight, bias, act, residual, out_dtype)
     norm = x if isinstance(x, PendingNorm) else None
-    x = _rows(x)
+    x = input_rows(x)
     if x.stride(-1) != 1:
         x = x.contiguous()
     (num_rows, _), (n, k) = x.shape, weight.shape
@@ -185,7 +185,7 @@ def gemv_triton(
     split_k, k_per_split = launch_split_k(k, config)
     out = torch.empty(num_rows, n, dtype=out_dtype or x.dtype, device=x.device)
     num_blocks_n = triton.cdiv(n, config.block_n)
-    partial, counters, sumsq_out = out, out, out  # unread without split K or a residual
+    partial, counters, sumsq_out = out, out, out  # placeholders: unused without split K or a residual
     if split_k > 1:
         partial = torch.empty(split_k, num_rows, n, dtype=torch.float32, device=x.device)
         counters = zeroed_counters(x.device, num_blocks_n)
@@ -203,14 +203,15 @@ def gemv_triton(
         0.0 if norm is None else norm.eps,
         FMA_ROWS=0 if config.use_dot else num_rows, BLOCK_M=block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, PARTIAL=split_k > 1, HAS_BIAS=has_bias, SILU_MUL=act == "silu_and_mul",
-        NORM=norm is not None, NUM_PARTS=num_parts, PARTS_PAD=triton.next_power_of_2(num_parts), ADD_RESIDUAL=residual is not None,
-        USE_DOT=config.use_dot, num_warps=config.num_warps, num_stages=config.num_stages,
+        NORM=norm is not None, NUM_PARTS=num_parts, PARTS_PAD=triton.next_power_of_2(num_parts),
+        ADD_RESIDUAL=residual is not None, USE_DOT=config.use_dot, num_warps=config.num_warps, num_stages=config.num_stages,
         **pdl.launch_args(x.device),
     )
     return out if residual is None else ResidualSum(out, sumsq_out)
 
 
-def _rows(x: torch.Tensor | PendingNorm) -> torch.Tensor:
+def input_rows(x: torch.Tensor | PendingNorm) -> torch.Tensor:
+    """The [M, K] rows a GEMV reads: x, or a PendingNorm's h."""
     return x.h if isinstance(x, PendingNorm) else x
 
 
@@ -220,9 +221,8 @@ def _check_inputs(x: torch.Tensor | PendingNorm, weight: torch.Tensor, bias: tor
         raise ValueError(f"act must be one of {ACTS}; got {act!r}")
     if out_dtype is not None and not out_dtype.is_floating_point:
         raise ValueError(f"out_dtype must be a float dtype or None (x's); got {out_dtype}")
-    if isinstance(x, PendingNorm):
-        _check_norm(x, act)
-    x = _rows(x)
+    norm = x if isinstance(x, PendingNorm) else None
+    x = input_rows(x)
     if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_M:
         raise ValueError(f"x must be [M, K] with M (rows) in [1, {MAX_M}]; got {tuple(x.shape)}")
     if weight.dim() != 2 or min(weight.shape) < 1 or weight.stride(-1) != 1:
@@ -237,6 +237,8 @@ def _check_inputs(x: torch.Tensor | PendingNorm, weight: torch.Tensor, bias: tor
     if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != x.dtype):
         raise ValueError(f"bias must be [{weight.shape[0]}] (weight's N) in {x.dtype}; "
                          f"got {tuple(bias.shape)}, {bias.dtype}")
+    if norm is not None:
+        _check_norm(norm, act)
     if residual is not None and (residual.shape != (x.shape[0], weight.shape[0]) or residual.dtype != x.dtype
                                  or out_dtype not in (None, x.dtype)):
         raise ValueError(f"residual must be [{x.shape[0]}, {weight.shape[0]}] (x's rows, weight's N) in "
@@ -245,12 +247,14 @@ def _check_inputs(x: torch.Tensor | PendingNorm, weight: torch.Tensor, bias: tor
 
 
 def _check_norm(norm: PendingNorm, act: str | None) -> None:
-    num_rows, hidden = norm.h.shape if norm.h.dim() == 2 else (None, None)
+    """After x's checks: h is [M, K]."""
+    (num_rows, hidden), sumsq = norm.h.shape, norm.sumsq
     if act is not None:
         raise ValueError(f"act must be None when x is a PendingNorm; got {act!r}")
-    if (norm.sumsq.dim() != 2 or norm.sumsq.shape[0] != num_rows or norm.sumsq.dtype != torch.float32
-            or not norm.sumsq.is_contiguous()):
-        raise ValueError(f"PendingNorm.sumsq must be contiguous [{num_rows}, P] float32 (h's rows); "
-                         f"got {tuple(norm.sumsq.shape)}, {norm.sumsq.dtype}")
-    if norm.weight.shape != (hidden,):
-        raise ValueError(f"PendingNorm.weight must be [{hidden}] (h's last dim); got {tuple(norm.weight.shape)}")
+    if (sumsq.dim() != 2 or sumsq.shape[0] != num_rows or sumsq.shape[1] < 1 or sumsq.dtype != torch.float32
+            or not sumsq.is_contiguous() or sumsq.device != norm.h.device):
+        raise ValueError(f"PendingNorm.sumsq must be contiguous [{num_rows}, P >= 1] float32 on h's device "
+                         f"{norm.h.device}; got {tuple(sumsq.shape)}, {sumsq.dtype}, {sumsq.device}")
+    if norm.weight.shape != (hidden,) or norm.weight.device != norm.h.device:
+        raise ValueError(f"PendingNorm.weight must be [{hidden}] (h's last dim) on h's device; "
+                         f"got {tuple(norm.weight.shape)} on {norm.weight.device}")

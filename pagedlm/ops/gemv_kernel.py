@@ -142,7 +142,8 @@ def gemv_kernel(
     if NORM:  # reduced only after the first x chunk's load is issued (_normed)
         parts = _load_parts(sumsq_ptr, M, BLOCK_M, NUM_PARTS, PARTS_PAD)
     residual = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-    if ADD_RESIDUAL:  # loaded early, used in the epilogue
+    if ADD_RESIDUAL:  # loaded early so its latency hides behind the loop; with split K only the last
+        # slice to arrive uses it (a few redundant reads of BLOCK_N x M elements per row block)
         residual = tl.load(residual_ptr + y_offs, mask=out_mask, other=0.0).to(tl.float32)
     acc = _accumulate(acc, w, x_ptr, k_start, M, K, stride_x, parts, eps, norm_w_ptr,
                       FMA_ROWS, BLOCK_M, BLOCK_K, SILU_MUL, NORM, USE_DOT)

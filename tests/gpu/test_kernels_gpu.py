@@ -168,14 +168,18 @@ def test_logits_come_out_of_the_gemm_in_float32() -> None:
     torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-3)  # bf16-rounded logits would miss this
 
 
-def test_pdl_chain_in_a_graph_matches_launches_without_pdl(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Batch-1 decode layers (norm, GEMV, prepare_qkv, split decode, GEMV with split K, norm, GEMV
-    with fused SiLU) in a CUDA graph with programmatic dependent launch, replayed on fresh inputs, against
-    the same kernels launched one after another. A kernel that read its producer's output before
-    its PDL wait would see the previous replay's values: the inputs change every replay so that
-    such a read shows as a wrong result."""
+@pytest.mark.parametrize("fused_norms", [True, False])
+def test_pdl_chain_in_a_graph_matches_launches_without_pdl(fused_norms: bool, monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """Batch-1 decode layers (GEMV, prepare_qkv, split decode, GEMV with split K, GEMV, GEMV with
+    fused SiLU) in a CUDA graph with programmatic dependent launch, replayed on fresh inputs, against
+    the same kernels launched one after another. fused_norms: as the model runs them at batch 1
+    (residual adds in o_proj's and down_proj's epilogues, norms in the next GEMV's prologue);
+    otherwise with the norm kernels between. A kernel that read its producer's output before its
+    PDL wait would see the previous replay's values: the inputs change every replay so that such a
+    read shows as a wrong result."""
     from pagedlm.attention.prepare_qkv import prepare_qkv_triton
-    from pagedlm.ops.gemv import gemv_triton
+    from pagedlm.ops.gemv import PendingNorm, gemv_triton
 
     hidden, num_heads, num_kv_heads, head_dim, inter, num_layers, eps = 1024, 16, 8, 128, 3072, 4, 1e-6
     batch = helpers.make_batch([299], [1], num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
@@ -185,19 +189,32 @@ def test_pdl_chain_in_a_graph_matches_launches_without_pdl(monkeypatch: pytest.M
     cos_sin = torch.randn(512, head_dim, device="cuda")
     layers = random_layers(num_layers, hidden, num_heads, num_kv_heads, head_dim, inter)
 
+    def attention(h: torch.Tensor | PendingNorm, w: dict) -> torch.Tensor:  # -> [1, num_heads * head_dim]
+        q = prepare_qkv_triton(gemv_triton(h, w["qkv"]), positions, cos_sin, None, eps, batch.kv_cache,
+                               batch.meta.slot_mapping, num_heads)
+        return split_decode_attention(q, batch.kv_cache, batch.meta, head_dim ** -0.5, None, 4).reshape(1, -1)
+
     def decode_layers(x: torch.Tensor) -> torch.Tensor:  # [1, hidden] -> [1, hidden]
         residual, mlp_out = x, None
         for w in layers:
             h, residual = input_norm(mlp_out, residual, w["norm1"], eps)
-            q = prepare_qkv_triton(gemv_triton(h, w["qkv"]), positions, cos_sin, None, eps, batch.kv_cache,
-                                   batch.meta.slot_mapping, num_heads)
-            attn = split_decode_attention(q, batch.kv_cache, batch.meta, head_dim ** -0.5, None, num_splits=4)
-            h, residual = norm.fused_add_rms_norm_triton(gemv_triton(attn.reshape(1, -1), w["o"]), residual,
+            h, residual = norm.fused_add_rms_norm_triton(gemv_triton(attention(h, w), w["o"]), residual,
                                                          w["norm2"], eps)
             mlp_out = gemv_triton(gemv_triton(h, w["gate_up"]), w["down"], act="silu_and_mul")
         return mlp_out + residual
 
-    assert_pdl_graph_matches_serial_launches(decode_layers, torch.randn(1, hidden, device="cuda"), 1, monkeypatch)
+    def decode_layers_fused(x: torch.Tensor) -> torch.Tensor:  # [1, hidden] -> [1, hidden]
+        h, summed = norm.rms_norm_triton(x, layers[0]["norm1"], eps), None
+        for i, w in enumerate(layers):
+            if i:
+                h = PendingNorm(summed.h, summed.sumsq, w["norm1"], eps)
+            summed = gemv_triton(attention(h, w), w["o"], residual=x if summed is None else summed.h)
+            up = gemv_triton(PendingNorm(summed.h, summed.sumsq, w["norm2"], eps), w["gate_up"])
+            summed = gemv_triton(up, w["down"], act="silu_and_mul", residual=summed.h)
+        return summed.h
+
+    assert_pdl_graph_matches_serial_launches(decode_layers_fused if fused_norms else decode_layers,
+                                             torch.randn(1, hidden, device="cuda"), 1, monkeypatch)
 
 
 def test_pdl_mixed_batch_chain_in_a_graph_matches_launches_without_pdl(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -103,33 +103,47 @@ def test_chunked_prefill_matches_one_pass(family: tuple[torch.nn.Module, LlamaFo
     assert (logits[-1] - want_short[-1]).abs().max() <= TOL
 
 
+# which Linears take the GEMV in a decode step (as CUDA routes them by shape), how many sequences, and
+# the norm calls left for 2 layers: "all" as qwen3-0.6b at one row (residual adds in o_proj's and
+# down_proj's epilogues, norms in the next GEMV's prologue); "narrow" (o_proj, down_proj only) as
+# qwen3-0.6b at 2..8 rows (each PendingNorm materialised for cuBLAS); "wide" (qkv, gate_up, LM head) as
+# llama3-8b's down_proj on cuBLAS at one row (the norm kernels add the residual)
+ROUTINGS = {
+    "all": (lambda x, weight: True, 4, ["rms_norm", "materialize"]),
+    "all_one_row": (lambda x, weight: True, 1, ["rms_norm", "materialize"]),
+    "narrow": (lambda x, weight: weight.shape[0] <= x.shape[1], 4, ["rms_norm"] + ["materialize"] * 4),
+    "wide": (lambda x, weight: weight.shape[0] > x.shape[1], 4, ["rms_norm"] + ["fused_add_rms_norm"] * 4),
+}
+
+
+@pytest.mark.parametrize("routing", list(ROUTINGS))
 def test_decode_through_fused_gemvs_matches_transformers(
-        family: tuple[torch.nn.Module, LlamaForCausalLM], monkeypatch: pytest.MonkeyPatch) -> None:
-    """A decode step of 4 sequences with every Linear on the Triton GEMV (the interpreter on CPU), as
-    CUDA decode takes it: residual adds in the GEMV epilogues, norms in the prologues. Only the first
-    layer's input norm (of the embeddings) and the final norm (before the logits rows are picked)
-    remain norm calls."""
+        family: tuple[torch.nn.Module, LlamaForCausalLM], routing: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode step with the Linears that `routing` picks on the Triton GEMV (the interpreter on CPU),
+    the rest on torch: the residual is added once and each norm applied once, where the routing puts
+    them (ROUTINGS: the norm calls left, including the final norm before the logits rows are picked)."""
     from pagedlm.model import layers
     from pagedlm.ops import gemv as gemv_module
     from pagedlm.ops.gemv import gemv_triton
 
     hf_model, model = family
-    batch = prompts(model.config.vocab_size)
+    takes_gemv, num_seqs, expected_norm_calls = ROUTINGS[routing]
+    batch = prompts(model.config.vocab_size)[:num_seqs]
     cache = make_cache(model.config, len(batch), max(map(len, batch)), BLOCK_SIZE)
     with torch.no_grad():
         input_ids, positions, meta = make_step(cache, [(ids[:-1], 0) for ids in batch])
         model(input_ids, positions, cache.kv_caches, meta)  # the prompts but their last tokens
-        monkeypatch.setattr(layers, "takes_gemv", lambda x, weight: x.shape[0] <= gemv_module.MAX_M)
+        monkeypatch.setattr(layers, "takes_gemv", takes_gemv)
         monkeypatch.setattr(gemv_module, "gemv", gemv_triton)
         norm_calls = []
         for module, name in ((layers.ops, "rms_norm"), (layers.ops, "fused_add_rms_norm"), (gemv_module, "rms_norm")):
             norm = getattr(module, name)
-            label = "PendingNorm.materialize" if module is gemv_module else name
+            label = "materialize" if module is gemv_module else name
             monkeypatch.setattr(module, name, lambda *args, norm=norm, label=label: norm_calls.append(label)
                                 or norm(*args))
         input_ids, positions, meta = make_step(cache, [(ids[-1:], len(ids) - 1) for ids in batch])
         logits = model.compute_logits(model(input_ids, positions, cache.kv_caches, meta))
-    assert norm_calls == ["rms_norm", "PendingNorm.materialize"]
+    assert norm_calls == expected_norm_calls
     for ids, got in zip(batch, logits, strict=True):
         assert (got - hf_logits(hf_model, ids)[-1]).abs().max() <= TOL, f"prompt of {len(ids)} tokens"
 

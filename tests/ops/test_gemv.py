@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from triton import cdiv as triton_cdiv
+import triton
 
 from pagedlm.ops import gemv as gemv_mod
 from pagedlm.ops.gemv import GemvConfig, PendingNorm, ResidualSum, gemv, gemv_torch, gemv_triton
@@ -88,7 +88,7 @@ def test_gemv_residual_epilogue(dtype: torch.dtype, num_rows: int, config_name: 
     config = CONFIGS[config_name]
     result = gemv_triton(x, weight, bias, residual=residual, config=config)
     assert isinstance(result, ResidualSum) and result.h.dtype == dtype
-    assert result.sumsq.shape == (num_rows, triton_cdiv(45, config.block_n))
+    assert result.sumsq.shape == (num_rows, triton.cdiv(45, config.block_n))
     y = gemv_triton(x, weight, bias, config=config)  # the same product, rounded once
     torch.testing.assert_close(result.h, y + residual, rtol=0, atol=0)
     torch.testing.assert_close(result.sumsq.sum(1), result.h.float().square().sum(1), rtol=1e-5, atol=1e-5)
@@ -111,7 +111,7 @@ def test_gemv_norm_prologue(dtype: torch.dtype, num_rows: int, config_name: str)
     torch.testing.assert_close(out, gemv_torch(pending, weight, bias), **TOL[dtype])
 
 
-def test_gemv_norm_prologue_rounds_like_the_norm_kernel() -> None:
+def test_gemv_norm_prologue_rounds_like_rms_norm() -> None:
     """K-wide rows of exact fp16 values and one part: the normalised x is fp16(fp16(h * rstd) * w) bit for
     bit (a product with unit weights reads it back), as rms_norm_torch rounds it."""
     h = torch.randint(-64, 64, (2, 64), device=DEVICE).half() / 8
@@ -127,7 +127,8 @@ def test_gemv_residual_and_norm_torch_fallback() -> None:
     x, weight, bias = make_inputs(2, 24, 40, torch.float32, act=None, with_bias=True)
     residual = torch.randn(2, 24, device=DEVICE)
     result = gemv_torch(x, weight, bias, residual=residual)
-    torch.testing.assert_close(result.h.double(), reference(x, weight, bias, None) + residual.double(), **TOL[torch.float32])
+    want = reference(x, weight, bias, None) + residual.double()
+    torch.testing.assert_close(result.h.double(), want, **TOL[torch.float32])
     torch.testing.assert_close(result.sumsq[:, 0], result.h.square().sum(1))
     pending = PendingNorm(result.h, result.sumsq, torch.ones(24, device=DEVICE), 1e-6)
     torch.testing.assert_close(pending.materialize(), rms_norm_torch(result.h, pending.weight, 1e-6))
