@@ -151,8 +151,8 @@ def split_decode_attention(
     num_splits: int,
     out: torch.Tensor | None = None,  # [T, num_heads, head_dim], like q; allocated when None
 ) -> torch.Tensor:  # [T, num_heads, head_dim]; rows of no sequence's query are left unwritten
-    if meta.max_query_len > 1 or num_splits < 1:
-        raise ValueError(f"split decode needs max_query_len <= 1 and num_splits >= 1; "
+    if meta.max_query_len > 1 or not 1 <= num_splits <= MAX_SPLITS:  # the merge reads SPLITS_PAD = MAX_SPLITS
+        raise ValueError(f"split decode needs max_query_len <= 1 and 1 <= num_splits <= {MAX_SPLITS}; "
                          f"got {meta.max_query_len}, {num_splits}")
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = kv_cache.shape[3]

@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from pagedlm.attention.triton_decode import split_decode_attention
+from pagedlm.attention.triton_decode import MAX_SPLITS, split_decode_attention
 from pagedlm.ops import counters
 from pagedlm.ops.counters import zeroed_counters
 from test_triton_paged import DEVICE, check_output, make_batch, write_cache
@@ -72,6 +72,14 @@ def case_batch(name: str, num_pad_tokens: int = 2):
 def test_fused_split_decode(case: str) -> None:
     batch, window, num_splits = case_batch(case)
     run_case(batch, window, num_splits)
+
+
+def test_bad_split_counts_are_refused() -> None:
+    """The merge reads at most MAX_SPLITS partials: more splits would silently drop keys."""
+    batch = make_batch([70], [1], num_heads=2, num_kv_heads=2, head_dim=32, block_size=16, dtype=torch.float32)
+    for num_splits in (0, MAX_SPLITS + 1):
+        with pytest.raises(ValueError, match=f"1 <= num_splits <= {MAX_SPLITS}"):
+            split_decode_attention(batch.q, batch.kv_cache, batch.meta, 0.3, None, num_splits)
 
 
 def test_window_cases_really_cut_keys() -> None:
