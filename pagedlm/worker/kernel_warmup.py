@@ -6,13 +6,16 @@ happens while serving). The capture covers decode batches; these steps add
   longer one (the prefill tile; the profile step has it too, but not with num_gpu_blocks_override,
   which skips the profile),
 - the fused random draw with a temperature and without one,
-- a decode step of each (eager under enforce_eager: the split-decode kernel).
+- a decode step of each (eager under enforce_eager), the last one over more than
+  MIN_KEYS_PER_SPLIT keys: the split-decode kernel, which a decode over a short context never takes
+  (with CUDA graphs the capture has launched it already; its prompt then only costs a prefill).
 They run on the real KV cache before any request exists, in blocks no request owns yet (not the
 null block, which pads block tables)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pagedlm.attention.triton_decode import MIN_KEYS_PER_SPLIT
 from pagedlm.core.block_pool import NULL_BLOCK_ID
 from pagedlm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from pagedlm.sampling_params import SamplingParams
@@ -24,14 +27,16 @@ if TYPE_CHECKING:
 # (prompt tokens, temperature): 2 tokens take the small tile for every GQA group up to 8; 32 (or
 # the longest chunk the engine runs, if shorter) the prefill tile for every group >= 2 and the
 # activations of more than gemv.MAX_M rows; 0.7 draws with a temperature, 1.0 without, 0 is greedy.
-WARM_UP_REQUESTS = ((2, 0.7), (2, 1.0), (32, 0.0))
+# The last prompt's decode step reads more than MIN_KEYS_PER_SPLIT keys: one sequence, long enough
+# to be split (attention.triton_decode.choose_num_splits).
+WARM_UP_REQUESTS = ((2, 0.7), (2, 1.0), (32, 0.0), (MIN_KEYS_PER_SPLIT + 1, 0.0))
 
 
 def warm_up_kernels(runner: ModelRunner) -> None:
-    """Per request of WARM_UP_REQUESTS: its prompt in one step, one decode step, then it leaves.
-    Waits for each step."""
+    """Per request of WARM_UP_REQUESTS: its prompt in chunks of the step budget, one decode step,
+    then it leaves. Waits for each step."""
     for i, (num_prompt, temperature) in enumerate(WARM_UP_REQUESTS):
-        num_prompt = min(num_prompt, runner.max_num_tokens, runner.config.model.max_model_len - 1)
+        num_prompt = min(num_prompt, runner.config.model.max_model_len - 1)
         num_blocks = cdiv(num_prompt + 1, runner.block_size)
         if NULL_BLOCK_ID + num_blocks >= runner.input_batch.num_kv_blocks:
             continue  # a KV cache this small never holds such a batch either
@@ -41,15 +46,19 @@ def warm_up_kernels(runner: ModelRunner) -> None:
                              sampling_params=params,
                              block_ids=list(range(NULL_BLOCK_ID + 1, NULL_BLOCK_ID + 1 + num_blocks)),
                              num_computed_tokens=0)
-        _step(runner, [new], [], num_prompt, req_id)
-        _step(runner, [], [CachedRequestData(req_id, [], num_prompt)], 1, req_id)
+        for start in range(0, num_prompt, runner.max_num_tokens):
+            chunk = min(runner.max_num_tokens, num_prompt - start)
+            _step(runner, [new] if start == 0 else [], [] if start == 0 else [CachedRequestData(req_id, [], start)],
+                  chunk, req_id, sample=start + chunk == num_prompt)
+        _step(runner, [], [CachedRequestData(req_id, [], num_prompt)], 1, req_id, sample=True)
         runner.execute_model(SchedulerOutput(new_reqs=[], cached_reqs=[], num_scheduled_tokens={},
                                              total_num_scheduled_tokens=0, finished_req_ids={req_id}))
 
 
 def _step(runner: ModelRunner, new_reqs: list[NewRequestData], cached_reqs: list[CachedRequestData],
-          num_tokens: int, req_id: str) -> None:
+          num_tokens: int, req_id: str, sample: bool) -> None:
+    """One step of req_id's num_tokens; sample: they end at its sequence's end (else a prefill chunk)."""
     sched = SchedulerOutput(new_reqs=new_reqs, cached_reqs=cached_reqs,
                             num_scheduled_tokens={req_id: num_tokens},
-                            total_num_scheduled_tokens=num_tokens, sampling_req_ids={req_id})
+                            total_num_scheduled_tokens=num_tokens, sampling_req_ids={req_id} if sample else set())
     runner.execute_model(sched).get_output()

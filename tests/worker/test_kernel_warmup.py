@@ -6,7 +6,8 @@ import pytest
 from worker_helpers import MiniScheduler, Req, hf_greedy, make_config, make_runner, random_prompt, run_requests
 
 from pagedlm.sampling_params import SamplingParams
-from pagedlm.worker.kernel_warmup import warm_up_kernels
+from pagedlm.worker.input_batch import cdiv
+from pagedlm.worker.kernel_warmup import WARM_UP_REQUESTS, warm_up_kernels
 
 
 def test_warm_up_leaves_no_trace(tiny):
@@ -14,7 +15,9 @@ def test_warm_up_leaves_no_trace(tiny):
     runner = make_runner(make_config(folder, max_num_seqs=3, max_num_batched_tokens=32))
     steps_before = runner._num_steps
     warm_up_kernels(runner)
-    assert runner._num_steps == steps_before + 6  # 3 requests: a prompt step and a decode step each
+    max_prompt = runner.config.model.max_model_len - 1
+    # per request: its prompt in chunks of the 32-token budget, then a decode step
+    assert runner._num_steps == steps_before + sum(cdiv(min(n, max_prompt), 32) + 1 for n, _ in WARM_UP_REQUESTS)
     assert runner.input_batch.num_reqs == 0 and runner.input_batch.req_id_to_row == {}
     sched = MiniScheduler(block_size=8, max_num_seqs=3, token_budget=32)
     sched.add(Req("after", random_prompt(7, 60), 4))
@@ -40,3 +43,30 @@ def test_no_compile_while_serving(tiny):
     assert all(len(tokens) == 6 for tokens in done.values())
     late = [f"{e.kernel}{e.signature}" for e in compile_watch().since(first)]
     assert not late, "compiled while serving:\n" + "\n".join(late)
+
+
+def test_eager_warm_up_launches_the_split_decode_kernel(tiny, tmp_path, monkeypatch):
+    """Without CUDA graphs no capture launches the split-decode kernel (a decode over a short context
+    never takes it): the warm-up's last request decodes over more than MIN_KEYS_PER_SPLIT keys, and
+    that step must take it (Triton under the interpreter on CPU)."""
+    import json
+    import shutil
+
+    from pagedlm.attention import triton_backend
+
+    folder = tmp_path / "long"
+    shutil.copytree(tiny[0], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, max_position_embeddings=512)))
+    runner = make_runner(make_config(folder, max_num_batched_tokens=128, max_model_len=512, num_blocks=70,
+                                     attention_backend="triton"))
+    split_counts = []
+    split_decode = triton_backend.split_decode_attention
+
+    def spy(q, kv_cache, meta, scale, sliding_window, num_splits, *args):
+        split_counts.append(num_splits)
+        return split_decode(q, kv_cache, meta, scale, sliding_window, num_splits, *args)
+
+    monkeypatch.setattr(triton_backend, "split_decode_attention", spy)
+    warm_up_kernels(runner)
+    assert split_counts and min(split_counts) >= 2, split_counts
