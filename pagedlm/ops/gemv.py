@@ -204,8 +204,8 @@ def gemv_triton(
         FMA_ROWS=0 if config.use_dot else num_rows, BLOCK_M=block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, PARTIAL=split_k > 1, HAS_BIAS=has_bias, SILU_MUL=act == "silu_and_mul",
         NORM=norm is not None, NUM_PARTS=num_parts, PARTS_PAD=triton.next_power_of_2(num_parts),
-        ADD_RESIDUAL=residual is not None, USE_DOT=config.use_dot, num_warps=config.num_warps, num_stages=config.num_stages,
-        **pdl.launch_args(x.device),
+        ADD_RESIDUAL=residual is not None, USE_DOT=config.use_dot, num_warps=config.num_warps,
+        num_stages=config.num_stages, **pdl.launch_args(x.device),
     )
     return out if residual is None else ResidualSum(out, sumsq_out)
 

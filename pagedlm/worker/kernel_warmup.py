@@ -24,8 +24,8 @@ from pagedlm.worker.input_batch import cdiv
 if TYPE_CHECKING:
     from pagedlm.worker.model_runner import ModelRunner
 
-# (prompt tokens, temperature): 2 tokens take the small tile for every GQA group up to 8; 32 (or
-# the longest chunk the engine runs, if shorter) the prefill tile for every group >= 2 and the
+# (prompt tokens, temperature): 2 tokens take the small tile for every GQA group up to 8; 32 (in
+# chunks of the step budget, if smaller) the prefill tile for every group >= 2 and the
 # activations of more than gemv.MAX_M rows; 0.7 draws with a temperature, 1.0 without, 0 is greedy.
 # The last prompt's decode step reads more than MIN_KEYS_PER_SPLIT keys: one sequence, long enough
 # to be split (attention.triton_decode.choose_num_splits).
@@ -48,8 +48,8 @@ def warm_up_kernels(runner: ModelRunner) -> None:
                              num_computed_tokens=0)
         for start in range(0, num_prompt, runner.max_num_tokens):
             chunk = min(runner.max_num_tokens, num_prompt - start)
-            _step(runner, [new] if start == 0 else [], [] if start == 0 else [CachedRequestData(req_id, [], start)],
-                  chunk, req_id, sample=start + chunk == num_prompt)
+            new_reqs, cached_reqs = ([new], []) if start == 0 else ([], [CachedRequestData(req_id, [], start)])
+            _step(runner, new_reqs, cached_reqs, chunk, req_id, sample=start + chunk == num_prompt)
         _step(runner, [], [CachedRequestData(req_id, [], num_prompt)], 1, req_id, sample=True)
         runner.execute_model(SchedulerOutput(new_reqs=[], cached_reqs=[], num_scheduled_tokens={},
                                              total_num_scheduled_tokens=0, finished_req_ids={req_id}))
