@@ -2,7 +2,8 @@
 (FlashAttention on contiguous q/k/v) as the peer, with a sweep of the prefill tile settings.
 
     python benchmarks/attention_kernels.py [--sweep] [--json out.json]
-    python benchmarks/attention_kernels.py --decode [--spread 5] [--json out.json]   (the decode tile sweep)
+    python benchmarks/attention_kernels.py --decode [--spread 5] [--configs 128x4x3x0,32x4x2x1] [--cases decode-t1]
+        [--json out.json]   (the decode tile sweep)
 
 Cases (bf16, block size 16, head_dim 128, KV blocks shuffled in the pool):
   prefill-llama  16 prompts x 512 tokens, 32 heads / 8 KV heads (T0 llama3-8b's prefill)
@@ -50,7 +51,7 @@ DECODE_CASES = {  # name: (num_seqs, context tokens, num_heads, num_kv_heads, sp
 }
 HEAD_DIM, BLOCK_SIZE = 128, 16
 PREFILL_SETTINGS = ("PREFILL_BLOCK_M", "PREFILL_NUM_WARPS", "PREFILL_NUM_STAGES", "PREFILL_BLOCK_N")
-DECODE_SETTINGS = ("DECODE_BLOCK_N", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES")
+DECODE_SETTINGS = ("DECODE_BLOCK_N", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES", "DECODE_ONE_LOOP")
 
 
 def current_settings(names: tuple[str, ...]) -> tuple[int, ...]:
@@ -149,8 +150,11 @@ def run_case(name: str, configs: list[tuple[int, int, int, int]]) -> list[dict]:
     return rows
 
 
-def run_decode_case(name: str, spread: int = 1) -> list[dict]:
-    """Every (block_n, warps, stages) x the case's split counts; GB/s of KV read."""
+DECODE_SWEEP = list(itertools.product([32, 64, 128], [4, 8], [1, 2, 3], [0]))  # (block_n, warps, stages, one loop)
+
+
+def run_decode_case(name: str, spread: int = 1, configs: list[tuple[int, ...]] = DECODE_SWEEP) -> list[dict]:
+    """Every (block_n, warps, stages) of configs x the case's split counts; GB/s of KV read."""
     from pagedlm.attention import triton_decode
 
     num_seqs, context, num_heads, num_kv_heads, split_counts = DECODE_CASES[name]
@@ -159,7 +163,7 @@ def run_decode_case(name: str, spread: int = 1) -> list[dict]:
     kv_bytes = 2 * num_seqs * context * num_kv_heads * HEAD_DIM * kv_cache.element_size()
     default = current_settings(DECODE_SETTINGS)
     rows = []
-    for config in itertools.product([32, 64, 128], [4, 8], [1, 2, 3]):
+    for config in configs:
         for splits in split_counts:
             out = torch.full_like(q, float("nan"))
             if splits == 1:
@@ -167,7 +171,7 @@ def run_decode_case(name: str, spread: int = 1) -> list[dict]:
             else:
                 call = lambda: triton_decode.split_decode_attention(  # noqa: E731
                     q, kv_cache, meta, HEAD_DIM ** -0.5, None, splits, out=out)
-            label = "N{} w{} s{} split{}".format(*config, splits)
+            label = "N{} w{} s{} one{} split{}".format(*config, splits)
             with kernel_settings(DECODE_SETTINGS, config):
                 try:
                     call()
@@ -247,13 +251,19 @@ def main() -> None:
                         help="T3's decode steps: shared prefixes, batch order random vs grouped")
     parser.add_argument("--spread", type=int, default=1,
                         help="--decode: blocks drawn from a pool this many times larger than they fill")
+    parser.add_argument("--configs", default=None,
+                        help="--decode: only these block_n x warps x stages x one loop, e.g. 128x4x3x0,32x4x2x1")
+    parser.add_argument("--cases", default=None, help="--decode: only these cases, e.g. decode-t1,decode-t2")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.shared_prefix:
         shared_prefix_decode()
         return
     if args.decode:
-        rows = [row for name in DECODE_CASES for row in run_decode_case(name, args.spread)]
+        configs = DECODE_SWEEP if args.configs is None else [
+            tuple(int(v) for v in c.split("x")) for c in args.configs.split(",")]
+        cases = list(DECODE_CASES) if args.cases is None else args.cases.split(",")
+        rows = [row for name in cases for row in run_decode_case(name, args.spread, configs)]
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
         print_decode_table(rows)

@@ -25,13 +25,16 @@ import triton.language as tl
 
 from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.attention import triton_paged
-from pagedlm.attention.triton_paged import LOG2_E, attend_key_range, cache_strides, kernel_constexprs
+from pagedlm.attention.triton_paged import (
+    LOG2_E, attend_key_range, cache_strides, kernel_constexprs, key_tile_offsets, online_softmax,
+)
 from pagedlm.ops import pdl
 from pagedlm.ops.counters import last_to_arrive, zeroed_counters
 
 DEFAULT_NUM_SMS = 132  # H100/H200; used where no CUDA device can be asked
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 32
+PRELOAD_KEYS = True  # A/B switch (temporary): read the first tile's earlier keys before the PDL wait
 
 
 @triton.jit
@@ -82,7 +85,7 @@ def decode_split_kernel(
     stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+    USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr, PRELOAD: tl.constexpr, PDL: tl.constexpr,
 ):
     """One program: one split of one sequence's keys x the GROUP query heads of one KV head; the
     group's last live split to finish also merges (see the module notes for the ordering)."""
@@ -93,26 +96,45 @@ def decode_split_kernel(
     has_query = tl.load(query_start_loc_ptr + seq + 1) > q_token  # else a padding sequence
     seq_len = tl.load(seq_lens_ptr + seq)
     kv_lo, kv_hi, num_live = split_key_range(seq_len, window, num_splits, split, BLOCK_N, USE_WINDOW)
-    pdl.wait_for_producers(PDL)  # above: step inputs only; q and this step's keys come from prepare_qkv
+    offs_d = tl.arange(0, HEAD_DIM)
+    table_row = block_table_ptr + seq.to(tl.int64) * stride_bt
+    # The split's first tile of keys [kv_lo, first_hi), read before the wait except the newest key
+    # (position seq_len - 1), which prepare_qkv writes in this step: the cache's other keys come
+    # from earlier steps. Empty (every mask false) for a padding sequence or a split with no keys.
+    first_hi = tl.minimum(kv_lo + BLOCK_N, kv_hi)
+    offs_n, in_first, k_offs, v_offs = key_tile_offsets(
+        kv_lo, first_hi, table_row, kv_head, stride_kc_blk, stride_kc_slot, stride_kc_h,
+        stride_vc_blk, stride_vc_slot, stride_vc_h, BLOCK_N, BLOCK_SIZE, True)
+    older = in_first & (offs_n < seq_len - 1) & PRELOAD
+    k = tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=older[None, :], other=0.0)
+    v = tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :], mask=older[:, None], other=0.0)
+    pdl.wait_for_producers(PDL)  # above: step inputs and earlier steps' keys; q and the newest key come from prepare_qkv
     if not has_query or split >= num_live:  # no keys: stores nothing, does not count
         return
-    kv_mid = kv_lo  # with a window every tile is masked; without, all but a partial last one
-    if not USE_WINDOW:
-        kv_mid = kv_lo + (kv_hi - kv_lo) // BLOCK_N * BLOCK_N
+    newest = in_first & ((offs_n == seq_len - 1) | (not PRELOAD))  # in the last live split's first tile, or nowhere
+    k = tl.where(newest[None, :], tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=newest[None, :],
+                                          other=0.0), k)
+    v = tl.where(newest[:, None], tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :], mask=newest[:, None],
+                                          other=0.0), v)
 
     rows = tl.arange(0, BLOCK_M)
     heads = kv_head * GROUP + rows  # [BLOCK_M]
     row_ok = rows < GROUP
-    offs_d = tl.arange(0, HEAD_DIM)
     q_offs = q_token.to(tl.int64) * stride_q_t + heads[:, None] * stride_q_h + offs_d[None, :]
     q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0).to(k_cache_ptr.dtype.element_ty)
+    # every key of the split is visible to the query (the window starts at kv_lo at the earliest)
+    s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+    p, alpha, m_i, l_i = online_softmax(tl.where(in_first[None, :], s, float("-inf")),
+                                        tl.full([BLOCK_M], float("-inf"), tl.float32), tl.zeros([BLOCK_M], tl.float32))
+    acc = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)  # [BLOCK_M, HEAD_DIM] fp32
+    # the split's remaining keys [first_hi, kv_hi): whole tiles unmasked (no window), then a partial one
+    kv_mid = first_hi
+    if not USE_WINDOW:
+        kv_mid = first_hi + (kv_hi - first_hi) // BLOCK_N * BLOCK_N
     q_pos = tl.full([BLOCK_M], 0, tl.int32) + seq_len - 1
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
     acc, m_i, l_i = attend_key_range(
-        acc, m_i, l_i, q, q_pos, kv_lo, kv_mid, kv_hi, k_cache_ptr, v_cache_ptr,
-        block_table_ptr + seq.to(tl.int64) * stride_bt, kv_head, window, qk_scale,
+        acc, m_i, l_i, q, q_pos, first_hi, kv_mid, kv_hi, k_cache_ptr, v_cache_ptr,
+        table_row, kv_head, window, qk_scale,
         stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
         HEAD_DIM, BLOCK_N, BLOCK_SIZE, USE_WINDOW, DOT_PRECISION,
     )
@@ -167,7 +189,7 @@ def split_decode_attention(
         meta.block_table, meta.query_start_loc, meta.seq_lens, scale * LOG2_E, sliding_window or 0, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), meta.block_table.stride(0),
         *cache_strides(kv_cache), SPLITS_PAD=MAX_SPLITS,  # not from num_splits: one compile for all
-        BLOCK_M=max(16, triton.next_power_of_2(constexprs["GROUP"])), **constexprs,
+        BLOCK_M=max(16, triton.next_power_of_2(constexprs["GROUP"])), PRELOAD=PRELOAD_KEYS, **constexprs,
         num_warps=triton_paged.DECODE_NUM_WARPS, num_stages=triton_paged.DECODE_NUM_STAGES,
         **pdl.launch_args(q.device),
     )

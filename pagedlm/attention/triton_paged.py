@@ -37,6 +37,38 @@ LOG2_E = 1.4426950408889634
 
 
 @triton.jit
+def key_tile_offsets(
+    start, kv_hi, block_table_row_ptr, kv_head,
+    stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
+    BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr,
+):
+    """Key positions [start, start + BLOCK_N), which of them are < kv_hi, and their K and V row
+    offsets in the cache through the block table ([BLOCK_N] each; block 0 where out of range)."""
+    offs_n = start + tl.arange(0, BLOCK_N)
+    in_range = offs_n < kv_hi
+    if MASKED:
+        block_ids = tl.load(block_table_row_ptr + offs_n // BLOCK_SIZE, mask=in_range, other=0)
+    else:
+        block_ids = tl.load(block_table_row_ptr + offs_n // BLOCK_SIZE)
+    block_ids = block_ids.to(tl.int64)
+    slots = offs_n % BLOCK_SIZE
+    k_offs = block_ids * stride_kc_blk + slots * stride_kc_slot + kv_head * stride_kc_h
+    v_offs = block_ids * stride_vc_blk + slots * stride_vc_slot + kv_head * stride_vc_h
+    return offs_n, in_range, k_offs, v_offs
+
+
+@triton.jit
+def online_softmax(s, m_i, l_i):
+    """One tile of scores s [BLOCK_M, BLOCK_N] (log2 domain, -inf where hidden) into the running max
+    and sum: -> (p [BLOCK_M, BLOCK_N], alpha [BLOCK_M] to rescale acc by, new max, new sum)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)  # rows that have seen no key yet
+    p = tl.exp2(s - m_ref[:, None])
+    alpha = tl.exp2(m_i - m_ref)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
 def attend_keys(
     acc, m_i, l_i,  # [BLOCK_M, HEAD_DIM], [BLOCK_M], [BLOCK_M] fp32 running state
     q,  # [BLOCK_M, HEAD_DIM], cache dtype
@@ -52,16 +84,9 @@ def attend_keys(
     below the tile's first query, no window), so no bounds or visibility masks are computed."""
     offs_d = tl.arange(0, HEAD_DIM)
     for start in range(kv_lo, kv_hi, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
-        in_range = offs_n < kv_hi
-        if MASKED:
-            block_ids = tl.load(block_table_row_ptr + offs_n // BLOCK_SIZE, mask=in_range, other=0)
-        else:
-            block_ids = tl.load(block_table_row_ptr + offs_n // BLOCK_SIZE)
-        block_ids = block_ids.to(tl.int64)
-        slots = offs_n % BLOCK_SIZE
-        k_offs = block_ids * stride_kc_blk + slots * stride_kc_slot + kv_head * stride_kc_h  # [BLOCK_N]
-        v_offs = block_ids * stride_vc_blk + slots * stride_vc_slot + kv_head * stride_vc_h  # [BLOCK_N]
+        offs_n, in_range, k_offs, v_offs = key_tile_offsets(
+            start, kv_hi, block_table_row_ptr, kv_head, stride_kc_blk, stride_kc_slot, stride_kc_h,
+            stride_vc_blk, stride_vc_slot, stride_vc_h, BLOCK_N, BLOCK_SIZE, MASKED)
         if MASKED:
             k = tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=in_range[None, :], other=0.0)
         else:
@@ -72,17 +97,12 @@ def attend_keys(
             if USE_WINDOW:
                 visible = visible & (q_pos[:, None] - offs_n[None, :] < window)
             s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)  # rows that have seen no key yet
-        p = tl.exp2(s - m_ref[:, None])  # [BLOCK_M, BLOCK_N]
-        alpha = tl.exp2(m_i - m_ref)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_i, l_i = online_softmax(s, m_i, l_i)
         if MASKED:
             v = tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :], mask=in_range[:, None], other=0.0)
         else:
             v = tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :])
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
     return acc, m_i, l_i
 
 
@@ -135,7 +155,7 @@ def paged_attention_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr, DECODE: tl.constexpr,
-    ORDERED: tl.constexpr, PDL: tl.constexpr,
+    ORDERED: tl.constexpr, ONE_LOOP: tl.constexpr, PDL: tl.constexpr,
 ):
     """One program: BLOCK_Q query tokens of one sequence x the GROUP query heads of one KV head.
     DECODE (every sequence has at most one query token): program i is sequence i, no search, or
@@ -176,6 +196,8 @@ def paged_attention_kernel(
     else:  # whole tiles of keys up to the tile's first query position are seen by every row
         kv_lo = 0
         kv_mid = tl.minimum((first_pos + q_first - q_seq_start + 1) // BLOCK_N * BLOCK_N, kv_hi)
+        if DECODE and ONE_LOOP:  # one masked, pipelined loop: the partial last tile in the pipeline
+            kv_mid = kv_lo
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -211,6 +233,7 @@ def kernel_constexprs(
 DECODE_BLOCK_N = 128
 DECODE_NUM_WARPS = 4  # also for the split-decode kernel
 DECODE_NUM_STAGES = 3
+DECODE_ONE_LOOP = 0  # A/B switch (temporary): decode tiles all masked, in one loop
 PREFILL_BLOCK_M = 64  # rows (query tokens x heads of a group) per prefill tile
 PREFILL_BLOCK_N = 64  # keys per step of a prefill tile (head_dim <= 128)
 PREFILL_NUM_WARPS = 4
@@ -263,7 +286,7 @@ def varlen_attention(
         meta.num_seqs, scale * LOG2_E, sliding_window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), meta.block_table.stride(0),
         *cache_strides(kv_cache), GROUP_PAD=group_pad, BLOCK_M=block_m, DECODE=decode,
-        ORDERED=order is not None, **constexprs,
+        ORDERED=order is not None, ONE_LOOP=bool(DECODE_ONE_LOOP), **constexprs,
         num_warps=PREFILL_NUM_WARPS if prefill else DECODE_NUM_WARPS,
         num_stages=PREFILL_NUM_STAGES if prefill else DECODE_NUM_STAGES, **pdl.launch_args(q.device),
     )

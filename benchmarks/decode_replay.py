@@ -1,0 +1,115 @@
+"""GPU: the decode forward's CUDA-graph replay time under launch-setting variants, A/B'd in one process.
+
+    python benchmarks/decode_replay.py [--shape qwen3-0.6b] [--batch-size 1] [--context 384]
+        [--variants nokeys,base,g8x512] [--rounds 7] [--json out.json]
+
+The real model shape (dummy weights, bf16, PDL as the engine runs it). One generate of
+--batch-size prompts of --context tokens fills the KV cache; then each variant captures its own
+decode graph (only the batch's size) with its settings applied while capturing, and the variants'
+replays are timed in turn, --rounds times (alternating cancels the drift between processes and
+over time that end-to-end L2 shows), each timing the GPU µs of 200 replays queued behind a GPU
+sleep (host_step.py's method). Printed: the median per variant and the max |difference| of the
+graph's output from the first variant's (split-K order changes the rounding a little).
+
+Variants: '+'-joined parts, "base" for the defaults:
+- nokeys: the split decode reads its first key tile after the PDL wait (PRELOAD_KEYS off);
+- gNxK: single-row GEMVs in the graph (not the LM head, which is eager) take FMA tiles of N rows x
+  K columns, K cut into slices of one tile each, so each program's whole weight slice is read
+  before its PDL wait.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_workloads import MODELS  # noqa: E402
+from host_step import _replay_gpu_us  # noqa: E402
+from pagedlm import LLM, SamplingParams  # noqa: E402
+from pagedlm.attention import triton_decode  # noqa: E402
+from pagedlm.ops import gemv  # noqa: E402
+
+
+@contextlib.contextmanager
+def settings(variant: str):
+    """The variant's settings applied inside the block (see the module notes), restored after."""
+    saved = gemv.default_config, triton_decode.PRELOAD_KEYS
+    for part in variant.split("+"):
+        if part == "nokeys":
+            triton_decode.PRELOAD_KEYS = False
+        elif part.startswith("g"):
+            block_n, block_k = (int(v) for v in part[1:].split("x"))
+            gemv.default_config = one_tile_slices(saved[0], block_n, block_k)
+        elif part != "base":
+            raise ValueError(f"unknown variant part {part!r} in {variant!r}")
+    try:
+        yield
+    finally:
+        gemv.default_config, triton_decode.PRELOAD_KEYS = saved
+
+
+def one_tile_slices(default, block_n: int, block_k: int):
+    def config(num_rows: int, n: int, k: int, dtype: torch.dtype) -> gemv.GemvConfig:
+        if num_rows == 1 and dtype != torch.float32:
+            return gemv.GemvConfig(block_n, block_k, split_k=triton.cdiv(k, block_k), num_warps=1, num_stages=1)
+        return default(num_rows, n, k, dtype)
+    return config
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shape", default="qwen3-0.6b", choices=sorted(MODELS))
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--context", type=int, default=384)
+    parser.add_argument("--variants", default="nokeys,base,g8x256,g8x512,g4x1024")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    variants = args.variants.split(",")
+    with tempfile.TemporaryDirectory() as tmp:
+        config = MODELS[args.shape]
+        (Path(tmp) / "config.json").write_text(json.dumps(config))
+        llm = LLM(tmp, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True, seed=0,
+                  max_num_seqs=args.batch_size, max_model_len=config["max_position_embeddings"])
+        runner = llm.llm_engine.engine_core.model_runner
+        graphs, outputs = {}, {}
+        for variant in variants:  # capturing fills the static step buffers with padding ...
+            with settings(variant):
+                graphs[variant] = runner._new_graphs(runner.kv_caches)
+        rng = random.Random(0)
+        prompts = [[rng.randrange(100, 30000) for _ in range(args.context)] for _ in range(args.batch_size)]
+        # ... so the step that fills them (a decode at seq_len context + 1) comes after
+        llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+        for variant in variants:  # each graph set has its own block table: the last step's
+            graphs[variant].block_table.copy_(runner.graphs.block_table)
+        times: dict[str, list[float]] = {v: [] for v in variants}
+        for _ in range(args.rounds):
+            for variant in variants:
+                times[variant].append(_replay_gpu_us(graphs[variant], args.batch_size))
+                outputs.setdefault(variant, graphs[variant]._output[:args.batch_size].float().clone())
+    first = outputs[variants[0]]
+    rows = [dict(variant=v, us=statistics.median(times[v]), min_us=min(times[v]), max_us=max(times[v]),
+                 max_abs_diff=(outputs[v] - first).abs().max().item()) for v in variants]
+    print(f"\n{args.shape}, batch {args.batch_size}, context {args.context}: decode-graph replay, "
+          f"GPU µs (median of {args.rounds} rounds of 200 replays)")
+    print(f"{'variant':24} {'median':>8} {'min':>8} {'max':>8} {'vs first':>9} {'max |diff|':>10}")
+    for row in rows:
+        print(f"{row['variant']:24} {row['us']:8.1f} {row['min_us']:8.1f} {row['max_us']:8.1f} "
+              f"{row['us'] / rows[0]['us'] - 1:+9.1%} {row['max_abs_diff']:10.4f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(vars(args), rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()
