@@ -1,7 +1,7 @@
 """GPU: the decode forward's CUDA-graph replay time under launch-setting variants, A/B'd in one process.
 
     python benchmarks/decode_replay.py [--shape qwen3-0.6b] [--batch-size 1] [--context 384]
-        [--variants nokeys,base,g8x512] [--rounds 7] [--json out.json]
+        [--variants base,gsplit,g8x512] [--rounds 7] [--json out.json]
 
 The real model shape (dummy weights, bf16, PDL as the engine runs it). One generate of
 --batch-size prompts of --context tokens fills the KV cache; then each variant captures its own
@@ -12,10 +12,11 @@ sleep (host_step.py's method). Printed: the median per variant and the max |diff
 graph's output from the first variant's (split-K order changes the rounding a little).
 
 Variants: '+'-joined parts, "base" for the defaults:
-- nokeys: the split decode reads its first key tile after the PDL wait (PRELOAD_KEYS off);
 - gNxK: single-row GEMVs in the graph (not the LM head, which is eager) take FMA tiles of N rows x
   K columns, K cut into slices of one tile each, so each program's whole weight slice is read
-  before its PDL wait.
+  before its PDL wait;
+- gsplit: single-row GEMVs take 8 x 256 tiles with K split by `with_auto_split_k` (the rule before
+  session 7's one-tile slices: up to 4 chunks per program, the first read before the wait).
 """
 from __future__ import annotations
 
@@ -37,17 +38,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_workloads import MODELS  # noqa: E402
 from host_step import _replay_gpu_us  # noqa: E402
 from pagedlm import LLM, SamplingParams  # noqa: E402
-from pagedlm.attention import triton_decode  # noqa: E402
 from pagedlm.ops import gemv  # noqa: E402
 
 
 @contextlib.contextmanager
 def settings(variant: str):
     """The variant's settings applied inside the block (see the module notes), restored after."""
-    saved = gemv.default_config, triton_decode.PRELOAD_KEYS
+    saved = gemv.default_config
     for part in variant.split("+"):
-        if part == "nokeys":
-            triton_decode.PRELOAD_KEYS = False
+        if part == "gsplit":
+            gemv.default_config = streamed_chunks(saved)
         elif part.startswith("g"):
             block_n, block_k = (int(v) for v in part[1:].split("x"))
             gemv.default_config = one_tile_slices(saved[0], block_n, block_k)
@@ -56,7 +56,7 @@ def settings(variant: str):
     try:
         yield
     finally:
-        gemv.default_config, triton_decode.PRELOAD_KEYS = saved
+        gemv.default_config = saved
 
 
 def one_tile_slices(default, block_n: int, block_k: int):
@@ -67,12 +67,20 @@ def one_tile_slices(default, block_n: int, block_k: int):
     return config
 
 
+def streamed_chunks(default):
+    def config(num_rows: int, n: int, k: int, dtype: torch.dtype) -> gemv.GemvConfig:
+        if num_rows == 1 and dtype != torch.float32:
+            return gemv.with_auto_split_k(gemv.GemvConfig(8, 256, num_warps=1, num_stages=1), n, k)
+        return default(num_rows, n, k, dtype)
+    return config
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shape", default="qwen3-0.6b", choices=sorted(MODELS))
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--context", type=int, default=384)
-    parser.add_argument("--variants", default="nokeys,base,g8x256,g8x512,g4x1024")
+    parser.add_argument("--variants", default="base,gsplit,g2x1024,g4x2048,g2x2048,g2x4096,g1x4096")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()

@@ -24,7 +24,6 @@ import triton
 import triton.language as tl
 
 from pagedlm.attention.backend import AttentionMetadata
-from pagedlm.attention import triton_paged
 from pagedlm.attention.triton_paged import (
     LOG2_E, attend_key_range, cache_strides, kernel_constexprs, key_tile_offsets, online_softmax,
 )
@@ -34,7 +33,8 @@ from pagedlm.ops.counters import last_to_arrive, zeroed_counters
 DEFAULT_NUM_SMS = 132  # H100/H200; used where no CUDA device can be asked
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 32
-PRELOAD_KEYS = True  # A/B switch (temporary): read the first tile's earlier keys before the PDL wait
+SPLIT_NUM_WARPS = 4
+SPLIT_NUM_STAGES = 3
 
 
 @triton.jit
@@ -85,7 +85,7 @@ def decode_split_kernel(
     stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr, PRELOAD: tl.constexpr, PDL: tl.constexpr,
+    USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     """One program: one split of one sequence's keys x the GROUP query heads of one KV head; the
     group's last live split to finish also merges (see the module notes for the ordering)."""
@@ -105,13 +105,13 @@ def decode_split_kernel(
     offs_n, in_first, k_offs, v_offs = key_tile_offsets(
         kv_lo, first_hi, table_row, kv_head, stride_kc_blk, stride_kc_slot, stride_kc_h,
         stride_vc_blk, stride_vc_slot, stride_vc_h, BLOCK_N, BLOCK_SIZE, True)
-    older = in_first & (offs_n < seq_len - 1) & PRELOAD
+    older = in_first & (offs_n < seq_len - 1)
     k = tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=older[None, :], other=0.0)
     v = tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :], mask=older[:, None], other=0.0)
     pdl.wait_for_producers(PDL)  # above: step inputs and earlier steps' keys; q and the newest key come from prepare_qkv
     if not has_query or split >= num_live:  # no keys: stores nothing, does not count
         return
-    newest = in_first & ((offs_n == seq_len - 1) | (not PRELOAD))  # in the last live split's first tile, or nowhere
+    newest = in_first & (offs_n == seq_len - 1)  # in the last live split's first tile, or nowhere
     k = tl.where(newest[None, :], tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=newest[None, :],
                                           other=0.0), k)
     v = tl.where(newest[:, None], tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :], mask=newest[:, None],
@@ -189,8 +189,8 @@ def split_decode_attention(
         meta.block_table, meta.query_start_loc, meta.seq_lens, scale * LOG2_E, sliding_window or 0, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), meta.block_table.stride(0),
         *cache_strides(kv_cache), SPLITS_PAD=MAX_SPLITS,  # not from num_splits: one compile for all
-        BLOCK_M=max(16, triton.next_power_of_2(constexprs["GROUP"])), PRELOAD=PRELOAD_KEYS, **constexprs,
-        num_warps=triton_paged.DECODE_NUM_WARPS, num_stages=triton_paged.DECODE_NUM_STAGES,
+        BLOCK_M=max(16, triton.next_power_of_2(constexprs["GROUP"])), **constexprs,
+        num_warps=SPLIT_NUM_WARPS, num_stages=SPLIT_NUM_STAGES,
         **pdl.launch_args(q.device),
     )
     return out

@@ -230,10 +230,10 @@ def kernel_constexprs(
 
 # Decode tiles (head_dim <= 128, 2-byte KV; the `attention_kernels.py --decode` sweep, 2026-11-29:
 # 3.62 / 4.07 TB/s of KV on T1 / T2 decode shapes against 3.40 / 3.81 with 64-key tiles).
-DECODE_BLOCK_N = 128
-DECODE_NUM_WARPS = 4  # also for the split-decode kernel
-DECODE_NUM_STAGES = 3
-DECODE_ONE_LOOP = 0  # A/B switch (temporary): decode tiles all masked, in one loop
+DECODE_BLOCK_N = 64
+DECODE_NUM_WARPS = 4
+DECODE_NUM_STAGES = 2
+DECODE_ONE_LOOP = 1  # A/B switch (temporary): decode tiles all masked, in one loop
 PREFILL_BLOCK_M = 64  # rows (query tokens x heads of a group) per prefill tile
 PREFILL_BLOCK_N = 64  # keys per step of a prefill tile (head_dim <= 128)
 PREFILL_NUM_WARPS = 4

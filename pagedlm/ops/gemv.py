@@ -50,6 +50,13 @@ TARGET_WARPS = 1024  # split K until about this many warps (~8 per SM on a 132-S
 # MAX_PROGRAMS programs (an LM head of 16,032 row blocks streams at 4.5 TB/s unsplit)
 MAX_CHUNKS_PER_SLICE = 4
 MAX_PROGRAMS = 16384
+# Session 7 (benchmarks/decode_replay.py, qwen3-0.6b batch 1, graph replay with PDL, one process): slices
+# of one 4 x 1024 tile, read whole before the PDL wait, took the decode step from 829.8 to 717.4 µs
+# (8 x 512 tiles: 795.6; 8 x 256: 837.6). A weight that fits the GPU's registers a few times over is
+# then read while the kernel before runs; larger ones (llama3-8b, LM heads) keep streaming chunks.
+PRELOAD_MAX_BYTES = 16 << 20
+PRELOAD_BLOCK_N = 4
+PRELOAD_BLOCK_K = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,17 +114,22 @@ def prefer_gemv(num_rows: int, n: int, k: int) -> bool:
 
 
 def default_config(num_rows: int, n: int, k: int, dtype: torch.dtype) -> GemvConfig:
-    """A simple rule from host ints (provisional until the H200 sweep of benchmarks/gemv_bench.py).
-    M = 1 or fp32: FMA with one warp per program and one 16-byte vector per lane per row and chunk,
-    so the x row, the weight tile and the reduction share one layout (no shared-memory round trip).
-    Larger M: tl.dot on 64 weight rows (wgmma m64n16 on Hopper; FMA at M=2 measured 1.5-2.5x slower
-    than at M=1). Split K until about TARGET_WARPS."""
+    """A rule from host ints, from the H200 measurements above and below.
+    Larger M (not fp32): tl.dot on 64 weight rows (wgmma m64n16 on Hopper; FMA at M=2 measured
+    1.5-2.5x slower than at M=1), K split until about TARGET_WARPS.
+    M = 1 or fp32: FMA with one warp per program and whole 16-byte vectors per lane, so the x row, the
+    weight tile and the reduction share one layout (no shared-memory round trip). A weight of at most
+    PRELOAD_MAX_BYTES is cut into one-tile slices of PRELOAD_BLOCK_N rows x up to PRELOAD_BLOCK_K
+    columns, so that every program reads its whole slice before its PDL wait (while the kernel before
+    it runs); larger ones stream BLOCK_K chunks, K split by `with_auto_split_k`."""
     if num_rows > 1 and dtype != torch.float32:
-        config = GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=3, use_dot=True)
-    else:
-        vec = 16 // dtype.itemsize  # elements per 16-byte load
-        config = GemvConfig(block_n=8, block_k=32 * vec, num_warps=1, num_stages=1)
-    return with_auto_split_k(config, n, k)
+        return with_auto_split_k(GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=3, use_dot=True), n, k)
+    min_block_k = 32 * (16 // dtype.itemsize)  # 32 lanes x one 16-byte vector
+    if n * k * dtype.itemsize <= PRELOAD_MAX_BYTES:
+        block_k = min(max(triton.next_power_of_2(k), min_block_k), PRELOAD_BLOCK_K)
+        return GemvConfig(block_n=PRELOAD_BLOCK_N, block_k=block_k, split_k=triton.cdiv(k, block_k),
+                          num_warps=1, num_stages=1)
+    return with_auto_split_k(GemvConfig(block_n=8, block_k=min_block_k, num_warps=1, num_stages=1), n, k)
 
 
 def with_auto_split_k(config: GemvConfig, n: int, k: int) -> GemvConfig:

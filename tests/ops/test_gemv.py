@@ -163,10 +163,11 @@ def test_gemv_triton_strided_views() -> None:
 
 @pytest.mark.parametrize("num_rows", [1, 2, 5, 8])
 def test_gemv_default_config(num_rows: int) -> None:
-    """The default launch rule (FMA for small M, tl.dot above, split K for few N tiles) is correct."""
-    x, weight, bias = make_inputs(num_rows, 20, 600, torch.float16, act=None, with_bias=True)
-    config = gemv_mod.default_config(num_rows, 20, 600, torch.float16)
-    assert gemv_mod.launch_split_k(600, config)[0] > 1
+    """The default launch rule (FMA for small M, tl.dot above, split K: one-tile slices of a small
+    weight at one row, for few N tiles on the dot path) is correct."""
+    x, weight, bias = make_inputs(num_rows, 20, 1500, torch.float16, act=None, with_bias=True)
+    config = gemv_mod.default_config(num_rows, 20, 1500, torch.float16)
+    assert gemv_mod.launch_split_k(1500, config)[0] > 1
     check(gemv_triton(x, weight, bias), x, weight, bias, None)
 
 
@@ -204,11 +205,24 @@ def test_prefer_gemv_follows_the_measured_rule(num_rows: int, n: int, k: int, ta
 @pytest.mark.parametrize("n, k, split_k", [
     (28672, 4096, 4), (6144, 4096, 4),  # llama3-8b gate_up, qkv: 4 chunks of 256 per program
     (128256, 4096, 1),  # LM head: 16,032 row blocks already, no split
-    (1024, 2048, 8), (6144, 1024, 1),  # qwen3-0.6b o_proj (by warps), gate_up (4 chunks anyway)
+    # qwen3-0.6b (every weight <= PRELOAD_MAX_BYTES): one-tile slices of up to 1024 columns
+    (1024, 2048, 2), (6144, 1024, 1), (1024, 3072, 3),  # o_proj, gate_up, down_proj
 ])
 def test_auto_split_k_at_one_row(n: int, k: int, split_k: int) -> None:
     config = gemv_mod.default_config(1, n, k, torch.bfloat16)
     assert gemv_mod.launch_split_k(k, config)[0] == split_k
+
+
+@pytest.mark.parametrize("n, k, dtype", [
+    (4096, 1024, torch.bfloat16), (1024, 2048, torch.bfloat16), (6144, 1024, torch.bfloat16),  # qwen3-0.6b
+    (1024, 3072, torch.bfloat16), (64, 100, torch.float32),
+])
+def test_small_weights_take_one_tile_slices_at_one_row(n: int, k: int, dtype: torch.dtype) -> None:
+    """Each program's slice of K is one tile, which the kernel reads before its PDL wait."""
+    config = gemv_mod.default_config(1, n, k, dtype)
+    num_slices, k_per_split = gemv_mod.launch_split_k(k, config)
+    assert k_per_split == config.block_k and num_slices == -(-k // config.block_k)
+    assert config.block_n == gemv_mod.PRELOAD_BLOCK_N and config.num_warps == 1
 
 
 @pytest.mark.parametrize("config_name", ["fma-split", "dot-split"])
