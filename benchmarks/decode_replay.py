@@ -16,7 +16,8 @@ Variants: '+'-joined parts, "base" for the defaults:
   K columns, K cut into slices of one tile each, so each program's whole weight slice is read
   before its PDL wait;
 - gsplit: single-row GEMVs take 8 x 256 tiles with K split by `with_auto_split_k` (the rule before
-  session 7's one-tile slices: up to 4 chunks per program, the first read before the wait).
+  session 7's one-tile slices: up to 4 chunks per program, the first read before the wait);
+- sbN, swN, ssN: the split decode's keys per tile (and per split at batch 1), warps, stages.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_workloads import MODELS  # noqa: E402
 from host_step import _replay_gpu_us  # noqa: E402
 from pagedlm import LLM, SamplingParams  # noqa: E402
+from pagedlm.attention import triton_decode  # noqa: E402
 from pagedlm.ops import gemv  # noqa: E402
 
 
@@ -45,18 +47,26 @@ from pagedlm.ops import gemv  # noqa: E402
 def settings(variant: str):
     """The variant's settings applied inside the block (see the module notes), restored after."""
     saved = gemv.default_config
+    saved_split = triton_decode.SPLIT_BLOCK_N, triton_decode.SPLIT_NUM_WARPS, triton_decode.SPLIT_NUM_STAGES
     for part in variant.split("+"):
-        if part == "gsplit":
+        if part.startswith("sb"):
+            triton_decode.SPLIT_BLOCK_N = int(part[2:])
+        elif part.startswith("sw"):
+            triton_decode.SPLIT_NUM_WARPS = int(part[2:])
+        elif part.startswith("ss"):
+            triton_decode.SPLIT_NUM_STAGES = int(part[2:])
+        elif part == "gsplit":
             gemv.default_config = streamed_chunks(saved)
         elif part.startswith("g"):
             block_n, block_k = (int(v) for v in part[1:].split("x"))
-            gemv.default_config = one_tile_slices(saved[0], block_n, block_k)
+            gemv.default_config = one_tile_slices(saved, block_n, block_k)
         elif part != "base":
             raise ValueError(f"unknown variant part {part!r} in {variant!r}")
     try:
         yield
     finally:
         gemv.default_config = saved
+        triton_decode.SPLIT_BLOCK_N, triton_decode.SPLIT_NUM_WARPS, triton_decode.SPLIT_NUM_STAGES = saved_split
 
 
 def one_tile_slices(default, block_n: int, block_k: int):

@@ -33,6 +33,7 @@ from pagedlm.ops.counters import last_to_arrive, zeroed_counters
 DEFAULT_NUM_SMS = 132  # H100/H200; used where no CUDA device can be asked
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 32
+SPLIT_BLOCK_N = 64  # keys per tile; at batch 1 also per split (MIN_KEYS_PER_SPLIT spreads them wider)
 SPLIT_NUM_WARPS = 4
 SPLIT_NUM_STAGES = 3
 
@@ -184,6 +185,8 @@ def split_decode_attention(
     part_sum = torch.empty_like(part_max)
     counters = zeroed_counters(q.device, meta.num_seqs * num_kv_heads)
     constexprs = kernel_constexprs(q, kv_cache, sliding_window)
+    if head_dim <= 128:
+        constexprs["BLOCK_N"] = SPLIT_BLOCK_N
     decode_split_kernel[(meta.num_seqs, num_kv_heads, num_splits)](
         out, part_out, part_max, part_sum, counters, q, kv_cache[0], kv_cache[1],
         meta.block_table, meta.query_start_loc, meta.seq_lens, scale * LOG2_E, sliding_window or 0, num_splits,
