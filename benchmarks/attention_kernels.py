@@ -2,7 +2,7 @@
 (FlashAttention on contiguous q/k/v) as the peer, with a sweep of the prefill tile settings.
 
     python benchmarks/attention_kernels.py [--sweep] [--json out.json]
-    python benchmarks/attention_kernels.py --decode [--spread 5] [--configs 128x4x3x0,32x4x2x1] [--cases decode-t1]
+    python benchmarks/attention_kernels.py --decode [--spread 5] [--configs 128x4x3,32x4x2] [--cases decode-t1]
         [--json out.json]   (the decode tile sweep)
 
 Cases (bf16, block size 16, head_dim 128, KV blocks shuffled in the pool):
@@ -51,7 +51,7 @@ DECODE_CASES = {  # name: (num_seqs, context tokens, num_heads, num_kv_heads, sp
 }
 HEAD_DIM, BLOCK_SIZE = 128, 16
 PREFILL_SETTINGS = ("PREFILL_BLOCK_M", "PREFILL_NUM_WARPS", "PREFILL_NUM_STAGES", "PREFILL_BLOCK_N")
-DECODE_SETTINGS = ("DECODE_BLOCK_N", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES", "DECODE_ONE_LOOP")
+DECODE_SETTINGS = ("DECODE_BLOCK_N", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES")
 
 
 def current_settings(names: tuple[str, ...]) -> tuple[int, ...]:
@@ -150,7 +150,7 @@ def run_case(name: str, configs: list[tuple[int, int, int, int]]) -> list[dict]:
     return rows
 
 
-DECODE_SWEEP = list(itertools.product([32, 64, 128], [4, 8], [1, 2, 3], [0]))  # (block_n, warps, stages, one loop)
+DECODE_SWEEP = list(itertools.product([32, 64, 128], [4, 8], [1, 2, 3]))  # (block_n, warps, stages)
 
 
 def run_decode_case(name: str, spread: int = 1, configs: list[tuple[int, ...]] = DECODE_SWEEP) -> list[dict]:
@@ -171,7 +171,7 @@ def run_decode_case(name: str, spread: int = 1, configs: list[tuple[int, ...]] =
             else:
                 call = lambda: triton_decode.split_decode_attention(  # noqa: E731
                     q, kv_cache, meta, HEAD_DIM ** -0.5, None, splits, out=out)
-            label = "N{} w{} s{} one{} split{}".format(*config, splits)
+            label = "N{} w{} s{} split{}".format(*config, splits)
             with kernel_settings(DECODE_SETTINGS, config):
                 try:
                     call()
@@ -252,7 +252,7 @@ def main() -> None:
     parser.add_argument("--spread", type=int, default=1,
                         help="--decode: blocks drawn from a pool this many times larger than they fill")
     parser.add_argument("--configs", default=None,
-                        help="--decode: only these block_n x warps x stages x one loop, e.g. 128x4x3x0,32x4x2x1")
+                        help="--decode: only these block_n x warps x stages, e.g. 128x4x3,32x4x2")
     parser.add_argument("--cases", default=None, help="--decode: only these cases, e.g. decode-t1,decode-t2")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()

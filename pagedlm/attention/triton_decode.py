@@ -35,7 +35,10 @@ MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 32
 SPLIT_BLOCK_N = 64  # keys per tile; at batch 1 also per split (MIN_KEYS_PER_SPLIT spreads them wider)
 SPLIT_NUM_WARPS = 4
-SPLIT_NUM_STAGES = 3
+# One stage: a split is one tile at batch 1 up to 32 x 64 keys, and the pipeline's prologue and shared
+# memory only cost (benchmarks/decode_replay.py, qwen3-0.6b batch 1: the decode step 715 -> 634 µs at 384
+# keys, 876 -> 790 at 4,000; llama3-8b 4,162 -> 4,035).
+SPLIT_NUM_STAGES = 1
 
 
 @triton.jit

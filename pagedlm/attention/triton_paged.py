@@ -14,8 +14,8 @@ with one long prefill, and the grid depends only on (T, num_seqs), which CUDA gr
 A decode-only batch (max_query_len <= 1, known on the host) skips the search: one program per
 sequence and KV head (the search's ~log2(B) dependent loads were a visible part of a short decode).
 
-Decode launch order (ORDERED): decode tiles take a whole SM each, so the SMs take the programs in
-launch order, one at a time, and a ragged batch ends when its last-started long sequence does
+Decode launch order (ORDERED): a few decode tiles fill an SM's shared memory, so the SMs take the
+programs in launch order, a few at a time, and a ragged batch ends when its last-started long sequence does
 (makespan up to the mean load plus one long job). Given meta.decode_order (the host's permutation
 of the sequences by decreasing seq_len), program i serves sequence decode_order[i]: longest first
 (LPT scheduling), the short ones fill the gaps at the end. The result does not depend on the order.
@@ -155,7 +155,7 @@ def paged_attention_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr, DECODE: tl.constexpr,
-    ORDERED: tl.constexpr, ONE_LOOP: tl.constexpr, PDL: tl.constexpr,
+    ORDERED: tl.constexpr, PDL: tl.constexpr,
 ):
     """One program: BLOCK_Q query tokens of one sequence x the GROUP query heads of one KV head.
     DECODE (every sequence has at most one query token): program i is sequence i, no search, or
@@ -193,11 +193,12 @@ def paged_attention_kernel(
     if USE_WINDOW:  # every tile masked
         kv_lo = tl.maximum(first_pos + q_first - q_seq_start - window + 1, 0)
         kv_mid = kv_lo
+    elif DECODE:  # every tile masked too: one pipelined loop, the partial last tile in the pipeline
+        kv_lo = 0
+        kv_mid = 0
     else:  # whole tiles of keys up to the tile's first query position are seen by every row
         kv_lo = 0
         kv_mid = tl.minimum((first_pos + q_first - q_seq_start + 1) // BLOCK_N * BLOCK_N, kv_hi)
-        if DECODE and ONE_LOOP:  # one masked, pipelined loop: the partial last tile in the pipeline
-            kv_mid = kv_lo
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -228,12 +229,13 @@ def kernel_constexprs(
     )
 
 
-# Decode tiles (head_dim <= 128, 2-byte KV; the `attention_kernels.py --decode` sweep, 2026-11-29:
-# 3.62 / 4.07 TB/s of KV on T1 / T2 decode shapes against 3.40 / 3.81 with 64-key tiles).
+# Decode tiles (head_dim <= 128, 2-byte KV; `attention_kernels.py --decode`, KV-cache TB/s on T1 / T2 decode
+# shapes, H200): session 3: 128 keys, 3 stages, full tiles unmasked then a masked last one, 3.62 / 4.07
+# against 3.40 / 3.81 with 64 keys; session 7 (two calls): 64 keys, 2 stages, one masked loop 3.79-3.87 /
+# 4.24-4.32 against 3.70-3.77 / 4.12-4.21 for session 3's tiles in the same runs (32 keys: 3.97 / 3.99).
 DECODE_BLOCK_N = 64
 DECODE_NUM_WARPS = 4
 DECODE_NUM_STAGES = 2
-DECODE_ONE_LOOP = 1  # A/B switch (temporary): decode tiles all masked, in one loop
 PREFILL_BLOCK_M = 64  # rows (query tokens x heads of a group) per prefill tile
 PREFILL_BLOCK_N = 64  # keys per step of a prefill tile (head_dim <= 128)
 PREFILL_NUM_WARPS = 4
@@ -286,7 +288,7 @@ def varlen_attention(
         meta.num_seqs, scale * LOG2_E, sliding_window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), meta.block_table.stride(0),
         *cache_strides(kv_cache), GROUP_PAD=group_pad, BLOCK_M=block_m, DECODE=decode,
-        ORDERED=order is not None, ONE_LOOP=bool(DECODE_ONE_LOOP), **constexprs,
+        ORDERED=order is not None, **constexprs,
         num_warps=PREFILL_NUM_WARPS if prefill else DECODE_NUM_WARPS,
         num_stages=PREFILL_NUM_STAGES if prefill else DECODE_NUM_STAGES, **pdl.launch_args(q.device),
     )
