@@ -136,12 +136,13 @@ def decode_split_kernel(
     if not USE_WINDOW:
         kv_mid = first_hi + (kv_hi - first_hi) // BLOCK_N * BLOCK_N
     q_pos = tl.full([BLOCK_M], 0, tl.int32) + seq_len - 1
-    acc, m_i, l_i = attend_key_range(
-        acc, m_i, l_i, q, q_pos, first_hi, kv_mid, kv_hi, k_cache_ptr, v_cache_ptr,
-        table_row, kv_head, window, qk_scale,
-        stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
-        HEAD_DIM, BLOCK_N, BLOCK_SIZE, USE_WINDOW, DOT_PRECISION,
-    )
+    if kv_hi > first_hi:  # skipped where the split is one tile (no pipeline prologue to pay for)
+        acc, m_i, l_i = attend_key_range(
+            acc, m_i, l_i, q, q_pos, first_hi, kv_mid, kv_hi, k_cache_ptr, v_cache_ptr,
+            table_row, kv_head, window, qk_scale,
+            stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
+            HEAD_DIM, BLOCK_N, BLOCK_SIZE, USE_WINDOW, DOT_PRECISION,
+        )
     part_rows = ((seq * tl.num_programs(1) * GROUP + heads) * num_splits + split).to(tl.int64)  # [BLOCK_M]
     tl.store(part_out_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None])
     tl.store(part_max_ptr + part_rows, m_i, mask=row_ok)

@@ -30,6 +30,8 @@ CASES = {
     "split5_gqa2_d256": ([100, 10], [1, 1], 2, 1, 256, 16, None, torch.float16, 5),
     "split2_gqa4_window_bs32": ([45, 80], [1, 1], 4, 1, 64, 32, 33, torch.float16, 2),
     "split5_gqa8_bs32": ([0, 260], [1, 1], 16, 2, 32, 32, None, torch.float32, 5),
+    # splits of several tiles: the first read before the PDL wait, the rest in the loop (window-masked here)
+    "split1_gqa2_window_long": ([300, 64], [1, 1], 4, 2, 32, 16, 200, torch.float16, 1),
 }
 
 
