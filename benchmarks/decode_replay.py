@@ -99,7 +99,8 @@ def main() -> None:
         config = MODELS[args.shape]
         (Path(tmp) / "config.json").write_text(json.dumps(config))
         llm = LLM(tmp, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True, seed=0,
-                  max_num_seqs=args.batch_size, max_model_len=config["max_position_embeddings"])
+                  max_num_seqs=args.batch_size, max_model_len=config["max_position_embeddings"],
+                  max_num_batched_tokens=max(16384, args.batch_size * (args.context + 1)))
         runner = llm.llm_engine.engine_core.model_runner
         graphs, outputs = {}, {}
         for variant in variants:  # capturing fills the static step buffers with padding ...
@@ -107,8 +108,12 @@ def main() -> None:
                 graphs[variant] = runner._new_graphs(runner.kv_caches)
         rng = random.Random(0)
         prompts = [[rng.randrange(100, 30000) for _ in range(args.context)] for _ in range(args.batch_size)]
-        # ... so the step that fills them (a decode at seq_len context + 1) comes after
+        # ... so the step that fills them comes after: every prompt prefilled in one step, then one
+        # decode of the whole batch (seq_len context + 1), whose rows fill the graph's size exactly
         llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+        seq_lens = runner._inputs.seq_lens[:graphs[variants[0]].padded_size(args.batch_size)]
+        if not bool((seq_lens == args.context + 1).all()):
+            raise RuntimeError(f"the last step was not one decode of the whole batch: seq_lens {seq_lens.tolist()}")
         for variant in variants:  # each graph set has its own block table: the last step's
             graphs[variant].block_table.copy_(runner.graphs.block_table)
         times: dict[str, list[float]] = {v: [] for v in variants}

@@ -16,7 +16,9 @@ generate calls after a warm-up, divided by --output-len (one decode step per out
 Timings are CPU time of the process on the CPU, wall time with --device cuda; there decode
 steps replay the captured CUDA graph, which the stub does not replace (both include it), and
 the GPU time of one replay of the batch's decode graph is printed too (replays queued behind a
-GPU sleep, so the host's launch time is hidden): a step time close to it means GPU-bound.
+GPU sleep, so the host's launch time is hidden): a step time close to it means GPU-bound. On
+CUDA one more generate call times how long the host blocks on CUDA events per step: what is
+left is the host's own work per step, and if that is most of the step, the host is the bound.
 --vocab 1024 by default keeps the LM head and argmax cheap on the CPU so that the Python cost
 shows; --vocab 151936 gives Qwen3's real logits shapes (then the CPU argmax weighs in).
 --count-ops counts, over the steady decode steps of one host run, the torch calls that reach
@@ -149,6 +151,27 @@ def _count_ops(llm: LLM, prompts: list[list[int]], output_len: int) -> tuple[flo
     return sum(counter.counts.values()) / num_counted, counter.counts
 
 
+def _event_wait_us(llm: LLM, prompts: list[list[int]], output_len: int) -> tuple[float, float]:
+    """(step µs, µs of it the host spent blocked in torch.cuda.Event.synchronize) over one generate
+    call (CUDA): the step's own output copy, and the staging copies of two steps back. A host that
+    seldom waits is the bottleneck; one that waits most of the step waits for the GPU."""
+    waited = 0.0
+    synchronize = torch.cuda.Event.synchronize
+
+    def timed(event: torch.cuda.Event) -> None:
+        nonlocal waited
+        start = time.perf_counter()
+        synchronize(event)
+        waited += time.perf_counter() - start
+
+    torch.cuda.Event.synchronize = timed
+    try:
+        seconds = _generate(llm, prompts, output_len)
+    finally:
+        torch.cuda.Event.synchronize = synchronize
+    return seconds / output_len * 1e6, waited / output_len * 1e6
+
+
 def _replay_gpu_us(graphs: Any, batch_size: int, num_replays: int = 200) -> float:
     """GPU µs of one replay of the decode graph for batch_size sequences (CUDA only), over
     the static buffers as the last step left them (a finished run: its KV is not read again)."""
@@ -179,6 +202,10 @@ def _run_batch(args: argparse.Namespace, batch_size: int, folder: Path) -> dict[
     if runner.graphs is not None:
         replay_us = _replay_gpu_us(runner.graphs, batch_size)
         print(f"batch {batch_size}: one decode-graph replay takes {replay_us:.1f} µs of GPU time")
+        runner.model = runner.model._model  # the real forward again
+        step_us, wait_us = _event_wait_us(llm, prompts, args.output_len)
+        print(f"batch {batch_size}: a step takes {step_us:.1f} µs, of which the host waits {wait_us:.1f} µs "
+              f"for the GPU (event synchronize) and works {step_us - wait_us:.1f} µs")
     if args.count_ops:
         ops_per_step, counts = _count_ops(llm, prompts, args.output_len)
         result["aten_ops_per_step"] = ops_per_step

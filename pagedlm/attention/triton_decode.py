@@ -35,10 +35,11 @@ MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 32
 SPLIT_BLOCK_N = 64  # keys per tile; at batch 1 also per split (MIN_KEYS_PER_SPLIT spreads them wider)
 SPLIT_NUM_WARPS = 4
-# One stage: a split is one tile at batch 1 up to 32 x 64 keys, and the pipeline's prologue and shared
-# memory only cost (benchmarks/decode_replay.py, qwen3-0.6b batch 1: the decode step 715 -> 634 µs at 384
-# keys, 876 -> 790 at 4,000; llama3-8b 4,162 -> 4,035).
-SPLIT_NUM_STAGES = 1
+# A one-tile split (batch 1 up to 32 x 64 keys) skips the loop, so its stages cost nothing there; longer
+# splits are pipelined (benchmarks/decode_replay.py, qwen3-0.6b batch 1, stages 1 / 2 / 3: 639.8 / 644.5 /
+# 646.6 µs a step at 384 keys, 1,299.8 / 1,234.5 / 1,261.7 at 16,000). Before the skip, the empty loop's
+# prologue cost 3 stages 81 µs a step at 384 keys against 1 stage.
+SPLIT_NUM_STAGES = 2
 
 
 @triton.jit
