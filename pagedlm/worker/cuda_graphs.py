@@ -13,6 +13,12 @@ their output rows are garbage and never read (every op is row-independent outsid
 They come last in decode_order (the varlen kernel's launch order, longest sequence first), which
 must be a permutation of range(size).
 
+Graphs of at most MAX_LOGITS_ROWS rows also compute the logits (compute_logits of every row,
+float32), so that a small decode step launches no LM head of its own: at batch 1 the Triton GEMV's
+Python launcher was a visible part of the host's step (session 7's profile). Those logits live in
+the graph's pool, valid only until the next replay (of any size: sizes share the pool); the runner
+samples from them right after the replay, in stream order.
+
 The host ints of the captured AttentionMetadata are fixed per size: num_tokens = num_seqs = size,
 max_query_len 1, max_seq_len = max_model_len. So the backend's choice of kernel (varlen or split
 decode) and the number of splits are made once, at capture, for the longest possible context;
@@ -30,6 +36,7 @@ from pagedlm.model.llama import LlamaForCausalLM
 from pagedlm.worker.input_batch import StepBuffers
 
 MAX_CAPTURE_SIZE = 512
+MAX_LOGITS_ROWS = 8  # graphs up to this size compute the logits too (<= 8 x vocab x 4 bytes each)
 
 
 def graphs_enabled(config: EngineConfig) -> bool:
@@ -71,6 +78,7 @@ class DecodeGraphs:
         self._query_start_loc_cpu = torch.zeros(self.max_size + 1, dtype=torch.int32)
         self._seq_lens_cpu = torch.zeros(self.max_size, dtype=torch.int32)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._logits: dict[int, torch.Tensor] = {}  # size -> [size, vocab_size] float32, in the pool
 
     def padded_size(self, num_seqs: int) -> int | None:
         """The smallest capture size >= num_seqs; None when every size is smaller."""
@@ -109,12 +117,20 @@ class DecodeGraphs:
         self._graphs[size].replay()
         return self._output[:size]
 
+    def logits(self, size: int) -> torch.Tensor | None:
+        """[size, vocab_size] float32: the logits of the last replay, which must be of this size;
+        None where the graph does not compute them (size > MAX_LOGITS_ROWS)."""
+        return self._logits.get(size)
+
     def _run(self, size: int) -> None:
-        """What a graph holds: the model over the first `size` rows of the static buffers."""
+        """What a graph holds: the model over the first `size` rows of the static buffers (and
+        their logits, up to MAX_LOGITS_ROWS rows; the capture run's tensor is the graph's)."""
         inputs = self._inputs
         hidden = self._model(inputs.input_ids[:size], inputs.positions[:size], self._kv_caches,
                              self._metadata(size))  # [size, hidden_size]
         self._output[:size].copy_(hidden)
+        if size <= MAX_LOGITS_ROWS:
+            self._logits[size] = self._model.compute_logits(hidden)
 
     def _metadata(self, size: int) -> AttentionMetadata:
         inputs = self._inputs

@@ -10,7 +10,9 @@ copy's event only. On a CPU device the same code runs, synchronously, without pi
 
 On CUDA (Triton backend, not enforce_eager) a pure-decode step of at most the largest capture
 size replays a CUDA graph (cuda_graphs.py) instead: the host pads the batch in the staging set,
-the same copies fill the static buffers, and logits and sampling run eagerly after the replay.
+the same copies fill the static buffers, and sampling runs eagerly after the replay, from the
+graph's own logits up to cuda_graphs.MAX_LOGITS_ROWS rows (no LM head launched by the host), from
+the LM head run eagerly on the graph's hidden states above.
 """
 from __future__ import annotations
 
@@ -179,7 +181,7 @@ class ModelRunner:
         if self._staging_events[slot] is not None:
             self._staging_events[slot].record()
         hidden = self._forward(staging, layout, graph_size)
-        sample = self._sample(hidden, layout)
+        sample = self._sample(hidden, layout, self.graphs.logits(graph_size) if graph_size else None)
         prompt_logprobs = None if layout.prompt_logprobs is None else compute_prompt_logprobs(
             layout.prompt_logprobs, hidden, self.model.compute_logits)
         output = self._launch_output(slot, layout, sample, prompt_logprobs, sched.step_id)
@@ -291,17 +293,21 @@ class ModelRunner:
                 source[span.prompt_start:span.prompt_start + span.length]
         return embeds
 
-    def _sample(self, hidden: torch.Tensor, layout: BatchLayout) -> SamplerOutput | None:
+    def _sample(self, hidden: torch.Tensor, layout: BatchLayout,
+                graph_logits: torch.Tensor | None = None) -> SamplerOutput | None:
         """Logits of each sampling request's last token, sampled; ids scattered by row into
-        last_sampled. None when no request samples this step."""
+        last_sampled. None when no request samples this step. graph_logits: [graph_size,
+        vocab_size] float32, every row's logits as the replayed graph computed them, or None."""
         num_samples = layout.num_samples
         if num_samples == 0:
             return None
-        if layout.samples_every_token:  # logits rows 0..N-1: no gather
-            hidden = hidden[:num_samples]  # [N, hidden]
-        else:
+        if not layout.samples_every_token:
             hidden = hidden.index_select(0, self._inputs.prefix("logits_indices", num_samples))
-        logits = self.model.compute_logits(hidden)  # [N, vocab_size] float32
+            logits = self.model.compute_logits(hidden)  # [N, vocab_size] float32
+        elif graph_logits is None:  # logits rows 0..N-1: no gather
+            logits = self.model.compute_logits(hidden[:num_samples])
+        else:
+            logits = graph_logits[:num_samples]
         sample = self.sampler.sample(logits, layout.sample_rows_np)
         self._last_sampled.index_copy_(0, self._inputs.prefix("sample_rows", num_samples),
                                        sample.sampled_token_ids)

@@ -93,7 +93,8 @@ def _eager_decode(runner: ModelRunner, block_table: torch.Tensor) -> torch.Tenso
 
 def _check_each_replay(runner: ModelRunner, run: Run) -> None:
     """Before each replay, the eager forward of the same batch (it writes this step's KV, which
-    the replay then writes again: the run goes on with the graph's values)."""
+    the replay then writes again: the run goes on with the graph's values); checked against it:
+    the logits of the replay's hidden states and, where the graph computes them, its own logits."""
     graphs = runner.graphs
     graphs._output.fill_(float("nan"))  # padding rows stay garbage, real rows are written
     replay, compute_logits = graphs.replay, runner.model.compute_logits
@@ -103,6 +104,9 @@ def _check_each_replay(runner: ModelRunner, run: Run) -> None:
         expected = compute_logits(_eager_decode(runner, block_table))
         hidden = replay(size, block_table)
         run.replays.append(ReplayCheck(num_seqs, size, compute_logits(hidden[:num_seqs]), expected))
+        graph_logits = graphs.logits(size)  # the graph's own LM head, up to MAX_LOGITS_ROWS rows
+        if graph_logits is not None:
+            run.replays.append(ReplayCheck(num_seqs, size, graph_logits[:num_seqs].clone(), expected))
         return hidden
 
     graphs.replay = checked_replay

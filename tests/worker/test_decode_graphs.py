@@ -13,7 +13,7 @@ import torch
 from worker_helpers import (VOCAB, MiniScheduler, Req, hf_greedy, make_config, make_runner,
                             run_requests, save_tiny_llama)
 
-from pagedlm.worker.cuda_graphs import DecodeGraphs, capture_sizes, graphs_enabled
+from pagedlm.worker.cuda_graphs import MAX_LOGITS_ROWS, DecodeGraphs, capture_sizes, graphs_enabled
 
 
 class EagerGraphs(DecodeGraphs):
@@ -90,3 +90,21 @@ def test_padded_decode_greedy_equals_transformers(tiny, max_model_len, async_mod
         assert done[f"r{i}"] == hf_greedy(hf_model, max_tokens, _prompt(num_prompt, i)), i
     assert len(replays) >= 5 and any(num_seqs < size for num_seqs, size in replays)
     assert all(size == graphs.padded_size(num_seqs) for num_seqs, size in replays)
+
+
+def test_small_graphs_compute_the_logits(tiny):
+    """Graphs of up to MAX_LOGITS_ROWS rows also hold the LM head (the runner samples from their
+    logits); larger ones leave it to the runner."""
+    runner = make_runner(make_config(tiny[0], max_num_seqs=16, max_num_batched_tokens=16, attention_backend="triton"))
+    graphs = EagerGraphs(runner.config, runner.model, runner.kv_caches, runner._inputs,
+                         runner.input_batch.max_num_blocks_per_req)
+    graphs.capture()
+    assert graphs.sizes == [1, 2, 4, 8, 16] and MAX_LOGITS_ROWS == 8
+    for size in graphs.sizes:
+        hidden = graphs.replay(size, graphs.block_table[:size, :1])
+        logits = graphs.logits(size)
+        if size > MAX_LOGITS_ROWS:
+            assert logits is None
+            continue
+        assert logits.shape == (size, VOCAB) and logits.dtype == torch.float32
+        torch.testing.assert_close(logits, runner.model.compute_logits(hidden), rtol=0, atol=0)
