@@ -13,8 +13,9 @@ Cases (bf16, block size 16, head_dim 128, KV blocks shuffled in the pool):
 Each config's output is compared with SDPA's (max abs error printed; a broken config shows).
 Causal attention FLOPs = 4 * head_dim * heads * sum over queries of visible keys.
 
---decode sweeps the decode settings (DECODE_BLOCK_N x DECODE_NUM_WARPS x DECODE_NUM_STAGES, and
-the split count: 1 = the varlen kernel) on decode-only batches, reported as KV-cache GB/s:
+--decode sweeps the decode settings (keys per tile x warps x stages: triton_paged's DECODE_* for
+the varlen kernel, split count 1; triton_decode's SPLIT_* for the split kernel, split counts > 1)
+on decode-only batches, reported as KV-cache GB/s:
   decode-t1        256 sequences x 800 keys, qwen3-0.6b heads (T1's decode steps)
   decode-t2        400 x 1500, llama3-8b heads (T2's)
   decode-b1-qwen   1 x 400, qwen3-0.6b (L2), split path
@@ -51,24 +52,26 @@ DECODE_CASES = {  # name: (num_seqs, context tokens, num_heads, num_kv_heads, sp
 }
 HEAD_DIM, BLOCK_SIZE = 128, 16
 PREFILL_SETTINGS = ("PREFILL_BLOCK_M", "PREFILL_NUM_WARPS", "PREFILL_NUM_STAGES", "PREFILL_BLOCK_N")
-DECODE_SETTINGS = ("DECODE_BLOCK_N", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES")
+DECODE_SETTINGS = ("DECODE_BLOCK_N", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES")  # the varlen kernel's
+SPLIT_SETTINGS = ("SPLIT_BLOCK_N", "SPLIT_NUM_WARPS", "SPLIT_NUM_STAGES")  # triton_decode's split kernel
 
 
-def current_settings(names: tuple[str, ...]) -> tuple[int, ...]:
-    return tuple(getattr(triton_paged, name) for name in names)
+def current_settings(names: tuple[str, ...], module=triton_paged) -> tuple[int, ...]:
+    return tuple(getattr(module, name) for name in names)
 
 
 @contextlib.contextmanager
-def kernel_settings(names: tuple[str, ...], values: tuple[int, ...]):
-    """triton_paged's module constants `names` set to `values` inside the block, restored after."""
-    saved = current_settings(names)
+def kernel_settings(names: tuple[str, ...], values: tuple[int, ...], module=triton_paged):
+    """The module constants `names` (triton_paged's by default) set to `values` inside the block,
+    restored after."""
+    saved = current_settings(names, module)
     for name, value in zip(names, values):
-        setattr(triton_paged, name, value)
+        setattr(module, name, value)
     try:
         yield
     finally:
         for name, value in zip(names, saved):
-            setattr(triton_paged, name, value)
+            setattr(module, name, value)
 
 
 def make_case(num_seqs: int, cached: int, query_len: int, num_heads: int, num_kv_heads: int,
@@ -161,18 +164,20 @@ def run_decode_case(name: str, spread: int = 1, configs: list[tuple[int, ...]] =
     q, kv_cache, meta, (sq, sk, sv), _ = make_case(num_seqs, context - 1, 1, num_heads, num_kv_heads, spread)
     want = sdpa(sq, sk, sv, context - 1).transpose(1, 2).reshape(q.shape).float()
     kv_bytes = 2 * num_seqs * context * num_kv_heads * HEAD_DIM * kv_cache.element_size()
-    default = current_settings(DECODE_SETTINGS)
+    defaults = {1: current_settings(DECODE_SETTINGS), "split": current_settings(SPLIT_SETTINGS, triton_decode)}
     rows = []
     for config in configs:
         for splits in split_counts:
             out = torch.full_like(q, float("nan"))
             if splits == 1:
                 call = lambda: triton_paged.varlen_attention(q, kv_cache, meta, HEAD_DIM ** -0.5, None, out=out)  # noqa: E731
+                settings = kernel_settings(DECODE_SETTINGS, config)
             else:
                 call = lambda: triton_decode.split_decode_attention(  # noqa: E731
                     q, kv_cache, meta, HEAD_DIM ** -0.5, None, splits, out=out)
+                settings = kernel_settings(SPLIT_SETTINGS, config, triton_decode)
             label = "N{} w{} s{} split{}".format(*config, splits)
-            with kernel_settings(DECODE_SETTINGS, config):
+            with settings:
                 try:
                     call()
                     err = (out.float() - want).abs().max().item()
@@ -180,8 +185,8 @@ def run_decode_case(name: str, spread: int = 1, configs: list[tuple[int, ...]] =
                 except Exception as exc:  # a config the compiler refuses: say so, go on
                     ms, err = float("nan"), float("nan")
                     label += " " + str(exc)[:60]
-            row = dict(case=name, config=label, ms=ms, err=err, gbs=kv_bytes / ms / 1e6,
-                       default=config == default)
+            default = config == defaults[1 if splits == 1 else "split"]
+            row = dict(case=name, config=label, ms=ms, err=err, gbs=kv_bytes / ms / 1e6, default=default)
             print(json.dumps(row), flush=True)
             rows.append(row)
     return rows

@@ -3,8 +3,9 @@
     python benchmarks/decode_replay.py [--shape qwen3-0.6b] [--batch-size 1] [--context 384]
         [--variants base,gsplit,g8x512] [--rounds 7] [--json out.json]
 
-The real model shape (dummy weights, bf16, PDL as the engine runs it). One generate of
---batch-size prompts of --context tokens fills the KV cache; then each variant captures its own
+The real model shape (dummy weights, bf16, PDL as the engine runs it). Graphs of up to 8 rows hold
+the LM head too since commit 6a47c94 (session 7's numbers in RESULTS.md, taken before, do not).
+One generate of --batch-size prompts of --context tokens fills the KV cache; then each variant captures its own
 decode graph (only the batch's size) with its settings applied while capturing, and the variants'
 replays are timed in turn, --rounds times (alternating cancels the drift between processes and
 over time that end-to-end L2 shows), each timing the GPU µs of 200 replays queued behind a GPU
@@ -12,10 +13,10 @@ sleep (host_step.py's method). Printed: the median per variant and the max |diff
 graph's output from the first variant's (split-K order changes the rounding a little).
 
 Variants: '+'-joined parts, "base" for the defaults:
-- gNxK: single-row GEMVs in the graph (not the LM head, which is eager) take FMA tiles of N rows x
-  K columns, K cut into slices of one tile each, so each program's whole weight slice is read
-  before its PDL wait;
-- gsplit: single-row GEMVs take 8 x 256 tiles with K split by `with_auto_split_k` (the rule before
+- gNxK: single-row GEMVs of weights up to gemv.PRELOAD_MAX_BYTES take FMA tiles of N rows x K
+  columns, K cut into slices of one tile each, so each program's whole weight slice is read
+  before its PDL wait (larger weights, e.g. the LM head, keep the default);
+- gsplit: the same weights take 8 x 256 tiles with K split by `with_auto_split_k` (the rule before
   session 7's one-tile slices: up to 4 chunks per program, the first read before the wait);
 - sbN, swN, ssN: the split decode's keys per tile (and per split at batch 1), warps, stages.
 """
@@ -69,9 +70,14 @@ def settings(variant: str):
         triton_decode.SPLIT_BLOCK_N, triton_decode.SPLIT_NUM_WARPS, triton_decode.SPLIT_NUM_STAGES = saved_split
 
 
+def is_small_bf16_row(num_rows: int, n: int, k: int, dtype: torch.dtype) -> bool:
+    """A single-row 16-bit GEMV of a weight the default rule cuts into one-tile slices."""
+    return num_rows == 1 and dtype != torch.float32 and n * k * dtype.itemsize <= gemv.PRELOAD_MAX_BYTES
+
+
 def one_tile_slices(default, block_n: int, block_k: int):
     def config(num_rows: int, n: int, k: int, dtype: torch.dtype) -> gemv.GemvConfig:
-        if num_rows == 1 and dtype != torch.float32:
+        if is_small_bf16_row(num_rows, n, k, dtype):
             return gemv.GemvConfig(block_n, block_k, split_k=triton.cdiv(k, block_k), num_warps=1, num_stages=1)
         return default(num_rows, n, k, dtype)
     return config
@@ -79,7 +85,7 @@ def one_tile_slices(default, block_n: int, block_k: int):
 
 def streamed_chunks(default):
     def config(num_rows: int, n: int, k: int, dtype: torch.dtype) -> gemv.GemvConfig:
-        if num_rows == 1 and dtype != torch.float32:
+        if is_small_bf16_row(num_rows, n, k, dtype):
             return gemv.with_auto_split_k(gemv.GemvConfig(8, 256, num_warps=1, num_stages=1), n, k)
         return default(num_rows, n, k, dtype)
     return config

@@ -116,7 +116,7 @@ def decode_split_kernel(
     pdl.wait_for_producers(PDL)  # above: step inputs and earlier steps' keys; q and the newest key come from prepare_qkv
     if not has_query or split >= num_live:  # no keys: stores nothing, does not count
         return
-    newest = in_first & (offs_n == seq_len - 1)  # in the last live split's first tile, or nowhere
+    newest = in_first & (offs_n == seq_len - 1)  # in the last live split's first tile, or a later one
     k = tl.where(newest[None, :], tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=newest[None, :],
                                           other=0.0), k)
     v = tl.where(newest[:, None], tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :], mask=newest[:, None],

@@ -190,24 +190,25 @@ def paged_attention_kernel(
     q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0).to(k_cache_ptr.dtype.element_ty)
 
     kv_hi = first_pos + tl.minimum(q_first + BLOCK_Q, q_seq_end) - q_seq_start  # last query position + 1
-    if USE_WINDOW:  # every tile masked
-        kv_lo = tl.maximum(first_pos + q_first - q_seq_start - window + 1, 0)
-        kv_mid = kv_lo
-    elif DECODE:  # every tile masked too: one pipelined loop, the partial last tile in the pipeline
-        kv_lo = 0
-        kv_mid = 0
-    else:  # whole tiles of keys up to the tile's first query position are seen by every row
-        kv_lo = 0
-        kv_mid = tl.minimum((first_pos + q_first - q_seq_start + 1) // BLOCK_N * BLOCK_N, kv_hi)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc, m_i, l_i = attend_key_range(
-        acc, m_i, l_i, q, q_pos, kv_lo, kv_mid, kv_hi, k_cache_ptr, v_cache_ptr,
-        block_table_ptr + seq.to(tl.int64) * stride_bt, kv_head, window, qk_scale,
-        stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
-        HEAD_DIM, BLOCK_N, BLOCK_SIZE, USE_WINDOW, DOT_PRECISION,
-    )
+    table_row = block_table_ptr + seq.to(tl.int64) * stride_bt
+    if USE_WINDOW or DECODE:  # every tile masked, in one pipelined loop (decode: the partial last tile
+        kv_lo = 0  # joins the pipeline, measured faster than full tiles unmasked and a masked last one)
+        if USE_WINDOW:
+            kv_lo = tl.maximum(first_pos + q_first - q_seq_start - window + 1, 0)
+        acc, m_i, l_i = attend_keys(
+            acc, m_i, l_i, q, q_pos, kv_lo, kv_hi, k_cache_ptr, v_cache_ptr, table_row, kv_head, window,
+            qk_scale, stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
+            HEAD_DIM, BLOCK_N, BLOCK_SIZE, USE_WINDOW, DOT_PRECISION, True)
+    else:  # whole tiles of keys up to the tile's first query position are seen by every row
+        kv_mid = tl.minimum((first_pos + q_first - q_seq_start + 1) // BLOCK_N * BLOCK_N, kv_hi)
+        acc, m_i, l_i = attend_key_range(
+            acc, m_i, l_i, q, q_pos, 0, kv_mid, kv_hi, k_cache_ptr, v_cache_ptr, table_row, kv_head, window,
+            qk_scale, stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
+            HEAD_DIM, BLOCK_N, BLOCK_SIZE, USE_WINDOW, DOT_PRECISION,
+        )
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     o_offs = tokens.to(tl.int64)[:, None] * stride_o_t + heads[:, None] * stride_o_h + offs_d[None, :]
     tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])

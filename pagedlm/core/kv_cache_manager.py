@@ -6,6 +6,12 @@ so equal hashes mean equal prefixes. A block is registered in the prefix cache o
 of known tokens and its KV is scheduled (KV writes run in step order, so a later step, or a
 later sequence in the same step, may read it). Requests with `prompt_embeds` are never cached
 or looked up; requests with `prompt_logprobs` are cached but never look up.
+
+One exception to "a later sequence in the same step may read it": the split decode reads a
+sequence's earlier keys before its PDL wait (attention/triton_decode.py), i.e. possibly before this
+step's KV writes, and it runs in decode-only steps (one query token per sequence). So a request
+that will compute one token takes no hit on a block registered in the same step
+(`settled_prefix`; the scheduler calls `begin_step` at each step's start): it recomputes from there.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ class KVCacheManager:
         self.num_cached_blocks: dict[str, int] = {}  # leading blocks of a request registered so far
         self.prefix_cache_queries = 0  # tokens looked up, counted when the lookup is allocated
         self.prefix_cache_hits = 0  # tokens found
+        self._registered_this_step: set[int] = set()  # block ids
 
     @property
     def usage(self) -> float:
@@ -54,6 +61,18 @@ class KVCacheManager:
                 break
             hit_blocks.append(block_id)
         return hit_blocks, len(hit_blocks) * self.block_size
+
+    def begin_step(self) -> None:
+        """A new step's scheduling starts: blocks registered so far have their KV written by now."""
+        self._registered_this_step.clear()
+
+    def settled_prefix(self, hit_blocks: list[int]) -> list[int]:
+        """The leading blocks of a prefix hit up to the first one registered in this step (whose
+        KV this step writes), for a request that will compute a single token (module notes)."""
+        for i, block_id in enumerate(hit_blocks):
+            if block_id in self._registered_this_step:
+                return hit_blocks[:i]
+        return hit_blocks
 
     def allocate_slots(self, request: Request, num_new_tokens: int, computed_blocks: list[int] | None = None,
                        num_reserved_blocks: int = 0) -> list[int] | None:
@@ -117,6 +136,7 @@ class KVCacheManager:
         block_ids = self.req_to_blocks[req_id]
         for i in range(start, num_full):
             self.pool.cache_block(block_ids[i], request.block_hashes[i])
+            self._registered_this_step.add(block_ids[i])
         self.num_cached_blocks[req_id] = num_full
 
     def _hash_full_blocks(self, request: Request, num_blocks: int) -> None:

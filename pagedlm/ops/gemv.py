@@ -15,6 +15,7 @@ No host sync and no allocation that depends on device values: safe inside a CUDA
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -113,6 +114,7 @@ def prefer_gemv(num_rows: int, n: int, k: int) -> bool:
     return num_rows <= MAX_M and (n <= MAX_GEMV_N or (num_rows == 1 and k <= MAX_FMA_K))
 
 
+@functools.lru_cache(maxsize=None)  # pure, and called at every eager launch
 def default_config(num_rows: int, n: int, k: int, dtype: torch.dtype) -> GemvConfig:
     """A rule from host ints, from the H200 measurements above and below.
     Larger M (not fp32): tl.dot on 64 weight rows (wgmma m64n16 on Hopper; FMA at M=2 measured

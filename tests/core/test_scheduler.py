@@ -304,6 +304,27 @@ def test_repeat_prompt_hits_the_prefix_cache():
     assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (40, 16)
 
 
+def test_a_one_token_query_takes_no_hit_on_kv_written_in_its_step():
+    """'a' computes the last token of its 16-token prompt alone, which fills and registers its second
+    block in that step; 'b' (a's prompt + 1) arriving then would hit both blocks and compute one
+    token: in a decode-only step the split decode reads keys before its PDL wait, so 'b' takes the
+    first block only and computes 9 tokens. One step later the block is settled: a full hit."""
+    sched = make_scheduler(block_size=8, max_num_batched_tokens=15)
+    prompt = list(range(16))
+    sched.add_request(make_request("a", prompt, max_tokens=4))
+    first = sched.schedule()
+    assert first.num_scheduled_tokens == {"a": 15}
+    sched.update_from_output(first, ModelRunnerOutput([], []))
+    sched.add_request(make_request("b", prompt + [99], max_tokens=2))
+    second = sched.schedule()
+    assert second.num_scheduled_tokens == {"a": 1, "b": 9}
+    assert [n.num_computed_tokens for n in second.new_reqs] == [8]
+    sched.update_from_output(second, ModelRunnerOutput(["a", "b"], [[5], [6]]))
+    sched.add_request(make_request("c", prompt + [99], max_tokens=2))
+    third = sched.schedule()
+    assert third.num_scheduled_tokens["c"] == 1 and [n.num_computed_tokens for n in third.new_reqs] == [16]
+
+
 def test_prompt_embeds_requests_skip_the_prefix_cache():
     sched = make_scheduler()
     runner = FakeRunner(8)

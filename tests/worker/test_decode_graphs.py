@@ -100,11 +100,19 @@ def test_small_graphs_compute_the_logits(tiny):
                          runner.input_batch.max_num_blocks_per_req)
     graphs.capture()
     assert graphs.sizes == [1, 2, 4, 8, 16] and MAX_LOGITS_ROWS == 8
-    for size in graphs.sizes:
-        hidden = graphs.replay(size, graphs.block_table[:size, :1])
+    inputs, block_size = runner._inputs, runner.config.cache.block_size
+    for size in graphs.sizes:  # size one-token sequences, sequence i in block i (no padding row)
+        rows = torch.arange(size, dtype=torch.int32)
+        inputs.input_ids[:size] = rows + 3
+        inputs.positions[:size] = 0
+        inputs.slot_mapping[:size] = rows * block_size
+        inputs.query_start_loc[:size + 1] = torch.arange(size + 1, dtype=torch.int32)
+        inputs.seq_lens[:size] = 1
+        inputs.decode_order[:size] = rows
+        hidden = graphs.replay(size, rows[:, None])
         logits = graphs.logits(size)
         if size > MAX_LOGITS_ROWS:
             assert logits is None
             continue
-        assert logits.shape == (size, VOCAB) and logits.dtype == torch.float32
+        assert logits.shape == (size, VOCAB) and logits.dtype == torch.float32 and torch.isfinite(logits).all()
         torch.testing.assert_close(logits, runner.model.compute_logits(hidden), rtol=0, atol=0)
