@@ -14,6 +14,11 @@ resets the counter to 0: no other program of this launch touches it again, and t
 the stream touches counters only after its PDL wait, when this one has ended, so every launch (and
 every CUDA graph replay) starts from zeros.
 
+Before its PDL wait each program reads its split's first tile of keys and values, all but the
+newest key (which prepare_qkv, the kernel before, writes in this step): the other keys were written
+by earlier steps (pagedlm/ops/pdl.py, rule 1). At batch 1 a split is one tile up to 32 x 64 keys,
+so the wait then only holds back q, the newest key and the math.
+
 The counter protocol and its memory ordering: pagedlm.ops.counters.last_to_arrive; the merge
 reads the partials with the .cg cache modifier, as it asks.
 """
@@ -113,7 +118,9 @@ def decode_split_kernel(
     older = in_first & (offs_n < seq_len - 1)
     k = tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=older[None, :], other=0.0)
     v = tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :], mask=older[:, None], other=0.0)
-    pdl.wait_for_producers(PDL)  # above: step inputs and earlier steps' keys; q and the newest key come from prepare_qkv
+    # above: step inputs and keys of earlier steps (a one-token query never shares a block another
+    # sequence fills in this step: kv_cache_manager); below: q and the newest key, from prepare_qkv
+    pdl.wait_for_producers(PDL)
     if not has_query or split >= num_live:  # no keys: stores nothing, does not count
         return
     newest = in_first & (offs_n == seq_len - 1)  # in the last live split's first tile, or a later one
