@@ -10,8 +10,9 @@ or looked up; requests with `prompt_logprobs` are cached but never look up.
 One exception to "a later sequence in the same step may read it": the split decode reads a
 sequence's earlier keys before its PDL wait (attention/triton_decode.py), i.e. possibly before this
 step's KV writes, and it runs in decode-only steps (one query token per sequence). So a request
-that will compute one token takes no hit on a block registered in the same step
-(`settled_prefix`; the scheduler calls `begin_step` at each step's start): it recomputes from there.
+that will compute one token takes no hit on a block registered in the same step by an allocation
+of one token (`settled_prefix`; the scheduler calls `begin_step` at each step's start): it
+recomputes from there. A block filled by a longer query is safe to hit: its step is not decode-only.
 """
 from __future__ import annotations
 
@@ -67,8 +68,9 @@ class KVCacheManager:
         self._registered_this_step.clear()
 
     def settled_prefix(self, hit_blocks: list[int]) -> list[int]:
-        """The leading blocks of a prefix hit up to the first one registered in this step (whose
-        KV this step writes), for a request that will compute a single token (module notes)."""
+        """The leading blocks of a prefix hit up to the first one a one-token allocation registered
+        in this step (whose KV this step writes), for a request that will compute a single token
+        (module notes)."""
         for i, block_id in enumerate(hit_blocks):
             if block_id in self._registered_this_step:
                 return hit_blocks[:i]
@@ -85,7 +87,7 @@ class KVCacheManager:
         if held is not None and not computed_blocks:  # the common decode step: often no new block
             num_total_tokens = request.num_computed_tokens + num_new_tokens
             if num_total_tokens <= len(held) * self.block_size:
-                self._cache_full_blocks(request, num_total_tokens)
+                self._cache_full_blocks(request, num_total_tokens, num_new_tokens == 1)
                 return []
         computed_blocks = computed_blocks or []
         is_first = held is None
@@ -105,7 +107,7 @@ class KVCacheManager:
             self._count_lookup(request, len(computed_blocks))
             self.num_cached_blocks[req_id] = len(computed_blocks)
         self.req_to_blocks.setdefault(req_id, []).extend(computed_blocks + new_blocks)
-        self._cache_full_blocks(request, num_total_tokens)
+        self._cache_full_blocks(request, num_total_tokens, num_new_tokens == 1)
         return new_blocks
 
     def free(self, request: Request) -> None:
@@ -123,8 +125,10 @@ class KVCacheManager:
             self.prefix_cache_queries += request.num_tokens
             self.prefix_cache_hits += num_hit_blocks * self.block_size
 
-    def _cache_full_blocks(self, request: Request, num_total_tokens: int) -> None:
-        """Registers blocks that are full of known tokens once this allocation is computed."""
+    def _cache_full_blocks(self, request: Request, num_total_tokens: int, one_token: bool) -> None:
+        """Registers blocks that are full of known tokens once this allocation is computed; with
+        one_token (the allocation computes a single token, so its step may be decode-only), also
+        as registered in this step."""
         if not self._cacheable(request):
             return
         req_id = request.request_id
@@ -136,7 +140,8 @@ class KVCacheManager:
         block_ids = self.req_to_blocks[req_id]
         for i in range(start, num_full):
             self.pool.cache_block(block_ids[i], request.block_hashes[i])
-            self._registered_this_step.add(block_ids[i])
+            if one_token:
+                self._registered_this_step.add(block_ids[i])
         self.num_cached_blocks[req_id] = num_full
 
     def _hash_full_blocks(self, request: Request, num_blocks: int) -> None:

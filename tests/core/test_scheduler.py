@@ -325,6 +325,18 @@ def test_a_one_token_query_takes_no_hit_on_kv_written_in_its_step():
     assert third.num_scheduled_tokens["c"] == 1 and [n.num_computed_tokens for n in third.new_reqs] == [16]
 
 
+def test_a_one_token_query_hits_blocks_a_longer_query_fills_in_its_step():
+    """Identical prompts admitted together: the first computes all 17 tokens (no decode-only step
+    can follow from it), the second hits both blocks it fills and computes one token."""
+    sched = make_scheduler(block_size=8, max_num_batched_tokens=64)
+    prompt = list(range(17))
+    sched.add_request(make_request("a", prompt, max_tokens=2))
+    sched.add_request(make_request("b", prompt, max_tokens=2))
+    step = sched.schedule()
+    assert step.num_scheduled_tokens == {"a": 17, "b": 1}
+    assert [n.num_computed_tokens for n in step.new_reqs] == [0, 16]
+
+
 def test_prompt_embeds_requests_skip_the_prefix_cache():
     sched = make_scheduler()
     runner = FakeRunner(8)
