@@ -11,8 +11,9 @@ One exception to "a later sequence in the same step may read it": the split deco
 sequence's earlier keys before its PDL wait (attention/triton_decode.py), i.e. possibly before this
 step's KV writes, and it runs in decode-only steps (one query token per sequence). So a request
 that will compute one token takes no hit on a block registered in the same step by an allocation
-of one token (`settled_prefix`; the scheduler calls `begin_step` at each step's start): it
-recomputes from there. A block filled by a longer query is safe to hit: its step is not decode-only.
+of one token (`get_computed_blocks` with the step's token budget; the scheduler calls `begin_step`
+at each step's start): it recomputes from there. A block filled by a longer query is safe to hit:
+its step is not decode-only.
 """
 from __future__ import annotations
 
@@ -48,9 +49,10 @@ class KVCacheManager:
     def get_block_ids(self, req_id: str) -> list[int]:
         return self.req_to_blocks.get(req_id, [])
 
-    def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
-        """Longest cached prefix of full blocks, leaving at least one token to compute.
-        Returns (block ids, number of tokens they hold). Nothing is taken yet."""
+    def get_computed_blocks(self, request: Request, token_budget: int | None = None) -> tuple[list[int], int]:
+        """Longest cached prefix of full blocks, leaving at least one token to compute; with the step's
+        token_budget, none from a block this step writes if the request would then compute one token
+        (module notes). Returns (block ids, number of tokens they hold). Nothing is taken yet."""
         if not self._cacheable(request) or request.sampling_params.prompt_logprobs is not None:
             return [], 0  # prompt logprobs need every prompt position computed
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
@@ -61,16 +63,18 @@ class KVCacheManager:
             if block_id is None:
                 break
             hit_blocks.append(block_id)
+        num_new = request.num_tokens - len(hit_blocks) * self.block_size
+        if token_budget is not None and min(num_new, token_budget) == 1:
+            hit_blocks = self._settled_prefix(hit_blocks)
         return hit_blocks, len(hit_blocks) * self.block_size
 
     def begin_step(self) -> None:
         """A new step's scheduling starts: blocks registered so far have their KV written by now."""
         self._registered_this_step.clear()
 
-    def settled_prefix(self, hit_blocks: list[int]) -> list[int]:
+    def _settled_prefix(self, hit_blocks: list[int]) -> list[int]:
         """The leading blocks of a prefix hit up to the first one a one-token allocation registered
-        in this step (whose KV this step writes), for a request that will compute a single token
-        (module notes)."""
+        in this step (whose KV this step writes)."""
         for i, block_id in enumerate(hit_blocks):
             if block_id in self._registered_this_step:
                 return hit_blocks[:i]

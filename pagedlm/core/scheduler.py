@@ -216,12 +216,8 @@ class Scheduler:
                 continue
             if reserve is None:
                 reserve = AdmissionReserve(self.running, self.growth, kv.block_size, self._sort_key)
-            hit_blocks, num_hit_tokens = kv.get_computed_blocks(request)
+            hit_blocks, num_hit_tokens = kv.get_computed_blocks(request, plan.token_budget)
             num_new = min(request.num_tokens - num_hit_tokens, plan.token_budget)
-            if num_new == 1:  # may be a decode-only step: no hit on KV this step writes (kv_cache_manager)
-                hit_blocks = kv.settled_prefix(hit_blocks)
-                num_hit_tokens = len(hit_blocks) * kv.block_size
-                num_new = min(request.num_tokens - num_hit_tokens, plan.token_budget)
             key = self._sort_key(request)
             num_reserved, own_blocks = reserve.blocks_to_keep(request, key, num_hit_tokens + num_new)
             if kv.allocate_slots(request, num_new, hit_blocks, num_reserved) is None:
