@@ -18,7 +18,10 @@ Variants: '+'-joined parts, "base" for the defaults:
   before its PDL wait (larger weights, e.g. the LM head, keep the default);
 - gsplit: the same weights take 8 x 256 tiles with K split by `with_auto_split_k` (the rule before
   session 7's one-tile slices: up to 4 chunks per program, the first read before the wait);
-- sbN, swN, ssN: the split decode's keys per tile (and per split at batch 1), warps, stages.
+- sbN, swN, ssN: the split decode's keys per tile (and per split at batch 1), warps, stages;
+- fmakN: single-row GEMVs take weights up to K = N columns (gemv.MAX_FMA_K; llama3-8b's down_proj has
+  K = 14,336), chN: up to N chunks of K per program where K is streamed (gemv.MAX_CHUNKS_PER_SLICE),
+  bigNxK: larger weights stream N x K tiles (default 8 x 256 in 16 bits).
 """
 from __future__ import annotations
 
@@ -49,6 +52,7 @@ def settings(variant: str):
     """The variant's settings applied inside the block (see the module notes), restored after."""
     saved = gemv.default_config
     saved_split = triton_decode.SPLIT_BLOCK_N, triton_decode.SPLIT_NUM_WARPS, triton_decode.SPLIT_NUM_STAGES
+    saved_gemv = gemv.MAX_FMA_K, gemv.MAX_CHUNKS_PER_SLICE
     for part in variant.split("+"):
         if part.startswith("sb"):
             triton_decode.SPLIT_BLOCK_N = int(part[2:])
@@ -56,6 +60,13 @@ def settings(variant: str):
             triton_decode.SPLIT_NUM_WARPS = int(part[2:])
         elif part.startswith("ss"):
             triton_decode.SPLIT_NUM_STAGES = int(part[2:])
+        elif part.startswith("fmak"):
+            gemv.MAX_FMA_K = int(part[4:])
+        elif part.startswith("ch"):
+            gemv.MAX_CHUNKS_PER_SLICE = int(part[2:])
+        elif part.startswith("big"):
+            block_n, block_k = (int(v) for v in part[3:].split("x"))
+            gemv.default_config = streamed_tiles(gemv.default_config, block_n, block_k)
         elif part == "gsplit":
             gemv.default_config = streamed_chunks(saved)
         elif part.startswith("g"):
@@ -63,10 +74,13 @@ def settings(variant: str):
             gemv.default_config = one_tile_slices(saved, block_n, block_k)
         elif part != "base":
             raise ValueError(f"unknown variant part {part!r} in {variant!r}")
+    saved.cache_clear()  # it reads MAX_CHUNKS_PER_SLICE
     try:
         yield
     finally:
         gemv.default_config = saved
+        gemv.MAX_FMA_K, gemv.MAX_CHUNKS_PER_SLICE = saved_gemv
+        saved.cache_clear()
         triton_decode.SPLIT_BLOCK_N, triton_decode.SPLIT_NUM_WARPS, triton_decode.SPLIT_NUM_STAGES = saved_split
 
 
@@ -79,6 +93,15 @@ def one_tile_slices(default, block_n: int, block_k: int):
     def config(num_rows: int, n: int, k: int, dtype: torch.dtype) -> gemv.GemvConfig:
         if is_small_bf16_row(num_rows, n, k, dtype):
             return gemv.GemvConfig(block_n, block_k, split_k=triton.cdiv(k, block_k), num_warps=1, num_stages=1)
+        return default(num_rows, n, k, dtype)
+    return config
+
+
+def streamed_tiles(default, block_n: int, block_k: int):
+    """Single-row GEMVs of weights larger than gemv.PRELOAD_MAX_BYTES stream N x K tiles (one warp)."""
+    def config(num_rows: int, n: int, k: int, dtype: torch.dtype) -> gemv.GemvConfig:
+        if num_rows == 1 and dtype != torch.float32 and n * k * dtype.itemsize > gemv.PRELOAD_MAX_BYTES:
+            return gemv.with_auto_split_k(gemv.GemvConfig(block_n, block_k, num_warps=1, num_stages=1), n, k)
         return default(num_rows, n, k, dtype)
     return config
 
