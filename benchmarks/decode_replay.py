@@ -140,7 +140,8 @@ def main() -> None:
         # ... so the step that fills them comes after: every prompt prefilled in one step, then one
         # decode of the whole batch (seq_len context + 1), whose rows fill the graph's size exactly
         llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
-        seq_lens = runner._inputs.seq_lens[:graphs[variants[0]].padded_size(args.batch_size)]
+        size = graphs[variants[0]].padded_size(args.batch_size)
+        seq_lens = runner._inputs.sections(size, size).tensors["seq_lens"]  # the graphs' layout
         if not bool((seq_lens == args.context + 1).all()):
             raise RuntimeError(f"the last step was not one decode of the whole batch: seq_lens {seq_lens.tolist()}")
         for variant in variants:  # each graph set has its own block table: the last step's

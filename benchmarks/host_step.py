@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/host_step.py [--batch-sizes 1,32]
         [--input-len 128] [--output-len 512] [--vocab 1024] [--repeats 5] [--device cpu]
-        [--count-ops] [--profile out.prof] [--shape qwen3-0.6b]
+        [--count-ops] [--profile out.prof] [--shape qwen3-0.6b] [--graphs]
 
 A Qwen3-shaped model with dummy weights and a tiny body (hidden 64, 2 layers), float32 on the
 CPU, async scheduling on, the H200's engine defaults (max_num_seqs 1024, max_num_batched_tokens
@@ -26,6 +26,11 @@ the dispatcher (aten ops, which cost similar host time on CUDA) per step. --prof
 cProfile of one host run at the first batch size (read it with `python -m pstats`).
 --shape qwen3-0.6b|llama3-8b uses that model's real shape in bf16 (GPU): then the replay time
 printed is the real decode forward's, and the stubbed "host" time is the step without it.
+--graphs (CPU): the CUDA-graph path without CUDA: decode steps of up to the largest capture size
+take the runner's graph path (padding, block-table loads, the graph's greedy ids) over stand-in
+graphs whose replay launches nothing and whose logits and argmax are static tensors (on CUDA a
+replay is one API call, and the LM head, argmax and input gather run inside it); both timings
+then time that path, the "full" one with the tiny forward for prefills only.
 """
 from __future__ import annotations
 
@@ -38,6 +43,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -47,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pagedlm import LLM, SamplingParams  # noqa: E402
+from pagedlm.worker.cuda_graphs import MAX_LOGITS_ROWS, DecodeGraphs  # noqa: E402
 
 TINY_QWEN3 = {
     "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 64,
@@ -73,6 +80,20 @@ class ForwardStub:
         return getattr(self._model, name)
 
 
+class HostGraphs(DecodeGraphs):
+    """--graphs: stand-in graphs on the CPU. A replay launches nothing; sizes up to
+    MAX_LOGITS_ROWS have static logits and argmax (token 0, which last_sampled does not get:
+    nothing reads it here, the forward being a stub or prefills only)."""
+
+    def capture(self, stream: Any = None) -> None:
+        vocab_size = self._model.config.vocab_size
+        for size in self.sizes:
+            self._graphs[size] = SimpleNamespace(replay=lambda: None)
+            if size <= MAX_LOGITS_ROWS:
+                self._logits[size] = torch.zeros(size, vocab_size)
+                self._argmax[size] = torch.zeros(size, dtype=torch.int64)
+
+
 class OpCounter(TorchDispatchMode):
     """Counts the aten ops that reach the dispatcher."""
 
@@ -97,7 +118,12 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--shape", default=None, choices=["qwen3-0.6b", "llama3-8b"],
                         help="a real model's shape in bf16 instead of the tiny body (GPU)")
     parser.add_argument("--profile", default=None, help="write a cProfile of one host run here")
-    return parser.parse_args()
+    parser.add_argument("--graphs", action="store_true",
+                        help="CPU: decode steps take the CUDA-graph path over stand-in graphs")
+    args = parser.parse_args()
+    if args.graphs and args.device != "cpu":
+        parser.error("--graphs stands in for CUDA graphs on the CPU; on CUDA the real ones run")
+    return args
 
 
 def _build(folder: Path, args: argparse.Namespace) -> LLM:
@@ -153,8 +179,8 @@ def _count_ops(llm: LLM, prompts: list[list[int]], output_len: int) -> tuple[flo
 
 def _event_wait_us(llm: LLM, prompts: list[list[int]], output_len: int) -> tuple[float, float]:
     """(step µs, µs of it the host spent blocked in torch.cuda.Event.synchronize) over one generate
-    call (CUDA): the step's own output copy, and the staging copies of two steps back. A host that
-    seldom waits is the bottleneck; one that waits most of the step waits for the GPU."""
+    call (CUDA): each step's event, after its work and its output copy. A host that seldom waits
+    is the bottleneck; one that waits most of the step waits for the GPU."""
     waited = 0.0
     synchronize = torch.cuda.Event.synchronize
 
@@ -174,15 +200,15 @@ def _event_wait_us(llm: LLM, prompts: list[list[int]], output_len: int) -> tuple
 
 def _replay_gpu_us(graphs: Any, batch_size: int, num_replays: int = 200) -> float:
     """GPU µs of one replay of the decode graph for batch_size sequences (CUDA only), over
-    the static buffers as the last step left them (a finished run: its KV is not read again)."""
+    the static buffers and block table as the last step left them (a finished run: its KV is
+    not read again)."""
     size = graphs.padded_size(batch_size)
-    block_table = graphs.block_table[:batch_size, :1].clone()  # [B, 1]
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    graphs.replay(size, block_table)
+    graphs.replay(size)
     torch.cuda._sleep(100_000_000)  # keeps the GPU busy while the host queues the replays
     start.record()
     for _ in range(num_replays):
-        graphs.replay(size, block_table)
+        graphs.replay(size)
     end.record()
     end.synchronize()
     return start.elapsed_time(end) * 1e3 / num_replays
@@ -194,12 +220,17 @@ def _run_batch(args: argparse.Namespace, batch_size: int, folder: Path) -> dict[
                for _ in range(batch_size)]
     llm = _build(folder, args)
     runner = llm.llm_engine.engine_core.model_runner
+    if args.graphs:
+        runner.graphs = HostGraphs(runner.config, runner.model, runner.kv_caches, runner._inputs,
+                                   runner.input_batch.max_num_blocks_per_req)
+        runner.graphs.capture()
     full_s = _min_time(llm, prompts, args)
     runner.model = ForwardStub(runner.model, runner.max_num_tokens)
     host_s = _min_time(llm, prompts, args)
     result = {"batch": batch_size, "host_us": host_s / args.output_len * 1e6,
               "full_us": full_s / args.output_len * 1e6}
-    if runner.graphs is not None:
+    on_cuda = runner.graphs is not None and not args.graphs
+    if on_cuda:
         replay_us = _replay_gpu_us(runner.graphs, batch_size)
         print(f"batch {batch_size}: one decode-graph replay takes {replay_us:.1f} µs of GPU time")
     if args.count_ops:
@@ -212,7 +243,7 @@ def _run_batch(args: argparse.Namespace, batch_size: int, folder: Path) -> dict[
         cProfile.runctx("_generate(llm, prompts, args.output_len)", globals(),
                         {"llm": llm, "prompts": prompts, "args": args, "_generate": _generate},
                         args.profile)
-    if runner.graphs is not None:  # last: with the real forward again
+    if on_cuda:  # last: with the real forward again
         runner.model = runner.model._model
         step_us, wait_us = _event_wait_us(llm, prompts, args.output_len)
         print(f"batch {batch_size}: a step takes {step_us:.1f} µs, of which the host waits {wait_us:.1f} µs "
@@ -228,7 +259,8 @@ def main() -> None:
         for batch_size in (int(b) for b in args.batch_sizes.split(",")):
             rows.append(_run_batch(args, batch_size, Path(tmp)))
     print(f"\nvocab {args.vocab}, {args.input_len} prompt + {args.output_len} output tokens, "
-          f"device {args.device}, min of {args.repeats}")
+          f"device {args.device}, min of {args.repeats}"
+          f"{', stand-in CUDA graphs' if args.graphs else ''}")
     print("| batch | host µs/step (forward stubbed) | full µs/step (tiny forward) "
           "| aten ops/step |")
     print("|---|---|---|---|")

@@ -42,6 +42,9 @@ COL_TEMPERATURE, COL_TOP_P, COL_MIN_P, COL_REPETITION, COL_FREQUENCY, COL_PRESEN
 _FLOAT_DEFAULTS = np.array([1.0, 1.0, 0.0, 1.0, 0.0, 0.0], dtype=np.float32)
 COL_TOP_K = 0
 _INT_DEFAULTS = np.array([0], dtype=np.int64)
+# Features that make a batch more than an argmax whenever a row has them (min_tokens only while
+# the row is below it)
+_BEYOND_ARGMAX = np.array([feature != Feature.MIN_TOKENS for feature in Feature])
 
 
 class SamplingState:
@@ -63,6 +66,9 @@ class SamplingState:
         self._rng = random.Random(seed)  # seeds of requests that bring none
         self._init_host_rows()
         self._init_tables()
+        self._rows_version = 0  # bumped when a row changes owner
+        self._checked_rows: tuple[np.ndarray, int, np.ndarray] | None = None  # _check_rows' last
+        self._greedy_rows: tuple[np.ndarray, int, bool] | None = None  # _is_greedy's last
 
     def _init_host_rows(self) -> None:
         num_rows = self.max_num_reqs
@@ -97,6 +103,7 @@ class SamplingState:
         if bad_eos:
             raise ValueError(f"eos_token_ids must be in [0, {self.vocab_size}), got {bad_eos[:5]}")
         self._active_np[row] = True
+        self._rows_version += 1
         self._num_sampled_np[row] = len(output_token_ids)
         self._set_numeric_params(row, params)
         self._set_token_lists(row, params, len(output_token_ids), eos_token_ids)
@@ -109,6 +116,7 @@ class SamplingState:
         if not 0 <= row < self.max_num_reqs or not self._active_np[row]:
             raise ValueError(f"row {row} holds no request")
         self._active_np[row] = False
+        self._rows_version += 1
         self._flags_np[row] = False
 
     def _set_numeric_params(self, row: int, params: SamplingParams) -> None:
@@ -157,6 +165,9 @@ class SamplingState:
     def sample(self, logits: torch.Tensor, rows_np: np.ndarray) -> SamplerOutput:
         """logits [N, V] float32 (modified in place), rows_np [N] distinct persistent rows."""
         rows_np = self._check_batch(logits, rows_np)
+        if self._is_greedy(rows_np):  # what sample_batch does for an empty batch
+            self._num_sampled_np[rows_np] += 1
+            return SamplerOutput(logits.argmax(dim=-1))
         batch = self.make_batch(rows_np)
         output = sample_batch(logits.float(), batch)
         self._num_sampled_np[rows_np] += 1
@@ -169,6 +180,34 @@ class SamplingState:
         if batch.bad_words is not None:
             self._bad_words.record(batch.bad_words.rows, _pick(sampled, batch.bad_words.index))
         return output
+
+    def is_greedy(self, rows_np: np.ndarray) -> bool:
+        """Whether the batch of rows [N] samples by argmax alone: no row draws at random or uses
+        anything else (make_batch gives an empty SamplingBatch). Then sample() is the argmax of
+        the logits; a caller that has that argmax already (a CUDA graph computed it) may take it
+        and report the batch with count_sampled instead."""
+        return self._is_greedy(self._check_rows(rows_np))
+
+    def count_sampled(self, rows_np: np.ndarray) -> None:
+        """A greedy batch (is_greedy) of rows [N] sampled its argmax outside sample()."""
+        rows_np = self._check_rows(rows_np)
+        if not self._is_greedy(rows_np):
+            raise ValueError("count_sampled: rows_np holds rows that do not sample greedily")
+        self._num_sampled_np[rows_np] += 1
+
+    def _is_greedy(self, rows_np: np.ndarray) -> bool:
+        """rows_np: as _check_rows returns it (the same array for the same checked rows)."""
+        cached = self._greedy_rows
+        if cached is not None and cached[0] is rows_np and cached[1] == self._rows_version:
+            return cached[2]
+        flags_np = self._flags_np[rows_np]  # [N, F]
+        used_np = flags_np.any(axis=0)  # [F]
+        if used_np[Feature.MIN_TOKENS] and not (used_np & _BEYOND_ARGMAX).any():
+            # min_tokens bans apply while a row has sampled fewer tokens: not cached
+            below_np = self._num_sampled_np[rows_np] < self._min_tokens_np[rows_np]  # [N]
+            return not (flags_np[:, Feature.MIN_TOKENS] & below_np).any()
+        self._greedy_rows = (rows_np, self._rows_version, not used_np.any())
+        return self._greedy_rows[2]
 
     def make_batch(self, rows_np: np.ndarray) -> SamplingBatch:
         """The device view of the features the rows [N] use this step (no state changes)."""
@@ -197,17 +236,29 @@ class SamplingState:
         return batch
 
     def _check_batch(self, logits: torch.Tensor, rows_np: np.ndarray) -> np.ndarray:
-        rows_np = np.asarray(rows_np, dtype=np.int64)
-        if rows_np.ndim != 1 or rows_np.size == 0:
-            raise ValueError(f"rows_np must be a non-empty 1-D array, got shape {rows_np.shape}")
+        rows_np = self._check_rows(rows_np)
         if tuple(logits.shape) != (rows_np.size, self.vocab_size):
             raise ValueError(f"logits must have shape [{rows_np.size}, {self.vocab_size}] "
                              f"(num rows, vocab_size), got {list(logits.shape)}")
+        return rows_np
+
+    def _check_rows(self, rows_np: np.ndarray) -> np.ndarray:
+        """rows_np as int64 after checking it names rows that hold requests; the array checked
+        last is not checked again while no row changed owner (a steady decode passes the same
+        array, which nobody writes)."""
+        checked = self._checked_rows
+        if checked is not None and checked[0] is rows_np and checked[1] == self._rows_version:
+            return checked[2]
+        original = rows_np
+        rows_np = np.asarray(rows_np, dtype=np.int64)
+        if rows_np.ndim != 1 or rows_np.size == 0:
+            raise ValueError(f"rows_np must be a non-empty 1-D array, got shape {rows_np.shape}")
         if rows_np.min() < 0 or rows_np.max() >= self.max_num_reqs:
             raise ValueError(f"rows_np must be in [0, {self.max_num_reqs}), got {rows_np}")
         if not self._active_np[rows_np].all():
             idle_np = rows_np[~self._active_np[rows_np]]
             raise ValueError(f"rows_np holds rows without a request: {idle_np}")
+        self._checked_rows = (original, self._rows_version, rows_np)
         return rows_np
 
     def _select(self, rows_np: np.ndarray, mask_np: np.ndarray,

@@ -60,9 +60,14 @@ class BatchLayout:
     embeds_spans: list[EmbedsSpan]
     prompt_logprobs: PromptLogprobsPlan | None = None  # None: no request asks this step
     rows_version: int = 0  # InputBatch.rows_version when laid out
+    # The section capacities of the step's layout (StepBuffers): the counts rounded up to a
+    # bucket (for a decode step within the CUDA-graph sizes: the graph's padded size).
+    bucket_tokens: int = 0
+    bucket_seqs: int = 0
     # Sections equal to the previous step's, left unwritten in the staging set (query_start_loc
     # excepted: the host metadata reads it) and not copied: the device buffers hold them.
-    # The sequence sections: query_start_loc, logits_indices, sample_rows, placeholder_*, decode_order.
+    # The sequence sections (query_start_loc, decode_order, logits_indices, sample_rows,
+    # input_src) are reused only with the block table: a copy of the table covers them.
     reuse_seq_sections: bool = False
     reuse_block_table: bool = False
 
@@ -81,22 +86,10 @@ class BatchLayout:
         """One token per request and every request samples: logits rows are 0..num_tokens-1."""
         return len(self.sampling_req_ids) == self.num_tokens
 
-    def copy_sizes(self, num_padded: int = 0) -> dict[str, int]:
-        """The sections the device needs from this step's staging set, with their used lengths;
-        num_padded: a decode batch padded (pad_decode) to that many sequences."""
-        num_tokens = max(self.num_tokens, num_padded)
-        num_seqs = max(self.num_seqs, num_padded)
-        sizes = {"positions": num_tokens, "slot_mapping": num_tokens, "seq_lens": num_seqs}
-        if self.num_placeholders < self.num_tokens:  # else every input id comes from the device
-            sizes["input_ids"] = num_tokens
-        if not self.reuse_seq_sections:
-            sizes.update(query_start_loc=num_seqs + 1, logits_indices=self.num_samples,
-                         sample_rows=self.num_samples, placeholder_idx=self.num_placeholders,
-                         placeholder_rows=self.num_placeholders,
-                         decode_order=num_seqs if self.decode_only else 0)
-        if not self.reuse_block_table:
-            sizes["block_table"] = self.num_seqs * self.num_block_cols
-        return sizes
+    @property
+    def num_table_elems_to_copy(self) -> int:
+        """Block-table entries the step copies: 0 when it reuses the device's."""
+        return 0 if self.reuse_block_table else self.num_seqs * self.num_block_cols
 
 
 @dataclass(slots=True)
@@ -110,6 +103,7 @@ class StepKey:
     num_placeholders: int
     blocks_version: int
     num_block_cols: int
+    bucket_tokens: int  # the layout's token capacity (the sections' offsets depend on it)
 
     def reuses_seq_sections(self, previous: StepKey | None) -> bool:
         """Same rows in the same order (the previous step's rows array itself), both steady,
@@ -118,7 +112,9 @@ class StepKey:
                 and previous.steady and previous.num_placeholders == self.num_placeholders)
 
     def reuses_block_table(self, previous: StepKey | None) -> bool:
-        """Same rows in the same order, no block added since, as many columns."""
+        """Same rows in the same order (so as many sequences), the same layout, no block added
+        since, as many columns."""
         return (previous is not None and previous.rows_np is self.rows_np
+                and previous.bucket_tokens == self.bucket_tokens
                 and previous.blocks_version == self.blocks_version
                 and previous.num_block_cols == self.num_block_cols)

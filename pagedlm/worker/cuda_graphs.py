@@ -2,10 +2,14 @@
 
 One graph per capture size, all in one memory pool, captured largest first after a warm-up run
 each. A batch of n sequences replays the smallest size >= n. Every graph input is a static
-device buffer: the runner's step buffers (input_ids, positions, slot_mapping, query_start_loc,
-seq_lens, decode_order), which the host fills and pads before the replay, and a block table of
-this module with a fixed width (max blocks per sequence), into which replay copies the step's
-compact table.
+device buffer: the sections of the runner's device StepBuffers in the layout of that size (a
+decode step of n sequences is laid out at exactly these addresses: step_buffers.py), which the
+host fills and pads before the replay with one copy, and a block table of this module with a
+fixed width (max blocks per sequence), into which load_block_table copies the step's compact
+table when it changed (replays of the same table skip that copy).
+
+Each graph first gathers its input ids itself: input_ids[i] = ids_table[input_src[i]], the token
+the row sampled last (still on the device: async scheduling) or the one the host copied.
 
 Padding rows [n, size): token 0 at position 0, slot -1 (the KV write skips it), seq_len 0 and no
 query (query_start_loc stays flat at n), which the varlen and split-decode kernels both skip;
@@ -14,10 +18,14 @@ They come last in decode_order (the varlen kernel's launch order, longest sequen
 must be a permutation of range(size).
 
 Graphs of at most MAX_LOGITS_ROWS rows also compute the logits (compute_logits of every row,
-float32), so that a small decode step launches no LM head of its own: at batch 1 the Triton GEMV's
-Python launcher was a visible part of the host's step (session 7's profile). Those logits live in
-the graph's pool, valid only until the next replay (of any size: sizes share the pool); the runner
-samples from them right after the replay, in stream order.
+float32) and their argmax (int64), and write that argmax into last_sampled at sample_rows (the
+padding rows, and rows past the step's samples, at scratch entries past the real rows), so that
+a small greedy decode step launches no LM head, no argmax and no scatter of its own: the runner
+takes the graph's ids when the batch samples greedily and nothing else; otherwise its sampler's
+ids overwrite last_sampled after the replay. The host's launch of those ops was most of a batch-1
+step's host time (session 7's profile). Logits and ids live in the graph's pool, valid only until
+the next replay (of any size: sizes share the pool); the runner reads them right after the
+replay, in stream order.
 
 The host ints of the captured AttentionMetadata are fixed per size: num_tokens = num_seqs = size,
 max_query_len 1, max_seq_len = max_model_len. So the backend's choice of kernel (varlen or split
@@ -33,7 +41,7 @@ import torch
 from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.config import EngineConfig
 from pagedlm.model.llama import LlamaForCausalLM
-from pagedlm.worker.input_batch import StepBuffers
+from pagedlm.worker.step_buffers import Sections, StepBuffers
 
 MAX_CAPTURE_SIZE = 512
 MAX_LOGITS_ROWS = 8  # graphs up to this size compute the logits too (<= 8 x vocab x 4 bytes each)
@@ -56,7 +64,8 @@ def capture_sizes(max_num_seqs: int, max_num_tokens: int) -> list[int]:
 
 class DecodeGraphs:
     """The graphs of one model over one KV cache (they bind its address) and the runner's
-    static step buffers. capture() once; then replay(size, block_table) per decode step."""
+    static step buffers. capture() once; then per decode step load_block_table() (when the
+    table changed) and replay(size)."""
 
     def __init__(self, config: EngineConfig, model: LlamaForCausalLM,
                  kv_caches: list[torch.Tensor], inputs: StepBuffers,
@@ -71,6 +80,8 @@ class DecodeGraphs:
         device, model_config = config.device, config.model
         self.block_table = torch.zeros(self.max_size, max_num_blocks_per_req, dtype=torch.int32,
                                        device=device)  # [max_size, max_blocks_per_req]
+        self.block_table_version: int | None = None  # the runner's table version it holds
+        self.input_ids = torch.zeros(self.max_size, dtype=torch.int64, device=device)  # gathered
         self._output = torch.empty(self.max_size, model_config.hidden_size,
                                    dtype=model_config.dtype, device=device)  # [max_size, hidden]
         # The host copies in the metadata describe the capture-time batch (all padding); the
@@ -78,7 +89,9 @@ class DecodeGraphs:
         self._query_start_loc_cpu = torch.zeros(self.max_size + 1, dtype=torch.int32)
         self._seq_lens_cpu = torch.zeros(self.max_size, dtype=torch.int32)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._outputs = {size: self._output[:size] for size in self.sizes}  # [size, hidden] views
         self._logits: dict[int, torch.Tensor] = {}  # size -> [size, vocab_size] float32, in the pool
+        self._argmax: dict[int, torch.Tensor] = {}  # size -> [size] int64, in the pool
 
     def padded_size(self, num_seqs: int) -> int | None:
         """The smallest capture size >= num_seqs; None when every size is smaller."""
@@ -90,13 +103,13 @@ class DecodeGraphs:
         """Largest size first (the smaller graphs reuse its pool blocks), each after a warm-up
         run on the capture stream: it compiles the Triton kernels of that shape and gives cuBLAS
         its workspace for the stream outside the capture. Inputs: an all-padding batch, so no
-        KV is read or written."""
+        KV is read or written and no real row of last_sampled."""
         device = self._output.device
-        self._fill_padding()
         pool = torch.cuda.graph_pool_handle()
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
             for size in reversed(self.sizes):
+                self._fill_padding(size)
                 self._run(size)  # warm-up
                 graph = torch.cuda.CUDAGraph()
                 graph.capture_begin(pool=pool)
@@ -107,46 +120,64 @@ class DecodeGraphs:
                 self._graphs[size] = graph
         torch.cuda.current_stream(device).wait_stream(stream)
 
-    def replay(self, size: int, block_table: torch.Tensor) -> torch.Tensor:
-        """[size, hidden_size] hidden states of the padded batch in the static buffers (valid
-        until the next replay). block_table: [num_seqs, num_cols] device, the step's compact
-        table, copied into the graph's fixed-width one first (columns past num_cols are stale
-        and unread: a sequence's blocks all lie below num_cols)."""
+    def load_block_table(self, block_table: torch.Tensor, version: int) -> None:
+        """block_table: [num_seqs, num_cols] device, a step's compact table, copied into the
+        graphs' fixed-width one (columns past num_cols are stale and unread: a sequence's blocks
+        all lie below num_cols); version: the runner's name for that table's content."""
         num_seqs, num_cols = block_table.shape
         self.block_table[:num_seqs, :num_cols].copy_(block_table)
+        self.block_table_version = version
+
+    def replay(self, size: int) -> torch.Tensor:
+        """[size, hidden_size] hidden states of the padded batch in the static buffers (valid
+        until the next replay)."""
         self._graphs[size].replay()
-        return self._output[:size]
+        return self._outputs[size]
 
     def logits(self, size: int) -> torch.Tensor | None:
         """[size, vocab_size] float32: the logits of the last replay, which must be of this size;
         None where the graph does not compute them (size > MAX_LOGITS_ROWS)."""
         return self._logits.get(size)
 
-    def _run(self, size: int) -> None:
-        """What a graph holds: the model over the first `size` rows of the static buffers (and
-        their logits, up to MAX_LOGITS_ROWS rows; the capture run's tensor is the graph's)."""
-        inputs = self._inputs
-        hidden = self._model(inputs.input_ids[:size], inputs.positions[:size], self._kv_caches,
-                             self._metadata(size))  # [size, hidden_size]
-        self._output[:size].copy_(hidden)
-        if size <= MAX_LOGITS_ROWS:
-            self._logits[size] = self._model.compute_logits(hidden)
+    def argmax(self, size: int) -> torch.Tensor | None:
+        """[size] int64: the argmax of logits(size) (also written into last_sampled), or None."""
+        return self._argmax.get(size)
 
-    def _metadata(self, size: int) -> AttentionMetadata:
-        inputs = self._inputs
+    def _run(self, size: int) -> None:
+        """What a graph holds: the gather of the input ids, the model over the first `size` rows
+        of the static buffers, and up to MAX_LOGITS_ROWS rows their logits and argmax, written
+        into last_sampled (the capture run's tensors are the graph's)."""
+        inputs = self._inputs.sections(size, size).tensors
+        input_ids = self.input_ids[:size]
+        torch.index_select(inputs["ids_table"], 0, inputs["input_src"], out=input_ids)
+        hidden = self._model(input_ids, inputs["positions"], self._kv_caches,
+                             self._metadata(size, inputs))  # [size, hidden_size]
+        self._outputs[size].copy_(hidden)
+        if size <= MAX_LOGITS_ROWS:
+            logits = self._model.compute_logits(hidden)  # [size, vocab_size]
+            argmax = logits.argmax(dim=-1)  # [size], as the sampler's greedy pick
+            self._inputs.head.index_copy_(0, inputs["sample_rows"], argmax)
+            self._logits[size], self._argmax[size] = logits, argmax
+
+    def _metadata(self, size: int, inputs: dict[str, torch.Tensor]) -> AttentionMetadata:
         return AttentionMetadata(
             num_tokens=size, num_seqs=size, max_query_len=1, max_seq_len=self._max_model_len,
-            query_start_loc=inputs.query_start_loc[:size + 1], seq_lens=inputs.seq_lens[:size],
-            slot_mapping=inputs.slot_mapping[:size], block_table=self.block_table[:size],
+            query_start_loc=inputs["query_start_loc"], seq_lens=inputs["seq_lens"],
+            slot_mapping=inputs["slot_mapping"], block_table=self.block_table[:size],
             query_start_loc_cpu=self._query_start_loc_cpu[:size + 1],
-            seq_lens_cpu=self._seq_lens_cpu[:size], decode_order=inputs.decode_order[:size])
+            seq_lens_cpu=self._seq_lens_cpu[:size], decode_order=inputs["decode_order"])
 
-    def _fill_padding(self) -> None:
-        """Every row of the static buffers a padding row (see the module notes)."""
-        inputs, size = self._inputs, self.max_size
-        inputs.input_ids[:size].zero_()
-        inputs.positions[:size].zero_()
-        inputs.slot_mapping[:size].fill_(-1)
-        inputs.query_start_loc[:size + 1].zero_()
-        inputs.seq_lens[:size].zero_()
-        torch.arange(size, out=inputs.decode_order[:size])
+    def _fill_padding(self, size: int) -> None:
+        """Every row of the layout of this size a padding row (see the module notes and
+        StepBuffers.pad_decode): input_src names the input_ids entries (token 0), sample_rows
+        the scratch entries of last_sampled."""
+        inputs: Sections = self._inputs.sections(size, size)
+        tensors = inputs.tensors
+        for name in ("input_ids", "positions", "query_start_loc", "seq_lens"):
+            tensors[name].zero_()
+        tensors["slot_mapping"].fill_(-1)
+        torch.arange(size, out=tensors["decode_order"])
+        torch.arange(self._inputs.num_head_ids, self._inputs.num_head_ids + size,
+                     out=tensors["input_src"])
+        torch.arange(self._inputs.max_num_reqs, self._inputs.max_num_reqs + size,
+                     out=tensors["sample_rows"])

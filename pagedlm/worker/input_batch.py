@@ -7,9 +7,10 @@ placeholder for the token the previous step sampled on the device (async schedul
 
 Steady decode: a step that schedules one token for each of the same requests, in the same
 order and rows, as the step before has the same query_start_loc, logits rows, sampling rows,
-placeholder rows and decode order (every length grew by one) as that step, and the same block
+input sources and decode order (every length grew by one) as that step, and the same block
 table while no block was added; prepare() marks those sections reused, and the device buffers,
-which still hold them, are not rewritten.
+which still hold them, are not rewritten (the sequence sections only with the block table:
+step_buffers.py).
 """
 from __future__ import annotations
 
@@ -186,11 +187,14 @@ class InputBatch:
         placeholder_idx = self._placeholders(ragged)  # [num_placeholders]
         num_placeholders = placeholder_idx.size
         samples = self._samples(sched, req_ids, rows, ragged.seq_lens)
+        bucket_tokens = buf.bucket(num_tokens)
         key = StepKey(self.rows_version, req_ids, rows,
                       steady=(num_tokens == num_seqs == len(samples.req_ids)
                               and num_placeholders in (0, num_tokens)),
                       num_placeholders=num_placeholders, blocks_version=self._blocks_version,
-                      num_block_cols=int(cdiv(max_seq_len, self.block_size)))
+                      num_block_cols=int(cdiv(max_seq_len, self.block_size)),
+                      bucket_tokens=bucket_tokens)
+        reuse_block_table = key.reuses_block_table(previous)
         layout = BatchLayout(
             num_tokens=num_tokens, num_seqs=num_seqs,
             max_query_len=1 if num_tokens == num_seqs else int(ragged.num_scheduled.max()),
@@ -201,8 +205,10 @@ class InputBatch:
             sample_num_logprobs_np=self.num_logprobs_np.take(samples.rows_np),
             embeds_spans=self._embeds_spans(rows, ragged),
             prompt_logprobs=self._plan_prompt_logprobs(req_ids, rows, ragged),
-            rows_version=self.rows_version, reuse_seq_sections=key.reuses_seq_sections(previous),
-            reuse_block_table=key.reuses_block_table(previous))
+            rows_version=self.rows_version, bucket_tokens=bucket_tokens,
+            bucket_seqs=buf.bucket(num_seqs),
+            reuse_seq_sections=reuse_block_table and key.reuses_seq_sections(previous),
+            reuse_block_table=reuse_block_table)
         self._fill(buf, layout, ragged, samples, placeholder_idx)
         self.pending_position_np[samples.rows_np] = samples.positions_np
         self.num_computed_tokens_np[rows] = ragged.seq_lens
@@ -286,16 +292,16 @@ class InputBatch:
     def _fill(self, buf: StepBuffers, layout: BatchLayout, ragged: Ragged, samples: Samples,
               placeholder_idx: np.ndarray) -> None:
         """Writes the step into the staging set, but for the sections it reuses."""
-        arrays, num_seqs = buf.arrays, layout.num_seqs
+        arrays = buf.sections(layout.bucket_tokens, layout.bucket_seqs).arrays
+        num_seqs, num_tokens = layout.num_seqs, layout.num_tokens
         token_rows, positions = ragged.token_rows, ragged.positions  # [T] each
-        num_tokens = layout.num_tokens
         if layout.num_placeholders < num_tokens:
             arrays["input_ids"][:num_tokens] = self.token_ids_np[token_rows, positions]
         arrays["positions"][:num_tokens] = positions
-        slots = arrays["slot_mapping"][:num_tokens]
-        np.multiply(self.block_table_np[token_rows, positions // self.block_size],
-                    self.block_size, out=slots)
-        slots += positions % self.block_size
+        block_size = self.block_size
+        arrays["slot_mapping"][:num_tokens] = (
+            self.block_table_np[token_rows, positions // block_size] * block_size
+            + positions % block_size)
         arrays["query_start_loc"][:num_seqs + 1] = ragged.query_start_loc
         arrays["seq_lens"][:num_seqs] = ragged.seq_lens
         if not layout.reuse_block_table:
@@ -303,30 +309,35 @@ class InputBatch:
             table = arrays["block_table"][:num_seqs * num_cols].reshape(num_seqs, num_cols)
             table[:] = self.block_table_np[ragged.rows, :num_cols]
         if not layout.reuse_seq_sections:
-            self._fill_seq_sections(buf, ragged, samples, placeholder_idx)
+            self._fill_seq_sections(buf, arrays, ragged, samples, placeholder_idx)
             if layout.decode_only:
-                self._fill_decode_order(buf, ragged.seq_lens)
+                self._fill_decode_order(arrays, ragged.seq_lens)
 
     @staticmethod
-    def _fill_seq_sections(buf: StepBuffers, ragged: Ragged, samples: Samples,
-                           placeholder_idx: np.ndarray) -> None:
-        """Logits rows (the last token of each sampling request), the rows they sample for,
-        and each placeholder's batch index and row."""
-        num_samples, num_placeholders = len(samples.req_ids), placeholder_idx.size
+    def _fill_seq_sections(buf: StepBuffers, arrays: dict[str, np.ndarray], ragged: Ragged,
+                           samples: Samples, placeholder_idx: np.ndarray) -> None:
+        """Logits rows (the last token of each sampling request), the rows they sample for, and
+        where each input token comes from in the device's ids table (StepBuffers): its row's
+        last sampled token for a placeholder, else its own input_ids entry."""
+        num_samples, num_tokens = len(samples.req_ids), ragged.positions.size
         query_ends = ragged.query_start_loc[1:]  # [B]
         ends = query_ends if samples.batch_idx is None else query_ends[samples.batch_idx]
-        np.subtract(ends, 1, out=buf.arrays["logits_indices"][:num_samples])
-        buf.arrays["sample_rows"][:num_samples] = samples.rows_np
-        buf.arrays["placeholder_idx"][:num_placeholders] = placeholder_idx
-        buf.arrays["placeholder_rows"][:num_placeholders] = ragged.token_rows[placeholder_idx]
+        np.subtract(ends, 1, out=arrays["logits_indices"][:num_samples])
+        arrays["sample_rows"][:num_samples] = samples.rows_np
+        input_src = arrays["input_src"][:num_tokens]
+        if placeholder_idx.size == num_tokens:
+            input_src[:] = ragged.token_rows
+            return
+        np.add(buf.arange_np[:num_tokens], buf.num_head_ids, out=input_src)
+        input_src[placeholder_idx] = ragged.token_rows[placeholder_idx]
 
     @staticmethod
-    def _fill_decode_order(buf: StepBuffers, seq_lens: np.ndarray) -> None:
+    def _fill_decode_order(arrays: dict[str, np.ndarray], seq_lens: np.ndarray) -> None:
         """A decode-only batch's sequences by decreasing seq_len, ties in batch order (the
         Triton decode kernel launches the longest first). A steady decode, which reuses the
         sequence sections, keeps the previous step's order: every length grew by one."""
         num_seqs = seq_lens.size
-        buf.arrays["decode_order"][:num_seqs] = np.argsort(-seq_lens, kind="stable")
+        arrays["decode_order"][:num_seqs] = np.argsort(-seq_lens, kind="stable")
 
     def _embeds_spans(self, rows: np.ndarray, ragged: Ragged) -> list[EmbedsSpan]:
         """Scheduled prompt positions of requests that came with prompt_embeds."""

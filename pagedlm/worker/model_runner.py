@@ -3,20 +3,26 @@ sampler, and comes back as sampled token ids, without a host-device sync inside 
 
 Per step: the host lays the batch out with numpy in one of two pinned staging sets (alternating,
 so the CPU never writes memory an in-flight copy reads), copies it non-blocking into persistent
-device buffers, and the model reads slices of those. Each step's sampled ids are scattered into
-`last_sampled` (by row) on the device, where the next step's placeholder inputs read them, and
-are copied to pinned host memory on a side stream; AsyncRunnerOutput.get_output() waits for that
-copy's event only. On a CPU device the same code runs, synchronously, without pinning or events.
+device buffers with one copy (step_buffers.py), and the model reads slices of those. Each step's
+sampled ids are scattered into `last_sampled` (by row) on the device, where the next step's
+placeholder inputs read them, and copied to pinned host memory; then the step records its one
+event (one per staging set, reused). AsyncRunnerOutput.get_output() waits for that event only; a
+staging set is written again two steps later, once the step that used it gave its output (which
+waited for the event). All of a step's work, its device->host copies included, goes to the
+current stream: a side copy stream cost the host three more CUDA calls per step (an event, a
+wait, the stream switch) for a copy of a few bytes. On a CPU device the same code runs,
+synchronously, without pinning or events.
 
 On CUDA (Triton backend, not enforce_eager) a pure-decode step of at most the largest capture
 size replays a CUDA graph (cuda_graphs.py) instead: the host pads the batch in the staging set,
-the same copies fill the static buffers, and sampling runs eagerly after the replay, from the
-graph's own logits up to cuda_graphs.MAX_LOGITS_ROWS rows (no LM head launched by the host), from
-the LM head run eagerly on the graph's hidden states above.
+the same copy fills the static buffers, and the graph gathers its own input ids. Up to
+cuda_graphs.MAX_LOGITS_ROWS rows the graph also computes the logits and their argmax and writes
+that into last_sampled: a batch that samples greedily and needs nothing else (the sampler's
+is_greedy) takes the graph's ids as they are; any other batch is sampled eagerly from the graph's
+logits, above MAX_LOGITS_ROWS rows from the LM head run eagerly on the graph's hidden states.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 
@@ -33,13 +39,13 @@ from pagedlm.sample.sampler import SamplerOutput
 from pagedlm.sample.state import SamplingState
 from pagedlm.sampling_params import MAX_LOGPROBS, SamplingParams
 from pagedlm.worker import memory
-from pagedlm.worker.cuda_graphs import DecodeGraphs, graphs_enabled
+from pagedlm.worker.cuda_graphs import DecodeGraphs, capture_sizes, graphs_enabled
 from pagedlm.worker.batch_layout import BatchLayout
 from pagedlm.worker.input_batch import InputBatch, cdiv
 from pagedlm.worker.kernel_warmup import warm_up_kernels
 from pagedlm.worker.prompt_logprobs import compute_prompt_logprobs
 from pagedlm.worker.runner_output import AsyncRunnerOutput
-from pagedlm.worker.step_buffers import PrefixViews, StepBuffers
+from pagedlm.worker.step_buffers import PrefixViews, Sections, StepBuffers
 
 logger = logging.getLogger("pagedlm")
 NUM_STAGING_SETS = 2
@@ -74,32 +80,34 @@ class ModelRunner:
 
     def _init_buffers(self) -> None:
         sizes = (self.max_num_tokens, self.max_num_reqs, self.input_batch.max_num_blocks_per_req)
+        buckets = capture_sizes(self.max_num_reqs, self.max_num_tokens)  # the graph sizes
+        # the device set's head: last_sampled by row, then one scratch entry per graph row
+        set_layout = dict(bucket_sizes=buckets, num_head_ids=self.max_num_reqs + buckets[-1])
         cpu = torch.device("cpu")
-        self._staging = [StepBuffers(*sizes, cpu, pin=self.use_cuda) for _ in range(NUM_STAGING_SETS)]
-        self._inputs = StepBuffers(*sizes, self.device, pin=False)
-        self._last_sampled = torch.zeros(self.max_num_reqs, dtype=torch.int64,
-                                         device=self.device)  # [max_num_reqs], by row
+        self._staging = [StepBuffers(*sizes, cpu, pin=self.use_cuda, **set_layout)
+                         for _ in range(NUM_STAGING_SETS)]
+        self._inputs = StepBuffers(*sizes, self.device, pin=False, **set_layout)
+        self._last_sampled = self._inputs.head  # [max_num_reqs + largest graph size], by row
+        self._table_version = 0  # bumped by each copy of a block table to the device
+        # [max_num_tokens]: an eager step's input ids when some are gathered from last_sampled
+        self._gathered_ids = PrefixViews({"ids": torch.zeros(self.max_num_tokens, dtype=torch.int64,
+                                                             device=self.device)})
         self._sampled_cpu = [torch.zeros(self.max_num_reqs, dtype=torch.int64, pin_memory=self.use_cuda)
                              for _ in range(NUM_STAGING_SETS)]  # [max_num_reqs]
         self._sampled_cpu_views = PrefixViews(dict(enumerate(self._sampled_cpu)))  # by slot
+        self._sampled_np = [t.numpy() for t in self._sampled_cpu]  # sync-ok: host, at start-up
         self._in_flight: list[AsyncRunnerOutput | None] = [None] * NUM_STAGING_SETS
 
     def _init_streams(self) -> None:
         if not self.use_cuda:
-            self._copy_stream = self._graph_stream = None
-            self._staging_events = [None] * NUM_STAGING_SETS
-            self._output_events = [None] * NUM_STAGING_SETS
+            self._graph_stream = None
             self._step_events = [None] * NUM_STAGING_SETS
             return
         # events record on a stream named explicitly: Event.record() asks torch.cuda.current_stream(),
         # a chain of device-index lookups that cost the host ~10 µs each time (session 7's profile)
         self._device_index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        self._copy_stream = torch.cuda.Stream(self.device)
         self._graph_stream = torch.cuda.Stream(self.device)  # warm-up and capture, trial and real
-        self._staging_events = [torch.cuda.Event() for _ in range(NUM_STAGING_SETS)]
-        self._output_events = [torch.cuda.Event() for _ in range(NUM_STAGING_SETS)]
-        # the step's work on the compute stream, which the copy stream waits for (reused
-        # events: Stream.wait_stream would make a new one every step)
+        # per staging set: recorded after all of a step's work, its output copies last
         self._step_events = [torch.cuda.Event() for _ in range(NUM_STAGING_SETS)]
 
     def load_model(self) -> None:
@@ -178,13 +186,16 @@ class ModelRunner:
         staging = self._staging[slot]
         layout = self.input_batch.prepare(sched, staging)
         graph_size = self._graph_size(layout)
+        staged = staging.sections(layout.bucket_tokens, layout.bucket_seqs)
+        copies_seq_sections = not layout.reuse_seq_sections
         if graph_size:
-            staging.pad_decode(layout.num_seqs, graph_size)
-        self._inputs.copy_from(staging, layout.copy_sizes(graph_size))
-        if self._staging_events[slot] is not None:
-            self._staging_events[slot].record(self._compute_stream())
-        hidden = self._forward(staging, layout, graph_size)
-        sample = self._sample(hidden, layout, self.graphs.logits(graph_size) if graph_size else None)
+            staging.pad_decode(staged, layout.num_seqs, layout.num_samples, copies_seq_sections)
+        num_table_elems = layout.num_table_elems_to_copy
+        self._inputs.copy_from(staging, staged.copy_end(copies_seq_sections, num_table_elems))
+        self._table_version += num_table_elems > 0
+        inputs = self._inputs.sections(layout.bucket_tokens, layout.bucket_seqs)
+        hidden = self._forward(inputs, staged, layout, graph_size)
+        sample = self._sample(hidden, inputs, layout, graph_size)
         prompt_logprobs = None if layout.prompt_logprobs is None else compute_prompt_logprobs(
             layout.prompt_logprobs, hidden, self.model.compute_logits)
         output = self._launch_output(slot, layout, sample, prompt_logprobs, sched.step_id)
@@ -227,11 +238,8 @@ class ModelRunner:
         return embeds.to(device=self.device, dtype=self.config.model.dtype, non_blocking=True)
 
     def _reclaim(self, slot: int) -> None:
-        """Before reusing a staging set and its output buffer: the copies that read or wrote them
-        are done (normally long since) and the step that used them has its output read."""
-        event = self._staging_events[slot]
-        if event is not None:
-            event.synchronize()  # sync-ok: the copies of two steps ago, long finished
+        """Before reusing a staging set and its output buffer: the step that used them is done
+        (normally long since; get_output() waits for its event) and its output was read."""
         previous = self._in_flight[slot]
         if previous is not None:
             previous.get_output()
@@ -239,15 +247,15 @@ class ModelRunner:
 
     def _graph_size(self, layout: BatchLayout) -> int:
         """The CUDA graph to replay for this step, 0 to run eagerly: graphs cover pure-decode
-        batches (one token per sequence, no prompt_embeds) up to the largest capture size."""
+        batches (one token per sequence, no prompt_embeds) up to the largest capture size: the
+        layout's sequence capacity then is the padded size (StepBuffers buckets by the sizes)."""
         if self.graphs is None or layout.num_tokens != layout.num_seqs or layout.embeds_spans:
             return 0
-        return self.graphs.padded_size(layout.num_seqs) or 0
+        return layout.bucket_seqs if layout.bucket_seqs <= self.graphs.max_size else 0
 
-    def _attention_metadata(self, staging: StepBuffers, layout: BatchLayout,
+    def _attention_metadata(self, inputs: Sections, staged: Sections, layout: BatchLayout,
                             block_table: torch.Tensor) -> AttentionMetadata:
         num_tokens, num_seqs = layout.num_tokens, layout.num_seqs
-        inputs = self._inputs
         return AttentionMetadata(
             num_tokens=num_tokens, num_seqs=num_seqs, max_query_len=layout.max_query_len,
             max_seq_len=layout.max_seq_len,
@@ -255,34 +263,37 @@ class ModelRunner:
             seq_lens=inputs.prefix("seq_lens", num_seqs),
             slot_mapping=inputs.prefix("slot_mapping", num_tokens),
             block_table=block_table,
-            query_start_loc_cpu=staging.prefix("query_start_loc", num_seqs + 1),
-            seq_lens_cpu=staging.prefix("seq_lens", num_seqs),
+            query_start_loc_cpu=staged.prefix("query_start_loc", num_seqs + 1),
+            seq_lens_cpu=staged.prefix("seq_lens", num_seqs),
             decode_order=inputs.prefix("decode_order", num_seqs) if layout.decode_only else None)
 
-    def _forward(self, staging: StepBuffers, layout: BatchLayout, graph_size: int) -> torch.Tensor:
+    def _forward(self, inputs: Sections, staged: Sections, layout: BatchLayout,
+                 graph_size: int) -> torch.Tensor:
         """[num_tokens (graph_size when replayed), hidden_size]: the model over the batch."""
         num_tokens, num_seqs, num_cols = layout.num_tokens, layout.num_seqs, layout.num_block_cols
-        input_ids = self._inputs.prefix("input_ids", num_tokens)  # [T]
-        self._write_placeholders(input_ids, layout.num_placeholders)
-        block_table = self._inputs.prefix("block_table", num_seqs, num_cols)
         if graph_size:
-            return self.graphs.replay(graph_size, block_table)
-        meta = self._attention_metadata(staging, layout, block_table)
-        positions = self._inputs.prefix("positions", num_tokens)  # [T]
+            graphs = self.graphs
+            if graphs.block_table_version != self._table_version:
+                graphs.load_block_table(inputs.prefix("block_table", num_seqs, num_cols),
+                                        self._table_version)
+            return graphs.replay(graph_size)
+        input_ids = self._input_ids(inputs, layout)  # [T]
+        block_table = inputs.prefix("block_table", num_seqs, num_cols)
+        meta = self._attention_metadata(inputs, staged, layout, block_table)
+        positions = inputs.prefix("positions", num_tokens)  # [T]
         return self.model(input_ids, positions, self.kv_caches, meta,
                           inputs_embeds=self._inputs_embeds(input_ids, layout))
 
-    def _write_placeholders(self, input_ids: torch.Tensor, num_placeholders: int) -> None:
-        """Input tokens sampled by the previous step, still on the device: from last_sampled
-        (straight into input_ids when every input token is one)."""
-        if not num_placeholders:
-            return
-        rows = self._inputs.prefix("placeholder_rows", num_placeholders)
-        if num_placeholders == input_ids.shape[0]:  # placeholder i is input token i
-            torch.index_select(self._last_sampled, 0, rows, out=input_ids)
-        else:
-            input_ids.index_copy_(0, self._inputs.prefix("placeholder_idx", num_placeholders),
-                                  self._last_sampled.index_select(0, rows))
+    def _input_ids(self, inputs: Sections, layout: BatchLayout) -> torch.Tensor:
+        """[num_tokens]: the copied input ids or, when some are tokens the previous step sampled
+        (still on the device), all of them gathered from the ids table by input_src."""
+        num_tokens = layout.num_tokens
+        if not layout.num_placeholders:
+            return inputs.prefix("input_ids", num_tokens)
+        input_ids = self._gathered_ids.get("ids", num_tokens)
+        torch.index_select(inputs.tensors["ids_table"], 0, inputs.prefix("input_src", num_tokens),
+                           out=input_ids)
+        return input_ids
 
     def _inputs_embeds(self, input_ids: torch.Tensor, layout: BatchLayout) -> torch.Tensor | None:
         """[num_tokens, hidden_size] token embeddings with prompt_embeds rows written over, or
@@ -296,61 +307,61 @@ class ModelRunner:
                 source[span.prompt_start:span.prompt_start + span.length]
         return embeds
 
-    def _sample(self, hidden: torch.Tensor, layout: BatchLayout,
-                graph_logits: torch.Tensor | None = None) -> SamplerOutput | None:
-        """Logits of each sampling request's last token, sampled; ids scattered by row into
-        last_sampled. None when no request samples this step. graph_logits: [graph_size,
-        vocab_size] float32, every row's logits as the replayed graph computed them, or None."""
+    def _sample(self, hidden: torch.Tensor, inputs: Sections, layout: BatchLayout,
+                graph_size: int) -> SamplerOutput | None:
+        """Each sampling request's token, its id scattered by row into last_sampled; None when
+        no request samples this step. A greedy batch of a graph that computes the argmax takes
+        the graph's ids ([graph_size]: the rows past num_samples are padding), which the graph
+        wrote into last_sampled itself."""
         num_samples = layout.num_samples
         if num_samples == 0:
             return None
-        if not layout.samples_every_token:
-            hidden = hidden.index_select(0, self._inputs.prefix("logits_indices", num_samples))
-            logits = self.model.compute_logits(hidden)  # [N, vocab_size] float32
-        elif graph_logits is None:  # logits rows 0..N-1: no gather
-            logits = self.model.compute_logits(hidden[:num_samples])
-        else:
-            logits = graph_logits[:num_samples]
-        sample = self.sampler.sample(logits, layout.sample_rows_np)
-        self._last_sampled.index_copy_(0, self._inputs.prefix("sample_rows", num_samples),
+        rows_np = layout.sample_rows_np
+        if graph_size and layout.samples_every_token:  # the graph's rows 0..N-1 sample
+            argmax = self.graphs.argmax(graph_size)
+            if argmax is not None and self.sampler.is_greedy(rows_np):
+                self.sampler.count_sampled(rows_np)
+                return SamplerOutput(argmax)
+        sample = self.sampler.sample(self._logits(hidden, inputs, layout, graph_size), rows_np)
+        self._last_sampled.index_copy_(0, inputs.prefix("sample_rows", num_samples),
                                        sample.sampled_token_ids)
         return sample
+
+    def _logits(self, hidden: torch.Tensor, inputs: Sections, layout: BatchLayout,
+                graph_size: int) -> torch.Tensor:
+        """[num_samples, vocab_size] float32: the logits of each sampling request's last token;
+        a replayed graph's own where it computes them."""
+        num_samples = layout.num_samples
+        if not layout.samples_every_token:
+            hidden = hidden.index_select(0, inputs.prefix("logits_indices", num_samples))
+            return self.model.compute_logits(hidden)
+        graph_logits = self.graphs.logits(graph_size) if graph_size else None
+        if graph_logits is not None:
+            return _leading(graph_logits, num_samples)
+        return self.model.compute_logits(_leading(hidden, num_samples))  # rows 0..N-1: no gather
 
     def _launch_output(self, slot: int, layout: BatchLayout, sample: SamplerOutput | None,
                        prompt_logprobs: tuple[torch.Tensor, ...] | None,
                        step_id: int) -> AsyncRunnerOutput:
-        """Start the device->host copies of the step's results (side stream, after the step)."""
-        if sample is None and prompt_logprobs is None:
-            return AsyncRunnerOutput(step_id, layout)
-        sampled_cpu = self._sampled_cpu_views.get(slot, layout.num_samples)
-        logprobs_cpu = prompt_logprobs_cpu = None
-        event = self._output_events[slot]
-        with self._copy_stream_context(slot):
-            if sample is not None:
-                sampled_cpu.copy_(sample.sampled_token_ids, non_blocking=True)
-                logprobs_cpu = _to_host(sample.logprobs)
-            prompt_logprobs_cpu = _to_host(prompt_logprobs)
-            if event is not None:
-                event.record(self._copy_stream)
-        if self._copy_stream is not None:  # the caching allocator must not reuse them early
-            device_tensors = (*(sample.logprobs or ()), sample.sampled_token_ids) if sample else ()
-            for tensor in (*device_tensors, *(prompt_logprobs or ())):
-                tensor.record_stream(self._copy_stream)
-        return AsyncRunnerOutput(step_id, layout, sampled_cpu, logprobs_cpu, event,
+        """The device->host copies of the step's results, then the step's event (stream order:
+        after all of the step's work)."""
+        sampled_np = logprobs_cpu = None
+        if sample is not None:
+            sampled_ids = sample.sampled_token_ids  # [num_samples] ([graph_size]: a graph's)
+            self._sampled_cpu_views.get(slot, sampled_ids.shape[0]).copy_(sampled_ids,
+                                                                           non_blocking=True)
+            sampled_np = self._sampled_np[slot]
+            logprobs_cpu = _to_host(sample.logprobs)
+        prompt_logprobs_cpu = _to_host(prompt_logprobs)
+        event = self._step_events[slot]
+        if event is not None:
+            event.record(self._compute_stream())
+        return AsyncRunnerOutput(step_id, layout, sampled_np, logprobs_cpu, event,
                                  self.input_batch, prompt_logprobs_cpu)
 
     def _compute_stream(self) -> torch.cuda.Stream:
         """The stream the step's work goes to (CUDA only)."""
         return torch.cuda.current_stream(self._device_index)
-
-    def _copy_stream_context(self, slot: int) -> contextlib.AbstractContextManager:
-        """The copy stream, after the step's work queued so far on the current stream."""
-        if self._copy_stream is None:
-            return contextlib.nullcontext()
-        step_done = self._step_events[slot]
-        step_done.record(self._compute_stream())
-        self._copy_stream.wait_event(step_done)
-        return torch.cuda.stream(self._copy_stream)
 
     def _profile_run(self) -> int:
         """One step of the largest batch (max_num_batched_tokens tokens over up to max_num_seqs
@@ -391,6 +402,11 @@ def _log_start_up_compiles(first_event: int) -> None:
     logger.info("Triton: %d kernel specialisations compiled (or loaded from the disk cache) in %.1f s "
                 "at start-up", len(events), sum(e.seconds for e in events))
     watch.serving()
+
+
+def _leading(tensor: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """The first num_rows rows (the tensor itself when it has no more: no view to make)."""
+    return tensor if tensor.shape[0] == num_rows else tensor[:num_rows]
 
 
 def _to_host(tensors: tuple[torch.Tensor, ...] | None) -> tuple[torch.Tensor, ...] | None:

@@ -1,6 +1,7 @@
 """AsyncRunnerOutput: a launched step whose results come back to the host on demand."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from pagedlm.core.sched_output import Logprobs, ModelRunnerOutput
@@ -12,16 +13,19 @@ HostTensors = tuple[torch.Tensor, ...]
 
 
 class AsyncRunnerOutput:
-    """A launched step. get_output() waits for this step's device->host copy and nothing else."""
+    """A launched step. get_output() waits for this step's event (after its work and its
+    device->host copies) and nothing else."""
 
     def __init__(self, step_id: int, layout: BatchLayout | None = None,
-                 sampled_cpu: torch.Tensor | None = None,  # [num_samples] int64, pinned
+                 # [>= num_samples] int64, (a view of) pinned memory: the first num_samples
+                 # are the step's sampled ids
+                 sampled_np: np.ndarray | None = None,
                  logprobs_cpu: HostTensors | None = None,
                  event: torch.cuda.Event | None = None, input_batch: InputBatch | None = None,
                  prompt_logprobs_cpu: HostTensors | None = None) -> None:
         self._step_id = step_id
         self._layout = layout
-        self._sampled_cpu = sampled_cpu
+        self._sampled_np = sampled_np
         self._logprobs_cpu = logprobs_cpu
         self._prompt_logprobs_cpu = prompt_logprobs_cpu
         self._event = event
@@ -40,13 +44,13 @@ class AsyncRunnerOutput:
         if layout is None:
             return result
         if self._event is not None:
-            self._event.synchronize()  # sync-ok: waits for this step's copies only
+            self._event.synchronize()  # sync-ok: waits for this step (and its copies) only
         if layout.prompt_logprobs is not None:
             result.prompt_logprobs = to_logprobs_lists(layout.prompt_logprobs,
                                                        self._prompt_logprobs_cpu)
         if layout.num_samples == 0:
             return result
-        token_ids_np = self._sampled_cpu.numpy()  # sync-ok: host memory, copy complete
+        token_ids_np = self._sampled_np[:layout.num_samples]  # host memory, copy complete
         self._input_batch.record_sampled(layout, token_ids_np)
         result.req_ids = layout.sampling_req_ids
         result.sampled_token_ids = [[t] for t in token_ids_np.tolist()]  # sync-ok: host memory

@@ -1,19 +1,58 @@
-"""StepBuffers: one set of per-step input tensors (host staging or device), sized for the largest
-step. The batch builder writes the host sets through numpy views made once; the device set is
-what the model and the CUDA graphs read, as slices of fixed buffers."""
+"""StepBuffers: one set of per-step inputs (a pinned host staging set or the device set) in one
+flat buffer, laid out so that the host->device transfer of a step is one copy of one byte range.
+
+Why: each CUDA call costs the host 5-15 µs on the H200 machine, and a steady decode step issued
+a copy per section (positions, slot_mapping, seq_lens, and input_ids in sync mode) plus the CUDA
+graph's block-table copy. With this layout (and the graphs' own input gather and argmax) a steady
+batch-1 graph step makes about 2 torch calls instead of 14 (benchmarks/host_step.py --graphs
+--count-ops): this one copy and the copy of the sampled ids back. Capturing the copies from the
+pinned staging sets inside the graphs (one graph per size and staging set) would save this copy
+too, but every section would then have to be rewritten into each staging set every step (no
+reuse), and the block table copied at its full width every step; not taken.
+
+A set, in bytes (the head's end and every section 16-byte aligned: Triton specialises a kernel on
+whether each pointer argument is, so a section off that alignment in one layout only would compile
+another variant while serving; tests/worker/test_kernel_warmup.py caught that on the H200):
+
+    [ head: num_head_ids int64 | A | B | C ]
+
+- head: on the device set, the token each row sampled last (ModelRunner's last_sampled), then
+  scratch entries that the padding rows of a CUDA graph write theirs to; on host sets unused.
+  Never copied.
+- A, what every step writes: input_ids [T] (the tokens the host knows), positions [T],
+  slot_mapping [T], seq_lens [S]. input_ids follows the head directly, so head + input_ids is one
+  table (`ids_table`) from which `input_src` gathers each input token: the last sampled token of
+  a row (a placeholder: still on the device) or a token the host copied.
+- B, the sequence sections, which a steady decode shares with the step before: query_start_loc
+  [S + 1], decode_order [S], logits_indices [S], sample_rows [S], input_src [T].
+- C, the block table: [num_seqs, num_cols] compact (capacity S x max_num_blocks_per_req).
+
+T and S are the step's token and sequence counts rounded up to a bucket size (the CUDA-graph
+capture sizes; exact above the largest), so the sections of a decode step of n sequences lie
+exactly where the graph of padded size bucket(n) reads them. The offsets of A, B and C depend on
+(T, S) only. A step copies the byte range from the end of the head to the end of A, of B or of C:
+a section is never copied unless the staging set holds it, so a step that copies the block table
+writes B as well.
+"""
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 import torch
 
-# name -> dtype; sized by tokens (T), sequences (S, S + 1) or the flat block table.
-_TOKEN_SECTIONS = {"input_ids": torch.int64, "positions": torch.int64, "slot_mapping": torch.int64}
-_SEQ_SECTIONS = {"seq_lens": torch.int32, "logits_indices": torch.int64,
-                 "sample_rows": torch.int64, "placeholder_idx": torch.int64,
-                 "placeholder_rows": torch.int64, "decode_order": torch.int32}
+_NUMPY = {torch.int32: np.int32, torch.int64: np.int64}
+MAX_CACHED_LAYOUTS = 128  # Sections (and copy ranges) kept per set; the cache restarts past this
+_LAST_OF_A, _LAST_OF_B = "seq_lens", "input_src"
+
+
+SECTION_ALIGN = 16  # bytes
+
+
+def _align(num_bytes: int) -> int:
+    return -(-num_bytes // SECTION_ALIGN) * SECTION_ALIGN
 
 
 class PrefixViews:
@@ -36,63 +75,131 @@ class PrefixViews:
         return view
 
 
-class StepBuffers:
-    """Host sets are pinned when CUDA is present. Sections:
-    input_ids, positions, slot_mapping [max_num_tokens]; query_start_loc [max_num_reqs + 1];
-    seq_lens [max_num_reqs]; block_table [max_num_reqs * max_num_blocks_per_req] (flat: a
-    step's table is the contiguous prefix viewed as [num_seqs, num_cols]); logits_indices,
-    sample_rows (rows that sample), placeholder_idx (batch index of each placeholder input),
-    placeholder_rows (its row), decode_order (a decode-only batch's sequences by decreasing
-    seq_len: AttentionMetadata.decode_order) [max_num_reqs]."""
+def _section_specs(num_tokens: int, num_seqs: int,
+                   max_num_blocks_per_req: int) -> list[tuple[str, int, torch.dtype]]:
+    """(name, capacity, dtype) of the sections A, B, C in layout order."""
+    return [("input_ids", num_tokens, torch.int64), ("positions", num_tokens, torch.int64),
+            ("slot_mapping", num_tokens, torch.int64), ("seq_lens", num_seqs, torch.int32),
+            ("query_start_loc", num_seqs + 1, torch.int32), ("decode_order", num_seqs, torch.int32),
+            ("logits_indices", num_seqs, torch.int64), ("sample_rows", num_seqs, torch.int64),
+            ("input_src", num_tokens, torch.int64),
+            ("block_table", num_seqs * max_num_blocks_per_req, torch.int32)]
 
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    slot_mapping: torch.Tensor
-    query_start_loc: torch.Tensor
-    seq_lens: torch.Tensor
-    block_table: torch.Tensor
-    logits_indices: torch.Tensor
-    sample_rows: torch.Tensor
-    placeholder_idx: torch.Tensor
-    placeholder_rows: torch.Tensor
-    decode_order: torch.Tensor
-    prefix: Callable[..., torch.Tensor]  # prefix(name, *shape): PrefixViews.get
+
+def _offsets(num_head_ids: int, num_tokens: int, num_seqs: int,
+             max_num_blocks_per_req: int) -> dict[str, tuple[int, int, torch.dtype]]:
+    """name -> (first byte, byte past the last, dtype) of each section of one layout."""
+    offsets = {}
+    start = num_head_ids * 8
+    for name, size, dtype in _section_specs(num_tokens, num_seqs, max_num_blocks_per_req):
+        end = start + size * dtype.itemsize
+        offsets[name] = (start, end, dtype)
+        start = _align(end)
+    return offsets
+
+
+class Sections:
+    """The section views of one layout (bucketed num_tokens, num_seqs) of a StepBuffers set:
+    `tensors` (full capacity), `arrays` (numpy views, host sets), `prefix(name, *shape)`."""
+
+    def __init__(self, flat: torch.Tensor, flat_np: np.ndarray | None,
+                 offsets: dict[str, tuple[int, int, torch.dtype]], num_tokens: int,
+                 num_seqs: int) -> None:
+        self.num_tokens = num_tokens  # T: capacity of the token sections
+        self.num_seqs = num_seqs  # S
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.arrays: dict[str, np.ndarray] = {}
+        for name, (start, end, dtype) in offsets.items():
+            self.tensors[name] = flat[start:end].view(dtype)
+            if flat_np is not None:
+                self.arrays[name] = flat_np[start:end].view(_NUMPY[dtype])
+        # [num_head_ids + T]: the head and input_ids, the table input_src indexes
+        self.tensors["ids_table"] = flat[:offsets["input_ids"][1]].view(torch.int64)
+        self.prefix = PrefixViews(self.tensors).get
+        self._end_a, self._end_b = offsets[_LAST_OF_A][1], offsets[_LAST_OF_B][1]
+        self._table_start = offsets["block_table"][0]
+
+    def copy_end(self, seq_sections: bool, num_table_elems: int) -> int:
+        """The byte offset a step's copy ends at: past A; past B when the sequence sections
+        are copied; past the first num_table_elems of the block table when it is (B too)."""
+        if num_table_elems:
+            return self._table_start + num_table_elems * 4
+        return self._end_b if seq_sections else self._end_a
+
+
+class StepBuffers:
+    """One flat buffer (pinned on the host when CUDA is present) and its Sections per layout.
+    bucket_sizes: ascending sizes that token and sequence counts round up to."""
 
     def __init__(self, max_num_tokens: int, max_num_reqs: int, max_num_blocks_per_req: int,
-                 device: torch.device, pin: bool) -> None:
-        sizes = {name: (max_num_tokens, dtype) for name, dtype in _TOKEN_SECTIONS.items()}
-        sizes.update((name, (max_num_reqs, dtype)) for name, dtype in _SEQ_SECTIONS.items())
-        sizes["query_start_loc"] = (max_num_reqs + 1, torch.int32)
-        sizes["block_table"] = (max_num_reqs * max_num_blocks_per_req, torch.int32)
-        self.tensors: dict[str, torch.Tensor] = {}
-        self.arrays: dict[str, np.ndarray] = {}  # numpy views of a host set (share memory)
-        for name, (size, dtype) in sizes.items():
-            tensor = torch.zeros(size, dtype=dtype, device=device, pin_memory=pin)
-            setattr(self, name, tensor)
-            self.tensors[name] = tensor
-            if tensor.device.type == "cpu":
-                self.arrays[name] = tensor.numpy()  # sync-ok: a host tensor, at start-up
-        self.prefix = PrefixViews(self.tensors).get
-        self._arange_np = np.arange(max_num_reqs, dtype=np.int32)
+                 device: torch.device, pin: bool, bucket_sizes: Sequence[int] = (),
+                 num_head_ids: int = 0) -> None:
+        self.max_num_reqs = max_num_reqs
+        self.num_head_ids = num_head_ids = _align(num_head_ids * 8) // 8  # input_ids starts aligned
+        self._max_num_blocks_per_req = max_num_blocks_per_req
+        self._bucket_sizes = list(bucket_sizes)
+        largest = _offsets(num_head_ids, self.bucket(max_num_tokens), self.bucket(max_num_reqs),
+                           max_num_blocks_per_req)
+        self.flat = torch.zeros(largest["block_table"][1], dtype=torch.uint8, device=device,
+                                pin_memory=pin)
+        # sync-ok: a host tensor, at start-up
+        self._flat_np = self.flat.numpy() if self.flat.device.type == "cpu" else None
+        self.head = self.flat[:num_head_ids * 8].view(torch.int64)  # [num_head_ids]
+        self._sections: dict[tuple[int, int], Sections] = {}
+        self._ranges: dict[int, torch.Tensor] = {}  # end -> bytes [end of the head, end)
+        self.arange_np = np.arange(max(self.bucket(max_num_tokens), self.bucket(max_num_reqs)),
+                                   dtype=np.int64)  # [largest T or S]
 
-    def pad_decode(self, num_seqs: int, num_padded: int) -> None:
-        """Rows [num_seqs, num_padded) of a decode batch (one token per sequence) as padding,
-        for a CUDA graph of num_padded sequences: token 0 at position 0, slot -1 (no KV write),
-        seq_len 0 and no query (query_start_loc stays at num_seqs): the attention kernels skip
-        such a sequence; last in decode_order, as the shortest. (A step whose input ids all come
-        from the device copies none: its padding rows keep the valid ids the device buffer
-        holds; their outputs are unread.)"""
-        pad = slice(num_seqs, num_padded)
-        arrays = self.arrays
+    def bucket(self, n: int) -> int:
+        """The smallest bucket size >= n; n itself above the largest."""
+        sizes = self._bucket_sizes
+        index = bisect.bisect_left(sizes, n)
+        return sizes[index] if index < len(sizes) else n
+
+    def sections(self, num_tokens: int, num_seqs: int) -> Sections:
+        """The layout for a step of these (already bucketed) counts."""
+        key = (num_tokens, num_seqs)
+        sections = self._sections.get(key)
+        if sections is None:
+            if len(self._sections) >= MAX_CACHED_LAYOUTS:
+                self._sections.clear()
+            offsets = _offsets(self.num_head_ids, num_tokens, num_seqs,
+                               self._max_num_blocks_per_req)
+            sections = Sections(self.flat, self._flat_np, offsets, num_tokens, num_seqs)
+            self._sections[key] = sections
+        return sections
+
+    def copy_from(self, src: StepBuffers, end: int) -> None:
+        """Non-blocking copy of src's bytes [end of the head, end) (one CUDA call)."""
+        self._range(end).copy_(src._range(end), non_blocking=True)
+
+    def _range(self, end: int) -> torch.Tensor:
+        view = self._ranges.get(end)
+        if view is None:
+            if len(self._ranges) >= MAX_CACHED_LAYOUTS:
+                self._ranges.clear()
+            view = self._ranges[end] = self.flat[self.num_head_ids * 8:end]
+        return view
+
+    def pad_decode(self, sections: Sections, num_seqs: int, num_samples: int,
+                   seq_sections: bool) -> None:
+        """Host set: rows [num_seqs, S) of a decode batch (one token per sequence) as padding, for
+        a CUDA graph of S = sections.num_seqs sequences: token 0 (input_src points at its
+        input_ids entry) at position 0, slot -1 (no KV write), seq_len 0 and no query
+        (query_start_loc stays at num_seqs): the attention kernels skip such a sequence; last in
+        decode_order, as the shortest. Sampling entries past num_samples name the head's scratch
+        entries (max_num_reqs + i), where a graph's in-graph write of its argmax ids leaves the
+        padding rows' ids. seq_sections: B is written this step (else the device holds it)."""
+        pad, size = slice(num_seqs, sections.num_seqs), sections.num_seqs
+        arrays = sections.arrays
         arrays["input_ids"][pad] = 0
         arrays["positions"][pad] = 0
         arrays["slot_mapping"][pad] = -1
         arrays["seq_lens"][pad] = 0
-        arrays["query_start_loc"][num_seqs + 1:num_padded + 1] = num_seqs
-        arrays["decode_order"][pad] = self._arange_np[pad]
-
-    def copy_from(self, src: StepBuffers, sizes: dict[str, int]) -> None:
-        """Non-blocking copy of the first `size` elements of each named section of src."""
-        for name, size in sizes.items():
-            if size:
-                self.prefix(name, size).copy_(src.prefix(name, size), non_blocking=True)
+        if not seq_sections:
+            return
+        arange = self.arange_np
+        arrays["query_start_loc"][num_seqs + 1:size + 1] = num_seqs
+        arrays["decode_order"][pad] = arange[pad]
+        np.add(arange[pad], self.num_head_ids, out=arrays["input_src"][pad])
+        np.add(arange[num_samples:size], self.max_num_reqs, out=arrays["sample_rows"][num_samples:size])

@@ -2,8 +2,11 @@
 Qwen3 in fp32 and bf16, decode batches whose sizes are mostly not capture sizes (padding rows).
 
 - Every replay is checked against an eager forward of the same batch on the same inputs, run just
-  before it (teacher-forced: the same KV history): logits close, greedy picks equal.
-- fp32: whole-run greedy tokens with graphs equal enforce_eager and transformers.
+  before it (teacher-forced: the same KV history): logits close, greedy picks equal; the small
+  graphs' own argmax equals torch.argmax of their own logits, and is what last_sampled holds.
+- fp32: whole-run greedy tokens with graphs equal enforce_eager and transformers, the greedy
+  decode steps of up to MAX_LOGITS_ROWS sequences taking the graph's ids (no sampler run); a
+  batch asking for logprobs is sampled from the graph's logits: tokens equal, logprobs close.
 - bf16: no whole-run token equality. bf16 GEMMs are not batch-size invariant (a padded replay
   multiplies `size` rows, eager `num_seqs`), and these tiny random models have near-ties (top-2
   logit gaps down to 3e-4 of the largest logit, below bf16's resolution): one flipped pick would
@@ -24,6 +27,7 @@ from tiny_hf_models import hf_greedy, random_prompts, save_tiny_model
 
 from pagedlm import LLM, SamplingParams
 from pagedlm.attention.backend import AttentionMetadata
+from pagedlm.worker.cuda_graphs import MAX_LOGITS_ROWS
 from pagedlm.worker.model_runner import ModelRunner
 
 pytestmark = pytest.mark.gpu
@@ -57,10 +61,13 @@ class ReplayCheck:
 @dataclass
 class Run:
     tokens: list[list[int]] = field(default_factory=list)
+    logprobs: list[list[dict]] = field(default_factory=list)
     replays: list[ReplayCheck] = field(default_factory=list)
+    num_argmax_checks: int = 0
+    num_graph_ids_taken: int = 0  # steps that took a graph's argmax (sampler.count_sampled)
 
 
-def _generate(folder, dtype: str, enforce_eager: bool) -> Run:
+def _generate(folder, dtype: str, enforce_eager: bool, logprobs: int | None = None) -> Run:
     llm = LLM(str(folder), dtype=dtype, enforce_eager=enforce_eager, **ENGINE_ARGS)
     runner: ModelRunner = llm.llm_engine.engine_core.model_runner
     assert (runner.graphs is None) == enforce_eager
@@ -69,44 +76,62 @@ def _generate(folder, dtype: str, enforce_eager: bool) -> Run:
     run = Run()
     if runner.graphs is not None:
         _check_each_replay(runner, run)
-    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in MAX_TOKENS]
+    count_sampled = runner.sampler.count_sampled
+
+    def counted(rows_np) -> None:
+        run.num_graph_ids_taken += 1
+        count_sampled(rows_np)
+
+    runner.sampler.count_sampled = counted
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True, logprobs=logprobs)
+              for m in MAX_TOKENS]
     outputs = llm.generate(PROMPTS, params, use_tqdm=False)
     run.tokens = [out.outputs[0].token_ids for out in outputs]
+    run.logprobs = [out.outputs[0].logprobs for out in outputs]
     return run
 
 
-def _eager_decode(runner: ModelRunner, block_table: torch.Tensor) -> torch.Tensor:
+def _eager_decode(runner: ModelRunner, size: int, num_seqs: int) -> torch.Tensor:
     """[num_seqs, hidden_size]: the runner's eager forward of the decode batch now in its input
-    buffers (unpadded: num_seqs rows, the batch's own max_seq_len)."""
-    inputs, num_seqs = runner._inputs, block_table.shape[0]
-    seq_lens = inputs.seq_lens[:num_seqs]
+    buffers (unpadded: num_seqs rows, the batch's own max_seq_len), with the input ids the graph
+    is about to gather and the block table it holds."""
+    inputs = runner._inputs.sections(size, size).tensors
+    seq_lens = inputs["seq_lens"][:num_seqs]
     meta = AttentionMetadata(
         num_tokens=num_seqs, num_seqs=num_seqs, max_query_len=1,
         max_seq_len=int(seq_lens.max().item()),
-        query_start_loc=inputs.query_start_loc[:num_seqs + 1], seq_lens=seq_lens,
-        slot_mapping=inputs.slot_mapping[:num_seqs], block_table=block_table,
-        query_start_loc_cpu=inputs.query_start_loc[:num_seqs + 1].cpu(),
+        query_start_loc=inputs["query_start_loc"][:num_seqs + 1], seq_lens=seq_lens,
+        slot_mapping=inputs["slot_mapping"][:num_seqs],
+        block_table=runner.graphs.block_table[:num_seqs],
+        query_start_loc_cpu=inputs["query_start_loc"][:num_seqs + 1].cpu(),
         seq_lens_cpu=seq_lens.cpu())
-    return runner.model(inputs.input_ids[:num_seqs], inputs.positions[:num_seqs],
-                        runner.kv_caches, meta)
+    input_ids = inputs["ids_table"][inputs["input_src"][:num_seqs]]
+    return runner.model(input_ids, inputs["positions"][:num_seqs], runner.kv_caches, meta)
 
 
 def _check_each_replay(runner: ModelRunner, run: Run) -> None:
     """Before each replay, the eager forward of the same batch (it writes this step's KV, which
     the replay then writes again: the run goes on with the graph's values); checked against it:
-    the logits of the replay's hidden states and, where the graph computes them, its own logits."""
+    the logits of the replay's hidden states and, where the graph computes them, its own logits,
+    whose argmax must be the graph's and be in last_sampled at the rows of the samples."""
     graphs = runner.graphs
     graphs._output.fill_(float("nan"))  # padding rows stay garbage, real rows are written
     replay, compute_logits = graphs.replay, runner.model.compute_logits
 
-    def checked_replay(size: int, block_table: torch.Tensor) -> torch.Tensor:
-        num_seqs = block_table.shape[0]
-        expected = compute_logits(_eager_decode(runner, block_table))
-        hidden = replay(size, block_table)
+    def checked_replay(size: int) -> torch.Tensor:
+        num_seqs = len(runner.input_batch._previous.req_ids)
+        expected = compute_logits(_eager_decode(runner, size, num_seqs))
+        hidden = replay(size)
         run.replays.append(ReplayCheck(num_seqs, size, compute_logits(hidden[:num_seqs]), expected))
         graph_logits = graphs.logits(size)  # the graph's own LM head, up to MAX_LOGITS_ROWS rows
+        assert (graph_logits is None) == (size > MAX_LOGITS_ROWS)
         if graph_logits is not None:
             run.replays.append(ReplayCheck(num_seqs, size, graph_logits[:num_seqs].clone(), expected))
+            argmax = graphs.argmax(size)
+            assert torch.equal(argmax, torch.argmax(graph_logits, dim=-1))
+            sample_rows = runner._inputs.sections(size, size).tensors["sample_rows"]
+            assert torch.equal(runner._last_sampled[sample_rows], argmax)
+            run.num_argmax_checks += 1
         return hidden
 
     graphs.replay = checked_replay
@@ -137,8 +162,23 @@ def test_fp32_graph_tokens_equal_eager_and_transformers(checkpoints, family):
     assert [len(tokens) for tokens in graphed.tokens] == MAX_TOKENS
     assert graphed.tokens == eager.tokens
     assert graphed.tokens == [ref[:num] for ref, num in zip(reference, MAX_TOKENS)]
-    assert not eager.replays
+    assert not eager.replays and eager.num_graph_ids_taken == 0
+    assert graphed.num_argmax_checks >= 5 and graphed.num_graph_ids_taken >= 5, vars(graphed)
     _assert_replays_match(graphed, "float32")
+
+
+def test_fp32_logprobs_batches_sample_from_graph_logits(checkpoints):
+    """Greedy with logprobs: not a plain argmax batch, so the sampler runs on the graph's logits
+    (the argmax checks still hold); tokens equal enforce_eager's, logprobs close."""
+    folder, _ = checkpoints["qwen3"]
+    graphed = _generate(folder, "float32", enforce_eager=False, logprobs=2)
+    eager = _generate(folder, "float32", enforce_eager=True, logprobs=2)
+    assert graphed.tokens == eager.tokens and graphed.num_graph_ids_taken == 0
+    assert graphed.num_argmax_checks >= 5
+    for tokens, got_seq, want_seq in zip(graphed.tokens, graphed.logprobs, eager.logprobs):
+        assert len(got_seq) == len(want_seq) == len(tokens)
+        for token_id, got, want in zip(tokens, got_seq, want_seq):  # the sampled token's entry
+            assert abs(got[token_id].logprob - want[token_id].logprob) < 1e-4, (token_id, got, want)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])

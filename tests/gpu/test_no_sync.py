@@ -6,9 +6,11 @@ torch.cuda.set_sync_debug_mode("error") raises on stream and device synchronisat
 copies and the ops built on them (.item(), .tolist(), .cpu(), nonzero(), boolean-mask indexing).
 It misses two things, checked here another way:
 - event waits (c10's CUDAEvent::synchronize has no check). The step loop waits on events by
-  design: get_output() for the copy of a step's sampled ids, _reclaim() for the staging copies of
-  two steps ago. Such a wait is free while the device has later work queued, so every wait is
-  classified: the awaited event must have been recorded at least one whole launched step earlier.
+  design: get_output() for a step's event (after its work and the copy of its sampled ids), which
+  _reclaim() also calls before a staging set is reused, two steps later (the engine has taken
+  that step's output by then). Such a wait is free while the device has later work queued, so
+  every wait is classified: the awaited event must have been recorded at least one whole launched
+  step earlier.
 - non_blocking copies between the device and pageable host memory (issued as cudaMemcpyAsync,
   which the driver runs synchronously with the host): the profiler names each copy's memory kinds.
 """
@@ -113,9 +115,9 @@ class StepMonitor:
                 self.num_mixed += max(num_tokens) > 1 and min(num_tokens) == 1
             return output
 
-        def counted_replay(size: int, block_table: torch.Tensor) -> torch.Tensor:
+        def counted_replay(size: int) -> torch.Tensor:
             self.num_replays += 1
-            return replay(size, block_table)
+            return replay(size)
 
         def stamped_record(event: torch.cuda.Event, stream=None) -> None:
             self._recorded_at[id(event)] = self.num_steps
@@ -158,7 +160,8 @@ def test_steady_state_steps_make_no_sync(folder, monkeypatch):
     assert monitor.num_window_steps >= 50, monitor.num_window_steps
     assert monitor.num_replays >= 20 and monitor.num_mixed >= 5, vars(monitor)
     assert num_tokens >= STEADY_STEPS, num_tokens  # several sequences sample every step
-    assert monitor.num_exposed == 0 and monitor.num_hidden >= STEADY_STEPS, vars(monitor)
+    # one wait per step taken: its event
+    assert monitor.num_exposed == 0 and monitor.num_hidden >= STEADY_STEPS - 2, vars(monitor)
     work.drain()
     assert work.received == work.max_tokens
     assert monitor.num_exposed >= 1  # the classifier sees one: the last step waits alone

@@ -157,3 +157,57 @@ def test_bad_input_raises_value_error_naming_the_parameter() -> None:
         state.remove_request(1)
     with pytest.raises(ValueError, match="max_num_reqs"):
         SamplingState(0, VOCAB_SIZE, "cpu", seed=0)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.8), SamplingParams(temperature=0.0, logprobs=0),
+    SamplingParams(temperature=0.0, repetition_penalty=1.2),
+    SamplingParams(temperature=0.0, logit_bias={3: 1.0}),
+    SamplingParams(temperature=0.0, allowed_token_ids=[1, 2]),
+    SamplingParams(temperature=0.0, bad_words_token_ids=[[4]]),
+], ids=["random", "logprobs", "penalty", "bias", "allowed", "bad_words"])
+def test_is_greedy_only_without_any_other_feature(params: SamplingParams) -> None:
+    state = SamplingState(3, VOCAB_SIZE, "cpu", seed=0)
+    state.add_request(0, SamplingParams(temperature=0.0, top_k=3, seed=1), [1], [])  # greedy
+    state.add_request(2, params, [1], [])
+    assert state.is_greedy(np.array([0])) and not state.is_greedy(np.array([0, 2]))
+    assert not state.is_greedy(np.array([2]))
+    with pytest.raises(ValueError, match="count_sampled"):
+        state.count_sampled(np.array([2, 0]))
+    with pytest.raises(ValueError, match="rows_np holds rows without"):
+        state.is_greedy(np.array([1]))
+
+
+def test_min_tokens_is_greedy_once_reached() -> None:
+    """Bans on EOS and stop ids apply while fewer than min_tokens were sampled, whether by
+    sample() or reported by count_sampled(); a row resumed with outputs counts those."""
+    state = SamplingState(3, VOCAB_SIZE, "cpu", seed=0)
+    params = SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[7])
+    state.add_request(0, params, [1], [])
+    state.add_request(1, params, [1], [5, 5, 5])  # resumed: at min_tokens already
+    state.add_request(2, SamplingParams(temperature=0.0, min_tokens=2), [1], [])  # nothing to ban
+    rows = np.array([0, 1, 2])
+    assert state.is_greedy(np.array([1, 2])) and not state.is_greedy(rows)
+    logits = torch.zeros(3, VOCAB_SIZE)
+    logits[:, 7] = 1.0  # the stop id leads
+    assert state.sample(logits.clone(), rows).sampled_token_ids.tolist() == [0, 7, 7]
+    assert not state.is_greedy(rows)
+    state.sample(logits.clone(), rows)  # the second token of row 0
+    assert not state.is_greedy(rows)
+    with pytest.raises(ValueError, match="count_sampled"):
+        state.count_sampled(rows)
+    state.sample(logits.clone(), rows)  # the third
+    assert state.is_greedy(rows)
+    state.count_sampled(rows)
+    assert state.sample(logits.clone(), rows).sampled_token_ids.tolist() == [7, 7, 7]
+
+
+def test_rows_checked_again_after_a_row_changes_owner() -> None:
+    state = SamplingState(2, VOCAB_SIZE, "cpu", seed=0)
+    state.add_request(0, SamplingParams(temperature=0.0), [1], [])
+    state.add_request(1, SamplingParams(temperature=0.0), [1], [])
+    rows = np.array([0, 1])
+    assert state.is_greedy(rows)
+    state.remove_request(1)
+    with pytest.raises(ValueError, match="rows_np holds rows without"):
+        state.sample(torch.randn(2, VOCAB_SIZE), rows)  # the same array, checked again

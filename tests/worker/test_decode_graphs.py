@@ -1,6 +1,8 @@
 """The pure-decode CUDA-graph path without CUDA: capture sizes, when graphs are on, and what a graph
-replays (the batch padded in the static buffers, fixed host ints, the fixed-width block table),
-run eagerly through the Triton kernels in the interpreter; greedy tokens must equal transformers'.
+replays (the input-id gather, the batch padded in the static buffers, fixed host ints, the
+fixed-width block table, the small graphs' logits, argmax and write into last_sampled), run
+eagerly through the Triton kernels in the interpreter; greedy tokens must equal transformers';
+a greedy batch takes the graph's ids, any other is sampled as without graphs.
 Capture and replay themselves need CUDA: tests/gpu/test_cuda_graphs.py."""
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import torch
 from worker_helpers import (VOCAB, MiniScheduler, Req, hf_greedy, make_config, make_runner,
                             run_requests, save_tiny_llama)
 
+from pagedlm.sampling_params import SamplingParams
 from pagedlm.worker.cuda_graphs import MAX_LOGITS_ROWS, DecodeGraphs, capture_sizes, graphs_enabled
 
 
@@ -55,31 +58,55 @@ def test_graphs_only_on_cuda_with_triton_unless_eager(tiny):
     assert not graphs_enabled(dataclasses.replace(cuda, attention_backend="torch"))
 
 
-# max_model_len 64: the varlen kernel; 512: split decode (the captured max_seq_len is
-# max_model_len, so 2 splits, the second empty for these short sequences)
-@pytest.mark.parametrize("max_model_len, async_mode", [(64, False), (512, True)])
-def test_padded_decode_greedy_equals_transformers(tiny, max_model_len, async_mode):
-    folder, hf_model = tiny
-    runner = make_runner(make_config(folder, max_num_seqs=8, max_num_batched_tokens=16,
+def _graphed_runner(folder, max_num_seqs: int = 8, max_model_len: int = 64):
+    """A Triton-backend runner (interpreter) whose decode steps replay EagerGraphs."""
+    runner = make_runner(make_config(folder, max_num_seqs=max_num_seqs, max_num_batched_tokens=16,
                                      max_model_len=max_model_len, attention_backend="triton"))
     graphs = EagerGraphs(runner.config, runner.model, runner.kv_caches, runner._inputs,
                          runner.input_batch.max_num_blocks_per_req)
     graphs.capture()
     graphs._output.fill_(float("nan"))
+    runner.graphs = graphs
+    return runner, graphs
+
+
+# max_model_len 64: the varlen kernel; 512: split decode (the captured max_seq_len is
+# max_model_len, so 2 splits, the second empty for these short sequences)
+@pytest.mark.parametrize("max_model_len, async_mode", [(64, False), (512, True)])
+def test_padded_decode_greedy_equals_transformers(tiny, max_model_len, async_mode):
+    folder, hf_model = tiny
+    runner, graphs = _graphed_runner(folder, max_model_len=max_model_len)
     assert graphs.sizes == [1, 2, 4, 8] and graphs.padded_size(5) == 8
     assert graphs.padded_size(9) is None
     replays: list[tuple[int, int]] = []  # (sequences in the batch, replayed size)
-    replay = graphs.replay
+    replay, prepare = graphs.replay, runner.input_batch.prepare
+    num_seqs = 0
 
-    def counted_replay(size: int, block_table: torch.Tensor) -> torch.Tensor:
-        replays.append((block_table.shape[0], size))
-        seq_lens = runner._inputs.seq_lens[:size]  # padding rows: 0
-        expected = torch.argsort(-seq_lens.long(), stable=True)  # longest first, padding last
-        assert runner._inputs.decode_order[:size].tolist() == expected.tolist()
-        return replay(size, block_table)
+    def recorded_prepare(sched, buf):
+        nonlocal num_seqs
+        num_seqs = len(sched.num_scheduled_tokens)
+        return prepare(sched, buf)
 
-    graphs.replay = counted_replay
-    runner.graphs = graphs
+    def counted_replay(size: int) -> torch.Tensor:
+        replays.append((num_seqs, size))
+        inputs = runner._inputs.sections(size, size).tensors
+        expected = torch.argsort(-inputs["seq_lens"].long(), stable=True)  # padding rows: 0, last
+        assert inputs["decode_order"].tolist() == expected.tolist()
+        key = runner.input_batch._previous  # the step's rows and table width
+        table = runner.input_batch.block_table_np[key.rows_np, :key.num_block_cols]
+        assert graphs.block_table[:num_seqs, :key.num_block_cols].tolist() == table.tolist()
+        return replay(size)
+
+    num_loads = 0
+    load_block_table = graphs.load_block_table
+
+    def counted_load(block_table: torch.Tensor, version: int) -> None:
+        nonlocal num_loads
+        num_loads += 1
+        load_block_table(block_table, version)
+
+    runner.input_batch.prepare, graphs.replay = recorded_prepare, counted_replay
+    graphs.load_block_table = counted_load
     # r0 lives longest: its first block (slot 0) is read by every step that pads
     specs = [(11, 9), (3, 4), (6, 6), (17, 5), (1, 8), (9, 7), (5, 3)]  # (prompt len, max tokens)
     sched = MiniScheduler(block_size=8, max_num_seqs=8, token_budget=16)
@@ -90,29 +117,111 @@ def test_padded_decode_greedy_equals_transformers(tiny, max_model_len, async_mod
         assert done[f"r{i}"] == hf_greedy(hf_model, max_tokens, _prompt(num_prompt, i)), i
     assert len(replays) >= 5 and any(num_seqs < size for num_seqs, size in replays)
     assert all(size == graphs.padded_size(num_seqs) for num_seqs, size in replays)
+    assert 0 < num_loads <= len(replays)
 
 
-def test_small_graphs_compute_the_logits(tiny):
-    """Graphs of up to MAX_LOGITS_ROWS rows also hold the LM head (the runner samples from their
-    logits); larger ones leave it to the runner."""
+def test_small_graphs_compute_logits_and_argmax(tiny):
+    """Graphs of up to MAX_LOGITS_ROWS rows also hold the LM head and its argmax, which they
+    write into last_sampled at sample_rows (padding rows at scratch entries past the real rows);
+    larger ones leave all that to the runner. Inputs: one-token sequences, sequence i in block i,
+    input ids gathered from last_sampled (even rows) or copied (odd rows)."""
     runner = make_runner(make_config(tiny[0], max_num_seqs=16, max_num_batched_tokens=16, attention_backend="triton"))
     graphs = EagerGraphs(runner.config, runner.model, runner.kv_caches, runner._inputs,
                          runner.input_batch.max_num_blocks_per_req)
     graphs.capture()
     assert graphs.sizes == [1, 2, 4, 8, 16] and MAX_LOGITS_ROWS == 8
-    inputs, block_size = runner._inputs, runner.config.cache.block_size
-    for size in graphs.sizes:  # size one-token sequences, sequence i in block i (no padding row)
-        rows = torch.arange(size, dtype=torch.int32)
-        inputs.input_ids[:size] = rows + 3
-        inputs.positions[:size] = 0
-        inputs.slot_mapping[:size] = rows * block_size
-        inputs.query_start_loc[:size + 1] = torch.arange(size + 1, dtype=torch.int32)
-        inputs.seq_lens[:size] = 1
-        inputs.decode_order[:size] = rows
-        hidden = graphs.replay(size, rows[:, None])
-        logits = graphs.logits(size)
+    block_size, num_head_ids = runner.config.cache.block_size, runner._inputs.num_head_ids
+    last_sampled = runner._last_sampled
+    for size in graphs.sizes:
+        inputs = runner._inputs.sections(size, size).tensors
+        rows = torch.arange(size)
+        last_sampled.fill_(-1)
+        last_sampled[rows] = rows + 5
+        inputs["input_ids"][:] = rows + 3
+        inputs["input_src"][:] = torch.where(rows % 2 == 0, rows, num_head_ids + rows)
+        inputs["positions"][:] = 0
+        inputs["slot_mapping"][:] = rows * block_size
+        inputs["query_start_loc"][:] = torch.arange(size + 1, dtype=torch.int32)
+        inputs["seq_lens"][:] = 1
+        inputs["decode_order"][:] = rows
+        inputs["sample_rows"][:] = size - 1 - rows  # reversed: each row samples for another
+        graphs.load_block_table(rows[:, None].int(), version=size)
+        hidden = graphs.replay(size)
+        assert graphs.input_ids[:size].tolist() == torch.where(rows % 2 == 0, rows + 5, rows + 3).tolist()
+        logits, argmax = graphs.logits(size), graphs.argmax(size)
         if size > MAX_LOGITS_ROWS:
-            assert logits is None
+            assert logits is None and argmax is None
+            assert (last_sampled[size:] == -1).all()
             continue
         assert logits.shape == (size, VOCAB) and logits.dtype == torch.float32 and torch.isfinite(logits).all()
         torch.testing.assert_close(logits, runner.model.compute_logits(hidden), rtol=0, atol=0)
+        assert argmax.dtype == torch.int64 and argmax.equal(logits.argmax(dim=-1))
+        assert last_sampled[:size].equal(argmax.flip(0)) and (last_sampled[size:] == -1).all()
+
+
+def _run_and_spy(runner, specs, async_mode: bool) -> tuple[dict[str, list[int]], dict[str, int]]:
+    """Runs the requests; counts steps that took a graph's ids (count_sampled) and that ran the
+    sampler."""
+    calls = {"count_sampled": 0, "sample": 0}
+    for name in calls:
+        method = getattr(runner.sampler, name)
+
+        def spy(*args, _method=method, _name=name):
+            calls[_name] += 1
+            return _method(*args)
+
+        setattr(runner.sampler, name, spy)
+    sched = MiniScheduler(block_size=8, max_num_seqs=runner.max_num_reqs, token_budget=16)
+    for i, (num_prompt, max_tokens, params) in enumerate(specs):
+        sched.add(Req(f"r{i}", _prompt(num_prompt, 20 + i), max_tokens, params))
+    return run_requests(runner, sched, async_mode), calls
+
+
+GREEDY = SamplingParams(temperature=0.0)
+SEEDED = SamplingParams(temperature=0.9, top_k=20, seed=11)
+
+
+@pytest.mark.parametrize("async_mode", [False, True])
+def test_greedy_batches_take_the_graph_ids(tiny, async_mode):
+    """Every decode step of a greedy batch takes the graph's argmax (no sampler launch); the
+    tokens equal transformers'."""
+    folder, hf_model = tiny
+    runner, graphs = _graphed_runner(folder, max_num_seqs=4)
+    num_calls = {"replay": 0, "load_block_table": 0}
+    for name in num_calls:
+        method = getattr(graphs, name)
+
+        def counted(*args, _method=method, _name=name):
+            num_calls[_name] += 1
+            return _method(*args)
+
+        setattr(graphs, name, counted)
+    specs = [(7, 12, GREEDY), (3, 6, GREEDY), (12, 4, GREEDY)]
+    done, calls = _run_and_spy(runner, specs, async_mode)
+    for i, (num_prompt, max_tokens, _) in enumerate(specs):
+        assert done[f"r{i}"] == hf_greedy(hf_model, max_tokens, _prompt(num_prompt, 20 + i)), i
+    assert calls["count_sampled"] >= 8 and calls["sample"] <= 3, calls  # the prefill steps
+    # steady steps replay the block table loaded before: a load per change of rows or blocks
+    assert num_calls["replay"] >= 8 and num_calls["load_block_table"] <= num_calls["replay"] - 3, num_calls
+
+
+@pytest.mark.parametrize("specs, takes_graph_ids", [
+    ([(7, 8, GREEDY), (3, 8, SEEDED)], False),  # a greedy row beside a random one
+    ([(7, 8, SamplingParams(temperature=0.0, logprobs=2)), (5, 6, GREEDY)], False),
+    ([(6, 8, SamplingParams(temperature=0.0, repetition_penalty=1.3)), (4, 8, GREEDY)], False),
+    # min_tokens bans EOS and stop ids only while below: then the batch is greedy
+    ([(4, 8, SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[1, 2])),
+      (6, 8, GREEDY)], True),
+], ids=["mixed", "logprobs", "penalties", "min_tokens"])
+def test_other_batches_are_sampled_as_without_graphs(tiny, specs, takes_graph_ids):
+    """A batch that needs more than the argmax runs the sampler on the graph's logits: its tokens
+    equal the same runner's without graphs."""
+    folder, _ = tiny
+    graphed, _ = _graphed_runner(folder, max_num_seqs=4)
+    eager = make_runner(make_config(folder, max_num_seqs=4, max_num_batched_tokens=16,
+                                    attention_backend="triton"))
+    done, calls = _run_and_spy(graphed, specs, async_mode=True)
+    expected, _ = _run_and_spy(eager, specs, async_mode=True)
+    assert done == expected
+    assert calls["sample"] >= 3, calls
+    assert (calls["count_sampled"] > 0) == takes_graph_ids, calls

@@ -1,4 +1,4 @@
-"""The runner on CUDA: pinned staging, the side copy stream and events; greedy tokens equal
+"""The runner on CUDA: pinned staging, the step events; greedy tokens equal
 transformers' in sync and async mode; steady-state steps make no host-device sync; the KV-cache
 size comes from a profile run."""
 from __future__ import annotations
@@ -21,7 +21,7 @@ def test_greedy_equals_transformers_on_cuda(tiny, async_mode):
     folder, hf_model = tiny
     runner = make_runner(make_config(folder, max_num_batched_tokens=12, device="cuda",
                                      attention_backend="auto"))
-    assert runner._staging[0].input_ids.is_pinned() and runner._sampled_cpu[0].is_pinned()
+    assert runner._staging[0].flat.is_pinned() and runner._sampled_cpu[0].is_pinned()
     sched = MiniScheduler(block_size=8, max_num_seqs=4, token_budget=12)
     specs = {"a": (5, 6), "b": (19, 4), "c": (9, 7)}
     for i, (req_id, (num_prompt, max_tokens)) in enumerate(specs.items()):
