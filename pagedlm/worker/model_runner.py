@@ -23,10 +23,10 @@ logits, above MAX_LOGITS_ROWS rows from the LM head run eagerly on the graph's h
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
-import numpy as np
 import torch
 
 from pagedlm.attention.backend import AttentionMetadata, get_attention_backend
@@ -37,12 +37,12 @@ from pagedlm.model.loader import load_model
 from pagedlm.ops.jit_watch import compile_watch
 from pagedlm.sample.sampler import SamplerOutput
 from pagedlm.sample.state import SamplingState
-from pagedlm.sampling_params import MAX_LOGPROBS, SamplingParams
 from pagedlm.worker import memory
 from pagedlm.worker.cuda_graphs import DecodeGraphs, capture_sizes, graphs_enabled
 from pagedlm.worker.batch_layout import BatchLayout
-from pagedlm.worker.input_batch import InputBatch, cdiv
+from pagedlm.worker.input_batch import InputBatch
 from pagedlm.worker.kernel_warmup import warm_up_kernels
+from pagedlm.worker.profile_run import profile_run
 from pagedlm.worker.prompt_logprobs import compute_prompt_logprobs
 from pagedlm.worker.runner_output import AsyncRunnerOutput
 from pagedlm.worker.step_buffers import PrefixViews, Sections, StepBuffers
@@ -119,8 +119,8 @@ class ModelRunner:
 
     def determine_num_blocks(self) -> int:
         profile_graphs = self._profile_graphs if self.use_cuda_graphs else None
-        return memory.determine_num_blocks(self.config, self._profile_run, self.weights_bytes,
-                                           profile_graphs)
+        return memory.determine_num_blocks(self.config, functools.partial(profile_run, self),
+                                           self.weights_bytes, profile_graphs)
 
     def init_kv_cache(self, num_blocks: int) -> None:
         """Allocates the KV cache, then captures the CUDA graphs, which bind its address."""
@@ -185,22 +185,33 @@ class ModelRunner:
         self._reclaim(slot)
         staging = self._staging[slot]
         layout = self.input_batch.prepare(sched, staging)
-        graph_size = self._graph_size(layout)
+        padded_size = self._padded_decode_size(layout)
+        graph_size = 0 if layout.embeds_spans else padded_size
         staged = staging.sections(layout.bucket_tokens, layout.bucket_seqs)
         copies_seq_sections = not layout.reuse_seq_sections
-        if graph_size:
+        if padded_size:
             staging.pad_decode(staged, layout.num_seqs, layout.num_samples, copies_seq_sections)
         num_table_elems = layout.num_table_elems_to_copy
         self._inputs.copy_from(staging, staged.copy_end(copies_seq_sections, num_table_elems))
         self._table_version += num_table_elems > 0
         inputs = self._inputs.sections(layout.bucket_tokens, layout.bucket_seqs)
+        try:
+            output = self._launch(slot, sched.step_id, inputs, staged, layout, graph_size)
+        except BaseException:
+            if self.use_cuda:  # no event will guard this staging set's copy: wait for it here
+                torch.cuda.current_stream(self._device_index).synchronize()  # sync-ok: a failed step
+            raise
+        self._in_flight[slot] = output
+        return output
+
+    def _launch(self, slot: int, step_id: int, inputs: Sections, staged: Sections, layout: BatchLayout,
+                graph_size: int) -> AsyncRunnerOutput:
+        """The step's forward, sampling and output copies, queued after its input copy."""
         hidden = self._forward(inputs, staged, layout, graph_size)
         sample = self._sample(hidden, inputs, layout, graph_size)
         prompt_logprobs = None if layout.prompt_logprobs is None else compute_prompt_logprobs(
             layout.prompt_logprobs, hidden, self.model.compute_logits)
-        output = self._launch_output(slot, layout, sample, prompt_logprobs, sched.step_id)
-        self._in_flight[slot] = output
-        return output
+        return self._launch_output(slot, layout, sample, prompt_logprobs, step_id)
 
     def _update_states(self, sched: SchedulerOutput) -> None:
         for req_id in sched.finished_req_ids:
@@ -245,11 +256,13 @@ class ModelRunner:
             previous.get_output()
             self._in_flight[slot] = None
 
-    def _graph_size(self, layout: BatchLayout) -> int:
-        """The CUDA graph to replay for this step, 0 to run eagerly: graphs cover pure-decode
-        batches (one token per sequence, no prompt_embeds) up to the largest capture size: the
-        layout's sequence capacity then is the padded size (StepBuffers buckets by the sizes)."""
-        if self.graphs is None or layout.num_tokens != layout.num_seqs or layout.embeds_spans:
+    def _padded_decode_size(self, layout: BatchLayout) -> int:
+        """The graph size of a decode-shaped step (one token per sequence) up to the largest capture
+        size: the layout's sequence capacity (StepBuffers buckets by the sizes); else 0. Such a step
+        replays that graph unless it brings prompt_embeds (then it runs eagerly), and its rows past
+        num_seqs are padded either way: a later step may replay a graph over its sequence
+        sections (BatchLayout.reuse_seq_sections)."""
+        if self.graphs is None or layout.num_tokens != layout.num_seqs:
             return 0
         return layout.bucket_seqs if layout.bucket_seqs <= self.graphs.max_size else 0
 
@@ -363,37 +376,6 @@ class ModelRunner:
         """The stream the step's work goes to (CUDA only)."""
         return torch.cuda.current_stream(self._device_index)
 
-    def _profile_run(self) -> int:
-        """One step of the largest batch (max_num_batched_tokens tokens over up to max_num_seqs
-        sampling requests, with top-k/top-p and logprobs) on a KV cache of its own; returns that
-        cache's bytes."""
-        max_model_len = self.config.model.max_model_len
-        num_tokens = min(self.max_num_tokens, self.max_num_reqs * max_model_len)
-        num_seqs = min(self.max_num_reqs, num_tokens)
-        seq_lens = np.full(num_seqs, num_tokens // num_seqs)
-        seq_lens[:num_tokens % num_seqs] += 1
-        first_blocks = np.concatenate([[0], np.cumsum(cdiv(seq_lens, self.block_size))])
-        cache = self._new_kv_cache(int(first_blocks[-1]))
-        saved = self.kv_caches, self.input_batch.num_kv_blocks, self.graphs
-        self.kv_caches, self.graphs = [cache] * self.config.model.num_layers, None  # eager
-        self.input_batch.num_kv_blocks = int(first_blocks[-1])
-        # a fixed seed: the sampler draws no seed from its generator for these requests
-        params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, logprobs=MAX_LOGPROBS, seed=0)
-        req_ids = [f"_profile_{i}" for i in range(num_seqs)]
-        new_reqs = [NewRequestData(req_id=req_id, prompt_token_ids=[0] * int(seq_len),
-                                   output_token_ids=[], sampling_params=params,
-                                   block_ids=list(range(first_blocks[i], first_blocks[i + 1])),
-                                   num_computed_tokens=0)
-                    for i, (req_id, seq_len) in enumerate(zip(req_ids, seq_lens.tolist()))]  # sync-ok: numpy
-        sched = SchedulerOutput(new_reqs=new_reqs, cached_reqs=[],
-                                num_scheduled_tokens=dict(zip(req_ids, seq_lens.tolist())),  # sync-ok: numpy
-                                total_num_scheduled_tokens=num_tokens, sampling_req_ids=set(req_ids))
-        self.execute_model(sched).get_output()
-        self.execute_model(SchedulerOutput(new_reqs=[], cached_reqs=[], num_scheduled_tokens={},
-                                           total_num_scheduled_tokens=0,
-                                           finished_req_ids=set(req_ids)))
-        self.kv_caches, self.input_batch.num_kv_blocks, self.graphs = saved
-        return cache.numel() * cache.element_size()
 
 
 def _log_start_up_compiles(first_event: int) -> None:

@@ -19,20 +19,23 @@ another variant while serving; tests/worker/test_kernel_warmup.py caught that on
 - head: on the device set, the token each row sampled last (ModelRunner's last_sampled), then
   scratch entries that the padding rows of a CUDA graph write theirs to; on host sets unused.
   Never copied.
-- A, what every step writes: input_ids [T] (the tokens the host knows), positions [T],
-  slot_mapping [T], seq_lens [S]. input_ids follows the head directly, so head + input_ids is one
-  table (`ids_table`) from which `input_src` gathers each input token: the last sampled token of
-  a row (a placeholder: still on the device) or a token the host copied.
+- A, what every step writes: input_ids [T] (the tokens the host knows; none when every input
+  token is a placeholder), positions [T], slot_mapping [T], seq_lens [S]. input_ids follows the
+  head directly, so head + input_ids is one table (`ids_table`) from which `input_src` gathers each
+  input token: the last sampled token of a row (a placeholder: still on the device) or a token the
+  host copied.
 - B, the sequence sections, which a steady decode shares with the step before: query_start_loc
   [S + 1], decode_order [S], logits_indices [S], sample_rows [S], input_src [T].
 - C, the block table: [num_seqs, num_cols] compact (capacity S x max_num_blocks_per_req).
 
 T and S are the step's token and sequence counts rounded up to a bucket size (the CUDA-graph
-capture sizes; exact above the largest), so the sections of a decode step of n sequences lie
+capture sizes; multiples of LARGE_BUCKET above the largest), so the sections of a decode step of n sequences lie
 exactly where the graph of padded size bucket(n) reads them. The offsets of A, B and C depend on
-(T, S) only. A step copies the byte range from the end of the head to the end of A, of B or of C:
-a section is never copied unless the staging set holds it, so a step that copies the block table
-writes B as well.
+(T, S) only. A step copies the byte range from the end of the head to the end of A, of B or of C
+(so a step that copies the block table copies B as well, which it then writes). Bytes the step did
+not write go over too (e.g. the input_ids of an all-placeholder step): nothing reads them. Rows past
+the real ones of a decode-shaped step's sequence sections are padded (pad_decode) even when the
+step runs eagerly, since a later step of the same rows may replay a graph over them unchanged.
 """
 from __future__ import annotations
 
@@ -44,7 +47,8 @@ import numpy as np
 import torch
 
 _NUMPY = {torch.int32: np.int32, torch.int64: np.int64}
-MAX_CACHED_LAYOUTS = 128  # Sections (and copy ranges) kept per set; the cache restarts past this
+MAX_CACHED_LAYOUTS = 256  # Sections (and copy ranges) kept per set; the oldest goes past this
+LARGE_BUCKET = 256  # counts above the largest bucket size round up to a multiple of this
 _LAST_OF_A, _LAST_OF_B = "seq_lens", "input_src"
 
 
@@ -103,10 +107,8 @@ class Sections:
     `tensors` (full capacity), `arrays` (numpy views, host sets), `prefix(name, *shape)`."""
 
     def __init__(self, flat: torch.Tensor, flat_np: np.ndarray | None,
-                 offsets: dict[str, tuple[int, int, torch.dtype]], num_tokens: int,
-                 num_seqs: int) -> None:
-        self.num_tokens = num_tokens  # T: capacity of the token sections
-        self.num_seqs = num_seqs  # S
+                 offsets: dict[str, tuple[int, int, torch.dtype]], num_seqs: int) -> None:
+        self.num_seqs = num_seqs  # S: capacity of the sequence sections
         self.tensors: dict[str, torch.Tensor] = {}
         self.arrays: dict[str, np.ndarray] = {}
         for name, (start, end, dtype) in offsets.items():
@@ -151,21 +153,22 @@ class StepBuffers:
                                    dtype=np.int64)  # [largest T or S]
 
     def bucket(self, n: int) -> int:
-        """The smallest bucket size >= n; n itself above the largest."""
+        """The smallest bucket size >= n; above the largest, n rounded up to a multiple of
+        LARGE_BUCKET (few layouts: each new one costs ~0.1 ms of host per set to lay out)."""
         sizes = self._bucket_sizes
         index = bisect.bisect_left(sizes, n)
-        return sizes[index] if index < len(sizes) else n
+        return sizes[index] if index < len(sizes) else -(-n // LARGE_BUCKET) * LARGE_BUCKET
 
     def sections(self, num_tokens: int, num_seqs: int) -> Sections:
         """The layout for a step of these (already bucketed) counts."""
         key = (num_tokens, num_seqs)
         sections = self._sections.get(key)
         if sections is None:
-            if len(self._sections) >= MAX_CACHED_LAYOUTS:
-                self._sections.clear()
+            if len(self._sections) >= MAX_CACHED_LAYOUTS:  # the oldest layout goes
+                del self._sections[next(iter(self._sections))]
             offsets = _offsets(self.num_head_ids, num_tokens, num_seqs,
                                self._max_num_blocks_per_req)
-            sections = Sections(self.flat, self._flat_np, offsets, num_tokens, num_seqs)
+            sections = Sections(self.flat, self._flat_np, offsets, num_seqs)
             self._sections[key] = sections
         return sections
 
@@ -177,7 +180,7 @@ class StepBuffers:
         view = self._ranges.get(end)
         if view is None:
             if len(self._ranges) >= MAX_CACHED_LAYOUTS:
-                self._ranges.clear()
+                del self._ranges[next(iter(self._ranges))]
             view = self._ranges[end] = self.flat[self.num_head_ids * 8:end]
         return view
 

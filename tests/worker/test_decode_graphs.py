@@ -225,3 +225,42 @@ def test_other_batches_are_sampled_as_without_graphs(tiny, specs, takes_graph_id
     assert done == expected
     assert calls["sample"] >= 3, calls
     assert (calls["count_sampled"] > 0) == takes_graph_ids, calls
+
+
+@pytest.mark.parametrize("first_block", [0, 5])
+def test_replay_after_an_eager_decode_step_sees_padding(tiny, first_block):
+    """Sync mode: r2 (prompt_embeds, a one-token prompt) joins two decodes: a decode-shaped step that
+    runs eagerly (embeds); the next step reuses its sequence sections and replays the graph of 4 for 3
+    sequences, so the eager step must have padded them too. Unpadded, the stale input_src, sample_rows,
+    decode_order and query_start_loc showed at the replay (first_block 5: input_src out of the ids
+    table, an IndexError here, a device-side assert on CUDA; found by a review)."""
+    folder, hf_model = tiny
+    runner, graphs = _graphed_runner(folder, max_num_seqs=4)
+    replay, num_head_ids = graphs.replay, runner._inputs.num_head_ids
+    checked = []
+
+    def checked_replay(size):
+        num_seqs = len(runner.input_batch._previous.req_ids)
+        inputs = runner._inputs.sections(size, size).tensors
+        pad = range(num_seqs, size)
+        assert inputs["input_src"][num_seqs:].tolist() == [num_head_ids + i for i in pad]
+        assert inputs["sample_rows"][num_seqs:].tolist() == [runner.max_num_reqs + i for i in pad]
+        assert inputs["decode_order"][num_seqs:].tolist() == list(pad)
+        assert inputs["query_start_loc"][num_seqs + 1:].tolist() == [num_seqs] * len(pad)
+        checked.append((num_seqs, size))
+        return replay(size)
+
+    graphs.replay = checked_replay
+    sched = MiniScheduler(block_size=8, max_num_seqs=4, token_budget=16)
+    sched._next_block = first_block  # blocks below it are taken: a stale index lands out of range
+    sched.add(Req("r0", _prompt(10, 1), 6))
+    sched.add(Req("r1", _prompt(5, 2), 6))
+    embeds = torch.randn(1, 64, generator=torch.Generator().manual_seed(3))
+    for step in range(12):
+        if step == 2:
+            sched.add(Req("r2", [0], 4, prompt_embeds=embeds))
+        if not sched.has_work():
+            break
+        sched.update(runner.execute_model(sched.schedule()).get_output())
+    assert (3, 4) in checked
+    assert sched.done["r2"] == hf_greedy(hf_model, 4, prompt_embeds=embeds)

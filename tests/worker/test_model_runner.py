@@ -8,6 +8,7 @@ from worker_helpers import (HEAD_DIM, HIDDEN, NUM_KV_HEADS, MiniScheduler, Req, 
                             make_config, make_runner, random_prompt, run_requests)
 
 from pagedlm.sampling_params import SamplingParams
+from pagedlm.worker.profile_run import profile_run
 
 
 def _spy_placeholders(runner) -> list[int]:
@@ -114,7 +115,7 @@ def test_profile_run_leaves_no_trace(tiny):
     folder, hf_model = tiny
     runner = make_runner(make_config(folder, max_num_seqs=3, max_num_batched_tokens=16))
     kv_caches = runner.kv_caches
-    profile_bytes = runner._profile_run()
+    profile_bytes = profile_run(runner)
     assert runner.kv_caches is kv_caches and runner.input_batch.num_kv_blocks == 64
     # 16 tokens over 3 sequences (6, 5, 5): one block of 8 slots each, K and V, fp32
     assert profile_bytes == 3 * 8 * 2 * NUM_KV_HEADS * HEAD_DIM * 4

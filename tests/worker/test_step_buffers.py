@@ -28,7 +28,7 @@ def test_an_odd_head_is_padded_so_input_ids_start_16_byte_aligned():
 
 def test_sections_are_aligned_disjoint_and_bucketed():
     buf = _buffers()
-    assert [buf.bucket(n) for n in (1, 3, 5, 6, 7, 32)] == [1, 4, 6, 6, 7, 32]
+    assert [buf.bucket(n) for n in (1, 3, 5, 6, 7, 32, 300)] == [1, 4, 6, 6, 256, 256, 512]
     for num_tokens, num_seqs in [(4, 4), (7, 2), (32, 6)]:
         sections = buf.sections(num_tokens, num_seqs)
         assert buf.sections(num_tokens, num_seqs) is sections  # cached
