@@ -29,8 +29,8 @@ another variant while serving; tests/worker/test_kernel_warmup.py caught that on
 - C, the block table: [num_seqs, num_cols] compact (capacity S x max_num_blocks_per_req).
 
 T and S are the step's token and sequence counts rounded up to a bucket size (the CUDA-graph
-capture sizes; multiples of LARGE_BUCKET above the largest), so the sections of a decode step of n sequences lie
-exactly where the graph of padded size bucket(n) reads them. The offsets of A, B and C depend on
+capture sizes; multiples of LARGE_BUCKET above the largest), so the sections of a decode step of
+n sequences lie exactly where the graph of padded size bucket(n) reads them. The offsets of A, B and C depend on
 (T, S) only. A step copies the byte range from the end of the head to the end of A, of B or of C
 (so a step that copies the block table copies B as well, which it then writes). Bytes the step did
 not write go over too (e.g. the input_ids of an all-placeholder step): nothing reads them. Rows past
@@ -50,9 +50,7 @@ _NUMPY = {torch.int32: np.int32, torch.int64: np.int64}
 MAX_CACHED_LAYOUTS = 256  # Sections (and copy ranges) kept per set; the oldest goes past this
 LARGE_BUCKET = 256  # counts above the largest bucket size round up to a multiple of this
 _LAST_OF_A, _LAST_OF_B = "seq_lens", "input_src"
-
-
-SECTION_ALIGN = 16  # bytes
+SECTION_ALIGN = 16  # bytes: the head's end and every section (module notes)
 
 
 def _align(num_bytes: int) -> int:
@@ -144,8 +142,8 @@ class StepBuffers:
                            max_num_blocks_per_req)
         self.flat = torch.zeros(largest["block_table"][1], dtype=torch.uint8, device=device,
                                 pin_memory=pin)
-        # sync-ok: a host tensor, at start-up
-        self._flat_np = self.flat.numpy() if self.flat.device.type == "cpu" else None
+        on_host = self.flat.device.type == "cpu"
+        self._flat_np = self.flat.numpy() if on_host else None  # sync-ok: a host tensor, at start-up
         self.head = self.flat[:num_head_ids * 8].view(torch.int64)  # [num_head_ids]
         self._sections: dict[tuple[int, int], Sections] = {}
         self._ranges: dict[int, torch.Tensor] = {}  # end -> bytes [end of the head, end)
