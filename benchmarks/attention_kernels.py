@@ -13,8 +13,8 @@ Cases (bf16, block size 16, head_dim 128, KV blocks shuffled in the pool):
 Each config's output is compared with SDPA's (max abs error printed; a broken config shows).
 Causal attention FLOPs = 4 * head_dim * heads * sum over queries of visible keys.
 
---decode sweeps the decode settings (keys per tile x warps x stages [x heads fastest, 0 or 1: the
-grid order]: triton_paged's DECODE_* for the varlen kernel, split count 1; triton_decode's SPLIT_* for the split kernel, split counts > 1)
+--decode sweeps the decode settings (keys per tile x warps x stages: triton_paged's DECODE_* for the
+varlen kernel, split count 1; triton_decode's SPLIT_* for the split kernel, split counts > 1)
 on decode-only batches, reported as KV-cache GB/s:
   decode-t1        256 sequences x 800 keys, qwen3-0.6b heads (T1's decode steps)
   decode-t2        400 x 1500, llama3-8b heads (T2's)
@@ -52,8 +52,7 @@ DECODE_CASES = {  # name: (num_seqs, context tokens, num_heads, num_kv_heads, sp
 }
 HEAD_DIM, BLOCK_SIZE = 128, 16
 PREFILL_SETTINGS = ("PREFILL_BLOCK_M", "PREFILL_NUM_WARPS", "PREFILL_NUM_STAGES", "PREFILL_BLOCK_N")
-# the varlen kernel's; a config's 4th field (0 when left out) is DECODE_HEADS_FASTEST, the grid order
-DECODE_SETTINGS = ("DECODE_BLOCK_N", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES", "DECODE_HEADS_FASTEST")
+DECODE_SETTINGS = ("DECODE_BLOCK_N", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES")  # the varlen kernel's
 SPLIT_SETTINGS = ("SPLIT_BLOCK_N", "SPLIT_NUM_WARPS", "SPLIT_NUM_STAGES")  # triton_decode's split kernel
 
 
@@ -168,7 +167,6 @@ def run_decode_case(name: str, spread: int = 1, configs: list[tuple[int, ...]] =
     defaults = {1: current_settings(DECODE_SETTINGS), "split": current_settings(SPLIT_SETTINGS, triton_decode)}
     rows = []
     for config in configs:
-        config = (*config, 0, 0, 0)[:len(DECODE_SETTINGS)]  # grid order: sequences fastest unless given
         for splits in split_counts:
             out = torch.full_like(q, float("nan"))
             if splits == 1:
@@ -178,7 +176,7 @@ def run_decode_case(name: str, spread: int = 1, configs: list[tuple[int, ...]] =
                 call = lambda: triton_decode.split_decode_attention(  # noqa: E731
                     q, kv_cache, meta, HEAD_DIM ** -0.5, None, splits, out=out)
                 settings = kernel_settings(SPLIT_SETTINGS, config, triton_decode)
-            label = "N{} w{} s{} h{:d} split{}".format(*config, splits)
+            label = "N{} w{} s{} split{}".format(*config, splits)
             with settings:
                 try:
                     call()

@@ -20,18 +20,16 @@ programs in launch order, a few at a time, and a ragged batch ends when its last
 of the sequences by decreasing seq_len), program i serves sequence decode_order[i]: longest first
 (LPT scheduling), the short ones fill the gaps at the end. The result does not depend on the order.
 
-Decode grid order (DECODE_HEADS_FASTEST, off by default until measured): the grid is (sequences,
-KV heads) and CUDA starts programs x-fastest, so a decode batch runs head by head: each running
-program reads one head's 256-byte rows of its blocks, and LPT order holds only within a head's
-pass. With the switch the grid is (KV heads, sequences): a sequence's heads run together (its
-blocks read whole, 2 KB a slot) and LPT order holds over the whole launch. PAGEDLM_DECODE_HEADS_FASTEST=1
-turns it on for A/B runs (benchmarks/attention_kernels.py --decode takes it as a 4th config field).
+Decode grid order: a decode batch's grid is (KV heads, sequences), and CUDA starts programs
+x-fastest, so a sequence's heads run together (its blocks read whole, 2 KB a slot) and LPT order holds
+over the whole launch. With (sequences, KV heads), as prefill tiles keep (neighbouring tiles of a head
+share its keys in L2), a decode batch ran head by head: 256-byte rows of each block, and LPT order
+only within a head's pass. H200, session 9 (attention_kernels.py --decode, KV TB/s): T1's decode shape
+3.70 -> 3.82, T2's 4.21 -> 4.29; T1 end to end 24,230 -> 25,336 output tok/s.
 
 Decode-only batches too small to fill the GPU take the flash-decoding path in triton_decode.py.
 """
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
@@ -164,24 +162,22 @@ def paged_attention_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr, DECODE: tl.constexpr,
-    ORDERED: tl.constexpr, HEADS_FASTEST: tl.constexpr, PDL: tl.constexpr,
+    ORDERED: tl.constexpr, PDL: tl.constexpr,
 ):
     """One program: BLOCK_Q query tokens of one sequence x the GROUP query heads of one KV head.
     DECODE (every sequence has at most one query token): program i is sequence i, no search, or
     sequence decode_order[i] when ORDERED (longest first: see the module notes)."""
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_PAD
-    if HEADS_FASTEST:  # grid (KV heads, tiles)
+    if DECODE:  # grid (KV heads, tiles): see the module notes
         tile = tl.program_id(1)
         kv_head = tl.program_id(0)
-    else:  # grid (tiles, KV heads)
-        tile = tl.program_id(0)
-        kv_head = tl.program_id(1)
-    if DECODE:
         if ORDERED:
             seq = tl.load(decode_order_ptr + tile)
         else:
             seq = tile
-    else:
+    else:  # grid (tiles, KV heads)
+        tile = tl.program_id(0)
+        kv_head = tl.program_id(1)
         seq = find_seq(query_start_loc_ptr, num_seqs, tile, BLOCK_Q)
     q_seq_start = tl.load(query_start_loc_ptr + seq)
     q_seq_end = tl.load(query_start_loc_ptr + seq + 1)
@@ -250,7 +246,6 @@ def kernel_constexprs(
 DECODE_BLOCK_N = 64
 DECODE_NUM_WARPS = 4
 DECODE_NUM_STAGES = 2
-DECODE_HEADS_FASTEST = os.environ.get("PAGEDLM_DECODE_HEADS_FASTEST", "0") == "1"  # module notes
 PREFILL_BLOCK_M = 64  # rows (query tokens x heads of a group) per prefill tile
 PREFILL_BLOCK_N = 64  # keys per step of a prefill tile (head_dim <= 128)
 PREFILL_NUM_WARPS = 4
@@ -297,14 +292,13 @@ def varlen_attention(
     decode = meta.max_query_len <= 1
     order = decode_order(meta) if decode else None
     num_tiles = meta.num_seqs if decode else triton.cdiv(q.shape[0], block_m // group_pad) + meta.num_seqs
-    heads_fastest = decode and DECODE_HEADS_FASTEST
-    grid = (kv_cache.shape[3], num_tiles) if heads_fastest else (num_tiles, kv_cache.shape[3])
+    grid = (kv_cache.shape[3], num_tiles) if decode else (num_tiles, kv_cache.shape[3])
     paged_attention_kernel[grid](
         out, q, kv_cache[0], kv_cache[1], meta.block_table, meta.query_start_loc, meta.seq_lens, order,
         meta.num_seqs, scale * LOG2_E, sliding_window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), meta.block_table.stride(0),
         *cache_strides(kv_cache), GROUP_PAD=group_pad, BLOCK_M=block_m, DECODE=decode,
-        ORDERED=order is not None, HEADS_FASTEST=heads_fastest, **constexprs,
+        ORDERED=order is not None, **constexprs,
         num_warps=PREFILL_NUM_WARPS if prefill else DECODE_NUM_WARPS,
         num_stages=PREFILL_NUM_STAGES if prefill else DECODE_NUM_STAGES, **pdl.launch_args(q.device),
     )

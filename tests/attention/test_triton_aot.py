@@ -30,8 +30,8 @@ def test_aot_compile_all_kernels_for_sm90() -> None:
     assert proc.returncode == 0, proc.stderr[-6000:]
     results = json.loads(proc.stdout.splitlines()[-1])
     names = [r["kernel"] for r in results]
-    # prefill tiles, decode tiles in batch order and in decode_order, and in decode_order heads fastest
-    assert names.count("paged_attention_kernel") == 4 * len(attention_scenarios())
+    # prefill tiles, decode tiles in batch order and in decode_order
+    assert names.count("paged_attention_kernel") == 3 * len(attention_scenarios())
     assert set(names) == {"prepare_qkv_kernel", "paged_attention_kernel", "decode_split_kernel",
                           "rms_norm_kernel", "silu_and_mul_kernel",
                           "block_logmass_kernel", "pick_kernel", "gemv_kernel"}
@@ -59,7 +59,6 @@ def run_attention_wrappers(dtype, head_dim: int, group: int, block_size: int, nu
     from pagedlm.attention.backend import AttentionMetadata
     from pagedlm.attention.triton_decode import split_decode_attention
     from pagedlm.attention.prepare_qkv import prepare_qkv_triton
-    from pagedlm.attention import triton_paged
     from pagedlm.attention.triton_paged import varlen_attention
 
     num_tokens, num_seqs = 40, 3
@@ -77,11 +76,6 @@ def run_attention_wrappers(dtype, head_dim: int, group: int, block_size: int, nu
             prepare_qkv_triton(qkv, meta.slot_mapping, torch.empty(100, head_dim), (weight, weight) if group % 2
                                else None, 1e-6, kv_cache, meta.slot_mapping, num_kv_heads * group)
         varlen_attention(q, kv_cache, meta, 0.1, sliding_window)
-    triton_paged.DECODE_HEADS_FASTEST = True  # the other decode grid order (an A/B switch)
-    try:
-        varlen_attention(q, kv_cache, meta, 0.1, sliding_window)
-    finally:
-        triton_paged.DECODE_HEADS_FASTEST = False
     split_decode_attention(q, kv_cache, meta, 0.1, sliding_window, num_splits=5)
 
 

@@ -250,14 +250,11 @@ ORDERED_CASES = {
 }
 
 
-@pytest.mark.parametrize("heads_fastest", [False, True])
 @pytest.mark.parametrize("order_kind", ["lpt", "random"])
 @pytest.mark.parametrize("case", list(ORDERED_CASES))
-def test_decode_order_keeps_the_output(case: str, order_kind: str, heads_fastest: bool,
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """The DECODE kernel launched in a given order (any permutation), with either grid order
-    (DECODE_HEADS_FASTEST), writes what batch order writes, and matches the reference."""
-    monkeypatch.setattr(triton_paged, "DECODE_HEADS_FASTEST", heads_fastest)
+def test_decode_order_keeps_the_output(case: str, order_kind: str) -> None:
+    """The DECODE kernel launched in a given order (any permutation) writes what batch order
+    writes, and matches the reference."""
     ctx_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, window, dtype, num_pad = ORDERED_CASES[case]
     batch = make_batch(ctx_lens, query_lens, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                        block_size=block_size, dtype=dtype, num_pad_tokens=num_pad)
