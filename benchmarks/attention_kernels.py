@@ -2,8 +2,9 @@
 (FlashAttention on contiguous q/k/v) as the peer, with a sweep of the prefill tile settings.
 
     python benchmarks/attention_kernels.py [--sweep] [--json out.json]
-    python benchmarks/attention_kernels.py --decode [--spread 5] [--configs 128x4x3,64x4x2x1] [--cases decode-t1]
+    python benchmarks/attention_kernels.py --decode [--spread 5] [--configs 128x4x3,64x4x2] [--cases decode-t1]
         [--json out.json]   (the decode tile sweep)
+    python benchmarks/attention_kernels.py --mixed   (a mixed step's decodes in one launch or two)
 
 Cases (bf16, block size 16, head_dim 128, KV blocks shuffled in the pool):
   prefill-llama  16 prompts x 512 tokens, 32 heads / 8 KV heads (T0 llama3-8b's prefill)
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import itertools
 import json
 import sys
@@ -239,6 +241,49 @@ def shared_prefix_decode(num_prefixes: int = 16, seqs_per_prefix: int = 32, pref
     return rows
 
 
+MIXED_CASES = {  # name: (decodes, their context, prompts, prompt tokens, num_heads, num_kv_heads)
+    "mixed-t3": (256, 2200, 7, 2048, 32, 8),  # a T3-off step: decodes ride along 7 fresh 2k prompts
+    "mixed-t1": (192, 700, 16, 512, 16, 8),  # a T1 step while prompts still arrive
+}
+
+
+def mixed_step(name: str) -> list[dict]:
+    """A mixed step's attention, its decodes first: one launch (decodes in query tiles) against
+    two (num_decodes: the decodes as a decode batch, then the prompts), and each part alone."""
+    num_decodes, context, num_prompts, prompt_len, num_heads, num_kv_heads = MIXED_CASES[name]
+    qd, cache_d, meta_d, _, _ = make_case(num_decodes, context - 1, 1, num_heads, num_kv_heads)
+    qp, cache_p, meta_p, _, flops = make_case(num_prompts, 0, prompt_len, num_heads, num_kv_heads)
+    cols = max(meta_d.block_table.shape[1], meta_p.block_table.shape[1])
+    table = torch.cat([F.pad(meta_d.block_table, (0, cols - meta_d.block_table.shape[1])),
+                       F.pad(meta_p.block_table + cache_d.shape[1], (0, cols - meta_p.block_table.shape[1]))])
+    qsl = torch.cat([meta_d.query_start_loc_cpu, meta_p.query_start_loc_cpu[1:] + num_decodes])
+    seq_lens = torch.cat([meta_d.seq_lens_cpu, meta_p.seq_lens_cpu])
+    q, kv_cache = torch.cat([qd, qp]), torch.cat([cache_d, cache_p], 1)
+    meta = AttentionMetadata(
+        num_tokens=q.shape[0], num_seqs=seq_lens.numel(), max_query_len=prompt_len, max_seq_len=int(seq_lens.max()),
+        query_start_loc=qsl.cuda(), seq_lens=seq_lens.cuda(), slot_mapping=torch.empty(0, device="cuda"),
+        block_table=table, query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens)
+    order = torch.argsort(-meta_d.seq_lens_cpu.long(), stable=True).to(torch.int32).cuda()
+    split = dataclasses.replace(meta, num_decodes=num_decodes, decode_order=order)
+    kv_bytes = 2 * num_decodes * context * num_kv_heads * HEAD_DIM * kv_cache.element_size()
+    runs = {"one launch": (q, kv_cache, meta), "decodes apart": (q, kv_cache, split),
+            "decodes alone": (qd, cache_d, meta_d), "prompts alone": (qp, cache_p, meta_p)}
+    rows, outs = [], {}
+    for label, (rq, cache, m) in runs.items():
+        out = torch.full_like(rq, float("nan"))
+        call = lambda: triton_paged.varlen_attention(rq, cache, m, HEAD_DIM ** -0.5, None, out=out)  # noqa: E731
+        row = dict(case=name, config=label, ms=time_ms(call))
+        outs[label] = out.float()
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    err = (outs["one launch"] - outs["decodes apart"]).abs().max().item()
+    print(f"\n{name}: {num_decodes} decodes x {context} keys ({kv_bytes / 1e9:.2f} GB of KV) + "
+          f"{num_prompts} prompts x {prompt_len} ({flops / 1e12:.2f} TFLOP); one launch vs two: max diff {err:.4f}")
+    for row in rows:
+        print(f"  {row['config']:16} {row['ms']:8.3f} ms")
+    return rows
+
+
 def print_decode_table(rows: list[dict]) -> None:
     print(f"\n{'case':16} {'config':26} {'ms':>8} {'GB/s':>7} {'max err':>8}")
     for name in DECODE_CASES:
@@ -254,6 +299,8 @@ def main() -> None:
     parser.add_argument("--decode", action="store_true", help="sweep the decode settings instead")
     parser.add_argument("--shared-prefix", action="store_true",
                         help="T3's decode steps: shared prefixes, batch order random vs grouped")
+    parser.add_argument("--mixed", action="store_true",
+                        help="mixed steps: decodes in the prompts' launch vs a decode launch of their own")
     parser.add_argument("--spread", type=int, default=1,
                         help="--decode: blocks drawn from a pool this many times larger than they fill")
     parser.add_argument("--configs", default=None,
@@ -263,6 +310,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.shared_prefix:
         shared_prefix_decode()
+        return
+    if args.mixed:
+        for name in MIXED_CASES:
+            mixed_step(name)
         return
     if args.decode:
         configs = DECODE_SWEEP if args.configs is None else [

@@ -27,12 +27,15 @@ class AttentionMetadata:
     block_table: torch.Tensor  # [B, max_blocks_per_seq] int32, device
     query_start_loc_cpu: torch.Tensor  # [B + 1] int32, host copy
     seq_lens_cpu: torch.Tensor  # [B] int32, host copy
-    # [B] int32, device; decode-only batches (max_query_len <= 1): a permutation of range(B) listing
-    # the sequences by decreasing seq_len (ties: lower index first), in which the Triton varlen
-    # kernel launches them, longest first, so no long sequence starts last and stretches the step.
-    # Only the launch order depends on it, never the result. None = batch order. Backends that do
-    # not launch per sequence ignore it.
+    # [D] int32, device, D = the batch's decodes (num_seqs in a decode-only batch, max_query_len <= 1,
+    # else num_decodes): a permutation of range(D) listing them by decreasing seq_len (ties: lower
+    # index first), in which the Triton varlen kernel launches them, longest first, so no long
+    # sequence starts last and stretches the step. Only the launch order depends on it, never the
+    # result. None = batch order. Backends that do not launch per sequence ignore it.
     decode_order: torch.Tensor | None = None
+    # A mixed batch (max_query_len > 1): its first num_decodes sequences have one query token each.
+    # The Triton backend attends to them as a decode batch; 0 = none are marked (always correct).
+    num_decodes: int = 0
     # Query token i of sequence b sits at position seq_lens[b] - query_len[b] + i.
     # It sees key j iff j <= its position and (no window, or position - j < sliding_window).
 

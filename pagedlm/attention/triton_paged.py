@@ -13,6 +13,11 @@ num_seqs x cdiv(max_query_len, BLOCK_Q) grid, this launches ~T / BLOCK_Q program
 with one long prefill, and the grid depends only on (T, num_seqs), which CUDA graphs keep fixed.
 A decode-only batch (max_query_len <= 1, known on the host) skips the search: one program per
 sequence and KV head (the search's ~log2(B) dependent loads were a visible part of a short decode).
+A mixed batch whose first meta.num_decodes sequences have one query token each takes two launches:
+those sequences as a decode batch, then the rest with the search (its tiles numbered from
+tile_base = first_seq // BLOCK_Q + first_seq, first_seq = num_decodes). In one launch a decode
+would take a whole query tile (16 tokens x a group's heads) for its one token, and the tiles'
+grid order, built for prefill (below).
 
 Decode launch order (ORDERED): a few decode tiles fill an SM's shared memory, so the SMs take the
 programs in launch order, a few at a time, and a ragged batch ends when its last-started long sequence does
@@ -133,10 +138,11 @@ def attend_key_range(
 
 
 @triton.jit
-def find_seq(query_start_loc_ptr, num_seqs, tile, BLOCK_Q: tl.constexpr):
-    """The largest b < num_seqs with qsl[b] // BLOCK_Q + b <= tile (strictly increasing in b)."""
-    lo = tl.program_id(0) * 0  # an int32 tensor from the start: lo and hi are loop-carried
-    hi = lo + num_seqs - 1
+def find_seq(query_start_loc_ptr, first_seq, num_seqs, tile, BLOCK_Q: tl.constexpr):
+    """The largest b in [first_seq, num_seqs) with qsl[b] // BLOCK_Q + b <= tile (strictly
+    increasing in b)."""
+    lo = tl.program_id(0) * 0 + first_seq  # an int32 tensor from the start: lo and hi are loop-carried
+    hi = lo - first_seq + num_seqs - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
         first_tile = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
@@ -147,7 +153,7 @@ def find_seq(query_start_loc_ptr, num_seqs, tile, BLOCK_Q: tl.constexpr):
     return lo
 
 
-@triton.jit(do_not_specialize=["num_seqs", "window", "stride_bt"])
+@triton.jit(do_not_specialize=["num_seqs", "first_seq", "tile_base", "window", "stride_bt"])
 def paged_attention_kernel(
     out_ptr,  # [T, num_heads, HEAD_DIM]
     q_ptr,  # [T, num_heads, HEAD_DIM]
@@ -155,8 +161,9 @@ def paged_attention_kernel(
     block_table_ptr,  # [B, max_blocks_per_seq] int32
     query_start_loc_ptr,  # [B + 1] int32
     seq_lens_ptr,  # [B] int32
-    decode_order_ptr,  # [B] int32, a permutation of range(B), read when ORDERED; else None
-    num_seqs, qk_scale, window,
+    decode_order_ptr,  # [num_seqs] int32, a permutation of range(num_seqs), read when ORDERED; else None
+    num_seqs, first_seq, tile_base,  # not DECODE: sequences [first_seq, num_seqs), tiles from tile_base
+    qk_scale, window,
     stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt,
     stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -165,8 +172,8 @@ def paged_attention_kernel(
     ORDERED: tl.constexpr, PDL: tl.constexpr,
 ):
     """One program: BLOCK_Q query tokens of one sequence x the GROUP query heads of one KV head.
-    DECODE (every sequence has at most one query token): program i is sequence i, no search, or
-    sequence decode_order[i] when ORDERED (longest first: see the module notes)."""
+    DECODE (sequences [0, num_seqs) have at most one query token each): program i is sequence i,
+    no search, or sequence decode_order[i] when ORDERED (longest first: see the module notes)."""
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_PAD
     if DECODE:  # grid (KV heads, tiles): see the module notes
         tile = tl.program_id(1)
@@ -176,9 +183,9 @@ def paged_attention_kernel(
         else:
             seq = tile
     else:  # grid (tiles, KV heads)
-        tile = tl.program_id(0)
+        tile = tl.program_id(0) + tile_base
         kv_head = tl.program_id(1)
-        seq = find_seq(query_start_loc_ptr, num_seqs, tile, BLOCK_Q)
+        seq = find_seq(query_start_loc_ptr, first_seq, num_seqs, tile, BLOCK_Q)
     q_seq_start = tl.load(query_start_loc_ptr + seq)
     q_seq_end = tl.load(query_start_loc_ptr + seq + 1)
     q_first = q_seq_start
@@ -263,11 +270,11 @@ def cache_strides(kv_cache: torch.Tensor) -> tuple[int, ...]:
     return tuple(kv_cache[0].stride()[:3]) + tuple(kv_cache[1].stride()[:3])
 
 
-def decode_order(meta: AttentionMetadata) -> torch.Tensor | None:
-    """meta.decode_order ([num_seqs] int32) after a shape check; None when the batch has none."""
+def decode_order(meta: AttentionMetadata, num_decodes: int) -> torch.Tensor | None:
+    """meta.decode_order ([num_decodes] int32) after a shape check; None when the batch has none."""
     order = meta.decode_order
-    if order is not None and (order.shape != (meta.num_seqs,) or order.dtype != torch.int32):
-        raise ValueError(f"decode_order must be [num_seqs={meta.num_seqs}] int32; "
+    if order is not None and (order.shape != (num_decodes,) or order.dtype != torch.int32):
+        raise ValueError(f"decode_order must be [num_decodes={num_decodes}] int32; "
                          f"got {tuple(order.shape)} {order.dtype}")
     return order
 
@@ -280,26 +287,48 @@ def varlen_attention(
     sliding_window: int | None,
     out: torch.Tensor | None = None,  # [T, num_heads, head_dim], like q; allocated when None
 ) -> torch.Tensor:  # [T, num_heads, head_dim]; rows past query_start_loc[num_seqs] are left unwritten
+    """A decode batch in one launch; a mixed one as its leading decodes, then the rest (module notes)."""
     out = torch.empty_like(q) if out is None else out
+    num_decodes = meta.num_seqs if meta.max_query_len <= 1 else meta.num_decodes
+    if not 0 <= num_decodes <= meta.num_seqs:
+        raise ValueError(f"num_decodes must be in [0, num_seqs={meta.num_seqs}]; got {num_decodes}")
+    order = decode_order(meta, num_decodes)
+    if num_decodes:
+        _launch(q, kv_cache, meta, scale, sliding_window, out, num_decodes, order=order)
+    if num_decodes < meta.num_seqs:
+        _launch(q, kv_cache, meta, scale, sliding_window, out, meta.num_seqs, first_seq=num_decodes)
+    return out
+
+
+def _launch(
+    q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+    sliding_window: int | None, out: torch.Tensor, num_seqs: int,
+    order: torch.Tensor | None = None, first_seq: int | None = None,
+) -> None:
+    """Sequences [0, num_seqs) as a decode batch (first_seq None; in `order` if given), or
+    sequences [first_seq, num_seqs) with query tiles, the first first_seq having one token each."""
     constexprs = kernel_constexprs(q, kv_cache, sliding_window)
     group_pad = triton.next_power_of_2(constexprs["GROUP"])
-    block_m = varlen_block_m(meta.max_query_len, group_pad)
+    decode = first_seq is None
+    block_m = varlen_block_m(1 if decode else meta.max_query_len, group_pad)
     prefill = block_m > 16
     if prefill and q.shape[2] <= 128:
         constexprs["BLOCK_N"] = PREFILL_BLOCK_N
     elif q.shape[2] <= 128 and kv_cache.element_size() == 2:  # fp32 tiles would overflow shared memory
         constexprs["BLOCK_N"] = DECODE_BLOCK_N
-    decode = meta.max_query_len <= 1
-    order = decode_order(meta) if decode else None
-    num_tiles = meta.num_seqs if decode else triton.cdiv(q.shape[0], block_m // group_pad) + meta.num_seqs
-    grid = (kv_cache.shape[3], num_tiles) if decode else (num_tiles, kv_cache.shape[3])
+    if decode:  # grid (KV heads, sequences): see the module notes
+        first_seq = tile_base = 0
+        grid = (kv_cache.shape[3], num_seqs)
+    else:
+        block_q = block_m // group_pad
+        tile_base = first_seq // block_q + first_seq  # sequence first_seq's first tile: qsl[first_seq] = first_seq
+        grid = (triton.cdiv(q.shape[0], block_q) + num_seqs - tile_base, kv_cache.shape[3])
     paged_attention_kernel[grid](
         out, q, kv_cache[0], kv_cache[1], meta.block_table, meta.query_start_loc, meta.seq_lens, order,
-        meta.num_seqs, scale * LOG2_E, sliding_window or 0,
+        num_seqs, first_seq, tile_base, scale * LOG2_E, sliding_window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), meta.block_table.stride(0),
         *cache_strides(kv_cache), GROUP_PAD=group_pad, BLOCK_M=block_m, DECODE=decode,
         ORDERED=order is not None, **constexprs,
         num_warps=PREFILL_NUM_WARPS if prefill else DECODE_NUM_WARPS,
         num_stages=PREFILL_NUM_STAGES if prefill else DECODE_NUM_STAGES, **pdl.launch_args(q.device),
     )
-    return out

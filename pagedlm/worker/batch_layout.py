@@ -32,6 +32,12 @@ class Ragged:
     positions: np.ndarray  # [T]
 
 
+def leading_decodes(num_scheduled: np.ndarray) -> int:
+    """How many sequences at the front of the batch ([B] query tokens each) have one query token."""
+    not_one = num_scheduled != 1
+    return int(not_one.argmax()) if not_one.any() else num_scheduled.size
+
+
 @dataclass(slots=True)
 class Samples:
     """The requests that sample this step, in batch order."""
@@ -70,6 +76,9 @@ class BatchLayout:
     # input_src) are reused only with the block table: a copy of the table covers them.
     reuse_seq_sections: bool = False
     reuse_block_table: bool = False
+    # The leading sequences with one query token each (all of them in a decode-only batch): the
+    # attention kernels' decode path, launched in decode_order.
+    num_decodes: int = 0
 
     @property
     def num_samples(self) -> int:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from pagedlm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
-from pagedlm.worker.batch_layout import BatchLayout, EmbedsSpan, Ragged, Samples, StepKey
+from pagedlm.worker.batch_layout import BatchLayout, EmbedsSpan, Ragged, Samples, StepKey, leading_decodes
 from pagedlm.worker.prompt_logprobs import PromptLogprobsPlan, plan_prompt_logprobs
 from pagedlm.worker.step_buffers import StepBuffers
 
@@ -208,7 +208,7 @@ class InputBatch:
             rows_version=self.rows_version, bucket_tokens=bucket_tokens,
             bucket_seqs=buf.bucket(num_seqs),
             reuse_seq_sections=reuse_block_table and key.reuses_seq_sections(previous),
-            reuse_block_table=reuse_block_table)
+            reuse_block_table=reuse_block_table, num_decodes=leading_decodes(ragged.num_scheduled))
         self._fill(buf, layout, ragged, samples, placeholder_idx)
         self.pending_position_np[samples.rows_np] = samples.positions_np
         self.num_computed_tokens_np[rows] = ragged.seq_lens
@@ -310,8 +310,8 @@ class InputBatch:
             table[:] = self.block_table_np[ragged.rows, :num_cols]
         if not layout.reuse_seq_sections:
             self._fill_seq_sections(buf, arrays, ragged, samples, placeholder_idx)
-            if layout.decode_only:
-                self._fill_decode_order(arrays, ragged.seq_lens)
+            if layout.num_decodes:
+                self._fill_decode_order(arrays, ragged.seq_lens[:layout.num_decodes])
 
     @staticmethod
     def _fill_seq_sections(buf: StepBuffers, arrays: dict[str, np.ndarray], ragged: Ragged,
@@ -333,7 +333,7 @@ class InputBatch:
 
     @staticmethod
     def _fill_decode_order(arrays: dict[str, np.ndarray], seq_lens: np.ndarray) -> None:
-        """A decode-only batch's sequences by decreasing seq_len, ties in batch order (the
+        """The decodes' ([D] seq_lens) order by decreasing seq_len, ties in batch order (the
         Triton decode kernel launches the longest first). A steady decode, which reuses the
         sequence sections, keeps the previous step's order: every length grew by one."""
         num_seqs = seq_lens.size

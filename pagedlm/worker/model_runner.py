@@ -278,7 +278,8 @@ class ModelRunner:
             block_table=block_table,
             query_start_loc_cpu=staged.prefix("query_start_loc", num_seqs + 1),
             seq_lens_cpu=staged.prefix("seq_lens", num_seqs),
-            decode_order=inputs.prefix("decode_order", num_seqs) if layout.decode_only else None)
+            decode_order=inputs.prefix("decode_order", layout.num_decodes) if layout.num_decodes else None,
+            num_decodes=layout.num_decodes)
 
     def _forward(self, inputs: Sections, staged: Sections, layout: BatchLayout,
                  graph_size: int) -> torch.Tensor:

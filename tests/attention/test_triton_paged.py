@@ -269,6 +269,55 @@ def test_decode_order_keeps_the_output(case: str, order_kind: str) -> None:
     torch.testing.assert_close(out, unordered, rtol=0, atol=0, equal_nan=True)
 
 
+# (ctx_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, sliding_window, dtype, num_pad_tokens)
+# with decodes first, as the scheduler lays a mixed step out
+MIXED_CASES = {
+    "decodes_then_prefill": ([30, 5, 0, 70, 12, 0], [1, 1, 1, 1, 17, 40], 4, 2, 32, 16, None, torch.float32, 2),
+    "gqa4_window_bs32": ([9, 50, 22, 3], [1, 1, 33, 6], 8, 2, 64, 32, 17, torch.float16, 0),
+    "one_decode_one_chunk": ([64], [1], 2, 1, 32, 16, None, torch.float32, 0),
+}
+
+
+@pytest.mark.parametrize("marked", ["all", "fewer"])
+@pytest.mark.parametrize("case", list(MIXED_CASES))
+def test_mixed_batch_attends_its_decodes_apart(case: str, marked: str) -> None:
+    """A mixed batch whose leading decodes are marked (num_decodes, in LPT decode_order) takes a
+    decode launch for them and a tiled one for the rest: both match the reference, whether all
+    leading decodes are marked or only some (the rest then take query tiles)."""
+    ctx_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, window, dtype, num_pad = MIXED_CASES[case]
+    if case == "one_decode_one_chunk":
+        ctx_lens, query_lens = ctx_lens + [0], query_lens + [21]
+    batch = make_batch(ctx_lens, query_lens, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                       block_size=block_size, dtype=dtype, num_pad_tokens=num_pad)
+    write_cache(batch)
+    num_decodes = query_lens.index(max(query_lens)) if marked == "all" else 1
+    num_decodes = min(num_decodes, next(i for i, n in enumerate(query_lens) if n != 1))
+    meta, scale = batch.meta, head_dim**-0.5
+    order = lpt_order(meta.seq_lens_cpu[:num_decodes])
+    mixed = dataclasses.replace(meta, num_decodes=num_decodes, decode_order=order.to(DEVICE))
+    out = varlen_attention(batch.q, batch.kv_cache, mixed, scale, window, out=torch.full_like(batch.q, math.nan))
+    check_output(out, batch, scale, window)
+
+
+def test_mixed_batch_takes_two_launches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """num_decodes decides the launches: the decode one covers exactly the marked sequences, the
+    tiled one starts after them (so a test above that passed could not have ignored it)."""
+    batch = make_batch([8, 3, 0], [1, 1, 9], num_heads=2, num_kv_heads=1, head_dim=32, block_size=16,
+                       dtype=torch.float32)
+    launches = []
+    real_launch = triton_paged._launch
+    monkeypatch.setattr(triton_paged, "_launch", lambda *args, **kwargs: launches.append(
+        (args[6], kwargs.get("first_seq"))) or real_launch(*args, **kwargs))
+    write_cache(batch)
+    varlen_attention(batch.q, batch.kv_cache, dataclasses.replace(batch.meta, num_decodes=2), 0.2, None)
+    assert launches == [(2, None), (3, 2)]
+    launches.clear()
+    varlen_attention(batch.q, batch.kv_cache, batch.meta, 0.2, None)
+    assert launches == [(3, 0)]
+    with pytest.raises(ValueError, match="num_decodes must be in"):
+        varlen_attention(batch.q, batch.kv_cache, dataclasses.replace(batch.meta, num_decodes=4), 0.2, None)
+
+
 def test_decode_order_is_what_the_kernel_follows() -> None:
     """An order naming sequence 1 for every program writes only sequence 1's row: the kernel
     reads the order (it is not ignored); the check above could not tell."""

@@ -2,12 +2,14 @@
 that ends inside a block, and a prefix-cache hit, checked field by field."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from worker_helpers import HIDDEN, VOCAB, make_config, make_runner, save_tiny_llama
 
 from pagedlm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from pagedlm.sampling_params import SamplingParams
+from pagedlm.worker.batch_layout import leading_decodes
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -89,6 +91,7 @@ def test_mixed_batch_layout(folder, async_mode):
     assert got["block_table"] == [[5, 9], [7, 3], [11, 2]]  # only the columns this step needs
     meta = got["meta"]
     assert (meta.num_tokens, meta.num_seqs, meta.max_query_len, meta.max_seq_len) == (16, 3, 10, 13)
+    assert meta.num_decodes == 1 and got["decode_order"] == [0]  # B decodes ahead of the chunks
     # logits only for the last token of B and of C (A's chunk does not sample)
     torch.testing.assert_close(recorder.logits_inputs[1], got["hidden"][[0, 15]], rtol=0, atol=0)
     assert out1.req_ids == ["B"] and out2.req_ids == ["B", "C"]
@@ -97,9 +100,15 @@ def test_mixed_batch_layout(folder, async_mode):
     assert runner.input_batch.num_tokens_np.tolist()[:3] == [13, 20, 14]
 
 
+def test_leading_decodes():
+    counts = [([1, 1, 5, 1], 2), ([3, 1], 0), ([1, 1, 1], 3), ([7], 0), ([], 0)]
+    for num_scheduled, want in counts:
+        assert leading_decodes(np.array(num_scheduled, np.int32)) == want, num_scheduled
+
+
 def test_decode_order_is_longest_first(folder):
     """A decode-only step carries its sequences by decreasing length, ties in batch order; a
-    step with a prefill chunk carries none."""
+    step of prefill chunks only carries none."""
     runner = make_runner(make_config(folder, max_num_seqs=4, max_num_batched_tokens=48,
                                      block_size=8, num_blocks=16))
     recorder = Recorder(runner.model)

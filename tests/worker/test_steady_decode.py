@@ -12,6 +12,7 @@ from worker_helpers import MiniScheduler, Req, make_config, make_runner, random_
 
 from pagedlm.core.sched_output import NewRequestData, SchedulerOutput
 from pagedlm.sampling_params import SamplingParams
+from pagedlm.worker.batch_layout import leading_decodes
 from pagedlm.worker.input_batch import InputBatch
 from pagedlm.worker.step_buffers import StepBuffers
 
@@ -85,7 +86,7 @@ class Twin:
                 "query_start_loc": num_seqs + 1, "seq_lens": num_seqs,
                 "block_table": num_seqs * num_cols, "logits_indices": num_samples,
                 "sample_rows": num_samples,
-                "decode_order": num_seqs if num_tokens == num_seqs else 0}
+                "decode_order": leading_decodes(np.fromiter(sched.num_scheduled_tokens.values(), np.int32))}
         got, want = _device_sections(self.runner, sched), _device_sections(self.reference, sched)
         for name, size in used.items():
             assert got[name][:size].tolist() == want[name][:size].tolist(), (name, sched.step_id)
