@@ -23,9 +23,10 @@ padding rows, and rows past the step's samples, at scratch entries past the real
 a small greedy decode step launches no LM head, no argmax and no scatter of its own: the runner
 takes the graph's ids when the batch samples greedily and nothing else; otherwise its sampler's
 ids overwrite last_sampled after the replay. The host's launch of those ops was most of a batch-1
-step's host time (session 7's profile). Logits and ids live in the graph's pool, valid only until
-the next replay (of any size: sizes share the pool); the runner reads them right after the
-replay, in stream order.
+step's host time (session 7's profile). The argmax is ops/argmax.py's two kernels (torch.argmax
+took 26 µs a row of llama3-8b's logits). Hidden states, logits and ids live in the graph's pool,
+valid only until the next replay (of any size: sizes share the pool); the runner reads them right
+after the replay, in stream order.
 
 The host ints of the captured AttentionMetadata are fixed per size: num_tokens = num_seqs = size,
 max_query_len 1, max_seq_len = max_model_len. So the backend's choice of kernel (varlen or split
@@ -41,6 +42,7 @@ import torch
 from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.config import EngineConfig
 from pagedlm.model.llama import LlamaForCausalLM
+from pagedlm.ops.argmax import greedy_pick
 from pagedlm.worker.step_buffers import Sections, StepBuffers
 
 MAX_CAPTURE_SIZE = 512
@@ -77,19 +79,17 @@ class DecodeGraphs:
         self._model = model
         self._kv_caches = kv_caches
         self._inputs = inputs
-        device, model_config = config.device, config.model
+        device = config.device
         self.block_table = torch.zeros(self.max_size, max_num_blocks_per_req, dtype=torch.int32,
                                        device=device)  # [max_size, max_blocks_per_req]
         self.block_table_version: int | None = None  # the runner's table version it holds
         self.input_ids = torch.zeros(self.max_size, dtype=torch.int64, device=device)  # gathered
-        self._output = torch.empty(self.max_size, model_config.hidden_size,
-                                   dtype=model_config.dtype, device=device)  # [max_size, hidden]
         # The host copies in the metadata describe the capture-time batch (all padding); the
         # Triton backend never reads them, and a replay could not refresh them.
         self._query_start_loc_cpu = torch.zeros(self.max_size + 1, dtype=torch.int32)
         self._seq_lens_cpu = torch.zeros(self.max_size, dtype=torch.int32)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._outputs = {size: self._output[:size] for size in self.sizes}  # [size, hidden] views
+        self._outputs: dict[int, torch.Tensor] = {}  # size -> [size, hidden_size], in the pool
         self._logits: dict[int, torch.Tensor] = {}  # size -> [size, vocab_size] float32, in the pool
         self._argmax: dict[int, torch.Tensor] = {}  # size -> [size] int64, in the pool
 
@@ -104,7 +104,7 @@ class DecodeGraphs:
         run on the capture stream: it compiles the Triton kernels of that shape and gives cuBLAS
         its workspace for the stream outside the capture. Inputs: an all-padding batch, so no
         KV is read or written and no real row of last_sampled."""
-        device = self._output.device
+        device = self.block_table.device
         pool = torch.cuda.graph_pool_handle()
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
@@ -152,11 +152,10 @@ class DecodeGraphs:
         torch.index_select(inputs["ids_table"], 0, inputs["input_src"], out=input_ids)
         hidden = self._model(input_ids, inputs["positions"], self._kv_caches,
                              self._metadata(size, inputs))  # [size, hidden_size]
-        self._outputs[size].copy_(hidden)
+        self._outputs[size] = hidden
         if size <= MAX_LOGITS_ROWS:
             logits = self._model.compute_logits(hidden)  # [size, vocab_size]
-            argmax = logits.argmax(dim=-1)  # [size], as the sampler's greedy pick
-            self._inputs.head.index_copy_(0, inputs["sample_rows"], argmax)
+            argmax = greedy_pick(logits, self._inputs.head, inputs["sample_rows"])  # the sampler's greedy pick
             self._logits[size], self._argmax[size] = logits, argmax
 
     def _metadata(self, size: int, inputs: dict[str, torch.Tensor]) -> AttentionMetadata:

@@ -34,7 +34,8 @@ def test_aot_compile_all_kernels_for_sm90() -> None:
     assert names.count("paged_attention_kernel") == 3 * len(attention_scenarios())
     assert set(names) == {"prepare_qkv_kernel", "paged_attention_kernel", "decode_split_kernel",
                           "rms_norm_kernel", "silu_and_mul_kernel",
-                          "block_logmass_kernel", "pick_kernel", "gemv_kernel"}
+                          "block_logmass_kernel", "pick_kernel", "gemv_kernel",
+                          "argmax_chunks_kernel", "argmax_pick_kernel"}
     for r in results:
         assert r["cubin_bytes"] > 0, r
         assert r["pdl"] == ("wait, then launch_dependents" if r["kernel"] not in DRAW_KERNELS else "none"), r
@@ -83,6 +84,7 @@ def run_op_wrappers() -> None:
     import torch
 
     from pagedlm.ops import activation, norm
+    from pagedlm.ops.argmax import greedy_pick_triton
     from pagedlm.ops.gemv import PendingNorm, gemv_triton
     from pagedlm.sample.triton_draw import fused_gumbel_draw
 
@@ -108,6 +110,10 @@ def run_op_wrappers() -> None:
                         torch.empty(6144, 1024, dtype=dtype))
         gemv_triton(torch.empty(1, 1024, dtype=dtype), torch.empty(151936, 1024, dtype=dtype),
                     out_dtype=torch.float32)  # the LM head's logits
+    for vocab_size in (151936, 128256):  # the small decode graphs' greedy pick
+        for num_rows in (1, 8):
+            greedy_pick_triton(torch.empty(num_rows, vocab_size), torch.empty(600, dtype=torch.int64),
+                               torch.empty(num_rows, dtype=torch.int64))
     for vocab_size in (151936, 49152, 32000):
         for temperature in (None, torch.empty(256, 6)[:, 1]):  # None and a strided column
             fused_gumbel_draw(torch.empty(256, vocab_size), temperature, torch.empty(256, dtype=torch.int64))

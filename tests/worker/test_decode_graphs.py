@@ -65,7 +65,6 @@ def _graphed_runner(folder, max_num_seqs: int = 8, max_model_len: int = 64):
     graphs = EagerGraphs(runner.config, runner.model, runner.kv_caches, runner._inputs,
                          runner.input_batch.max_num_blocks_per_req)
     graphs.capture()
-    graphs._output.fill_(float("nan"))
     runner.graphs = graphs
     return runner, graphs
 

@@ -1,0 +1,114 @@
+"""The greedy pick of a few rows of logits: each row's argmax over the vocabulary (ties to the
+first index, as torch.argmax), returned and also written into a token table at given entries.
+
+For the CUDA graphs of small decode batches (cuda_graphs.MAX_LOGITS_ROWS rows at most), which pick
+their greedy tokens and write them into last_sampled. torch.argmax reduces a row in one block: on
+the H200 it took 26 µs for one row of llama3-8b's 128,256 logits, 8.6 µs for qwen3-0.6b's 151,936
+(session 9, benchmarks/results/2026-11-30-h200-s9/run3/argmax_probe.py), then index_copy_ wrote
+the table. Here two kernels take 3-4 µs: NUM_CHUNKS programs a row each reduce an interleaved
+share of the row (blocks chunk, chunk + NUM_CHUNKS, ...) to its max and that max's first index;
+one program a row reduces those and writes the id twice. A NaN logit's pick is unspecified
+(torch.argmax picks the NaN); the logits of a finite model have none.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from pagedlm.ops import pdl
+from pagedlm.ops.triton_compat import patch_interpreter
+
+patch_interpreter()  # the chunk loop's start is a program-id tensor
+
+BLOCK = 512  # logits a program reads at a time
+MAX_CHUNKS = 128  # programs a row (the probe: 128 x 512 fastest of 32/64/128 chunks)
+
+
+@triton.jit
+def argmax_chunks_kernel(
+    logits_ptr,  # [N, V]
+    vals_ptr,  # [N, NUM_CHUNKS] float32: the chunk's max
+    idx_ptr,  # [N, NUM_CHUNKS] int32: its first index (>= V for a chunk with no logit)
+    vocab, stride_row,
+    NUM_CHUNKS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+):
+    """One program per (row, chunk): blocks chunk, chunk + NUM_CHUNKS, ... of the row. Each lane
+    keeps its first maximum (it sees its indices in increasing order and takes only a larger
+    value), so the smallest index among the lanes holding the max is the chunk's first."""
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    row_ptr = logits_ptr + row.to(tl.int64) * stride_row
+    offs = chunk * BLOCK + tl.arange(0, BLOCK)
+    pdl.wait_for_producers(PDL)
+    best = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
+    best_idx = offs
+    for start in range((chunk + NUM_CHUNKS) * BLOCK, vocab, NUM_CHUNKS * BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
+        better = x > best
+        best = tl.where(better, x, best)
+        best_idx = tl.where(better, offs, best_idx)
+    top = tl.max(best, 0)
+    tl.store(vals_ptr + row * NUM_CHUNKS + chunk, top)
+    tl.store(idx_ptr + row * NUM_CHUNKS + chunk, tl.min(tl.where(best == top, best_idx, 2147483647), 0))
+
+
+@triton.jit
+def argmax_pick_kernel(
+    vals_ptr, idx_ptr,  # [N, NUM_CHUNKS] each, from argmax_chunks_kernel
+    ids_ptr,  # [N] int64 out
+    table_ptr,  # int64: the token table
+    table_rows_ptr,  # [N] int64: the table entry of each row (a step input)
+    NUM_CHUNKS: tl.constexpr, PDL: tl.constexpr,
+):
+    """One program per row: the first index of the largest chunk max, into ids and the table."""
+    row = tl.program_id(0)
+    table_row = tl.load(table_rows_ptr + row)
+    pdl.wait_for_producers(PDL)
+    chunks = row * NUM_CHUNKS + tl.arange(0, NUM_CHUNKS)
+    vals = tl.load(vals_ptr + chunks)
+    idx = tl.load(idx_ptr + chunks)
+    pick = tl.min(tl.where(vals == tl.max(vals, 0), idx, 2147483647), 0).to(tl.int64)
+    tl.store(ids_ptr + row, pick)
+    tl.store(table_ptr + table_row, pick)
+
+
+def greedy_pick(logits: torch.Tensor, table: torch.Tensor, table_rows: torch.Tensor) -> torch.Tensor:
+    """logits [N, V] -> [N] int64, each row's argmax, also written into table[table_rows]
+    (table: int64 [M]; table_rows: [N] int64, entries < M). Triton on CUDA, torch elsewhere."""
+    _check(logits, table, table_rows)
+    if logits.is_cuda:
+        return greedy_pick_triton(logits, table, table_rows)
+    ids = logits.argmax(dim=-1)
+    table.index_copy_(0, table_rows, ids)
+    return ids
+
+
+def greedy_pick_triton(logits: torch.Tensor, table: torch.Tensor, table_rows: torch.Tensor) -> torch.Tensor:
+    num_rows, vocab = logits.shape
+    num_chunks = min(MAX_CHUNKS, triton.next_power_of_2(triton.cdiv(vocab, BLOCK)))
+    vals = torch.empty(num_rows, num_chunks, dtype=torch.float32, device=logits.device)
+    idx = torch.empty(num_rows, num_chunks, dtype=torch.int32, device=logits.device)
+    ids = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
+    if num_rows == 0:
+        return ids
+    launch = pdl.launch_args(logits.device)
+    argmax_chunks_kernel[(num_rows, num_chunks)](
+        logits, vals, idx, vocab, logits.stride(0), NUM_CHUNKS=num_chunks, BLOCK=BLOCK, num_warps=4, **launch)
+    argmax_pick_kernel[(num_rows,)](vals, idx, ids, table, table_rows, NUM_CHUNKS=num_chunks, num_warps=1,
+                                    **launch)
+    return ids
+
+
+def _check(logits: torch.Tensor, table: torch.Tensor, table_rows: torch.Tensor) -> None:
+    if logits.dim() != 2 or logits.shape[1] == 0 or logits.stride(1) != 1:
+        raise ValueError(f"logits must be [N, V >= 1] with stride 1 in V; got {tuple(logits.shape)}")
+    if table.dim() != 1 or table.dtype != torch.int64:
+        raise ValueError(f"table must be 1-D int64; got {tuple(table.shape)} {table.dtype}")
+    if table_rows.shape != (logits.shape[0],) or table_rows.dtype != torch.int64:
+        raise ValueError(f"table_rows must be [N={logits.shape[0]}] int64; "
+                         f"got {tuple(table_rows.shape)} {table_rows.dtype}")
+    if not logits.device == table.device == table_rows.device:
+        raise ValueError(f"logits, table and table_rows must share a device; got {logits.device}, "
+                         f"{table.device}, {table_rows.device}")
