@@ -215,7 +215,7 @@ def gemv_triton(
         out if residual is None else residual, sumsq_out, out if norm is None else norm.sumsq,
         weight if norm is None else norm.weight, num_rows, n, k, x.stride(0), weight.stride(0), k_per_split,
         0.0 if norm is None else norm.eps,
-        FMA_ROWS=0 if config.use_dot else num_rows, BLOCK_M=block_m, BLOCK_N=config.block_n,
+        FMA_ROWS=0 if config.use_dot else block_m, BLOCK_M=block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, PARTIAL=split_k > 1, HAS_BIAS=has_bias, SILU_MUL=act == "silu_and_mul",
         NORM=norm is not None, NUM_PARTS=num_parts, PARTS_PAD=triton.next_power_of_2(num_parts),
         ADD_RESIDUAL=residual is not None, USE_DOT=config.use_dot, num_warps=config.num_warps,

@@ -58,13 +58,14 @@ def _normed(x, parts, K, eps, norm_w):
 
 
 @triton.jit
-def _fma_accumulate(acc, w, x_ptr, offs_k, mask_k, K, stride_x, parts, eps, norm_w,
+def _fma_accumulate(acc, w, x_ptr, offs_k, mask_k, M, K, stride_x, parts, eps, norm_w,
                     FMA_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr):
-    """acc[:, m] += w @ x[m] for each of the FMA_ROWS rows, fp32 multiply + tl.sum over K."""
+    """acc[:, m] += w @ x[m] for each of the FMA_ROWS rows (x rows >= M read as 0), fp32 multiply
+    + tl.sum over K."""
     w = w.to(tl.float32)  # [BLOCK_N, BLOCK_K]
     cols = tl.arange(0, BLOCK_M)
     for m in tl.static_range(FMA_ROWS):
-        x = _load_x(x_ptr + m * stride_x + offs_k[None, :], mask_k[None, :], K, SILU_MUL)  # [1, BLOCK_K]
+        x = _load_x(x_ptr + m * stride_x + offs_k[None, :], mask_k[None, :] & (m < M), K, SILU_MUL)  # [1, BLOCK_K]
         if NORM:
             row_parts = tl.sum(tl.where(cols[:, None] == m, parts, 0.0), 0)  # row m's [PARTS_PAD]
             x = _normed(x, row_parts[None, :], K, eps, norm_w)
@@ -97,7 +98,7 @@ def _accumulate(acc, w, x_ptr, k0, M, K, stride_x, parts, eps, norm_w_ptr,
         if NORM:
             x = _normed(x, parts, K, eps, norm_w)
         return tl.dot(w, tl.trans(x), acc, input_precision="ieee")
-    return _fma_accumulate(acc, w, x_ptr, offs_k, mask_k, K, stride_x, parts, eps, norm_w,
+    return _fma_accumulate(acc, w, x_ptr, offs_k, mask_k, M, K, stride_x, parts, eps, norm_w,
                            FMA_ROWS, BLOCK_M, SILU_MUL, NORM)
 
 
@@ -121,7 +122,8 @@ def gemv_kernel(
 ):
     """Program (pid_n, pid_k): rows [pid_n * BLOCK_N, +BLOCK_N) of y over K slice pid_k. M is a
     run-time value on the dot path (one compile for every M it takes); the FMA path unrolls its
-    FMA_ROWS (= M) rows. With PARTIAL (split K), the last slice of a row block to finish sums the
+    FMA_ROWS (= BLOCK_M, M rounded up to a power of two: 4 compiles cover M <= 8, which start-up
+    meets) rows, those >= M masked. With PARTIAL (split K), the last slice of a row block to finish sums the
     block's partials and writes y (pagedlm.ops.counters.last_to_arrive)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)

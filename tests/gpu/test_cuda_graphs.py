@@ -115,7 +115,6 @@ def _check_each_replay(runner: ModelRunner, run: Run) -> None:
     the logits of the replay's hidden states and, where the graph computes them, its own logits,
     whose argmax must be the graph's and be in last_sampled at the rows of the samples."""
     graphs = runner.graphs
-    graphs._output.fill_(float("nan"))  # padding rows stay garbage, real rows are written
     replay, compute_logits = graphs.replay, runner.model.compute_logits
 
     def checked_replay(size: int) -> torch.Tensor:
