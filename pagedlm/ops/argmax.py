@@ -7,8 +7,9 @@ the H200 it took 26 µs for one row of llama3-8b's 128,256 logits, 8.6 µs for q
 (session 9, benchmarks/results/2026-11-30-h200-s9/run3/argmax_probe.py), then index_copy_ wrote
 the table. Here two kernels take 3-4 µs: NUM_CHUNKS programs a row each reduce an interleaved
 share of the row (blocks chunk, chunk + NUM_CHUNKS, ...) to its max and that max's first index;
-one program a row reduces those and writes the id twice. A NaN logit's pick is unspecified
-(torch.argmax picks the NaN); the logits of a finite model have none.
+one program a row reduces those and writes the id twice. NaN counts as +inf (torch.argmax takes
+NaN as the largest value: the same pick unless a row holds +inf before its first NaN), so the id is
+always in [0, V), even for a graph's padding rows, whose hidden states are garbage.
 """
 from __future__ import annotations
 
@@ -23,6 +24,13 @@ patch_interpreter()  # the chunk loop's start is a program-id tensor
 
 BLOCK = 512  # logits a program reads at a time
 MAX_CHUNKS = 128  # programs a row (the probe: 128 x 512 fastest of 32/64/128 chunks)
+
+
+@triton.jit
+def _load_keys(ptrs, mask):
+    """Logits at ptrs as float32 comparison keys: NaN as +inf, -inf where masked off."""
+    x = tl.load(ptrs, mask=mask, other=float("-inf")).to(tl.float32)
+    return tl.where(x != x, float("inf"), x)
 
 
 @triton.jit
@@ -41,11 +49,11 @@ def argmax_chunks_kernel(
     row_ptr = logits_ptr + row.to(tl.int64) * stride_row
     offs = chunk * BLOCK + tl.arange(0, BLOCK)
     pdl.wait_for_producers(PDL)
-    best = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
+    best = _load_keys(row_ptr + offs, offs < vocab)
     best_idx = offs
     for start in range((chunk + NUM_CHUNKS) * BLOCK, vocab, NUM_CHUNKS * BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        x = tl.load(row_ptr + offs, mask=offs < vocab, other=float("-inf")).to(tl.float32)
+        x = _load_keys(row_ptr + offs, offs < vocab)
         better = x > best
         best = tl.where(better, x, best)
         best_idx = tl.where(better, offs, best_idx)

@@ -54,6 +54,16 @@ def test_rows_of_minus_inf_pick_zero() -> None:
     assert run_triton(logits, torch.tensor([1, 2], device=DEVICE)).tolist() == [0, 900]
 
 
+def test_nan_counts_as_the_largest_value() -> None:
+    """As torch.argmax: the first NaN wins; a row of NaN (a graph's garbage padding row) picks 0,
+    never an id past the vocabulary."""
+    logits = torch.randn(3, 1100, device=DEVICE)
+    logits[0, [700, 90]] = float("nan")
+    logits[1] = float("nan")
+    logits[2, 1099] = float("nan")
+    assert run_triton(logits, torch.tensor([4, 5, 6], device=DEVICE)).tolist() == [90, 0, 1099]
+
+
 def test_no_rows() -> None:
     logits = torch.randn(0, 50, device=DEVICE)
     assert run_triton(logits, torch.zeros(0, dtype=torch.int64, device=DEVICE)).shape == (0,)
