@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/host_step.py [--batch-sizes 1,32]
         [--input-len 128] [--output-len 512] [--vocab 1024] [--repeats 5] [--device cpu]
-        [--count-ops] [--profile out.prof] [--shape qwen3-0.6b] [--graphs]
+        [--count-ops] [--profile out.prof] [--shape qwen3-0.6b] [--graphs] [--temperature 0.6]
 
 A Qwen3-shaped model with dummy weights and a tiny body (hidden 64, 2 layers), float32 on the
 CPU, async scheduling on, the H200's engine defaults (max_num_seqs 1024, max_num_batched_tokens
@@ -26,7 +26,8 @@ the dispatcher (aten ops, which cost similar host time on CUDA) per step. --prof
 cProfile of one host run at the first batch size (read it with `python -m pstats`).
 --shape qwen3-0.6b|llama3-8b uses that model's real shape in bf16 (GPU): then the replay time
 printed is the real decode forward's, and the stubbed "host" time is the step without it.
---graphs (CPU): the CUDA-graph path without CUDA: decode steps of up to the largest capture size
+--temperature 0.6 samples as T1 does (a seed per request) instead of greedily: the sampler's
+host cost. --graphs (CPU): the CUDA-graph path without CUDA: decode steps of up to the largest capture size
 take the runner's graph path (padding, block-table loads, the graph's greedy ids) over stand-in
 graphs whose replay launches nothing and whose logits and argmax are static tensors (on CUDA a
 replay is one API call, and the LM head, argmax and input gather run inside it); both timings
@@ -81,14 +82,15 @@ class ForwardStub:
 
 
 class HostGraphs(DecodeGraphs):
-    """--graphs: stand-in graphs on the CPU. A replay launches nothing; sizes up to
-    MAX_LOGITS_ROWS have static logits and argmax (token 0, which last_sampled does not get:
+    """--graphs: stand-in graphs on the CPU. A replay launches nothing and returns static hidden
+    states; sizes up to MAX_LOGITS_ROWS have static logits and argmax (token 0, which last_sampled does not get:
     nothing reads it here, the forward being a stub or prefills only)."""
 
     def capture(self, stream: Any = None) -> None:
-        vocab_size = self._model.config.vocab_size
+        vocab_size, hidden_size = self._model.config.vocab_size, self._model.config.hidden_size
         for size in self.sizes:
             self._graphs[size] = SimpleNamespace(replay=lambda: None)
+            self._outputs[size] = torch.zeros(size, hidden_size)
             if size <= MAX_LOGITS_ROWS:
                 self._logits[size] = torch.zeros(size, vocab_size)
                 self._argmax[size] = torch.zeros(size, dtype=torch.int64)
@@ -118,6 +120,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--shape", default=None, choices=["qwen3-0.6b", "llama3-8b"],
                         help="a real model's shape in bf16 instead of the tiny body (GPU)")
     parser.add_argument("--profile", default=None, help="write a cProfile of one host run here")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="> 0: sample at this temperature, a seed per request (T1: 0.6)")
     parser.add_argument("--graphs", action="store_true",
                         help="CPU: decode steps take the CUDA-graph path over stand-in graphs")
     args = parser.parse_args()
@@ -140,10 +144,16 @@ def _build(folder: Path, args: argparse.Namespace) -> LLM:
                seed=0)
 
 
-def _generate(llm: LLM, prompts: list[list[int]], output_len: int) -> float:
+def _params(num_prompts: int, output_len: int, temperature: float) -> list[SamplingParams]:
+    """Greedy, or sampled at `temperature` with a seed per request (as gpu_workloads.py's T1)."""
+    return [SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=True,
+                           seed=i if temperature > 0 else None) for i in range(num_prompts)]
+
+
+def _generate(llm: LLM, prompts: list[list[int]], output_len: int, temperature: float) -> float:
     """Seconds of one generate call: CPU time of the process on the CPU (steadier than wall time
     on a shared machine; the engine runs in one thread), wall time on CUDA."""
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    params = _params(len(prompts), output_len, temperature)
     clock = time.perf_counter if llm.llm_engine.config.device.type == "cuda" else time.process_time
     start = clock()
     outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -153,15 +163,15 @@ def _generate(llm: LLM, prompts: list[list[int]], output_len: int) -> float:
 
 
 def _min_time(llm: LLM, prompts: list[list[int]], args: argparse.Namespace) -> float:
-    _generate(llm, prompts, args.output_len)  # warm-up
-    return min(_generate(llm, prompts, args.output_len) for _ in range(args.repeats))
+    _generate(llm, prompts, args.output_len, args.temperature)  # warm-up
+    return min(_generate(llm, prompts, args.output_len, args.temperature) for _ in range(args.repeats))
 
 
-def _count_ops(llm: LLM, prompts: list[list[int]], output_len: int) -> tuple[float, Counter]:
+def _count_ops(llm: LLM, prompts: list[list[int]], output_len: int,
+               temperature: float) -> tuple[float, Counter]:
     """Aten ops per decode step, counted over the steady steps (first and last 8 left out)."""
     engine = llm.llm_engine
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    for i, prompt in enumerate(prompts):
+    for i, (prompt, params) in enumerate(zip(prompts, _params(len(prompts), output_len, temperature))):
         engine.add_request(f"count-{i}", prompt, params, final_only=True)
     num_steps = 0
     counter = OpCounter()
@@ -177,7 +187,8 @@ def _count_ops(llm: LLM, prompts: list[list[int]], output_len: int) -> tuple[flo
     return sum(counter.counts.values()) / num_counted, counter.counts
 
 
-def _event_wait_us(llm: LLM, prompts: list[list[int]], output_len: int) -> tuple[float, float]:
+def _event_wait_us(llm: LLM, prompts: list[list[int]], output_len: int,
+                   temperature: float) -> tuple[float, float]:
     """(step µs, µs of it the host spent blocked in torch.cuda.Event.synchronize) over one generate
     call (CUDA): each step's event, after its work and its output copy. A host that seldom waits
     is the bottleneck; one that waits most of the step waits for the GPU."""
@@ -192,7 +203,7 @@ def _event_wait_us(llm: LLM, prompts: list[list[int]], output_len: int) -> tuple
 
     torch.cuda.Event.synchronize = timed
     try:
-        seconds = _generate(llm, prompts, output_len)
+        seconds = _generate(llm, prompts, output_len, temperature)
     finally:
         torch.cuda.Event.synchronize = synchronize
     return seconds / output_len * 1e6, waited / output_len * 1e6
@@ -234,18 +245,18 @@ def _run_batch(args: argparse.Namespace, batch_size: int, folder: Path) -> dict[
         replay_us = _replay_gpu_us(runner.graphs, batch_size)
         print(f"batch {batch_size}: one decode-graph replay takes {replay_us:.1f} µs of GPU time")
     if args.count_ops:
-        ops_per_step, counts = _count_ops(llm, prompts, args.output_len)
+        ops_per_step, counts = _count_ops(llm, prompts, args.output_len, args.temperature)
         result["aten_ops_per_step"] = ops_per_step
         num_counted = max(args.output_len - 16, 1)
         top = ", ".join(f"{name} {n / num_counted:.1f}" for name, n in counts.most_common(12))
         print(f"batch {batch_size}: aten ops per decode step: {top}")
     if args.profile and batch_size == int(args.batch_sizes.split(",")[0]):
-        cProfile.runctx("_generate(llm, prompts, args.output_len)", globals(),
+        cProfile.runctx("_generate(llm, prompts, args.output_len, args.temperature)", globals(),
                         {"llm": llm, "prompts": prompts, "args": args, "_generate": _generate},
                         args.profile)
     if on_cuda:  # last: with the real forward again
         runner.model = runner.model._model
-        step_us, wait_us = _event_wait_us(llm, prompts, args.output_len)
+        step_us, wait_us = _event_wait_us(llm, prompts, args.output_len, args.temperature)
         print(f"batch {batch_size}: a step takes {step_us:.1f} µs, of which the host waits {wait_us:.1f} µs "
               f"for the GPU (event synchronize) and works {step_us - wait_us:.1f} µs")
     return result
