@@ -5,8 +5,9 @@ table (this step's K/V are already in the cache). Query heads sharing a KV head 
 together, so every K/V tile is loaded once per group: a tile row is (query token, head in group).
 Scores and the online softmax run in fp32, in the log2 domain (exp2 with scale * log2(e)).
 
-Program mapping (no host sync): the grid is (cdiv(T, BLOCK_Q) + num_seqs, num_kv_heads). Sequence b
-owns the tile indices [qsl[b] // BLOCK_Q + b, qsl[b+1] // BLOCK_Q + b + 1), which covers its
+Program mapping (no host sync): the grid is (cdiv(T, BLOCK_Q) + num_seqs - tile_base, num_kv_heads),
+program p taking tile p + tile_base (tile_base is 0 but in a mixed batch's second launch, below).
+Sequence b owns the tile indices [qsl[b] // BLOCK_Q + b, qsl[b+1] // BLOCK_Q + b + 1), which covers its
 cdiv(query_len, BLOCK_Q) tiles; each program finds its sequence by a binary search of
 query_start_loc and exits early if its tile is past the sequence's queries. Unlike a
 num_seqs x cdiv(max_query_len, BLOCK_Q) grid, this launches ~T / BLOCK_Q programs for a mixed batch
@@ -14,10 +15,12 @@ with one long prefill, and the grid depends only on (T, num_seqs), which CUDA gr
 A decode-only batch (max_query_len <= 1, known on the host) skips the search: one program per
 sequence and KV head (the search's ~log2(B) dependent loads were a visible part of a short decode).
 A mixed batch whose first meta.num_decodes sequences have one query token each takes two launches:
-those sequences as a decode batch, then the rest with the search (its tiles numbered from
-tile_base = first_seq // BLOCK_Q + first_seq, first_seq = num_decodes). In one launch a decode
-would take a whole query tile (16 tokens x a group's heads) for its one token, and the tiles'
-grid order, built for prefill (below).
+those sequences as a decode batch, then sequences [first_seq = num_decodes, num_seqs) with the
+search, from tile_base = first_seq // BLOCK_Q + first_seq (first_seq's first tile, as qsl[first_seq]
+= first_seq). In one launch each decode would take a whole query tile (BLOCK_M rows, of which only a
+group's heads of one token are real) and the prefill tiles' grid order (below). H200, session 9
+(attention_kernels.py --mixed): a T1-like mixed step's attention 0.270 -> 0.249 ms, a T3-like one
+1.370 -> 1.330.
 
 Decode launch order (ORDERED): a few decode tiles fill an SM's shared memory, so the SMs take the
 programs in launch order, a few at a time, and a ragged batch ends when its last-started long sequence does
@@ -292,6 +295,9 @@ def varlen_attention(
     num_decodes = meta.num_seqs if meta.max_query_len <= 1 else meta.num_decodes
     if not 0 <= num_decodes <= meta.num_seqs:
         raise ValueError(f"num_decodes must be in [0, num_seqs={meta.num_seqs}]; got {num_decodes}")
+    if num_decodes and meta.max_query_len > 1 and int(meta.query_start_loc_cpu[num_decodes]) != num_decodes:
+        raise ValueError(f"num_decodes={num_decodes}: the first num_decodes sequences must have one query "
+                         f"token each; they have {int(meta.query_start_loc_cpu[num_decodes])} in all")
     order = decode_order(meta, num_decodes)
     if num_decodes:
         _launch(q, kv_cache, meta, scale, sliding_window, out, num_decodes, order=order)
@@ -310,6 +316,7 @@ def _launch(
     constexprs = kernel_constexprs(q, kv_cache, sliding_window)
     group_pad = triton.next_power_of_2(constexprs["GROUP"])
     decode = first_seq is None
+    seq_base, tile_base = 0, 0
     block_m = varlen_block_m(1 if decode else meta.max_query_len, group_pad)
     prefill = block_m > 16
     if prefill and q.shape[2] <= 128:
@@ -317,15 +324,14 @@ def _launch(
     elif q.shape[2] <= 128 and kv_cache.element_size() == 2:  # fp32 tiles would overflow shared memory
         constexprs["BLOCK_N"] = DECODE_BLOCK_N
     if decode:  # grid (KV heads, sequences): see the module notes
-        first_seq = tile_base = 0
         grid = (kv_cache.shape[3], num_seqs)
     else:
         block_q = block_m // group_pad
-        tile_base = first_seq // block_q + first_seq  # sequence first_seq's first tile: qsl[first_seq] = first_seq
+        seq_base, tile_base = first_seq, first_seq // block_q + first_seq  # (module notes)
         grid = (triton.cdiv(q.shape[0], block_q) + num_seqs - tile_base, kv_cache.shape[3])
     paged_attention_kernel[grid](
         out, q, kv_cache[0], kv_cache[1], meta.block_table, meta.query_start_loc, meta.seq_lens, order,
-        num_seqs, first_seq, tile_base, scale * LOG2_E, sliding_window or 0,
+        num_seqs, seq_base, tile_base, scale * LOG2_E, sliding_window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), meta.block_table.stride(0),
         *cache_strides(kv_cache), GROUP_PAD=group_pad, BLOCK_M=block_m, DECODE=decode,
         ORDERED=order is not None, **constexprs,

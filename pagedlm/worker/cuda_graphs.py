@@ -26,7 +26,9 @@ ids overwrite last_sampled after the replay. The host's launch of those ops was 
 step's host time (session 7's profile). The argmax is ops/argmax.py's two kernels (torch.argmax
 took 26 µs a row of llama3-8b's logits). Hidden states, logits and ids live in the graph's pool,
 valid only until the next replay (of any size: sizes share the pool); the runner reads them right
-after the replay, in stream order.
+after the replay, in stream order. Each size's hidden states stay allocated in the pool (~86 MB
+for llama3-8b's 51 sizes up to 512, which the trial capture counts before the KV cache is sized):
+a copy into one shared static buffer cost a kernel a step and broke the PDL chain into the LM head.
 
 The host ints of the captured AttentionMetadata are fixed per size: num_tokens = num_seqs = size,
 max_query_len 1, max_seq_len = max_model_len. So the backend's choice of kernel (varlen or split
@@ -129,8 +131,8 @@ class DecodeGraphs:
         self.block_table_version = version
 
     def replay(self, size: int) -> torch.Tensor:
-        """[size, hidden_size] hidden states of the padded batch in the static buffers (valid
-        until the next replay)."""
+        """[size, hidden_size] hidden states of the padded batch, the graph's own tensor in the
+        pool (valid until the next replay)."""
         self._graphs[size].replay()
         return self._outputs[size]
 

@@ -208,7 +208,8 @@ class InputBatch:
             rows_version=self.rows_version, bucket_tokens=bucket_tokens,
             bucket_seqs=buf.bucket(num_seqs),
             reuse_seq_sections=reuse_block_table and key.reuses_seq_sections(previous),
-            reuse_block_table=reuse_block_table, num_decodes=leading_decodes(ragged.num_scheduled))
+            reuse_block_table=reuse_block_table,
+            num_decodes=num_seqs if num_tokens == num_seqs else leading_decodes(ragged.num_scheduled))
         self._fill(buf, layout, ragged, samples, placeholder_idx)
         self.pending_position_np[samples.rows_np] = samples.positions_np
         self.num_computed_tokens_np[rows] = ragged.seq_lens

@@ -274,7 +274,12 @@ def test_decode_order_keeps_the_output(case: str, order_kind: str) -> None:
 MIXED_CASES = {
     "decodes_then_prefill": ([30, 5, 0, 70, 12, 0], [1, 1, 1, 1, 17, 40], 4, 2, 32, 16, None, torch.float32, 2),
     "gqa4_window_bs32": ([9, 50, 22, 3], [1, 1, 33, 6], 8, 2, 64, 32, 17, torch.float16, 0),
-    "one_decode_one_chunk": ([64], [1], 2, 1, 32, 16, None, torch.float32, 0),
+    "one_decode_one_chunk": ([64, 0], [1, 21], 2, 1, 32, 16, None, torch.float32, 0),
+    # more leading decodes than a query tile holds tokens (BLOCK_Q 16 here, 2 below): tile_base's
+    # first_seq // BLOCK_Q term is not 0
+    "twenty_decodes": ([3, 17, 0, 40, 9, 1, 22, 5, 30, 11, 2, 8, 14, 0, 27, 6, 19, 4, 33, 12, 10, 0],
+                       [1] * 20 + [30, 17], 8, 2, 32, 16, None, torch.float32, 1),
+    "group8_short_chunks": ([3, 9, 1, 4, 7, 5, 2], [1, 1, 1, 1, 1, 2, 2], 8, 1, 32, 16, None, torch.float32, 0),
 }
 
 
@@ -285,13 +290,10 @@ def test_mixed_batch_attends_its_decodes_apart(case: str, marked: str) -> None:
     decode launch for them and a tiled one for the rest: both match the reference, whether all
     leading decodes are marked or only some (the rest then take query tiles)."""
     ctx_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, window, dtype, num_pad = MIXED_CASES[case]
-    if case == "one_decode_one_chunk":
-        ctx_lens, query_lens = ctx_lens + [0], query_lens + [21]
     batch = make_batch(ctx_lens, query_lens, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                        block_size=block_size, dtype=dtype, num_pad_tokens=num_pad)
     write_cache(batch)
-    num_decodes = query_lens.index(max(query_lens)) if marked == "all" else 1
-    num_decodes = min(num_decodes, next(i for i, n in enumerate(query_lens) if n != 1))
+    num_decodes = next(i for i, n in enumerate(query_lens) if n != 1) if marked == "all" else 1
     meta, scale = batch.meta, head_dim**-0.5
     order = lpt_order(meta.seq_lens_cpu[:num_decodes])
     mixed = dataclasses.replace(meta, num_decodes=num_decodes, decode_order=order.to(DEVICE))
@@ -316,6 +318,8 @@ def test_mixed_batch_takes_two_launches(monkeypatch: pytest.MonkeyPatch) -> None
     assert launches == [(3, 0)]
     with pytest.raises(ValueError, match="num_decodes must be in"):
         varlen_attention(batch.q, batch.kv_cache, dataclasses.replace(batch.meta, num_decodes=4), 0.2, None)
+    with pytest.raises(ValueError, match="num_decodes=3: the first num_decodes sequences must have one"):
+        varlen_attention(batch.q, batch.kv_cache, dataclasses.replace(batch.meta, num_decodes=3), 0.2, None)
 
 
 def test_decode_order_is_what_the_kernel_follows() -> None:

@@ -120,6 +120,7 @@ def _check_each_replay(runner: ModelRunner, run: Run) -> None:
     def checked_replay(size: int) -> torch.Tensor:
         num_seqs = len(runner.input_batch._previous.req_ids)
         expected = compute_logits(_eager_decode(runner, size, num_seqs))
+        graphs._outputs[size].fill_(float("nan"))  # the replay must write every real row again
         hidden = replay(size)
         run.replays.append(ReplayCheck(num_seqs, size, compute_logits(hidden[:num_seqs]), expected))
         graph_logits = graphs.logits(size)  # the graph's own LM head, up to MAX_LOGITS_ROWS rows
