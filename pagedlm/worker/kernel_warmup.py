@@ -8,7 +8,10 @@ happens while serving). The capture covers decode batches; these steps add
 - the fused random draw with a temperature and without one,
 - a decode step of each (eager under enforce_eager), the last one over more than
   MIN_KEYS_PER_SPLIT keys: the split-decode kernel, which a decode over a short context never takes
-  (with CUDA graphs the capture has launched it already; its prompt then only costs a prefill).
+  (with CUDA graphs the capture has launched it already; its prompt then only costs a prefill),
+- a mixed step, a decode ahead of a 2-token prompt: the varlen kernel's decode launch for a mixed
+  step's leading decodes (decode-only steps replay graphs, and where every capture size takes the
+  split decode, as at small max_num_seqs and long max_model_len, nothing else launches it).
 They run on the real KV cache before any request exists, in blocks no request owns yet (not the
 null block, which pads block tables)."""
 from __future__ import annotations
@@ -51,8 +54,31 @@ def warm_up_kernels(runner: ModelRunner) -> None:
             new_reqs, cached_reqs = ([new], []) if start == 0 else ([], [CachedRequestData(req_id, [], start)])
             _step(runner, new_reqs, cached_reqs, chunk, req_id, sample=start + chunk == num_prompt)
         _step(runner, [], [CachedRequestData(req_id, [], num_prompt)], 1, req_id, sample=True)
-        runner.execute_model(SchedulerOutput(new_reqs=[], cached_reqs=[], num_scheduled_tokens={},
-                                             total_num_scheduled_tokens=0, finished_req_ids={req_id}))
+        _finish(runner, {req_id})
+    _mixed_step(runner)
+
+
+def _mixed_step(runner: ModelRunner) -> None:
+    """A 2-token prompt's prefill, then its decode in one step with a new 2-token prompt (decode
+    first, as the scheduler orders them), then both leave. Skipped where no step can hold both."""
+    if (runner.max_num_tokens < 3 or runner.config.scheduler.max_num_seqs < 2
+            or NULL_BLOCK_ID + 2 >= runner.input_batch.num_kv_blocks):
+        return
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    decode, prompt = (NewRequestData(req_id=f"_warmup_{name}", prompt_token_ids=[0, 0], output_token_ids=[],
+                                     sampling_params=params, block_ids=[NULL_BLOCK_ID + 1 + i],
+                                     num_computed_tokens=0) for i, name in enumerate(("decode", "prompt")))
+    _step(runner, [decode], [], 2, decode.req_id, sample=True)
+    mixed = SchedulerOutput(new_reqs=[prompt], cached_reqs=[CachedRequestData(decode.req_id, [], 2)],
+                            num_scheduled_tokens={decode.req_id: 1, prompt.req_id: 2},
+                            total_num_scheduled_tokens=3, sampling_req_ids={decode.req_id, prompt.req_id})
+    runner.execute_model(mixed).get_output()
+    _finish(runner, {decode.req_id, prompt.req_id})
+
+
+def _finish(runner: ModelRunner, req_ids: set[str]) -> None:
+    runner.execute_model(SchedulerOutput(new_reqs=[], cached_reqs=[], num_scheduled_tokens={},
+                                         total_num_scheduled_tokens=0, finished_req_ids=req_ids))
 
 
 def _step(runner: ModelRunner, new_reqs: list[NewRequestData], cached_reqs: list[CachedRequestData],

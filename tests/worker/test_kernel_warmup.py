@@ -16,23 +16,42 @@ def test_warm_up_leaves_no_trace(tiny):
     steps_before = runner._num_steps
     warm_up_kernels(runner)
     max_prompt = runner.config.model.max_model_len - 1
-    # per request: its prompt in chunks of the 32-token budget, then a decode step
-    assert runner._num_steps == steps_before + sum(cdiv(min(n, max_prompt), 32) + 1 for n, _ in WARM_UP_REQUESTS)
+    # per request: its prompt in chunks of the 32-token budget, then a decode step; then the mixed
+    # step's two (a prefill, then its decode with a new prompt)
+    assert runner._num_steps == steps_before + sum(cdiv(min(n, max_prompt), 32) + 1 for n, _ in WARM_UP_REQUESTS) + 2
     assert runner.input_batch.num_reqs == 0 and runner.input_batch.req_id_to_row == {}
     sched = MiniScheduler(block_size=8, max_num_seqs=3, token_budget=32)
     sched.add(Req("after", random_prompt(7, 60), 4))
     assert run_requests(runner, sched, async_mode=True)["after"] == hf_greedy(hf_model, 4, random_prompt(7, 60))
 
 
+def _long_context_copy(folder, tmp_path):
+    """The tiny model's folder with max_position_embeddings 512."""
+    import json
+    import shutil
+
+    long_folder = tmp_path / "long"
+    shutil.copytree(folder, long_folder)
+    config = json.loads((long_folder / "config.json").read_text())
+    (long_folder / "config.json").write_text(json.dumps(dict(config, max_position_embeddings=512)))
+    return long_folder
+
+
 @pytest.mark.gpu
-def test_no_compile_while_serving(tiny):
+@pytest.mark.parametrize("max_model_len", [None, 512])
+def test_no_compile_while_serving(tiny, tmp_path, max_model_len):
     """Prompts of 1..33 tokens chunked by a 12-token budget, greedy, temperature 0.7 and 1.0, top-p:
-    every kernel specialisation these steps launch was compiled at start-up."""
+    every kernel specialisation these steps launch was compiled at start-up. With max_model_len 512
+    every captured graph takes the split decode, so only the warm-up's mixed step launches the varlen
+    kernel's decode part before serving does."""
     from pagedlm.ops.jit_watch import compile_watch
 
     folder, _ = tiny
+    extra = {}
+    if max_model_len:
+        folder, extra = _long_context_copy(folder, tmp_path), dict(max_model_len=max_model_len, num_blocks=70)
     runner = make_runner(make_config(folder, max_num_seqs=4, max_num_batched_tokens=12, device="cuda",
-                                     attention_backend="auto"))
+                                     attention_backend="auto", **extra))
     first = len(compile_watch().events)
     sched = MiniScheduler(block_size=8, max_num_seqs=4, token_budget=12)
     temperatures = (0.0, 0.7, 1.0)
@@ -49,15 +68,9 @@ def test_eager_warm_up_launches_the_split_decode_kernel(tiny, tmp_path, monkeypa
     """Without CUDA graphs no capture launches the split-decode kernel (a decode over a short context
     never takes it): the warm-up's last request decodes over more than MIN_KEYS_PER_SPLIT keys, and
     that step must take it (Triton under the interpreter on CPU)."""
-    import json
-    import shutil
-
     from pagedlm.attention import triton_backend
 
-    folder = tmp_path / "long"
-    shutil.copytree(tiny[0], folder)
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps(dict(config, max_position_embeddings=512)))
+    folder = _long_context_copy(tiny[0], tmp_path)
     runner = make_runner(make_config(folder, max_num_batched_tokens=128, max_model_len=512, num_blocks=70,
                                      attention_backend="triton"))
     split_counts = []
@@ -70,3 +83,21 @@ def test_eager_warm_up_launches_the_split_decode_kernel(tiny, tmp_path, monkeypa
     monkeypatch.setattr(triton_backend, "split_decode_attention", spy)
     warm_up_kernels(runner)
     assert split_counts and min(split_counts) >= 2, split_counts
+
+
+def test_warm_up_launches_a_mixed_steps_decode_part(tiny, monkeypatch):
+    """The warm-up's mixed step attends to its leading decode with the varlen kernel's decode launch,
+    then to the prompt with query tiles (Triton under the interpreter on CPU)."""
+    from pagedlm.attention import triton_paged
+
+    runner = make_runner(make_config(tiny[0], max_num_batched_tokens=32, attention_backend="triton"))
+    launches = []
+    launch = triton_paged._launch
+
+    def spy(q, kv_cache, meta, scale, sliding_window, out, num_seqs, order=None, first_seq=None):
+        launches.append((meta.num_seqs, num_seqs, first_seq))
+        return launch(q, kv_cache, meta, scale, sliding_window, out, num_seqs, order, first_seq)
+
+    monkeypatch.setattr(triton_paged, "_launch", spy)
+    warm_up_kernels(runner)
+    assert (2, 1, None) in launches and (2, 2, 1) in launches, sorted(set(launches))
