@@ -27,7 +27,9 @@ cProfile of one host run at the first batch size (read it with `python -m pstats
 --shape qwen3-0.6b|llama3-8b uses that model's real shape in bf16 (GPU): then the replay time
 printed is the real decode forward's, and the stubbed "host" time is the step without it.
 --temperature 0.6 samples as T1 does (a seed per request) instead of greedily: the sampler's
-host cost. --graphs (CPU): the CUDA-graph path without CUDA: decode steps of up to the largest capture size
+host cost. --ragged gives request i max_tokens drawn from [output_len / 4, output_len] (fixed seed),
+so requests finish one by one as in T1 (each finish changes the batch: the steps that re-lay it out);
+per-step times then divide by the steps the run took. --graphs (CPU): the CUDA-graph path without CUDA: decode steps of up to the largest capture size
 take the runner's graph path (padding, block-table loads, the graph's greedy ids) over stand-in
 graphs whose replay launches nothing and whose logits and argmax are static tensors (on CUDA a
 replay is one API call, and the LM head, argmax and input gather run inside it); both timings
@@ -120,6 +122,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--shape", default=None, choices=["qwen3-0.6b", "llama3-8b"],
                         help="a real model's shape in bf16 instead of the tiny body (GPU)")
     parser.add_argument("--profile", default=None, help="write a cProfile of one host run here")
+    parser.add_argument("--ragged", action="store_true", help="requests finish one by one (T1-like)")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="> 0: sample at this temperature, a seed per request (T1: 0.6)")
     parser.add_argument("--graphs", action="store_true",
@@ -144,34 +147,40 @@ def _build(folder: Path, args: argparse.Namespace) -> LLM:
                seed=0)
 
 
-def _params(num_prompts: int, output_len: int, temperature: float) -> list[SamplingParams]:
-    """Greedy, or sampled at `temperature` with a seed per request (as gpu_workloads.py's T1)."""
-    return [SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=True,
-                           seed=i if temperature > 0 else None) for i in range(num_prompts)]
+def _params(num_prompts: int, args: argparse.Namespace) -> list[SamplingParams]:
+    """Greedy, or sampled at args.temperature with a seed per request (as gpu_workloads.py's T1);
+    every request args.output_len tokens, or with --ragged from [output_len / 4, output_len], the
+    last one output_len (so the run takes output_len decode steps either way)."""
+    rng = random.Random(1)
+    lengths = [rng.randint(max(args.output_len // 4, 1), args.output_len) if args.ragged else args.output_len
+               for _ in range(num_prompts - 1)] + [args.output_len]
+    temperature = args.temperature
+    return [SamplingParams(temperature=temperature, max_tokens=length, ignore_eos=True,
+                           seed=i if temperature > 0 else None) for i, length in enumerate(lengths)]
 
 
-def _generate(llm: LLM, prompts: list[list[int]], output_len: int, temperature: float) -> float:
+def _generate(llm: LLM, prompts: list[list[int]], args: argparse.Namespace) -> float:
     """Seconds of one generate call: CPU time of the process on the CPU (steadier than wall time
     on a shared machine; the engine runs in one thread), wall time on CUDA."""
-    params = _params(len(prompts), output_len, temperature)
+    params = _params(len(prompts), args)
     clock = time.perf_counter if llm.llm_engine.config.device.type == "cuda" else time.process_time
     start = clock()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = clock() - start
-    assert all(len(o.outputs[0].token_ids) == output_len for o in outputs)
+    assert [len(o.outputs[0].token_ids) for o in outputs] == [p.max_tokens for p in params]
     return elapsed
 
 
 def _min_time(llm: LLM, prompts: list[list[int]], args: argparse.Namespace) -> float:
-    _generate(llm, prompts, args.output_len, args.temperature)  # warm-up
-    return min(_generate(llm, prompts, args.output_len, args.temperature) for _ in range(args.repeats))
+    _generate(llm, prompts, args)  # warm-up
+    return min(_generate(llm, prompts, args) for _ in range(args.repeats))
 
 
-def _count_ops(llm: LLM, prompts: list[list[int]], output_len: int,
-               temperature: float) -> tuple[float, Counter]:
+def _count_ops(llm: LLM, prompts: list[list[int]], args: argparse.Namespace) -> tuple[float, Counter]:
     """Aten ops per decode step, counted over the steady steps (first and last 8 left out)."""
     engine = llm.llm_engine
-    for i, (prompt, params) in enumerate(zip(prompts, _params(len(prompts), output_len, temperature))):
+    output_len = args.output_len
+    for i, (prompt, params) in enumerate(zip(prompts, _params(len(prompts), args))):
         engine.add_request(f"count-{i}", prompt, params, final_only=True)
     num_steps = 0
     counter = OpCounter()
@@ -187,8 +196,7 @@ def _count_ops(llm: LLM, prompts: list[list[int]], output_len: int,
     return sum(counter.counts.values()) / num_counted, counter.counts
 
 
-def _event_wait_us(llm: LLM, prompts: list[list[int]], output_len: int,
-                   temperature: float) -> tuple[float, float]:
+def _event_wait_us(llm: LLM, prompts: list[list[int]], args: argparse.Namespace) -> tuple[float, float]:
     """(step µs, µs of it the host spent blocked in torch.cuda.Event.synchronize) over one generate
     call (CUDA): each step's event, after its work and its output copy. A host that seldom waits
     is the bottleneck; one that waits most of the step waits for the GPU."""
@@ -203,10 +211,10 @@ def _event_wait_us(llm: LLM, prompts: list[list[int]], output_len: int,
 
     torch.cuda.Event.synchronize = timed
     try:
-        seconds = _generate(llm, prompts, output_len, temperature)
+        seconds = _generate(llm, prompts, args)
     finally:
         torch.cuda.Event.synchronize = synchronize
-    return seconds / output_len * 1e6, waited / output_len * 1e6
+    return seconds / args.output_len * 1e6, waited / args.output_len * 1e6
 
 
 def _replay_gpu_us(graphs: Any, batch_size: int, num_replays: int = 200) -> float:
@@ -245,18 +253,18 @@ def _run_batch(args: argparse.Namespace, batch_size: int, folder: Path) -> dict[
         replay_us = _replay_gpu_us(runner.graphs, batch_size)
         print(f"batch {batch_size}: one decode-graph replay takes {replay_us:.1f} µs of GPU time")
     if args.count_ops:
-        ops_per_step, counts = _count_ops(llm, prompts, args.output_len, args.temperature)
+        ops_per_step, counts = _count_ops(llm, prompts, args)
         result["aten_ops_per_step"] = ops_per_step
         num_counted = max(args.output_len - 16, 1)
         top = ", ".join(f"{name} {n / num_counted:.1f}" for name, n in counts.most_common(12))
         print(f"batch {batch_size}: aten ops per decode step: {top}")
     if args.profile and batch_size == int(args.batch_sizes.split(",")[0]):
-        cProfile.runctx("_generate(llm, prompts, args.output_len, args.temperature)", globals(),
+        cProfile.runctx("_generate(llm, prompts, args)", globals(),
                         {"llm": llm, "prompts": prompts, "args": args, "_generate": _generate},
                         args.profile)
     if on_cuda:  # last: with the real forward again
         runner.model = runner.model._model
-        step_us, wait_us = _event_wait_us(llm, prompts, args.output_len, args.temperature)
+        step_us, wait_us = _event_wait_us(llm, prompts, args)
         print(f"batch {batch_size}: a step takes {step_us:.1f} µs, of which the host waits {wait_us:.1f} µs "
               f"for the GPU (event synchronize) and works {step_us - wait_us:.1f} µs")
     return result
@@ -271,7 +279,8 @@ def main() -> None:
             rows.append(_run_batch(args, batch_size, Path(tmp)))
     print(f"\nvocab {args.vocab}, {args.input_len} prompt + {args.output_len} output tokens, "
           f"device {args.device}, min of {args.repeats}"
-          f"{', stand-in CUDA graphs' if args.graphs else ''}")
+          f"{', stand-in CUDA graphs' if args.graphs else ''}{', ragged outputs' if args.ragged else ''}"
+          f"{f', temperature {args.temperature}' if args.temperature else ''}")
     print("| batch | host µs/step (forward stubbed) | full µs/step (tiny forward) "
           "| aten ops/step |")
     print("|---|---|---|---|")
