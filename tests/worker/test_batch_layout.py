@@ -108,8 +108,8 @@ def test_leading_decodes():
 
 def test_decode_order_is_longest_first(folder):
     """A decode-only step carries its sequences by decreasing length, ties in batch order; a
-    step of prefill chunks only carries none."""
-    runner = make_runner(make_config(folder, max_num_seqs=4, max_num_batched_tokens=48,
+    step of prefill chunks only carries none; a mixed step its leading decodes' order."""
+    runner = make_runner(make_config(folder, max_num_seqs=5, max_num_batched_tokens=48,
                                      block_size=8, num_blocks=16))
     recorder = Recorder(runner.model)
     runner.model = recorder
@@ -130,6 +130,16 @@ def test_decode_order_is_longest_first(folder):
     got = recorder.forwards[1]
     assert got["seq_lens"] == [10, 6, 13, 13]
     assert got["decode_order"] == [2, 3, 0, 1]  # D before B: the tie keeps batch order
+    mixed_order = ["A", "C", "B", "D"]
+    mixed = SchedulerOutput(
+        new_reqs=[NewRequestData("E", _prompt(5, 15), [], GREEDY, [7], 0)],
+        cached_reqs=[CachedRequestData(r, [], len(prompts[r]) + 1) for r in mixed_order],
+        num_scheduled_tokens={**dict.fromkeys(mixed_order, 1), "E": 5}, total_num_scheduled_tokens=9,
+        sampling_req_ids=set(mixed_order) | {"E"})
+    runner.execute_model(mixed).get_output()
+    got = recorder.forwards[2]
+    assert got["seq_lens"] == [7, 11, 14, 14, 5] and got["meta"].num_decodes == 4
+    assert got["decode_order"] == [2, 3, 1, 0]  # B, D (tied), C, A; E is no decode
 
 
 def test_layout_is_the_same_in_sync_and_async(folder):
