@@ -85,12 +85,6 @@ class BatchLayout:
         return len(self.sampling_req_ids)
 
     @property
-    def decode_only(self) -> bool:
-        """At most one query token per sequence: the attention kernels' decode path, launched in
-        decode_order."""
-        return self.max_query_len <= 1
-
-    @property
     def samples_every_token(self) -> bool:
         """One token per request and every request samples: logits rows are 0..num_tokens-1."""
         return len(self.sampling_req_ids) == self.num_tokens
