@@ -248,7 +248,9 @@ def _run_batch(args: argparse.Namespace, batch_size: int, folder: Path) -> dict[
     host_s = _min_time(llm, prompts, args)
     result = {"batch": batch_size, "host_us": host_s / args.output_len * 1e6,
               "full_us": full_s / args.output_len * 1e6}
-    on_cuda = runner.graphs is not None and not args.graphs
+    # The replay reads the static buffers as the last step laid them out: with --ragged that step
+    # had fewer rows than batch_size, and the larger graph would read another layout's sections.
+    on_cuda = runner.graphs is not None and not args.graphs and not args.ragged
     if on_cuda:
         replay_us = _replay_gpu_us(runner.graphs, batch_size)
         print(f"batch {batch_size}: one decode-graph replay takes {replay_us:.1f} µs of GPU time")

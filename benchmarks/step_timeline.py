@@ -106,6 +106,24 @@ def main() -> None:
     print(f"{'idle ' + unit:>12} {'count':>6}  before -> after")
     for (before, after), values in sorted(groups.items(), key=lambda kv: -sum(kv[1]))[:15]:
         print(f"{sum(values) / scale:12.1f} {len(values):6d}  {before} -> {after}")
+    print_by_tenth(spans)
+
+
+def print_by_tenth(spans: list[tuple[float, float, str]]) -> None:
+    """GPU busy and idle ms in each tenth of the whole run (edges included), with the number of
+    device-to-host copies there (about one a step): where in the run the GPU waits."""
+    start, end = spans[0][0], spans[-1][1]
+    width = (end - start) / 10
+    print(f"{'tenth':>5} {'steps':>6} {'busy ms':>8} {'idle ms':>8}  (the whole run)")
+    for i in range(10):
+        lo, hi = start + i * width, start + (i + 1) * width
+        part = [s for s in spans if lo <= s[0] < hi]
+        if not part:
+            print(f"{i + 1:5d} {0:6d} {0.0:8.1f} {width / 1e3:8.1f}")
+            continue
+        busy, _, _ = idle_gaps(part)
+        num_copies = sum(1 for s in part if "DtoH" in s[2])
+        print(f"{i + 1:5d} {num_copies:6d} {busy / 1e3:8.1f} {(width - busy) / 1e3:8.1f}")
 
 
 if __name__ == "__main__":
