@@ -1,6 +1,6 @@
 """GPU: a few engine steps of a workload, host and device on one clock.
 
-    python benchmarks/step_trace.py [--workload T1] [--windows 300:303,40:43]
+    python benchmarks/step_trace.py [--workload T1] [--windows 300:303,40:43] [--phases 0:40]
 
 step_timeline.py finds where the GPU idles; this shows what the host was doing meanwhile. The
 workload's requests go through LLMEngine.step() one step at a time (as LLM.generate does), and
@@ -9,6 +9,9 @@ for each window of steps [a, b) torch.profiler records host and device: the engi
 step's output, the scheduler's update and the output processor), the CUDA runtime calls that
 took more than MIN_CALL_US, and the GPU's busy intervals (merged activities) and idle gaps, in
 order of start. A gap that begins while the host is inside a phase is that phase's doing.
+The profiler slows the host several-fold: --phases a:b instead times each phase of steps [a, b)
+with the host's clock alone (no profiler) and prints one row per step; "wait" is the time the
+host blocked on a step's event: near 0, the host was behind and the GPU idled meanwhile.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -50,6 +54,53 @@ def mark_phases(llm: LLM) -> None:
     engine.output_processor.process_outputs = marked("process_outputs", engine.output_processor.process_outputs)
     cls = runner_output.AsyncRunnerOutput
     cls.get_output = marked("get_output", cls.get_output)
+
+
+class PhaseClock:
+    """Host seconds spent in each wrapped phase since the last reset()."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+        return wrapper
+
+    def reset(self) -> None:
+        self.seconds = {}
+
+
+PHASES = ("schedule", "execute_model", "wait", "update_from_output", "process_outputs")
+
+
+def clock_phases(llm: LLM) -> PhaseClock:
+    engine = llm.llm_engine
+    core = engine.engine_core
+    clock = PhaseClock()
+    core.scheduler.schedule = clock.wrap("schedule", core.scheduler.schedule)
+    core.scheduler.update_from_output = clock.wrap("update_from_output", core.scheduler.update_from_output)
+    core.model_runner.execute_model = clock.wrap("execute_model", core.model_runner.execute_model)
+    engine.output_processor.process_outputs = clock.wrap("process_outputs", engine.output_processor.process_outputs)
+    torch.cuda.Event.synchronize = clock.wrap("wait", torch.cuda.Event.synchronize)
+    return clock
+
+
+def run_phases(llm: LLM, clock: PhaseClock, first: int, steps: int) -> None:
+    """One row per step: µs in each phase (wait: blocked on an event, inside execute_model's or
+    the core's get_output) and the step's total."""
+    print(f"{'step':>5} " + " ".join(f"{name[:10]:>10}" for name in PHASES) + f" {'total':>8}  µs")
+    for i in range(steps):
+        clock.reset()
+        start = time.perf_counter()
+        llm.llm_engine.step()
+        total = time.perf_counter() - start
+        print(f"{first + i:5d} " + " ".join(f"{clock.seconds.get(name, 0.0) * 1e6:10.0f}" for name in PHASES)
+              + f" {total * 1e6:8.0f}")
 
 
 def timeline(trace: dict) -> list[tuple[float, float, str]]:
@@ -109,6 +160,7 @@ def main() -> None:
     parser.add_argument("--workload", default="T1", help="a gpu_workloads.py workload id")
     parser.add_argument("--windows", default="300:303", help="step ranges a:b, comma-separated, ascending")
     parser.add_argument("--trace-dir", default=None, help="keep each window's chrome trace here")
+    parser.add_argument("--phases", default=None, help="a:b: host phase times of steps [a, b), no profiler")
     args = parser.parse_args()
     model, prompts, max_tokens, temperature, overrides = workload(args.workload)
     if len(max_tokens) == 1:
@@ -117,13 +169,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         llm = LLM(model_dir(model, Path(tmp)), load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True,
                   **overrides)
-        warm = [SamplingParams(temperature=temperature, max_tokens=8, ignore_eos=True, seed=0)] * 8
+        warm = SamplingParams(temperature=temperature, max_tokens=8, ignore_eos=True, seed=0)
         llm.generate([{"prompt_token_ids": p} for p in prompts[:8]], warm, use_tqdm=False)
-        mark_phases(llm)
+        if args.phases:
+            clock = clock_phases(llm)
+        else:
+            mark_phases(llm)
         engine = llm.llm_engine
         for i, (prompt, m) in enumerate(zip(prompts, max_tokens)):
             params = SamplingParams(temperature=temperature, max_tokens=m, ignore_eos=True, seed=i)
             engine.add_request(f"r{i}", {"prompt_token_ids": prompt}, params, final_only=True)
+        if args.phases:
+            a, b = (int(x) for x in args.phases.split(":"))
+            for _ in range(a):
+                engine.step()
+            run_phases(llm, clock, a, b - a)
+            return
         step = 0
         for a, b in windows:
             while step < a and engine.has_unfinished_requests():
