@@ -12,11 +12,14 @@ order of start. A gap that begins while the host is inside a phase is that phase
 The profiler slows the host several-fold: --phases a:b instead times each phase of steps [a, b)
 with the host's clock alone (no profiler) and prints one row per step; "wait" is the time the
 host blocked on a step's event: near 0, the host was behind and the GPU idled meanwhile.
+--cprofile N adds a cProfile of those steps (the N functions with the most own time).
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import sys
 import tempfile
 import time
@@ -161,6 +164,8 @@ def main() -> None:
     parser.add_argument("--windows", default="300:303", help="step ranges a:b, comma-separated, ascending")
     parser.add_argument("--trace-dir", default=None, help="keep each window's chrome trace here")
     parser.add_argument("--phases", default=None, help="a:b: host phase times of steps [a, b), no profiler")
+    parser.add_argument("--cprofile", type=int, default=0,
+                        help="with --phases: cProfile those steps, print this many functions by own time")
     args = parser.parse_args()
     model, prompts, max_tokens, temperature, overrides = workload(args.workload)
     if len(max_tokens) == 1:
@@ -183,7 +188,13 @@ def main() -> None:
             a, b = (int(x) for x in args.phases.split(":"))
             for _ in range(a):
                 engine.step()
+            profiler = cProfile.Profile() if args.cprofile else None
+            if profiler:
+                profiler.enable()
             run_phases(llm, clock, a, b - a)
+            if profiler:
+                profiler.disable()
+                pstats.Stats(profiler).sort_stats("tottime").print_stats(args.cprofile)
             return
         step = 0
         for a, b in windows:
