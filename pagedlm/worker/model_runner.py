@@ -92,6 +92,11 @@ class ModelRunner:
         # [max_num_tokens]: an eager step's input ids when some are gathered from last_sampled
         self._gathered_ids = PrefixViews({"ids": torch.zeros(self.max_num_tokens, dtype=torch.int64,
                                                              device=self.device)})
+        # [lm_head_rows(max rows that sample), hidden_size]: an eager step's sampling rows, padded
+        # to the LM head's row count (lm_head_rows); rows past the step's are stale and ignored
+        model = self.config.model
+        self._logits_hidden = torch.zeros(self.lm_head_rows(min(self.max_num_reqs, self.max_num_tokens)),
+                                          model.hidden_size, dtype=model.dtype, device=self.device)
         self._sampled_cpu = [torch.zeros(self.max_num_reqs, dtype=torch.int64, pin_memory=self.use_cuda)
                              for _ in range(NUM_STAGING_SETS)]  # [max_num_reqs]
         self._sampled_cpu_views = PrefixViews(dict(enumerate(self._sampled_cpu)))  # by slot
@@ -133,6 +138,7 @@ class ModelRunner:
             self._capture_graphs()
         if self.use_cuda:
             warm_up_kernels(self)
+            self.warm_up_lm_head()
             _log_start_up_compiles(self._first_compile)
         self.input_batch.forget_previous_step()  # the capture and warm-up wrote the device buffers
 
@@ -341,18 +347,37 @@ class ModelRunner:
                                        sample.sampled_token_ids)
         return sample
 
+    def lm_head_rows(self, num_samples: int) -> int:
+        """The row count the LM head runs at for num_samples sampling rows: a graph size, or a multiple
+        of LARGE_BUCKET above them. cuBLAS blocks the host until the GPU idles the first time a row
+        count makes it pick a kernel it has not run yet (session 10: ~50 ms behind a busy GPU), so
+        the LM head only meets the row counts warm_up_lm_head ran at start-up."""
+        return self._inputs.bucket(num_samples)
+
     def _logits(self, hidden: torch.Tensor, inputs: Sections, layout: BatchLayout,
                 graph_size: int) -> torch.Tensor:
         """[num_samples, vocab_size] float32: the logits of each sampling request's last token;
-        a replayed graph's own where it computes them."""
+        a replayed graph's own where it computes them. The LM head runs at a row count that
+        lm_head_rows gives: a replayed graph's graph_size hidden rows, else lm_head_rows(num_samples)
+        rows of a buffer that the sampling rows are copied into."""
         num_samples = layout.num_samples
-        if not layout.samples_every_token:
-            hidden = hidden.index_select(0, inputs.prefix("logits_indices", num_samples))
-            return self.model.compute_logits(hidden)
-        graph_logits = self.graphs.logits(graph_size) if graph_size else None
+        graph_logits = self.graphs.logits(graph_size) if graph_size and layout.samples_every_token else None
         if graph_logits is not None:
             return _leading(graph_logits, num_samples)
-        return self.model.compute_logits(_leading(hidden, num_samples))  # rows 0..N-1: no gather
+        if graph_size and layout.samples_every_token:  # a graph size is an lm_head_rows size
+            return _leading(self.model.compute_logits(hidden), num_samples)
+        padded = self._logits_hidden[:self.lm_head_rows(num_samples)]
+        if layout.samples_every_token:  # rows 0..N-1: no gather
+            padded[:num_samples].copy_(hidden[:num_samples])
+        else:
+            torch.index_select(hidden, 0, inputs.prefix("logits_indices", num_samples), out=padded[:num_samples])
+        return _leading(self.model.compute_logits(padded), num_samples)
+
+    def warm_up_lm_head(self) -> None:
+        """Runs the LM head at every row count lm_head_rows gives (see there); start-up only."""
+        rows = sorted({self.lm_head_rows(n) for n in range(1, self._logits_hidden.shape[0] + 1)})
+        for num_rows in rows:
+            self.model.compute_logits(self._logits_hidden[:num_rows])
 
     def _launch_output(self, slot: int, layout: BatchLayout, sample: SamplerOutput | None,
                        prompt_logprobs: tuple[torch.Tensor, ...] | None,

@@ -123,3 +123,54 @@ def test_profile_run_leaves_no_trace(tiny):
     sched = MiniScheduler(block_size=8, max_num_seqs=3, token_budget=16)
     sched.add(Req("after", random_prompt(7, 50), 3))
     assert run_requests(runner, sched, async_mode=True)["after"] == hf_greedy(hf_model, 3, random_prompt(7, 50))
+
+
+def _spy_lm_head_rows(runner) -> list[int]:
+    """Records the row count of each LM head call."""
+    rows: list[int] = []
+    compute_logits = runner.model.compute_logits
+
+    def spy(hidden):
+        rows.append(hidden.shape[0])
+        return compute_logits(hidden)
+
+    runner.model.compute_logits = spy
+    return rows
+
+
+def test_lm_head_runs_only_at_warmed_row_counts(tiny):
+    """Mixed steps and shrinking decode batches sample varied row counts; the LM head pads them to
+    the row counts warm_up_lm_head runs (cuBLAS meets no new shape while serving), and the padding
+    changes no token."""
+    folder, hf_model = tiny
+    runner = make_runner(make_config(folder, max_num_seqs=24, max_num_batched_tokens=40))
+    rows = _spy_lm_head_rows(runner)
+    runner.warm_up_lm_head()
+    warmed = set(rows)
+    assert warmed == {runner.lm_head_rows(n) for n in range(1, 25)} and 24 in warmed
+    rows.clear()
+    sched = MiniScheduler(block_size=8, max_num_seqs=24, token_budget=40)
+    specs = {f"r{i}": (3 + (7 * i) % 13, 2 + (5 * i) % 9) for i in range(19)}  # prompt length, max_tokens
+    for i, (req_id, (num_prompt, max_tokens)) in enumerate(specs.items()):
+        sched.add(Req(req_id, random_prompt(num_prompt, 40 + i), max_tokens))
+    sampled = _spy_samples(runner)
+    done = run_requests(runner, sched, async_mode=True)
+    for i, (req_id, (num_prompt, max_tokens)) in enumerate(specs.items()):
+        assert done[req_id] == hf_greedy(hf_model, max_tokens, random_prompt(num_prompt, 40 + i)), req_id
+    assert set(rows) <= warmed
+    assert any(num_rows > num_samples for num_rows, num_samples in zip(rows, sampled))  # some padded
+
+
+def _spy_samples(runner) -> list[int]:
+    """Records the number of sampling rows of each step that samples."""
+    counts: list[int] = []
+    prepare = runner.input_batch.prepare
+
+    def spy(sched, buf):
+        layout = prepare(sched, buf)
+        if layout.num_samples:
+            counts.append(layout.num_samples)
+        return layout
+
+    runner.input_batch.prepare = spy
+    return counts
