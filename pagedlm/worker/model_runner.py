@@ -43,7 +43,7 @@ from pagedlm.worker.batch_layout import BatchLayout
 from pagedlm.worker.input_batch import InputBatch
 from pagedlm.worker.kernel_warmup import warm_up_kernels
 from pagedlm.worker.profile_run import profile_run
-from pagedlm.worker.prompt_logprobs import compute_prompt_logprobs
+from pagedlm.worker.prompt_logprobs import MAX_ROWS_PER_CHUNK, compute_prompt_logprobs
 from pagedlm.worker.runner_output import AsyncRunnerOutput
 from pagedlm.worker.step_buffers import PrefixViews, Sections, StepBuffers
 
@@ -92,11 +92,13 @@ class ModelRunner:
         # [max_num_tokens]: an eager step's input ids when some are gathered from last_sampled
         self._gathered_ids = PrefixViews({"ids": torch.zeros(self.max_num_tokens, dtype=torch.int64,
                                                              device=self.device)})
-        # [lm_head_rows(max rows that sample), hidden_size]: an eager step's sampling rows, padded
-        # to the LM head's row count (lm_head_rows); rows past the step's are stale and ignored
+        # [lm_head_rows(most rows the LM head takes at once), hidden_size]: a step's sampling rows
+        # (but a replay's where every row samples) or a chunk of its prompt-logprob rows, padded to
+        # the LM head's row count; rows past them are stale
         model = self.config.model
-        self._logits_hidden = torch.zeros(self.lm_head_rows(min(self.max_num_reqs, self.max_num_tokens)),
-                                          model.hidden_size, dtype=model.dtype, device=self.device)
+        max_rows = max(min(self.max_num_reqs, self.max_num_tokens), min(MAX_ROWS_PER_CHUNK, self.max_num_tokens))
+        self._logits_hidden = torch.zeros(self.lm_head_rows(max_rows), model.hidden_size, dtype=model.dtype,
+                                          device=self.device)
         self._sampled_cpu = [torch.zeros(self.max_num_reqs, dtype=torch.int64, pin_memory=self.use_cuda)
                              for _ in range(NUM_STAGING_SETS)]  # [max_num_reqs]
         self._sampled_cpu_views = PrefixViews(dict(enumerate(self._sampled_cpu)))  # by slot
@@ -216,7 +218,7 @@ class ModelRunner:
         hidden = self._forward(inputs, staged, layout, graph_size)
         sample = self._sample(hidden, inputs, layout, graph_size)
         prompt_logprobs = None if layout.prompt_logprobs is None else compute_prompt_logprobs(
-            layout.prompt_logprobs, hidden, self.model.compute_logits)
+            layout.prompt_logprobs, hidden, self._padded_lm_head)
         return self._launch_output(slot, layout, sample, prompt_logprobs, step_id)
 
     def _update_states(self, sched: SchedulerOutput) -> None:
@@ -347,31 +349,38 @@ class ModelRunner:
                                        sample.sampled_token_ids)
         return sample
 
-    def lm_head_rows(self, num_samples: int) -> int:
-        """The row count the LM head runs at for num_samples sampling rows: a graph size, or a multiple
-        of LARGE_BUCKET above them. cuBLAS blocks the host until the GPU idles the first time a row
+    def lm_head_rows(self, num_rows: int) -> int:
+        """The row count the LM head runs at for num_rows rows (sampling or prompt-logprob rows): a
+        graph size, or a multiple of LARGE_BUCKET above them. cuBLAS blocks the host until the GPU idles the first time a row
         count makes it pick a kernel it has not run yet (session 10: ~50 ms behind a busy GPU), so
         the LM head only meets the row counts warm_up_lm_head ran at start-up."""
-        return self._inputs.bucket(num_samples)
+        return self._inputs.bucket(num_rows)
 
     def _logits(self, hidden: torch.Tensor, inputs: Sections, layout: BatchLayout,
                 graph_size: int) -> torch.Tensor:
-        """[num_samples, vocab_size] float32: the logits of each sampling request's last token;
-        a replayed graph's own where it computes them. The LM head runs at a row count that
-        lm_head_rows gives: a replayed graph's graph_size hidden rows, else lm_head_rows(num_samples)
-        rows of a buffer that the sampling rows are copied into."""
+        """[num_samples, vocab_size] float32: the logits of each sampling request's last token. The
+        LM head runs only at row counts that lm_head_rows gives: a replay where every row samples
+        takes the graph's own logits where it computes them, else runs the LM head on its
+        graph_size hidden rows; any other step copies its sampling rows into the first
+        lm_head_rows(num_samples) rows of a buffer and runs it on those."""
         num_samples = layout.num_samples
-        graph_logits = self.graphs.logits(graph_size) if graph_size and layout.samples_every_token else None
-        if graph_logits is not None:
-            return _leading(graph_logits, num_samples)
-        if graph_size and layout.samples_every_token:  # a graph size is an lm_head_rows size
-            return _leading(self.model.compute_logits(hidden), num_samples)
-        padded = self._logits_hidden[:self.lm_head_rows(num_samples)]
+        if graph_size and layout.samples_every_token:  # rows 0..N-1; a graph size is an lm_head_rows size
+            graph_logits = self.graphs.logits(graph_size)
+            logits = self.model.compute_logits(hidden) if graph_logits is None else graph_logits
+            return _leading(logits, num_samples)
         if layout.samples_every_token:  # rows 0..N-1: no gather
-            padded[:num_samples].copy_(hidden[:num_samples])
-        else:
-            torch.index_select(hidden, 0, inputs.prefix("logits_indices", num_samples), out=padded[:num_samples])
+            return self._padded_lm_head(hidden[:num_samples])
+        padded = self._logits_hidden[:self.lm_head_rows(num_samples)]  # rows past num_samples: stale
+        torch.index_select(hidden, 0, inputs.prefix("logits_indices", num_samples), out=padded[:num_samples])
         return _leading(self.model.compute_logits(padded), num_samples)
+
+    def _padded_lm_head(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows [m, hidden_size] -> logits [m, vocab_size] float32, the LM head run on them copied into
+        the first lm_head_rows(m) rows of the padded buffer."""
+        num_rows = rows.shape[0]
+        padded = self._logits_hidden[:self.lm_head_rows(num_rows)]
+        padded[:num_rows].copy_(rows)
+        return _leading(self.model.compute_logits(padded), num_rows)
 
     def warm_up_lm_head(self) -> None:
         """Runs the LM head at every row count lm_head_rows gives (see there); start-up only."""

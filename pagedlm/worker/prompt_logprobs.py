@@ -19,7 +19,7 @@ from pagedlm.core.sched_output import Logprobs
 from pagedlm.sample.sampler import gather_logprobs
 from pagedlm.sample.tables import upload
 
-_MAX_ROWS_PER_CHUNK = 512  # bounds the [rows, vocab_size] logits of a long prompt
+MAX_ROWS_PER_CHUNK = 512  # bounds the [rows, vocab_size] logits of a long prompt
 
 
 @dataclass(slots=True)
@@ -71,8 +71,8 @@ def compute_prompt_logprobs(plan: PromptLogprobsPlan, hidden: torch.Tensor,
     hidden_idx, target_ids = upload(np.stack([plan.hidden_idx_np, plan.target_ids_np]),
                                     hidden.device)  # [M] each
     parts = []
-    for start in range(0, num_rows, _MAX_ROWS_PER_CHUNK):
-        chunk = slice(start, start + _MAX_ROWS_PER_CHUNK)
+    for start in range(0, num_rows, MAX_ROWS_PER_CHUNK):
+        chunk = slice(start, start + MAX_ROWS_PER_CHUNK)
         logits = compute_logits(hidden.index_select(0, hidden_idx[chunk]))  # [m, V] float32
         parts.append(gather_logprobs(logits.float().log_softmax(dim=-1), target_ids[chunk],
                                      plan.num_logprobs))

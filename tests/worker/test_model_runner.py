@@ -8,6 +8,8 @@ from worker_helpers import (HEAD_DIM, HIDDEN, NUM_KV_HEADS, MiniScheduler, Req, 
                             make_config, make_runner, random_prompt, run_requests)
 
 from pagedlm.sampling_params import SamplingParams
+from pagedlm.worker.cuda_graphs import capture_sizes
+from pagedlm.worker.model_runner import ModelRunner
 from pagedlm.worker.profile_run import profile_run
 
 
@@ -147,7 +149,8 @@ def test_lm_head_runs_only_at_warmed_row_counts(tiny):
     rows = _spy_lm_head_rows(runner)
     runner.warm_up_lm_head()
     warmed = set(rows)
-    assert warmed == {runner.lm_head_rows(n) for n in range(1, 25)} and 24 in warmed
+    assert warmed == {runner.lm_head_rows(n) for n in range(1, 41)}  # up to 40: a prompt-logprob chunk
+    assert set(capture_sizes(24, 40)) <= warmed  # a replay's LM head runs at its graph size
     rows.clear()
     sched = MiniScheduler(block_size=8, max_num_seqs=24, token_budget=40)
     specs = {f"r{i}": (3 + (7 * i) % 13, 2 + (5 * i) % 9) for i in range(19)}  # prompt length, max_tokens
@@ -159,6 +162,43 @@ def test_lm_head_runs_only_at_warmed_row_counts(tiny):
         assert done[req_id] == hf_greedy(hf_model, max_tokens, random_prompt(num_prompt, 40 + i)), req_id
     assert set(rows) <= warmed
     assert any(num_rows > num_samples for num_rows, num_samples in zip(rows, sampled))  # some padded
+
+
+@pytest.mark.parametrize("max_num_seqs, max_num_batched_tokens, num_rows", [
+    (64, 20, 20),  # the token budget bounds the sampling rows
+    (600, 2048, 768),  # above the largest graph size (512): a multiple of 256
+    (1024, 700, 768),
+    (4, 600, 512),  # a chunk of prompt-logprob rows (at most 512) outgrows the sampling rows
+])
+def test_lm_head_buffer_holds_the_largest_step(tiny, max_num_seqs, max_num_batched_tokens, num_rows):
+    """The padded buffer holds lm_head_rows of the most rows the LM head takes at once (a step's
+    sampling rows, one a sequence; or a chunk of prompt-logprob rows), and the warm-up runs the LM
+    head up to it."""
+    runner = ModelRunner(make_config(tiny[0], max_num_seqs=max_num_seqs,
+                                     max_num_batched_tokens=max_num_batched_tokens))
+    runner.load_model()
+    rows = _spy_lm_head_rows(runner)
+    runner.warm_up_lm_head()
+    assert runner._logits_hidden.shape[0] == num_rows == max(rows)
+    max_rows = max(min(max_num_seqs, max_num_batched_tokens), min(512, max_num_batched_tokens))
+    assert runner.lm_head_rows(max_rows) == num_rows
+
+
+def test_prompt_logprobs_take_warmed_row_counts(tiny):
+    """Prompt logprobs run the LM head over a step's prompt rows, padded like the sampling rows
+    (their values against transformers: tests/engine/test_engine_logprobs.py)."""
+    folder, _ = tiny
+    runner = make_runner(make_config(folder, max_num_seqs=4, max_num_batched_tokens=16))
+    rows = _spy_lm_head_rows(runner)
+    runner.warm_up_lm_head()
+    warmed = set(rows)
+    rows.clear()
+    sched = MiniScheduler(block_size=8, max_num_seqs=4, token_budget=16)
+    sched.add(Req("lp", random_prompt(7, 60), 1, SamplingParams(temperature=0.0, prompt_logprobs=2)))
+    output = runner.execute_model(sched.schedule()).get_output()
+    (entries,) = output.prompt_logprobs.values()
+    assert set(rows) <= warmed and 6 not in rows  # 6 prompt rows and 1 sampling row, padded
+    assert len(entries) == 7 and entries[0] is None and all(len(e.token_ids) == 3 for e in entries[1:])
 
 
 def _spy_samples(runner) -> list[int]:

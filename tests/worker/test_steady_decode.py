@@ -172,8 +172,9 @@ def test_same_rows_after_a_chunk_copy_the_table_again(tiny):
 
 
 class _CopyCounter(TorchDispatchMode):
-    """Counts copy_ calls, but for those into `on_device` (a buffer on the device whichever side the
-    source lies: on CUDA, not a transfer)."""
+    """Counts copy_ calls but those into `on_device`, a device buffer the runner fills from device
+    tensors only (on CUDA, not a transfer: the runner's copy of the sampling rows into the LM
+    head's padded buffer)."""
 
     def __init__(self, on_device: torch.Tensor) -> None:
         super().__init__()
