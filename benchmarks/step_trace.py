@@ -47,14 +47,23 @@ def marked(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def mark_phases(llm: LLM) -> None:
-    """record_function around the engine's phases (instance attributes shadow the methods)."""
+Wrap = Callable[[str, Callable[..., Any]], Callable[..., Any]]
+
+
+def wrap_phases(llm: LLM, wrap: Wrap) -> None:
+    """wrap(name, method) around the engine's phases: the core's schedule, the runner's execute_model,
+    the scheduler's update and the output processor (instance attributes shadow the methods)."""
     engine = llm.llm_engine
-    core = engine.engine_core
-    core.scheduler.schedule = marked("schedule", core.scheduler.schedule)
-    core.scheduler.update_from_output = marked("update_from_output", core.scheduler.update_from_output)
-    core.model_runner.execute_model = marked("execute_model", core.model_runner.execute_model)
-    engine.output_processor.process_outputs = marked("process_outputs", engine.output_processor.process_outputs)
+    scheduler, runner = engine.engine_core.scheduler, engine.engine_core.model_runner
+    scheduler.schedule = wrap("schedule", scheduler.schedule)
+    scheduler.update_from_output = wrap("update_from_output", scheduler.update_from_output)
+    runner.execute_model = wrap("execute_model", runner.execute_model)
+    engine.output_processor.process_outputs = wrap("process_outputs", engine.output_processor.process_outputs)
+
+
+def mark_phases(llm: LLM) -> None:
+    """record_function around the engine's phases and each wait for a step's output."""
+    wrap_phases(llm, marked)
     cls = runner_output.AsyncRunnerOutput
     cls.get_output = marked("get_output", cls.get_output)
 
@@ -82,13 +91,9 @@ PHASES = ("schedule", "execute_model", "wait", "update_from_output", "process_ou
 
 
 def clock_phases(llm: LLM) -> PhaseClock:
-    engine = llm.llm_engine
-    core = engine.engine_core
+    """A clock on the engine's phases and on every wait for a CUDA event ("wait")."""
     clock = PhaseClock()
-    core.scheduler.schedule = clock.wrap("schedule", core.scheduler.schedule)
-    core.scheduler.update_from_output = clock.wrap("update_from_output", core.scheduler.update_from_output)
-    core.model_runner.execute_model = clock.wrap("execute_model", core.model_runner.execute_model)
-    engine.output_processor.process_outputs = clock.wrap("process_outputs", engine.output_processor.process_outputs)
+    wrap_phases(llm, clock.wrap)
     torch.cuda.Event.synchronize = clock.wrap("wait", torch.cuda.Event.synchronize)
     return clock
 

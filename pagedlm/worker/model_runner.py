@@ -96,9 +96,10 @@ class ModelRunner:
         # (but a replay's where every row samples) or a chunk of its prompt-logprob rows, padded to
         # the LM head's row count; rows past them are stale
         model = self.config.model
-        max_rows = max(min(self.max_num_reqs, self.max_num_tokens), min(MAX_ROWS_PER_CHUNK, self.max_num_tokens))
-        self._logits_hidden = torch.zeros(self.lm_head_rows(max_rows), model.hidden_size, dtype=model.dtype,
-                                          device=self.device)
+        max_rows = max(min(self.max_num_reqs, self.max_num_tokens),
+                       min(MAX_ROWS_PER_CHUNK, self.max_num_tokens))
+        self._logits_hidden = torch.zeros(self.lm_head_rows(max_rows), model.hidden_size,
+                                          dtype=model.dtype, device=self.device)
         self._sampled_cpu = [torch.zeros(self.max_num_reqs, dtype=torch.int64, pin_memory=self.use_cuda)
                              for _ in range(NUM_STAGING_SETS)]  # [max_num_reqs]
         self._sampled_cpu_views = PrefixViews(dict(enumerate(self._sampled_cpu)))  # by slot
@@ -351,9 +352,10 @@ class ModelRunner:
 
     def lm_head_rows(self, num_rows: int) -> int:
         """The row count the LM head runs at for num_rows rows (sampling or prompt-logprob rows): a
-        graph size, or a multiple of LARGE_BUCKET above them. cuBLAS blocks the host until the GPU idles the first time a row
-        count makes it pick a kernel it has not run yet (session 10: ~50 ms behind a busy GPU), so
-        the LM head only meets the row counts warm_up_lm_head ran at start-up."""
+        graph size, or a multiple of LARGE_BUCKET above them. cuBLAS blocks the host until the GPU
+        idles the first time a row count makes it pick a kernel it has not run yet (session 10:
+        ~50 ms behind a busy GPU), so the LM head only meets the row counts warm_up_lm_head ran at
+        start-up."""
         return self._inputs.bucket(num_rows)
 
     def _logits(self, hidden: torch.Tensor, inputs: Sections, layout: BatchLayout,

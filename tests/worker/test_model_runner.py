@@ -13,25 +13,24 @@ from pagedlm.worker.model_runner import ModelRunner
 from pagedlm.worker.profile_run import profile_run
 
 
-def _spy_placeholders(runner) -> list[int]:
-    """Records how many placeholder inputs each step had."""
-    counts: list[int] = []
+def _spy_layouts(runner) -> list:
+    """Records each step's BatchLayout."""
+    layouts = []
     prepare = runner.input_batch.prepare
 
     def spy(sched, buf):
-        layout = prepare(sched, buf)
-        counts.append(layout.num_placeholders)
-        return layout
+        layouts.append(prepare(sched, buf))
+        return layouts[-1]
 
     runner.input_batch.prepare = spy
-    return counts
+    return layouts
 
 
 @pytest.mark.parametrize("async_mode", [False, True])
 def test_greedy_equals_transformers(tiny, async_mode):
     folder, hf_model = tiny
     runner = make_runner(make_config(folder, max_num_seqs=4, max_num_batched_tokens=12))
-    placeholders = _spy_placeholders(runner)
+    layouts = _spy_layouts(runner)
     sched = MiniScheduler(block_size=8, max_num_seqs=4, token_budget=12)
     specs = {"a": (5, 6), "b": (19, 4), "c": (9, 7)}  # prompt length, max_tokens
     for i, (req_id, (num_prompt, max_tokens)) in enumerate(specs.items()):
@@ -39,7 +38,7 @@ def test_greedy_equals_transformers(tiny, async_mode):
     done = run_requests(runner, sched, async_mode)
     for i, (req_id, (num_prompt, max_tokens)) in enumerate(specs.items()):
         assert done[req_id] == hf_greedy(hf_model, max_tokens, random_prompt(num_prompt, i)), req_id
-    assert (sum(placeholders) > 0) == async_mode
+    assert (sum(layout.num_placeholders for layout in layouts) > 0) == async_mode
 
 
 def test_rows_are_reused_after_finish(tiny):
@@ -156,11 +155,12 @@ def test_lm_head_runs_only_at_warmed_row_counts(tiny):
     specs = {f"r{i}": (3 + (7 * i) % 13, 2 + (5 * i) % 9) for i in range(19)}  # prompt length, max_tokens
     for i, (req_id, (num_prompt, max_tokens)) in enumerate(specs.items()):
         sched.add(Req(req_id, random_prompt(num_prompt, 40 + i), max_tokens))
-    sampled = _spy_samples(runner)
+    layouts = _spy_layouts(runner)
     done = run_requests(runner, sched, async_mode=True)
     for i, (req_id, (num_prompt, max_tokens)) in enumerate(specs.items()):
         assert done[req_id] == hf_greedy(hf_model, max_tokens, random_prompt(num_prompt, 40 + i)), req_id
     assert set(rows) <= warmed
+    sampled = [layout.num_samples for layout in layouts if layout.num_samples]
     assert any(num_rows > num_samples for num_rows, num_samples in zip(rows, sampled))  # some padded
 
 
@@ -199,18 +199,3 @@ def test_prompt_logprobs_take_warmed_row_counts(tiny):
     (entries,) = output.prompt_logprobs.values()
     assert set(rows) <= warmed and 6 not in rows  # 6 prompt rows and 1 sampling row, padded
     assert len(entries) == 7 and entries[0] is None and all(len(e.token_ids) == 3 for e in entries[1:])
-
-
-def _spy_samples(runner) -> list[int]:
-    """Records the number of sampling rows of each step that samples."""
-    counts: list[int] = []
-    prepare = runner.input_batch.prepare
-
-    def spy(sched, buf):
-        layout = prepare(sched, buf)
-        if layout.num_samples:
-            counts.append(layout.num_samples)
-        return layout
-
-    runner.input_batch.prepare = spy
-    return counts
