@@ -21,7 +21,9 @@ Variants: '+'-joined parts, "base" for the defaults:
 - sbN, swN, ssN: the split decode's keys per tile (and per split at batch 1), warps, stages;
 - fmakN: single-row GEMVs take weights up to K = N columns (gemv.MAX_FMA_K; llama3-8b's down_proj has
   K = 14,336), chN: up to N chunks of K per program where K is streamed (gemv.MAX_CHUNKS_PER_SLICE),
-  bigNxK: larger weights stream N x K tiles (default 8 x 256 in 16 bits).
+  bigNxK: larger weights stream N x K tiles (default 8 x 256 in 16 bits);
+- mNxK=BNxBKsS: the single-row GEMV of the N x K weight alone takes BN x BK tiles (one warp) with
+  K cut into S slices (e.g. m4096x4096=8x256s8 for llama3-8b's o_proj).
 """
 from __future__ import annotations
 
@@ -67,6 +69,8 @@ def settings(variant: str):
         elif part.startswith("big"):
             block_n, block_k = (int(v) for v in part[3:].split("x"))
             gemv.default_config = streamed_tiles(gemv.default_config, block_n, block_k)
+        elif part.startswith("m") and "=" in part:
+            gemv.default_config = one_matrix(gemv.default_config, *parse_matrix_config(part))
         elif part == "gsplit":
             gemv.default_config = streamed_chunks(saved)
         elif part.startswith("g"):
@@ -103,6 +107,23 @@ def streamed_tiles(default, block_n: int, block_k: int):
         if num_rows == 1 and dtype != torch.float32 and n * k * dtype.itemsize > gemv.PRELOAD_MAX_BYTES:
             return gemv.with_auto_split_k(gemv.GemvConfig(block_n, block_k, num_warps=1, num_stages=1), n, k)
         return default(num_rows, n, k, dtype)
+    return config
+
+
+def parse_matrix_config(part: str) -> tuple[int, int, gemv.GemvConfig]:
+    """"mNxK=BNxBKsS" -> (N, K, its config)."""
+    shape, tiles = part[1:].split("=")
+    n, k = (int(v) for v in shape.split("x"))
+    tile, split_k = tiles.split("s")
+    block_n, block_k = (int(v) for v in tile.split("x"))
+    return n, k, gemv.GemvConfig(block_n, block_k, split_k=int(split_k), num_warps=1, num_stages=1)
+
+
+def one_matrix(default, n: int, k: int, matrix_config: gemv.GemvConfig):
+    def config(num_rows: int, rows: int, cols: int, dtype: torch.dtype) -> gemv.GemvConfig:
+        if num_rows == 1 and (rows, cols) == (n, k):
+            return matrix_config
+        return default(num_rows, rows, cols, dtype)
     return config
 
 

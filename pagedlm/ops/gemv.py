@@ -58,6 +58,11 @@ MAX_PROGRAMS = 16384
 PRELOAD_MAX_BYTES = 16 << 20
 PRELOAD_BLOCK_N = 4
 PRELOAD_BLOCK_K = 1024
+# Session 11 (decode_replay.py, llama3-8b batch 1, three runs): o_proj (4096 x 4096, 32 MiB) streamed in
+# 16-row tiles (split 4) took the step 0.4-0.7% below 8-row ones (4,280.8 -> 4,264.0 µs, 4,295.4 -> 4,266.8);
+# 16 rows on qkv (48 MiB) +0.2%, on gate_up (224 MiB) 0.0%; 32 rows, or 2 / 8 chunks a program, lost.
+STREAM_BLOCK_N = 8
+WIDE_TILE_MAX_BYTES = 2 * PRELOAD_MAX_BYTES  # weights above PRELOAD_MAX_BYTES up to this: 16-row tiles
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +128,8 @@ def default_config(num_rows: int, n: int, k: int, dtype: torch.dtype) -> GemvCon
     weight tile and the reduction share one layout (no shared-memory round trip). A weight of at most
     PRELOAD_MAX_BYTES is cut into one-tile slices of PRELOAD_BLOCK_N rows x up to PRELOAD_BLOCK_K
     columns, so that every program reads its whole slice before its PDL wait (while the kernel before
-    it runs); larger ones stream BLOCK_K chunks, K split by `with_auto_split_k`."""
+    it runs); larger ones stream BLOCK_K chunks, K split by `with_auto_split_k`, in tiles of
+    STREAM_BLOCK_N rows, twice that up to WIDE_TILE_MAX_BYTES."""
     if num_rows > 1 and dtype != torch.float32:
         return with_auto_split_k(GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=3, use_dot=True), n, k)
     min_block_k = 32 * (16 // dtype.itemsize)  # 32 lanes x one 16-byte vector
@@ -131,7 +137,8 @@ def default_config(num_rows: int, n: int, k: int, dtype: torch.dtype) -> GemvCon
         block_k = min(max(triton.next_power_of_2(k), min_block_k), PRELOAD_BLOCK_K)
         return GemvConfig(block_n=PRELOAD_BLOCK_N, block_k=block_k, split_k=triton.cdiv(k, block_k),
                           num_warps=1, num_stages=1)
-    return with_auto_split_k(GemvConfig(block_n=8, block_k=min_block_k, num_warps=1, num_stages=1), n, k)
+    block_n = STREAM_BLOCK_N * (2 if n * k * dtype.itemsize <= WIDE_TILE_MAX_BYTES else 1)
+    return with_auto_split_k(GemvConfig(block_n=block_n, block_k=min_block_k, num_warps=1, num_stages=1), n, k)
 
 
 def with_auto_split_k(config: GemvConfig, n: int, k: int) -> GemvConfig:

@@ -202,15 +202,16 @@ def test_prefer_gemv_follows_the_measured_rule(num_rows: int, n: int, k: int, ta
     assert gemv_mod.prefer_gemv(num_rows, n, k) == takes_gemv
 
 
-@pytest.mark.parametrize("n, k, split_k", [
-    (28672, 4096, 4), (6144, 4096, 4),  # llama3-8b gate_up, qkv: 4 chunks of 256 per program
-    (128256, 4096, 1),  # LM head: 16,032 row blocks already, no split
+@pytest.mark.parametrize("n, k, split_k, block_n", [
+    (28672, 4096, 4, 8), (6144, 4096, 4, 8),  # llama3-8b gate_up, qkv: 4 chunks of 256 per program
+    (4096, 4096, 4, 16),  # llama3-8b o_proj (32 MiB): 16-row tiles (session 11)
+    (128256, 4096, 1, 8),  # LM head: 16,032 row blocks already, no split
     # qwen3-0.6b (every weight <= PRELOAD_MAX_BYTES): one-tile slices of up to 1024 columns
-    (1024, 2048, 2), (6144, 1024, 1), (1024, 3072, 3),  # o_proj, gate_up, down_proj
+    (1024, 2048, 2, 4), (6144, 1024, 1, 4), (1024, 3072, 3, 4),  # o_proj, gate_up, down_proj
 ])
-def test_auto_split_k_at_one_row(n: int, k: int, split_k: int) -> None:
+def test_auto_split_k_at_one_row(n: int, k: int, split_k: int, block_n: int) -> None:
     config = gemv_mod.default_config(1, n, k, torch.bfloat16)
-    assert gemv_mod.launch_split_k(k, config)[0] == split_k
+    assert gemv_mod.launch_split_k(k, config)[0] == split_k and config.block_n == block_n
 
 
 @pytest.mark.parametrize("n, k, dtype", [
