@@ -24,7 +24,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gemm_backends import weight_shapes  # noqa: E402
+from gemm_backends import time_us, weight_shapes  # noqa: E402
 from gpu_workloads import MODELS  # noqa: E402
 
 CONFIGS = [  # BM, BN, BK, warps, stages
@@ -32,7 +32,7 @@ CONFIGS = [  # BM, BN, BK, warps, stages
     (128, 64, 64, 4, 6), (64, 128, 64, 4, 6), (64, 256, 64, 4, 4), (256, 64, 64, 8, 4),
     (128, 128, 128, 8, 3), (64, 64, 128, 4, 6),
 ]
-ROUNDS, CALLS = 5, 20
+ROUNDS = 5
 
 
 @triton.jit
@@ -62,16 +62,6 @@ def make_call(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, config: tu
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     return lambda: gemm_kernel[grid](*descs, m, n, k, BM=bm, BN=bn, BK=bk, GROUP_M=8,
                                      num_warps=warps, num_stages=stages)
-
-
-def time_us(fn) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(CALLS):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1000 / CALLS
 
 
 def main() -> None:

@@ -36,11 +36,12 @@ def weight_shapes(config: dict) -> dict[str, tuple[int, int]]:
             "gate_up": (2 * inter, hidden), "down": (hidden, inter), "lm_head": (config["vocab_size"], hidden)}
 
 
-def time_us(x: torch.Tensor, weight: torch.Tensor) -> float:
+def time_us(call) -> float:
+    """GPU µs of one call, over CALLS back to back (CUDA events)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(CALLS):
-        F.linear(x, weight)
+        call()
     end.record()
     end.synchronize()
     return start.elapsed_time(end) * 1000 / CALLS
@@ -64,11 +65,11 @@ def main() -> None:
             for backend in BACKENDS:  # warm-up: each backend picks and loads its kernel
                 torch.backends.cuda.preferred_blas_library(backend)
                 outputs[backend] = F.linear(x, weight).float()
-                time_us(x, weight)
+                time_us(lambda: F.linear(x, weight))
             for _ in range(ROUNDS):
                 for backend in BACKENDS:
                     torch.backends.cuda.preferred_blas_library(backend)
-                    times[backend].append(time_us(x, weight))
+                    times[backend].append(time_us(lambda: F.linear(x, weight)))
             flops = 2 * num_rows * n * k
             row = dict(weight=name, m=num_rows, n=n, k=k,
                        max_diff=(outputs["cublas"] - outputs["cublaslt"]).abs().max().item())
