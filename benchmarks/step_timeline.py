@@ -1,6 +1,7 @@
 """GPU: where a batch-1 decode step's time goes besides the graph, from the GPU's own timeline.
 
     python benchmarks/step_timeline.py [--workload L1] [--output-len 96] [--trace $OUT/trace.json]
+        [--one-step]
 
 L1 ran at 4,384 µs a token (session 8) while one decode-graph replay takes 4,223 µs on the GPU
 (decode_replay.py): this finds the difference. One generate of a gpu_workloads.py workload (L1 and
@@ -10,6 +11,10 @@ left out at each end) are merged into busy intervals. Printed: GPU-busy and idle
 step for L1/L2), and the idle gaps of more than 1 µs grouped by the activities on either side,
 largest first (and, before them, the GPU time of each kind of activity over the whole run): e.g. a gap before a graph's first kernel is the host's graph launch; one between
 two small ops, launch latency. The profiler's own cost inflates kernels by ~1 µs each.
+--one-step also lists every GPU activity of one step in the middle of the run (from one device-to-host
+copy to the next), in order: start from the step's start, duration, and the gap from the previous
+activity's end (negative where PDL overlaps them), to see which kernels of a batch-1 layer leave
+DRAM idle and for how long.
 """
 from __future__ import annotations
 
@@ -67,6 +72,7 @@ def main() -> None:
     parser.add_argument("--workload", default="L1", help="a gpu_workloads.py workload id (L1, L2, T1, ...)")
     parser.add_argument("--output-len", type=int, default=96, help="L1/L2: output tokens (shorter than theirs)")
     parser.add_argument("--trace", default=None, help="keep the chrome trace here")
+    parser.add_argument("--one-step", action="store_true", help="list one mid-run step's activities")
     args = parser.parse_args()
     model, prompts, max_tokens, temperature, overrides = workload(args.workload)
     if args.workload in ("L1", "L2"):
@@ -107,6 +113,32 @@ def main() -> None:
     for (before, after), values in sorted(groups.items(), key=lambda kv: -sum(kv[1]))[:15]:
         print(f"{sum(values) / scale:12.1f} {len(values):6d}  {before} -> {after}")
     print_by_tenth(spans)
+    if args.one_step:
+        print_one_step(spans)
+
+
+def one_step(spans: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    """The activities from the middle device-to-host copy (one a step: the sampled ids) to the next
+    one, both included."""
+    copies = [i for i, s in enumerate(spans) if "DtoH" in s[2]]
+    if len(copies) < 2:
+        return []
+    middle = len(copies) // 2 - 1
+    return spans[copies[middle]:copies[middle + 1] + 1]
+
+
+def print_one_step(spans: list[tuple[float, float, str]]) -> None:
+    step = one_step(spans)
+    if not step:
+        print("--one-step: fewer than two device-to-host copies in the run")
+        return
+    first = step[0][0]
+    print(f"one step: {len(step)} activities over {step[-1][1] - first:.1f} µs")
+    print(f"{'start µs':>9} {'dur µs':>7} {'gap µs':>7}  activity")
+    prev_end = first
+    for start, end, name in step:
+        print(f"{start - first:9.1f} {end - start:7.1f} {start - prev_end:7.1f}  {short(name)}")
+        prev_end = max(prev_end, end)
 
 
 def print_by_tenth(spans: list[tuple[float, float, str]]) -> None:
