@@ -221,6 +221,8 @@ class CacheConfig:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1], got "
                              f"{self.gpu_memory_utilization}")
+        if self.kv_cache_memory_gib is not None and not self.kv_cache_memory_gib > 0:
+            raise ValueError(f"kv_cache_memory_gib must be positive, got {self.kv_cache_memory_gib}")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
             raise ValueError(f"num_gpu_blocks_override must be positive, got {self.num_gpu_blocks_override}")
 
@@ -286,8 +288,8 @@ class EngineArgs:
         model = build_model_config(self.model, self.load_format, self.dtype, device,
                                    self.max_model_len, self.skip_tokenizer_init, self.tokenizer)
         on_gpu = device.type == "cuda"
-        max_num_seqs = self.max_num_seqs or (1024 if on_gpu else 256)
-        max_batched = self.max_num_batched_tokens or (16384 if on_gpu else 2048)
+        max_num_seqs = _or_default(self.max_num_seqs, 1024 if on_gpu else 256)
+        max_batched = _or_default(self.max_num_batched_tokens, 16384 if on_gpu else 2048)
         scheduler = SchedulerConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched,
             max_model_len=model.max_model_len, policy=self.scheduling_policy,
@@ -303,3 +305,6 @@ class EngineArgs:
                             seed=self.seed, enforce_eager=self.enforce_eager or not on_gpu,
                             attention_backend=self.attention_backend)
 
+
+def _or_default(value: int | None, default: int) -> int:
+    return default if value is None else value

@@ -39,13 +39,24 @@ class SamplingParams:
             self.top_k = 0
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        for name in ("stop", "stop_token_ids"):
+            value = getattr(self, name)
+            _check(value is None or isinstance(value, (list, tuple)), name,
+                   f"must be a list, got {type(value).__name__}")
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        _check(all(_is_int(t) for t in self.stop_token_ids), "stop_token_ids", "must be integers")
         if self.logit_bias is not None:
-            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+            try:
+                self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"logit_bias must map token ids to numbers: {exc}") from exc
         self._validate()
 
     def _validate(self) -> None:
+        _check(_is_int(self.n), "n", f"must be an integer, got {self.n!r}")
+        if self.max_tokens is not None:
+            _check(_is_int(self.max_tokens), "max_tokens", f"must be an integer, got {self.max_tokens!r}")
         _check(self.n >= 1, "n", f"must be at least 1, got {self.n}")
         _check(self.temperature >= 0.0, "temperature", f"must be non-negative, got {self.temperature}")
         _check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
@@ -85,6 +96,10 @@ class SamplingParams:
                           ("logit_bias", list(self.logit_bias or {}))):
             bad = [t for t in ids if not 0 <= t < vocab_size]
             _check(not bad, name, f"token ids must be in [0, {vocab_size}), got {bad[:5]}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check(ok: bool, param: str, message: str) -> None:

@@ -65,6 +65,7 @@ class Scheduler:
         self._num_prompt_logprobs_sent: dict[str, int] = {}  # prompt-logprob entries delivered
         self._num_added = 0
         self._step_id = 0
+        self._scheduled: dict[int, dict[str, Request]] = {}  # step_id -> its requests, until updated
         self.num_preemptions = 0
         self.growth = GrowthEstimate(max_model_len)
 
@@ -74,6 +75,8 @@ class Scheduler:
         req_id = request.request_id
         if req_id in self.requests:
             raise ValueError(f"request_id {req_id!r} is already in use")
+        if not isinstance(request.priority, int) or isinstance(request.priority, bool):
+            raise ValueError(f"priority must be an integer, got {request.priority!r}")
         self._check_fits(request)
         if self.config.policy == "priority":
             self._sort_keys[req_id] = (request.priority, request.arrival_time, self._num_added)
@@ -116,6 +119,8 @@ class Scheduler:
         if plan.num_preempted == 0:  # a step that had to preempt admits nobody new
             self._schedule_waiting(plan)
         self._step_id += 1
+        if plan.num_scheduled_tokens:  # an empty step is not launched, so never updated
+            self._scheduled[self._step_id] = {req_id: self.requests[req_id] for req_id in plan.num_scheduled_tokens}
         total = self.config.max_num_batched_tokens - plan.token_budget
         output = SchedulerOutput(
             new_reqs=plan.new_reqs, cached_reqs=plan.cached_reqs,
@@ -133,9 +138,12 @@ class Scheduler:
             raise ValueError(f"runner_output.req_ids must be the step's sampling_req_ids; got "
                              f"{sorted(runner_output.req_ids)}, expected {sorted(expected)}")
         outputs = []
-        prompt_logprobs = self._new_prompt_logprobs(sched_output, runner_output.prompt_logprobs)
+        # The request objects the step ran: a finished one's id may be in use again by now.
+        live = {req_id: request for req_id, request in self._scheduled.pop(sched_output.step_id, {}).items()
+                if not request.is_finished}
+        prompt_logprobs = self._new_prompt_logprobs(sched_output, runner_output.prompt_logprobs, live)
         for i, (req_id, token_ids) in enumerate(zip(runner_output.req_ids, runner_output.sampled_token_ids)):
-            request = self.requests.get(req_id)
+            request = live.get(req_id)
             if request is None:  # finished or aborted while the step ran
                 continue
             request.num_output_placeholders -= 1
@@ -149,8 +157,8 @@ class Scheduler:
         return outputs
 
     def _new_prompt_logprobs(self, sched_output: SchedulerOutput,
-                             runner_logprobs: dict[str, list[Logprobs | None]]
-                             ) -> dict[str, list[Logprobs | None]]:
+                             runner_logprobs: dict[str, list[Logprobs | None]],
+                             live: dict[str, Request]) -> dict[str, list[Logprobs | None]]:
         """The prompt-logprob entries not delivered before, per unfinished request: a request
         recomputed after preemption sends its prompt's entries again. A step that computed
         prompt tokens from `start` sent the entries of tokens from `start + 1` (from 0 when
@@ -161,7 +169,7 @@ class Scheduler:
         starts.update((cached.req_id, cached.num_computed_tokens) for cached in sched_output.cached_reqs)
         result = {}
         for req_id, entries in runner_logprobs.items():
-            if req_id not in self.requests:
+            if req_id not in live:
                 continue
             first = 0 if starts[req_id] == 0 else starts[req_id] + 1
             num_sent = self._num_prompt_logprobs_sent.get(req_id, 0)
