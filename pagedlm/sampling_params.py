@@ -93,7 +93,8 @@ class SamplingParams:
         """Token ids in the parameters must exist in the model's vocabulary."""
         for name, ids in (("stop_token_ids", self.stop_token_ids),
                           ("allowed_token_ids", self.allowed_token_ids or []),
-                          ("logit_bias", list(self.logit_bias or {}))):
+                          ("logit_bias", list(self.logit_bias or {})),
+                          ("bad_words_token_ids", [t for word in self.bad_words_token_ids or [] for t in word])):
             bad = [t for t in ids if not 0 <= t < vocab_size]
             _check(not bad, name, f"token ids must be in [0, {vocab_size}), got {bad[:5]}")
 

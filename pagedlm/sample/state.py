@@ -107,8 +107,12 @@ class SamplingState:
         self._num_sampled_np[row] = len(output_token_ids)
         self._set_numeric_params(row, params)
         self._set_token_lists(row, params, len(output_token_ids), eos_token_ids)
-        self._flags_np[row, Feature.BAD_WORDS] = self._bad_words.set_row(
-            row, params.bad_words_token_ids or [], output_token_ids)
+        try:
+            self._flags_np[row, Feature.BAD_WORDS] = self._bad_words.set_row(
+                row, params.bad_words_token_ids or [], output_token_ids)
+        except ValueError:  # a refused request leaves its row free
+            self.remove_request(row)
+            raise
         if self._flags_np[row, Feature.PENALTIES]:
             self._penalties().reset_row(row, prompt_token_ids, output_token_ids)
 
@@ -224,9 +228,9 @@ class SamplingState:
             batch.bad_words = self._bad_words.batch(index, rows, rows_np[mask_np])
         if used[Feature.MIN_TOKENS]:
             below = self._num_sampled_np[rows_np] < self._min_tokens_np[rows_np]  # [N]
-            if below.any():
-                batch.banned = self._token_lists(rows_np, flags_np[:, Feature.MIN_TOKENS] & below,
-                                                 self._banned)
+            banning = flags_np[:, Feature.MIN_TOKENS] & below  # [N]: rows with ids to ban, still below
+            if banning.any():
+                batch.banned = self._token_lists(rows_np, banning, self._banned)
         if used[Feature.BIAS]:
             batch.bias = self._token_lists(rows_np, flags_np[:, Feature.BIAS], self._bias)
         if used[Feature.PENALTIES]:
