@@ -1,6 +1,7 @@
 """SamplingParams: how one request samples and when it stops (vLLM's names and defaults)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20
@@ -51,6 +52,8 @@ class SamplingParams:
                 self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"logit_bias must map token ids to numbers: {exc}") from exc
+            _check(not any(math.isnan(v) for v in self.logit_bias.values()), "logit_bias",
+                   "values must be numbers, got NaN")
         self._validate()
 
     def _validate(self) -> None:

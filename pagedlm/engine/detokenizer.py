@@ -15,6 +15,8 @@ from pagedlm.sampling_params import SamplingParams
 
 _MIN_PRIME_TOKENS = 4
 _MAX_PRIME_TOKENS = 24
+# tokenizers' DecodeStream raises this when a byte-fallback decoder rewrites text it emitted
+_INVALID_PREFIX = "Invalid prefix encountered"
 
 
 class IncrementalDetokenizer:
@@ -24,7 +26,8 @@ class IncrementalDetokenizer:
                  params: SamplingParams) -> None:
         self._tokenizer = tokenizer
         self._backend = tokenizer.backend_tokenizer
-        self._stream = DecodeStream(skip_special_tokens=params.skip_special_tokens)
+        self._skip_special_tokens = params.skip_special_tokens
+        self._stream = DecodeStream(skip_special_tokens=self._skip_special_tokens)
         self._stops: list[str] = list(params.stop or [])
         self._include_stop = params.include_stop_str_in_output
         self._min_tokens = params.min_tokens
@@ -45,19 +48,34 @@ class IncrementalDetokenizer:
                 suffix = candidate
                 break
         for token_id in suffix:
-            self._stream.step(self._backend, token_id)
+            self._step(token_id)
 
-    def push(self, token_id: int) -> str | None:
+    def push(self, token_id: int, ends_request: bool = False) -> str | None:
         """Append one output token; returns the stop string it completed, if any. After a
-        stop the text is cut at the stop string (kept when include_stop_str_in_output)."""
+        stop the text is cut at the stop string (kept when include_stop_str_in_output).
+        ends_request: the core stopped at this token (EOS or a stop token id); its text is
+        left out unless include_stop_str_in_output (vLLM)."""
         self._num_tokens += 1
-        delta = self._stream.step(self._backend, token_id)
+        if ends_request and not self._include_stop:
+            return None
+        delta = self._step(token_id)
         if not delta:
             return None
         self._text += delta
         if not self._stops or self._num_tokens <= self._min_tokens:
             return None
         return self._find_stop(len(delta))
+
+    def _step(self, token_id: int) -> str | None:
+        """The stream's new text; a stream whose text a byte-fallback decoder rewrote starts
+        again at this token (as vLLM does)."""
+        try:
+            return self._stream.step(self._backend, token_id)
+        except Exception as exc:  # tokenizers raises a bare Exception
+            if not str(exc).startswith(_INVALID_PREFIX):
+                raise
+            self._stream = DecodeStream(skip_special_tokens=self._skip_special_tokens)
+            return self._stream.step(self._backend, token_id)
 
     def _find_stop(self, num_new_chars: int) -> str | None:
         """Search only the new text plus the overlap a stop string could straddle."""

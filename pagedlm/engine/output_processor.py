@@ -174,7 +174,10 @@ class OutputProcessor:
             sample.token_ids.append(token_id)
             if sample.want_logprobs and out.new_logprobs is not None:
                 self._append_logprobs(sample, out.new_logprobs[i])
-            stop = sample.detokenizer.push(token_id) if sample.detokenizer else None
+            # the core stopped at this token: EOS (stop_reason None) or a stop token id
+            ends_request = (out.finish_reason == "stop" and i == len(out.new_token_ids) - 1
+                            and out.stop_reason in (None, token_id))
+            stop = sample.detokenizer.push(token_id, ends_request) if sample.detokenizer else None
             if stop is not None:
                 sample.finish_reason, sample.stop_reason = "stop", stop
                 return True

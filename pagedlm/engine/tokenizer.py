@@ -54,7 +54,7 @@ def bad_words_token_ids(tokenizer: Tokenizer, bad_words: list[str]) -> list[list
     """Each bad word as a token sequence, alone and after a space (as it appears mid-text)."""
     sequences: list[list[int]] = []
     for word in bad_words:
-        for variant in (word, " " + word.lstrip()):
+        for variant in (word.lstrip(), " " + word.lstrip()):
             ids = list(tokenizer.encode(variant, add_special_tokens=False))
             if ids and ids not in sequences:
                 sequences.append(ids)

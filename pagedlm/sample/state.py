@@ -41,6 +41,8 @@ class Feature(enum.IntEnum):
 COL_TEMPERATURE, COL_TOP_P, COL_MIN_P, COL_REPETITION, COL_FREQUENCY, COL_PRESENCE = range(6)
 _FLOAT_DEFAULTS = np.array([1.0, 1.0, 0.0, 1.0, 0.0, 0.0], dtype=np.float32)
 COL_TOP_K = 0
+_FLOAT32_MAX = float(np.finfo(np.float32).max)  # the float table's range: larger (or smaller
+_FLOAT32_TINY = float(np.finfo(np.float32).tiny)  # positive) values would store as inf (or 0)
 _INT_DEFAULTS = np.array([0], dtype=np.int64)
 # Features that make a batch more than an argmax whenever a row has them (min_tokens only while
 # the row is below it)
@@ -126,7 +128,7 @@ class SamplingState:
     def _set_numeric_params(self, row: int, params: SamplingParams) -> None:
         """Greedy rows keep neutral temperature and truncation: they take the argmax."""
         is_random = not params.greedy
-        temperature = params.temperature if is_random else 1.0
+        temperature = min(params.temperature, _FLOAT32_MAX) if is_random else 1.0  # float32 table
         top_k = params.top_k if is_random and params.top_k < self.vocab_size else 0
         top_p = params.top_p if is_random else 1.0
         min_p = params.min_p if is_random else 0.0
@@ -141,7 +143,8 @@ class SamplingState:
                                     or params.presence_penalty != 0.0)
         flags[Feature.LOGPROBS] = params.logprobs is not None
         self._num_logprobs_np[row] = params.logprobs or 0
-        self._floats.set_row(row, (temperature, top_p, min_p, params.repetition_penalty,
+        repetition = min(max(params.repetition_penalty, _FLOAT32_TINY), _FLOAT32_MAX)
+        self._floats.set_row(row, (temperature, top_p, min_p, repetition,
                                    params.frequency_penalty, params.presence_penalty))
         self._seeds_np[row] = seed & MASK64
         self._ints.set_row(row, (top_k,))

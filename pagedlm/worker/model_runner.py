@@ -234,7 +234,8 @@ class ModelRunner:
         self._remove_request(new.req_id)  # resumed after preemption
         row = self.input_batch.add_request(new, self._prompt_embeds_to_device(new))
         try:
-            self.sampler.add_request(row, new.sampling_params, new.prompt_token_ids,
+            prompt_ids = [] if new.prompt_embeds is not None else new.prompt_token_ids  # placeholders
+            self.sampler.add_request(row, new.sampling_params, prompt_ids,
                                      new.output_token_ids,
                                      eos_token_ids=self.config.model.eos_token_ids)
         except ValueError:
