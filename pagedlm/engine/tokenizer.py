@@ -59,3 +59,33 @@ def bad_words_token_ids(tokenizer: Tokenizer, bad_words: list[str]) -> list[list
             if ids and ids not in sequences:
                 sequences.append(ids)
     return sequences
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, inverted: the printable character that stands for each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1),
+                 *range(ord("\xae"), ord("\xff") + 1)]
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + extra)] = byte
+            extra += 1
+    return chars
+
+
+_BYTE_DECODER = _byte_decoder()
+
+
+def token_bytes(tokenizer: Tokenizer | None, token_id: int, decoded: str) -> list[int]:
+    """The raw bytes of one token (part of a character, for byte-level and byte-fallback
+    vocabularies), not the UTF-8 of its decoded text."""
+    if tokenizer is not None:
+        piece = tokenizer.convert_ids_to_tokens(token_id)
+        if type(tokenizer.backend_tokenizer.decoder).__name__ == "ByteLevel" and \
+                all(c in _BYTE_DECODER for c in piece):
+            return [_BYTE_DECODER[c] for c in piece]
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return [int(piece[3:5], 16)]
+    return list(decoded.encode("utf-8"))

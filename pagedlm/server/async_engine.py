@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import shutil
 import tempfile
+import traceback
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -234,12 +235,17 @@ class AsyncLLM:
 
     async def _output_loop(self) -> None:
         decoder = wire.from_core_decoder()
-        while True:
-            msg = decoder.decode(await self._output.recv())
-            if isinstance(msg, wire.Dead):
-                self._on_core_dead(msg.error)
-                return
+        while self.dead_error is None:
+            self._on_message(decoder.decode(await self._output.recv()))
+
+    def _on_message(self, msg: wire.CoreOutputs | wire.Dead) -> None:
+        if isinstance(msg, wire.Dead):
+            self._on_core_dead(msg.error)
+            return
+        try:
             self._on_outputs(msg)
+        except Exception:  # else every request would hang while /health still said 200
+            self._on_core_dead(f"the server failed on the core's outputs:\n{traceback.format_exc()}")
 
     def _on_outputs(self, msg: wire.CoreOutputs) -> None:
         self.metrics.update_core_stats(msg.stats)

@@ -34,8 +34,8 @@ class GuardMiddleware:
     def _check(self, path: str, headers: dict[bytes, bytes]) -> tuple[int, str, str, str] | None:
         """(status, message, type, code) of a refused request, or None."""
         if self.api_key is not None and path.startswith("/v1"):
-            given = headers.get(b"authorization", b"").decode("latin-1")
-            if not hmac.compare_digest(given, f"Bearer {self.api_key}"):
+            given = headers.get(b"authorization", b"")
+            if not hmac.compare_digest(given, f"Bearer {self.api_key}".encode()):
                 return (401, "Incorrect or missing API key: send the header "
                         "'Authorization: Bearer <key>'", "authentication_error", "invalid_api_key")
         length = headers.get(b"content-length")

@@ -7,7 +7,8 @@ import itertools
 import json
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
@@ -61,6 +62,14 @@ def bad_request(exc: ValueError, fields: type[BaseModel], prompt_param: str = "p
 class ServingContext:
     engine: AsyncLLM
     model_name: str
+    # Tokenisation and chat templates run here, off the event loop: a huge prompt must not
+    # stall the streams in flight. One thread: a fast tokenizer is not safe to share.
+    tokenizer_pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="pagedlm-tokenize"))
+
+    async def run_blocking(self, fn: Any, *args: Any) -> Any:
+        """fn(*args) on the tokenizer thread, awaited."""
+        return await asyncio.get_running_loop().run_in_executor(self.tokenizer_pool, fn, *args)
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:

@@ -2,13 +2,14 @@
 n choices, whole or streamed (a role chunk first per choice, then content deltas)."""
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from pagedlm.engine.tokenizer import apply_chat_template
+from pagedlm.engine.tokenizer import apply_chat_template, token_bytes
 from pagedlm.outputs import CompletionOutput, RequestOutput, SampleLogprobs
 from pagedlm.server.protocol import (ChatChoice, ChatChoiceLogprobs, ChatCompletionChunk,
                                      ChatCompletionRequest, ChatCompletionResponse, ChatLogprob,
@@ -26,8 +27,9 @@ async def create_chat_completion(ctx: ServingContext, body: ChatCompletionReques
         raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
     max_tokens = body.max_completion_tokens or body.max_tokens
     params = build_params(ctx, body, max_tokens, (body.top_logprobs or 0) if body.logprobs else None)
-    processed = process_prompt(ctx, render_chat(ctx, body.messages), params, max_tokens, body,
-                               prompt_param="messages")
+    prompt = await ctx.run_blocking(render_chat, ctx, body.messages)
+    processed = await ctx.run_blocking(process_prompt, ctx, prompt, params, max_tokens, body,
+                                       "messages")
     admit(ctx, [processed], body.n)
     request_id = new_request_id(raw, body)
     writer = _ChatWriter(ctx, body, f"chatcmpl-{request_id}")
@@ -61,6 +63,8 @@ class _ChatWriter:
         self.body = body
         self.response_id = response_id
         self.model_name = ctx.model_name
+        self.created = int(time.time())
+        self.tokenizer = ctx.tokenizer
 
     def response(self, final: RequestOutput) -> ChatCompletionResponse:
         choices = [ChatChoice(index=c.index, message=ChatMessageOut(content=c.text),
@@ -74,7 +78,8 @@ class _ChatWriter:
         if choice.logprobs is None:
             return None
         return ChatChoiceLogprobs(content=_chat_logprobs(choice.logprobs[start:end],
-                                                         self.body.top_logprobs or 0))
+                                                         self.body.top_logprobs or 0,
+                                                         self.tokenizer))
 
     async def stream(self, generation: Generation) -> AsyncIterator[str]:
         tracker = DeltaTracker()
@@ -99,7 +104,8 @@ class _ChatWriter:
         if delta.first:
             result.append(ChatStreamChoice(index=choice.index,
                                            delta=DeltaMessage(role="assistant", content="")))
-        if delta.text or delta.finish_reason is not None:
+        new_logprobs = choice.logprobs is not None and delta.token_end > delta.token_start
+        if delta.text or delta.finish_reason is not None or new_logprobs:
             result.append(ChatStreamChoice(
                 index=choice.index, delta=DeltaMessage(content=delta.text or None),
                 logprobs=self._logprobs(choice, delta.token_start, delta.token_end),
@@ -108,20 +114,20 @@ class _ChatWriter:
 
     def _chunk(self, choices: list[ChatStreamChoice], usage_info: Any = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=self.response_id, model=self.model_name, choices=choices,
-                                   usage=usage_info)
+                                   usage=usage_info, created=self.created)
 
 
-def _chat_logprobs(positions: SampleLogprobs, num_top: int) -> list[ChatLogprob]:
+def _chat_logprobs(positions: SampleLogprobs, num_top: int, tokenizer: Any) -> list[ChatLogprob]:
     result = []
     for position in positions:
-        sampled = next(iter(position.values()))  # the sampled token comes first
-        ranked = sorted(position.values(), key=lambda lp: lp.rank if lp.rank is not None else 1 << 30)
-        top = [_top(lp.decoded_token, lp.logprob) for lp in ranked[:num_top]]
-        result.append(ChatLogprob(**_top(sampled.decoded_token, sampled.logprob).model_dump(),
-                                  top_logprobs=top))
+        sampled_id, sampled = next(iter(position.items()))  # the sampled token comes first
+        ranked = sorted(position.items(), key=lambda kv: kv[1].rank if kv[1].rank is not None else 1 << 30)
+        top = [_top(tokenizer, i, lp.decoded_token, lp.logprob) for i, lp in ranked[:num_top]]
+        result.append(ChatLogprob(**_top(tokenizer, sampled_id, sampled.decoded_token,
+                                         sampled.logprob).model_dump(), top_logprobs=top))
     return result
 
 
-def _top(token: str | None, logprob: float) -> TopLogprob:
+def _top(tokenizer: Any, token_id: int, token: str | None, logprob: float) -> TopLogprob:
     token = token or ""
-    return TopLogprob(token=token, logprob=logprob, bytes=list(token.encode("utf-8")))
+    return TopLogprob(token=token, logprob=logprob, bytes=token_bytes(tokenizer, token_id, token))

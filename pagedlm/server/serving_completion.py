@@ -2,6 +2,7 @@
 Choice i*n + j is sample j of prompt i, as in OpenAI's API."""
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,7 +26,7 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: R
         raise APIError(400, "logprobs together with echo (prompt logprobs) is not supported yet",
                        param="logprobs")
     params = build_params(ctx, body, body.max_tokens, body.logprobs)
-    processed = [process_prompt(ctx, p, params, body.max_tokens, body)
+    processed = [await ctx.run_blocking(process_prompt, ctx, p, params, body.max_tokens, body)
                  for p in _prompt_list(body.prompt)]
     admit(ctx, processed, body.n)
     request_id = new_request_id(raw, body)
@@ -57,14 +58,16 @@ class _CompletionWriter:
         self.body = body
         self.response_id = response_id
         self.model_name = ctx.model_name
+        self.created = int(time.time())
         self.echo_texts = [_prompt_text(ctx, p) if body.echo else "" for p in processed]
 
     def _choice(self, prompt_index: int, choice: CompletionOutput, delta: Delta) -> CompletionChoice:
         echo = self.echo_texts[prompt_index] if delta.first else ""
         logprobs = None
         if choice.logprobs is not None:
+            prior = sum(len(_token_text(p)) for p in choice.logprobs[:delta.token_start])
             logprobs = _completion_logprobs(choice.logprobs[delta.token_start:delta.token_end],
-                                            len(echo) + delta.char_start)
+                                            len(self.echo_texts[prompt_index]) + prior)
         return CompletionChoice(index=prompt_index * self.body.n + choice.index,
                                 text=echo + delta.text, logprobs=logprobs,
                                 finish_reason=delta.finish_reason, stop_reason=choice.stop_reason)
@@ -96,13 +99,17 @@ class _CompletionWriter:
 
     def _chunk(self, choices: list[CompletionChoice], usage_info: Any = None) -> CompletionResponse:
         return CompletionResponse(id=self.response_id, model=self.model_name, choices=choices,
-                                  usage=usage_info)
+                                  usage=usage_info, created=self.created)
 
 
 def _prompt_text(ctx: ServingContext, processed: ProcessedRequest) -> str:
     if processed.prompt is not None:
         return processed.prompt
     return ctx.tokenizer.decode(processed.prompt_token_ids) if ctx.tokenizer is not None else ""
+
+
+def _token_text(position: Any) -> str:
+    return next(iter(position.values())).decoded_token or ""
 
 
 def _completion_logprobs(positions: SampleLogprobs, text_offset: int) -> CompletionLogprobs:

@@ -16,7 +16,7 @@ from pagedlm.request import Request
 from pagedlm.sampling_params import SamplingParams
 from pagedlm.server import wire
 from pagedlm.server.api_server import validation_api_error
-from pagedlm.server.async_engine import AdmissionLimits, AsyncLLM, Overloaded
+from pagedlm.server.async_engine import AdmissionLimits, AsyncLLM, EngineDeadError, Overloaded
 from pagedlm.server.core_process import CoreLoop
 from pagedlm.server.metrics import ServerMetrics
 from pagedlm.server.protocol import CompletionRequest
@@ -179,6 +179,25 @@ def test_admission_caps_requests_and_prefill_tokens() -> None:
         text = engine.metrics.render().decode()
         for reason in ("max_num_queued_reqs", "max_num_queued_tokens"):
             assert f'pagedlm:num_requests_rejected_total{{model_name="m",reason="{reason}"}} 1.0' in text
+    finally:
+        asyncio.run(engine.shutdown())
+
+
+def test_a_failure_on_the_outputs_marks_the_engine_dead_and_fails_its_requests() -> None:
+    """An exception while the server processes the core's outputs (a detokenizer bug, say) must not
+    leave every request waiting forever while /health answers 200."""
+    engine = AsyncLLM(config=None, model_name="m", limits=AdmissionLimits())
+    try:
+        queue = engine._queues["r"] = asyncio.Queue()
+
+        def broken(msg: wire.CoreOutputs) -> None:
+            raise RuntimeError("boom")
+
+        engine._on_outputs = broken
+        engine._on_message(wire.CoreOutputs(outputs=[], stats=wire.CoreStats()))
+        assert not engine.is_healthy
+        error = queue.get_nowait()
+        assert isinstance(error, EngineDeadError) and "RuntimeError: boom" in str(error)
     finally:
         asyncio.run(engine.shutdown())
 
