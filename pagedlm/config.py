@@ -38,6 +38,10 @@ def default_model_path() -> str:
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.split(":")[0] not in ("cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda[:N]; got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: CUDA is not available on this machine")
     return torch.device(device)
 
 

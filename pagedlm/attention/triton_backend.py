@@ -11,6 +11,7 @@ from pagedlm.attention.triton_decode import DEFAULT_NUM_SMS, choose_num_splits, 
 from pagedlm.attention.triton_paged import varlen_attention
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 
 
 @functools.cache
@@ -46,7 +47,10 @@ def _check_attention(
 ) -> None:
     if q.dim() != 3 or q.stride(2) != 1:
         raise ValueError(f"q must be [T, num_heads, head_dim] with stride 1 in head_dim; got {tuple(q.shape)}")
-    num_heads, num_kv_heads = q.shape[1], kv_cache.shape[3]
+    num_heads, num_kv_heads, head_dim = q.shape[1], kv_cache.shape[3], q.shape[2]
+    if head_dim & (head_dim - 1) or not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:  # tl.arange, tl.dot
+        raise ValueError(f"head_dim must be a power of two in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}] for the "
+                         f"Triton backend; got {head_dim} (attention_backend='torch' takes any)")
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
     if q.dtype != kv_cache.dtype or q.dtype not in SUPPORTED_DTYPES:

@@ -45,8 +45,8 @@ def apply_chat_template(tokenizer: Tokenizer, conversation: Conversation,
     if not isinstance(conversation, list) or not all(isinstance(m, dict) for m in conversation):
         raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts "
                          "or a list of such lists")
-    text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False,
-                                         **(chat_template_kwargs or {}))
+    kwargs = {"add_generation_prompt": True, **(chat_template_kwargs or {}), "tokenize": False}
+    text = tokenizer.apply_chat_template(conversation, **kwargs)
     return text, list(tokenizer.encode(text, add_special_tokens=False))
 
 

@@ -52,7 +52,12 @@ def iter_gguf_tensors(config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]
         name = hf_name(tensor.name)
         if name is None:
             continue
-        weight = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).copy())
+        try:
+            data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        except NotImplementedError as exc:
+            raise ValueError(f"model: tensor {tensor.name} in {path} has type "
+                             f"{tensor.tensor_type.name}, which cannot be dequantised") from exc
+        weight = torch.from_numpy(data.copy())
         if permuted and ".q_proj." in name:
             weight = unpermute_rows(weight, config.num_heads)
         elif permuted and ".k_proj." in name:

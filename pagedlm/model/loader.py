@@ -43,7 +43,10 @@ def fill_weights(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Ten
     for name, tensor in tensors:
         shard = layout.get(name)
         if shard is None:
-            continue
+            if name.endswith("rotary_emb.inv_freq") or name == "lm_head.weight":
+                continue  # RoPE tables are recomputed; lm_head of a tied model
+            raise ValueError(f"model: checkpoint {source} has tensor {name}, which the config "
+                             "does not describe")
         target = params[shard.param].narrow(0, shard.row_start, shard.num_rows)
         if tensor.shape != target.shape:
             raise ValueError(f"model: tensor {name} in {source} has shape {tuple(tensor.shape)}, "
