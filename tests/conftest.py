@@ -2,6 +2,7 @@
 the variable must be set before any kernel is defined, hence here, before test modules import."""
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -21,3 +22,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def nan_poisoned_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fresh float tensors from torch.empty / empty_like start as NaN, so an element a kernel forgets
+    to write (an output, a split partial) cannot pass."""
+    def poisoned(allocate):
+        def allocate_nan(*args, **kwargs):
+            out = allocate(*args, **kwargs)
+            return out.fill_(math.nan) if out.is_floating_point() else out
+        return allocate_nan
+
+    monkeypatch.setattr(torch, "empty", poisoned(torch.empty))
+    monkeypatch.setattr(torch, "empty_like", poisoned(torch.empty_like))

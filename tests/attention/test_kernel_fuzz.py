@@ -28,17 +28,7 @@ NUM_SPLIT_CASES = 6
 NUM_GEMV_CASES = 10
 
 
-@pytest.fixture(autouse=True)
-def poison_new_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fresh float tensors (outputs, split partials) start as NaN, so an unwritten element cannot pass."""
-    def poisoned(allocate):
-        def allocate_nan(*args, **kwargs):
-            out = allocate(*args, **kwargs)
-            return out.fill_(math.nan) if out.is_floating_point() else out
-        return allocate_nan
-
-    monkeypatch.setattr(torch, "empty", poisoned(torch.empty))
-    monkeypatch.setattr(torch, "empty_like", poisoned(torch.empty_like))
+pytestmark = pytest.mark.usefixtures("nan_poisoned_empty")  # tests/conftest.py
 
 
 def random_varlen_case(seed: int) -> dict:
