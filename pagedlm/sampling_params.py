@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20
@@ -60,6 +61,13 @@ class SamplingParams:
         _check(_is_int(self.n), "n", f"must be an integer, got {self.n!r}")
         if self.max_tokens is not None:
             _check(_is_int(self.max_tokens), "max_tokens", f"must be an integer, got {self.max_tokens!r}")
+        for name in ("top_k", "min_tokens"):
+            _check(_is_int(getattr(self, name)), name, f"must be an integer, got {getattr(self, name)!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            _check(value is None or _is_int(value), name, f"must be an integer or None, got {value!r}")
+        if self.allowed_token_ids is not None:
+            _check(all(_is_int(t) for t in self.allowed_token_ids), "allowed_token_ids", "must be integers")
         _check(self.n >= 1, "n", f"must be at least 1, got {self.n}")
         _check(self.temperature >= 0.0, "temperature", f"must be non-negative, got {self.temperature}")
         _check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
@@ -103,7 +111,8 @@ class SamplingParams:
 
 
 def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An integer (numpy's too), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _check(ok: bool, param: str, message: str) -> None:

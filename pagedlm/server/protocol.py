@@ -98,14 +98,19 @@ class TextPart(RequestBase):
 
 
 class ChatMessage(RequestBase):
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant"]  # developer: OpenAI's newer system
     content: str | list[TextPart] | None = None
     name: str | None = None
 
     def text(self) -> str:
+        """The content; text parts joined by newlines, as vLLM joins them."""
         if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
+            return "\n".join(part.text for part in self.content)
         return self.content or ""
+
+    def template_role(self) -> str:
+        """The role the chat template sees: templates know system, not developer."""
+        return "system" if self.role == "developer" else self.role
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -47,7 +47,7 @@ async def create_chat_completion(ctx: ServingContext, body: ChatCompletionReques
 
 def render_chat(ctx: ServingContext, messages: list[ChatMessage]) -> dict[str, Any]:
     """The conversation through the chat template, as a prompt for process_request."""
-    conversation = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
+    conversation = [{"role": m.template_role(), "content": m.text(), **({"name": m.name} if m.name else {})}
                     for m in messages]
     if ctx.tokenizer is None:
         raise APIError(400, "messages: chat needs a tokenizer (the server skips it)", param="messages")

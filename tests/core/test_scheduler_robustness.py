@@ -16,6 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 import tiny_hf_models
 
@@ -177,6 +178,10 @@ def test_non_positive_kv_cache_memory_is_refused(gib: float):
     (dict(logit_bias={"x": 1.0}), "logit_bias"),  # ValueError from int() naming nothing
     (dict(n=1.5), "n"),  # accepted; the engine's add_request raises a TypeError
     (dict(max_tokens=2.5), "max_tokens"),  # accepted; the engine generates 3 tokens
+    (dict(top_k=2.5), "top_k"),  # accepted and truncated
+    (dict(min_tokens=1.5), "min_tokens"),
+    (dict(logprobs=1.5), "logprobs"),
+    (dict(allowed_token_ids=["3"]), "allowed_token_ids"),
 ])
 def test_mistyped_sampling_params_get_a_value_error_naming_them(kwargs: dict, param: str):
     with pytest.raises(ValueError, match=rf"^{param} "):
@@ -340,3 +345,8 @@ def test_fuzz_block_accounting_and_read_order(first_seed: int):
             _fuzz_one(seed)
         except AssertionError as exc:
             raise AssertionError(f"seed {seed}: {exc}") from exc
+
+
+def test_numpy_integers_are_integers() -> None:
+    params = SamplingParams(n=np.int64(2), max_tokens=np.int32(3), top_k=np.int64(5), logprobs=np.int64(1))
+    assert (params.n, params.max_tokens, params.top_k, params.logprobs) == (2, 3, 5, 1)

@@ -6,6 +6,7 @@ import asyncio
 import os
 import threading
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 import zmq
@@ -14,12 +15,12 @@ from pagedlm.core.sched_output import EngineCoreOutput, Logprobs
 from pagedlm.outputs import CompletionOutput
 from pagedlm.request import Request
 from pagedlm.sampling_params import SamplingParams
-from pagedlm.server import wire
+from pagedlm.server import serving_chat, wire
 from pagedlm.server.api_server import validation_api_error
 from pagedlm.server.async_engine import AdmissionLimits, AsyncLLM, EngineDeadError, Overloaded
 from pagedlm.server.core_process import CoreLoop
 from pagedlm.server.metrics import ServerMetrics
-from pagedlm.server.protocol import CompletionRequest
+from pagedlm.server.protocol import ChatMessage, CompletionRequest, TextPart
 from pagedlm.server.remote_core import RemoteCore
 from pagedlm.server.serving import DeltaTracker
 
@@ -237,3 +238,20 @@ def test_request_to_sampling_params() -> None:
         CompletionRequest(prompt="x", logit_bias={"a": 1}).to_sampling_params(16, None, 100)
     with pytest.raises(ValueError, match=r"logit_bias values must be in \[-100, 100\]"):
         CompletionRequest(prompt="x", logit_bias={"1": 101}).to_sampling_params(16, None, 100)
+
+
+def test_developer_messages_render_as_system_and_text_parts_join_by_newline(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenAI's developer role reaches the template as system (templates do not know it); a list of
+    text parts is one text, joined by newlines as vLLM joins them."""
+    seen = {}
+
+    def fake_template(tokenizer: object, conversation: list[dict]) -> tuple[str, list[int]]:
+        seen["conversation"] = conversation
+        return "text", [1]
+
+    monkeypatch.setattr(serving_chat, "apply_chat_template", fake_template)
+    parts = [TextPart(type="text", text="a"), TextPart(type="text", text="b")]
+    messages = [ChatMessage(role="developer", content=parts), ChatMessage(role="user", content="hi")]
+    serving_chat.render_chat(SimpleNamespace(tokenizer=object()), messages)
+    assert seen["conversation"] == [{"role": "system", "content": "a\nb"}, {"role": "user", "content": "hi"}]
