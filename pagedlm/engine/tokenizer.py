@@ -1,8 +1,11 @@
 """Tokenizer loading (Hugging Face folders and GGUF files) and chat-template application."""
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
+
+from tokenizers import decoders
 
 from pagedlm.config import ModelConfig
 
@@ -61,21 +64,12 @@ def bad_words_token_ids(tokenizer: Tokenizer, bad_words: list[str]) -> list[list
     return sequences
 
 
+@functools.cache
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet, inverted: the printable character that stands for each byte."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1),
-                 *range(ord("\xae"), ord("\xff") + 1)]
-    chars, extra = {}, 0
-    for byte in range(256):
-        if byte in printable:
-            chars[chr(byte)] = byte
-        else:
-            chars[chr(256 + extra)] = byte
-            extra += 1
-    return chars
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-
-_BYTE_DECODER = _byte_decoder()
+    return {char: byte for byte, char in bytes_to_unicode().items()}
 
 
 def token_bytes(tokenizer: Tokenizer | None, token_id: int, decoded: str) -> list[int]:
@@ -83,9 +77,9 @@ def token_bytes(tokenizer: Tokenizer | None, token_id: int, decoded: str) -> lis
     vocabularies), not the UTF-8 of its decoded text."""
     if tokenizer is not None:
         piece = tokenizer.convert_ids_to_tokens(token_id)
-        if type(tokenizer.backend_tokenizer.decoder).__name__ == "ByteLevel" and \
-                all(c in _BYTE_DECODER for c in piece):
-            return [_BYTE_DECODER[c] for c in piece]
+        byte_of = _byte_decoder()
+        if isinstance(tokenizer.backend_tokenizer.decoder, decoders.ByteLevel) and all(c in byte_of for c in piece):
+            return [byte_of[c] for c in piece]
         if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
             return [int(piece[3:5], 16)]
     return list(decoded.encode("utf-8"))

@@ -60,16 +60,18 @@ class _CompletionWriter:
         self.model_name = ctx.model_name
         self.created = int(time.time())
         self.echo_texts = [_prompt_text(ctx, p) if body.echo else "" for p in processed]
+        # choice index -> text_offset after its tokens sent so far (a chunk's tokens follow them)
+        self._next_offsets: dict[int, int] = {}
 
     def _choice(self, prompt_index: int, choice: CompletionOutput, delta: Delta) -> CompletionChoice:
+        index = prompt_index * self.body.n + choice.index
         echo = self.echo_texts[prompt_index] if delta.first else ""
         logprobs = None
         if choice.logprobs is not None:
-            prior = sum(len(_token_text(p)) for p in choice.logprobs[:delta.token_start])
-            logprobs = _completion_logprobs(choice.logprobs[delta.token_start:delta.token_end],
-                                            len(self.echo_texts[prompt_index]) + prior)
-        return CompletionChoice(index=prompt_index * self.body.n + choice.index,
-                                text=echo + delta.text, logprobs=logprobs,
+            offset = self._next_offsets.get(index, len(self.echo_texts[prompt_index]))
+            logprobs = _completion_logprobs(choice.logprobs[delta.token_start:delta.token_end], offset)
+            self._next_offsets[index] = offset + sum(len(token) for token in logprobs.tokens)
+        return CompletionChoice(index=index, text=echo + delta.text, logprobs=logprobs,
                                 finish_reason=delta.finish_reason, stop_reason=choice.stop_reason)
 
     def response(self, finals: list[RequestOutput | None]) -> CompletionResponse:
@@ -106,10 +108,6 @@ def _prompt_text(ctx: ServingContext, processed: ProcessedRequest) -> str:
     if processed.prompt is not None:
         return processed.prompt
     return ctx.tokenizer.decode(processed.prompt_token_ids) if ctx.tokenizer is not None else ""
-
-
-def _token_text(position: Any) -> str:
-    return next(iter(position.values())).decoded_token or ""
 
 
 def _completion_logprobs(positions: SampleLogprobs, text_offset: int) -> CompletionLogprobs:
