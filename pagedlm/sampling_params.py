@@ -6,6 +6,8 @@ import numbers
 from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20
+_INT_FIELDS = ("n", "top_k", "min_tokens")
+_OPTIONAL_INT_FIELDS = ("max_tokens", "logprobs", "prompt_logprobs")
 
 
 @dataclass
@@ -58,14 +60,11 @@ class SamplingParams:
         self._validate()
 
     def _validate(self) -> None:
-        _check(_is_int(self.n), "n", f"must be an integer, got {self.n!r}")
-        if self.max_tokens is not None:
-            _check(_is_int(self.max_tokens), "max_tokens", f"must be an integer, got {self.max_tokens!r}")
-        for name in ("top_k", "min_tokens"):
-            _check(_is_int(getattr(self, name)), name, f"must be an integer, got {getattr(self, name)!r}")
-        for name in ("logprobs", "prompt_logprobs"):
+        for name in _INT_FIELDS + _OPTIONAL_INT_FIELDS:
             value = getattr(self, name)
-            _check(value is None or _is_int(value), name, f"must be an integer or None, got {value!r}")
+            optional = name in _OPTIONAL_INT_FIELDS
+            _check(_is_int(value) or (optional and value is None), name,
+                   f"must be an integer{' or None' if optional else ''}, got {value!r}")
         if self.allowed_token_ids is not None:
             _check(all(_is_int(t) for t in self.allowed_token_ids), "allowed_token_ids", "must be integers")
         _check(self.n >= 1, "n", f"must be at least 1, got {self.n}")
