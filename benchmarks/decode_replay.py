@@ -22,8 +22,9 @@ Variants: '+'-joined parts, "base" for the defaults:
 - fmakN: single-row GEMVs take weights up to K = N columns (gemv.MAX_FMA_K; llama3-8b's down_proj has
   K = 14,336), chN: up to N chunks of K per program where K is streamed (gemv.MAX_CHUNKS_PER_SLICE),
   bigNxK: larger weights stream N x K tiles (default 8 x 256 in 16 bits);
-- mNxK=BNxBKsS: the single-row GEMV of the N x K weight alone takes BN x BK tiles (one warp) with
-  K cut into S slices (e.g. m4096x4096=8x256s8 for llama3-8b's o_proj).
+- mNxK=BNxBKsS[wW]: the single-row GEMV of the N x K weight alone takes BN x BK tiles (W warps a
+  program, default one) with K cut into S slices (e.g. m4096x4096=8x256s8 for llama3-8b's o_proj;
+  m1024x2048=4x2048s1w2: qwen3-0.6b's o_proj, each program the whole K of its rows, no split).
 """
 from __future__ import annotations
 
@@ -111,12 +112,13 @@ def streamed_tiles(default, block_n: int, block_k: int):
 
 
 def parse_matrix_config(part: str) -> tuple[int, int, gemv.GemvConfig]:
-    """"mNxK=BNxBKsS" -> (N, K, its config)."""
+    """"mNxK=BNxBKsS" or "mNxK=BNxBKsSwW" -> (N, K, its config); W warps a program (default 1)."""
     shape, tiles = part[1:].split("=")
     n, k = (int(v) for v in shape.split("x"))
-    tile, split_k = tiles.split("s")
+    tile, split = tiles.split("s")
+    split_k, _, warps = split.partition("w")
     block_n, block_k = (int(v) for v in tile.split("x"))
-    return n, k, gemv.GemvConfig(block_n, block_k, split_k=int(split_k), num_warps=1, num_stages=1)
+    return n, k, gemv.GemvConfig(block_n, block_k, split_k=int(split_k), num_warps=int(warps or 1), num_stages=1)
 
 
 def one_matrix(default, n: int, k: int, matrix_config: gemv.GemvConfig):

@@ -23,7 +23,7 @@ FUSE_NORMS = os.environ.get("PAGEDLM_FUSE_NORMS", "1") != "0"
 class Linear(nn.Module):
     """y = act(x) W^T (+ b), without nn.Linear's random init (the loader overwrites it anyway).
     act "silu_and_mul": x is [gate | up] and the product sees silu(gate) * up. On CUDA, batch-1 decode
-    (K <= 4096) and small-batch decode on narrow outputs (gemv.prefer_gemv) go through the Triton
+    (K <= gemv.MAX_FMA_K) and small-batch decode on narrow outputs (gemv.prefer_gemv) go through the Triton
     GEMV, with the activation fused into its prologue; the rest through cuBLAS.
 
     Norm fusion (pagedlm/ops/gemv.py): x may be a PendingNorm, which the GEMV normalises in its

@@ -97,13 +97,15 @@ def run_op_wrappers() -> None:
             activation.silu_and_mul_triton(torch.empty(8, 2 * d, dtype=dtype))
         for num_rows in (1, 3, 8):  # FMA (M = 1, or fp32) and tl.dot (16-bit, M > 1) tiles
             for n, k, act in ((1024, 3072, "silu_and_mul"), (4096, 1024, None), (151936, 1024, None),
-                              (4096, 4096, None)):  # 32 MiB in 16 bits: 16-row streamed tiles at one row
+                              (4096, 4096, None),  # 32 MiB in 16 bits: 16-row streamed tiles at one row
+                              (28672, 4096, None)):  # > 128 MiB: whole K over 4 warps at one row
                 x = torch.empty(num_rows, 2 * k if act else k, dtype=dtype)
                 bias = torch.empty(n, dtype=dtype) if n == 4096 else None
-                gemv_triton(x, torch.empty(n, k, dtype=dtype), bias, act=act)  # N=1024: split K
+                gemv_triton(x, torch.empty(n, k, dtype=dtype), bias, act=act)  # N=1024: split K above one row
             # down_proj with its residual add (silu prologue, split K, residual epilogue)
-            gemv_triton(torch.empty(num_rows, 2 * 3072, dtype=dtype), torch.empty(1024, 3072, dtype=dtype),
-                        act="silu_and_mul", residual=torch.empty(num_rows, 1024, dtype=dtype))
+            for n, k in ((1024, 3072), (4096, 14336)):  # qwen3-0.6b's and llama3-8b's
+                gemv_triton(torch.empty(num_rows, 2 * k, dtype=dtype), torch.empty(n, k, dtype=dtype),
+                            act="silu_and_mul", residual=torch.empty(num_rows, n, dtype=dtype))
             # a decoder layer's norm folded in: o_proj's residual epilogue, then gate_up's norm prologue
             summed = gemv_triton(torch.empty(num_rows, 2048, dtype=dtype), torch.empty(1024, 2048, dtype=dtype),
                                  residual=torch.empty(num_rows, 1024, dtype=dtype))

@@ -168,9 +168,15 @@ def test_logits_come_out_of_the_gemm_in_float32() -> None:
     torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-3)  # bf16-rounded logits would miss this
 
 
+# qwen3-0.6b's layer shapes (weights read whole before the wait), and llama3-8b's (streamed: down_proj's
+# K = 14,336 and gate_up's 224 MiB in whole-K multi-warp tiles, qkv and o_proj split along K)
+LAYER_SHAPES = {"qwen3-0.6b": (1024, 16, 8, 3072, 4), "llama3-8b": (4096, 32, 8, 14336, 2)}
+
+
 @pytest.mark.parametrize("fused_norms", [True, False])
-def test_pdl_chain_in_a_graph_matches_launches_without_pdl(fused_norms: bool, monkeypatch: pytest.MonkeyPatch
-                                                           ) -> None:
+@pytest.mark.parametrize("shape", sorted(LAYER_SHAPES))
+def test_pdl_chain_in_a_graph_matches_launches_without_pdl(fused_norms: bool, shape: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Batch-1 decode layers (GEMV, prepare_qkv, split decode, GEMV with split K, GEMV, GEMV with
     fused SiLU) in a CUDA graph with programmatic dependent launch, replayed on fresh inputs, against
     the same kernels launched one after another. fused_norms: as the model runs them at batch 1
@@ -181,7 +187,7 @@ def test_pdl_chain_in_a_graph_matches_launches_without_pdl(fused_norms: bool, mo
     from pagedlm.attention.prepare_qkv import prepare_qkv_triton
     from pagedlm.ops.gemv import PendingNorm, gemv_triton
 
-    hidden, num_heads, num_kv_heads, head_dim, inter, num_layers, eps = 1024, 16, 8, 128, 3072, 4, 1e-6
+    (hidden, num_heads, num_kv_heads, inter, num_layers), head_dim, eps = LAYER_SHAPES[shape], 128, 1e-6
     batch = helpers.make_batch([299], [1], num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                                block_size=16, dtype=torch.bfloat16, device="cuda")
     helpers.write_cache(batch)

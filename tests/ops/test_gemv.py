@@ -161,13 +161,16 @@ def test_gemv_triton_strided_views() -> None:
     check(gemv_triton(x.T.contiguous().T, weight), x, weight, None, None)  # column-major x
 
 
-@pytest.mark.parametrize("num_rows", [1, 2, 5, 8])
-def test_gemv_default_config(num_rows: int) -> None:
-    """The default launch rule (FMA for small M, tl.dot above, split K: one-tile slices of a small
-    weight at one row, for few N tiles on the dot path) is correct."""
-    x, weight, bias = make_inputs(num_rows, 20, 1500, torch.float16, act=None, with_bias=True)
-    config = gemv_mod.default_config(num_rows, 20, 1500, torch.float16)
-    assert gemv_mod.launch_split_k(1500, config)[0] > 1
+@pytest.mark.parametrize("num_rows, n, k", [
+    (1, 20, 1000), (1, 20, 1500), (1, 20, 5000),  # one warp, all of K; 4 warps, all of K; long K (split)
+    (2, 20, 1500), (5, 20, 1500), (8, 20, 1500),  # tl.dot, split K (few N tiles)
+])
+def test_gemv_default_config(num_rows: int, n: int, k: int) -> None:
+    """The default launch rule (FMA for small M, tl.dot above) is correct on each of its branches."""
+    x, weight, bias = make_inputs(num_rows, n, k, torch.float16, act=None, with_bias=True)
+    config = gemv_mod.default_config(num_rows, n, k, torch.float16)
+    num_slices = gemv_mod.launch_split_k(k, config)[0]
+    assert num_slices == 1 if num_rows == 1 and k <= gemv_mod.WHOLE_K_MAX else num_slices > 1
     check(gemv_triton(x, weight, bias), x, weight, bias, None)
 
 
@@ -194,7 +197,7 @@ def test_gemv_float32_output(impl) -> None:
 
 @pytest.mark.parametrize("num_rows, n, k, takes_gemv", [
     (1, 6144, 4096, True), (1, 28672, 4096, True), (1, 128256, 4096, True),  # llama3-8b qkv, gate_up, LM head
-    (1, 4096, 14336, False),  # llama3-8b down_proj: cuBLAS
+    (1, 4096, 14336, True), (1, 8192, 28672, False),  # down_proj: llama3-8b's (K <= MAX_FMA_K), 70b's
     (4, 4096, 1024, False), (4, 1024, 3072, True),  # M > 1: narrow outputs only
     (9, 1024, 2048, False),  # more rows than MAX_M
 ])
@@ -202,28 +205,31 @@ def test_prefer_gemv_follows_the_measured_rule(num_rows: int, n: int, k: int, ta
     assert gemv_mod.prefer_gemv(num_rows, n, k) == takes_gemv
 
 
-@pytest.mark.parametrize("n, k, split_k, block_n", [
-    (28672, 4096, 4, 8), (6144, 4096, 4, 8),  # llama3-8b gate_up, qkv: 4 chunks of 256 per program
-    (4096, 4096, 4, 16),  # llama3-8b o_proj (32 MiB): 16-row tiles (session 11)
-    (128256, 4096, 1, 8),  # LM head: 16,032 row blocks already, no split
-    # qwen3-0.6b (every weight <= PRELOAD_MAX_BYTES): one-tile slices of up to 1024 columns
-    (1024, 2048, 2, 4), (6144, 1024, 1, 4), (1024, 3072, 3, 4),  # o_proj, gate_up, down_proj
+@pytest.mark.parametrize("n, k, split_k, block_n, num_warps", [
+    (6144, 4096, 4, 8, 1),  # llama3-8b qkv: 4 chunks of 256 per program
+    (4096, 4096, 4, 16, 1),  # llama3-8b o_proj (32 MiB): 16-row tiles (session 11)
+    (28672, 4096, 1, 16, 4), (128256, 4096, 1, 16, 4),  # gate_up, LM head (> 128 MiB): whole K, 4 warps
+    (4096, 14336, 1, 8, 8), (256, 14336, 4, 8, 8),  # down_proj (K > 4096); a narrow one is split for occupancy
+    # qwen3-0.6b (every weight <= PRELOAD_MAX_BYTES): all of K in one program
+    (4096, 1024, 1, 4, 1), (6144, 1024, 1, 4, 1),  # qkv, gate_up: one warp, 4 x 1024
+    (1024, 2048, 1, 8, 4), (1024, 3072, 1, 4, 4),  # o_proj 8 x 2048, down_proj 4 x 4096 over 4 warps
 ])
-def test_auto_split_k_at_one_row(n: int, k: int, split_k: int, block_n: int) -> None:
+def test_default_config_at_one_row(n: int, k: int, split_k: int, block_n: int, num_warps: int) -> None:
     config = gemv_mod.default_config(1, n, k, torch.bfloat16)
-    assert gemv_mod.launch_split_k(k, config)[0] == split_k and config.block_n == block_n
+    assert gemv_mod.launch_split_k(k, config)[0] == split_k
+    assert (config.block_n, config.num_warps) == (block_n, num_warps)
+    lanes_k = config.num_warps * 32 * 8  # the warps side by side along K, 16-byte vectors
+    assert config.block_k % lanes_k == 0
 
 
 @pytest.mark.parametrize("n, k, dtype", [
     (4096, 1024, torch.bfloat16), (1024, 2048, torch.bfloat16), (6144, 1024, torch.bfloat16),  # qwen3-0.6b
-    (1024, 3072, torch.bfloat16), (64, 100, torch.float32),
+    (1024, 3072, torch.bfloat16), (64, 100, torch.float32), (64, 3000, torch.float32),
 ])
-def test_small_weights_take_one_tile_slices_at_one_row(n: int, k: int, dtype: torch.dtype) -> None:
-    """Each program's slice of K is one tile, which the kernel reads before its PDL wait."""
+def test_small_weights_are_read_whole_before_the_wait_at_one_row(n: int, k: int, dtype: torch.dtype) -> None:
+    """Each program's slice of K is one tile, all of K, which the kernel reads before its PDL wait."""
     config = gemv_mod.default_config(1, n, k, dtype)
-    num_slices, k_per_split = gemv_mod.launch_split_k(k, config)
-    assert k_per_split == config.block_k and num_slices == -(-k // config.block_k)
-    assert config.block_n == gemv_mod.PRELOAD_BLOCK_N and config.num_warps == 1
+    assert gemv_mod.launch_split_k(k, config) == (1, config.block_k) and config.block_k >= k
 
 
 @pytest.mark.parametrize("config_name", ["fma-split", "dot-split"])

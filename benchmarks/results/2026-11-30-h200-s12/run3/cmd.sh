@@ -1,0 +1,4 @@
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1; O=$OUT
+timeout 280 python3 -m pytest -q -m gpu tests/gpu tests/worker tests/attention tests/ops > $O/pytest_gpu.log 2>&1
+timeout 250 python3 benchmarks/gpu_workloads.py --workloads L2,L1 --json $O/w.json > $O/workloads.log 2>&1
+tail -15 $O/pytest_gpu.log; tail -4 $O/workloads.log
