@@ -24,7 +24,8 @@ Variants: '+'-joined parts, "base" for the defaults:
   bigNxK: larger weights stream N x K tiles (default 8 x 256 in 16 bits);
 - mNxK=BNxBKsS[wW]: the single-row GEMV of the N x K weight alone takes BN x BK tiles (W warps a
   program, default one) with K cut into S slices (e.g. m4096x4096=8x256s8 for llama3-8b's o_proj;
-  m1024x2048=4x2048s1w2: qwen3-0.6b's o_proj, each program the whole K of its rows, no split).
+  m1024x2048=4x2048s1w2: qwen3-0.6b's o_proj, each program the whole K of its rows, no split);
+- nopN: N empty one-program PDL kernels after each layer's prepare_qkv (the cost of a kernel boundary).
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from pathlib import Path
 
 import torch
 import triton
+import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -47,7 +49,8 @@ from gpu_workloads import MODELS  # noqa: E402
 from host_step import _replay_gpu_us  # noqa: E402
 from pagedlm import LLM, SamplingParams  # noqa: E402
 from pagedlm.attention import triton_decode  # noqa: E402
-from pagedlm.ops import gemv  # noqa: E402
+from pagedlm.model import llama  # noqa: E402
+from pagedlm.ops import gemv, pdl  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -56,8 +59,11 @@ def settings(variant: str):
     saved = gemv.default_config
     saved_split = triton_decode.SPLIT_BLOCK_N, triton_decode.SPLIT_NUM_WARPS, triton_decode.SPLIT_NUM_STAGES
     saved_gemv = gemv.MAX_FMA_K, gemv.MAX_CHUNKS_PER_SLICE
+    saved_prepare = llama.prepare_qkv
     for part in variant.split("+"):
-        if part.startswith("sb"):
+        if part.startswith("nop"):
+            llama.prepare_qkv = with_empty_launches(saved_prepare, int(part[3:]))
+        elif part.startswith("sb"):
             triton_decode.SPLIT_BLOCK_N = int(part[2:])
         elif part.startswith("sw"):
             triton_decode.SPLIT_NUM_WARPS = int(part[2:])
@@ -85,8 +91,25 @@ def settings(variant: str):
     finally:
         gemv.default_config = saved
         gemv.MAX_FMA_K, gemv.MAX_CHUNKS_PER_SLICE = saved_gemv
+        llama.prepare_qkv = saved_prepare
         saved.cache_clear()
         triton_decode.SPLIT_BLOCK_N, triton_decode.SPLIT_NUM_WARPS, triton_decode.SPLIT_NUM_STAGES = saved_split
+
+
+@triton.jit
+def _empty_kernel(PDL: tl.constexpr):
+    pdl.wait_for_producers(PDL)
+
+
+def with_empty_launches(prepare_qkv, count: int):
+    """prepare_qkv followed by `count` one-program kernels that only wait (PDL) and let the next
+    launch: what one kernel boundary costs in the batch-1 chain."""
+    def prepare(qkv, *args, **kwargs):
+        q = prepare_qkv(qkv, *args, **kwargs)
+        for _ in range(count):
+            _empty_kernel[(1,)](**pdl.launch_args(qkv.device))
+        return q
+    return prepare
 
 
 def is_small_bf16_row(num_rows: int, n: int, k: int, dtype: torch.dtype) -> bool:
