@@ -40,13 +40,14 @@ MAX_GEMV_N = 2048
 # wide outputs while K <= 4096: every qwen3-0.6b matrix (qkv 4.2 vs 5.0 µs, gate_up 5.3 vs 5.9),
 # llama3-8b's qkv (14.2 vs 15.3), o (12.0 vs 12.5 at split 2), gate_up (58.6 vs 57.6) and both LM
 # heads (4.4-4.5 vs 4.0-4.2 TB/s); they lost on llama3-8b's down_proj (K=14336: 34.7 vs 32.6 µs
-# with its SiLU) until session 12's multi-warp tiles (LONG_K_CONFIG).
+# with its SiLU) until session 12's multi-warp tiles (STREAM_WARPS).
 # At M >= 2 the tl.dot tiles lose to cuBLAS on wide outputs (session 3), so this is for M = 1 only.
 MAX_FMA_K = 16384
 ACTS = (None, "silu_and_mul")
 MIN_DOT_ROWS = 16  # tl.dot needs every dimension >= 16: x is padded to 16 rows on the dot path
 TARGET_WARPS = 1024  # split K until about this many warps (~8 per SM on a 132-SM H200)
-# ... and until a program streams at most this many BLOCK_K chunks (llama3-8b at M=1: qkv 18.4 -> 14.2 µs,
+# ... and until a program streams at most this many BLOCK_K chunks (the tl.dot tiles; measured on the FMA
+# tiles before session 12, llama3-8b at M=1: qkv 18.4 -> 14.2 µs,
 # gate_up 67.9 -> 58.6 with 4 chunks per program instead of 16), unless that launches more than
 # MAX_PROGRAMS programs (an LM head of 16,032 row blocks streams at 4.5 TB/s unsplit)
 MAX_CHUNKS_PER_SLICE = 4
@@ -54,33 +55,31 @@ MAX_PROGRAMS = 16384
 # Session 7 (benchmarks/decode_replay.py, qwen3-0.6b batch 1, graph replay with PDL, one process): slices
 # of one 4 x 1024 tile, read whole before the PDL wait, took the decode step from 829.8 to 717.4 µs
 # (8 x 512 tiles: 795.6; 8 x 256: 837.6). A weight that fits the GPU's registers a few times over is
-# then read while the kernel before runs; larger ones (llama3-8b, LM heads) keep streaming chunks.
+# then read while the kernel before runs; larger ones (llama3-8b, LM heads) stream.
 PRELOAD_MAX_BYTES = 16 << 20
 PRELOAD_BLOCK_N = 4
 PRELOAD_BLOCK_K = 1024
-# Session 11 (decode_replay.py, llama3-8b batch 1, three runs): o_proj (4096 x 4096, 32 MiB) streamed in
-# 16-row tiles (split 4) took the step 0.4-0.7% below 8-row ones (4,280.8 -> 4,264.0 µs, 4,295.4 -> 4,266.8);
-# 16 rows on qkv (48 MiB) +0.2%, on gate_up (224 MiB) 0.0%; 32 rows, or 2 / 8 chunks a program, lost.
-STREAM_BLOCK_N = 8
-WIDE_TILE_MAX_BYTES = 2 * PRELOAD_MAX_BYTES  # weights above PRELOAD_MAX_BYTES up to this: 16-row tiles
-# Session 12 (decode_replay.py, batch 1, one process; RESULTS.md): a program of several warps that holds
-# all of K for its rows beats K slices of one warp each, whose partials the last slice sums after a
-# counter (a store, an atomic and a load after the PDL wait; the warps' reduction goes through shared
-# memory instead). qwen3-0.6b, whose weights are all preloaded: o_proj (K = 2048) in 8 x 2048 tiles and
-# down_proj (K = 3072) in 4 x 4096, 4 warps a program, took the step from 722.6 to 659.2 µs (-8.8%);
-# o_proj alone 2 x 2048 over 2 warps -4.8%, 8 x 2048 over 4 -4.5%, 4 x 2048 over 2 -1.7%; down_proj
-# alone 4 x 4096 -4.0%, 2 x 4096 and 8 x 4096 1-2% behind it. Weights with K <= PRELOAD_BLOCK_K keep
-# their one-warp tiles (qwen3-0.6b's gate_up in 8 x 1024 over 2 warps: +2%).
+# Session 12 (decode_replay.py, batch 1, one process; RESULTS.md, runs 1-4): a program of several warps
+# that holds all of K for its rows beats K slices of one warp each, whose partials the last slice sums
+# after a counter (a store, an atomic and a load after the wait: ~1.1 µs; a kernel boundary costs
+# 0.6-0.9 µs). qwen3-0.6b: o_proj (K = 2048) in 8 x 2048 tiles and down_proj (K = 3072) in 4 x 4096, 4
+# warps a program, took the step from 722.6 to 659.2 µs (o_proj alone: 2 x 2048 over 2 warps -4.8%,
+# 8 x 2048 over 4 -4.5%, 4 x 2048 over 2 -1.7%; down_proj alone 4 x 4096 -4.0%, 2 x 4096 and 8 x 4096
+# 1-2% behind). qkv's 4 x 1024 tiles over 2 warps -2.5%, but gate_up's +6.5%: 1,536 programs of 2 warps
+# seem not to fit the GPU's registers all at once, so not every program reads its tile before the
+# wait; hence 2 warps only while the launch has at most PRELOAD_MAX_WARPS.
 WHOLE_K_MAX = 4096
 WHOLE_K_WARPS = 4
 WHOLE_K_TILE_BYTES = 32 << 10  # a program's tile: 8 x 2048 or 4 x 4096 in 16 bits
-# Streamed weights, whole K a program too (llama3-8b): down_proj (K = 14,336, cuBLAS with the SiLU and
-# norm kernels before) in 8 x 2048 tiles over 8 warps took the step from 4,288.1 to 4,184.1 µs (-2.4%;
-# 4 x 2048 -1.9%, 16 x 2048 +2.1%, K split in 2 -1.2%, 8 x 4096 over 16 warps +1.8%); gate_up (224 MiB)
-# then in 16 x 1024 tiles over 4 warps -0.6% more (8 x 2048 over 8 warps +1.1%); qkv and o_proj gained
-# nothing from either; both LM heads tied (within 0.3%).
-LONG_K = 4096  # streamed weights with more columns take LONG_K_CONFIG (after GemvConfig, below)
-LARGE_WEIGHT_BYTES = 128 << 20  # other streamed weights above this take LARGE_WEIGHT_CONFIG
+PRELOAD_MAX_WARPS = 2048
+# Streamed weights (above PRELOAD_MAX_BYTES), whole K a program too (llama3-8b): down_proj (K = 14,336;
+# was cuBLAS, with the SiLU and norm kernels) in 8 x 2048 tiles over 8 warps took the graph from 4,288
+# to 4,184 µs, 8 x 1024 over 4 the same; then qkv in 8 x 1024 over 4 warps -0.7%, gate_up -1.0% (16 x
+# 1024 -0.6%, 32 x 1024 over 8 warps +28%), the LM head -0.1% (qwen3-0.6b's -2.0%), o_proj -0.1%.
+# Before, these streamed 8 or 16 x 256 one-warp tiles, K split until TARGET_WARPS.
+STREAM_BLOCK_N = 8
+STREAM_BLOCK_K = 1024
+STREAM_WARPS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,9 +133,6 @@ class GemvConfig:
 
 
 
-LONG_K_CONFIG = GemvConfig(block_n=8, block_k=2048, num_warps=8, num_stages=1)
-LARGE_WEIGHT_CONFIG = GemvConfig(block_n=16, block_k=1024, num_warps=4, num_stages=1)
-
 def prefer_gemv(num_rows: int, n: int, k: int) -> bool:
     """Whether x [num_rows, k] @ W[n, k].T should take this kernel rather than cuBLAS (on CUDA)."""
     return num_rows <= MAX_M and (n <= MAX_GEMV_N or (num_rows == 1 and k <= MAX_FMA_K))
@@ -147,37 +143,28 @@ def default_config(num_rows: int, n: int, k: int, dtype: torch.dtype) -> GemvCon
     """A rule from host ints, from the H200 measurements above and below.
     Larger M (not fp32): tl.dot on 64 weight rows (wgmma m64n16 on Hopper; FMA at M=2 measured
     1.5-2.5x slower than at M=1), K split until about TARGET_WARPS.
-    M = 1 or fp32: FMA, whole 16-byte vectors per lane, so the x row, the weight tile and the reduction
-    share one layout. A weight of at most PRELOAD_MAX_BYTES is read whole before the PDL wait (while the
-    kernel before runs): one-warp tiles of PRELOAD_BLOCK_N rows x all of K where K <= PRELOAD_BLOCK_K,
-    else (K <= WHOLE_K_MAX) WHOLE_K_WARPS warps a program over all of K. Larger weights stream:
-    LONG_K_CONFIG for K > LONG_K, LARGE_WEIGHT_CONFIG above LARGE_WEIGHT_BYTES (both whole K a program
-    while the launch has TARGET_WARPS warps), else one-warp tiles of STREAM_BLOCK_N rows (twice that up
-    to WIDE_TILE_MAX_BYTES) with K split by `with_auto_split_k`."""
+    M = 1 or fp32: FMA, whole 16-byte vectors per lane (the warps side by side along K), each program
+    all of K for its rows. A weight of at most PRELOAD_MAX_BYTES is read whole before the PDL wait (while
+    the kernel before runs): tiles of PRELOAD_BLOCK_N rows where K <= PRELOAD_BLOCK_K (2 warps while the
+    launch keeps within PRELOAD_MAX_WARPS, else 1), else of WHOLE_K_TILE_BYTES over WHOLE_K_WARPS warps
+    while K <= WHOLE_K_MAX. Other weights stream STREAM_BLOCK_N x STREAM_BLOCK_K tiles over STREAM_WARPS
+    warps, K split only where a narrow output would launch fewer than TARGET_WARPS warps."""
     if num_rows > 1 and dtype != torch.float32:
         return with_auto_split_k(GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=3, use_dot=True), n, k)
     min_block_k = 32 * (16 // dtype.itemsize)  # 32 lanes x one 16-byte vector
+    block_k = max(triton.next_power_of_2(k), min_block_k)
     weight_bytes = n * k * dtype.itemsize
     if weight_bytes <= PRELOAD_MAX_BYTES and k <= PRELOAD_BLOCK_K:
-        return GemvConfig(block_n=PRELOAD_BLOCK_N, block_k=max(triton.next_power_of_2(k), min_block_k),
-                          num_warps=1, num_stages=1)
+        two_warps = block_k >= 2 * min_block_k and 2 * triton.cdiv(n, PRELOAD_BLOCK_N) <= PRELOAD_MAX_WARPS
+        return GemvConfig(block_n=PRELOAD_BLOCK_N, block_k=block_k, num_warps=2 if two_warps else 1, num_stages=1)
     if weight_bytes <= PRELOAD_MAX_BYTES and k <= WHOLE_K_MAX:
-        block_k = triton.next_power_of_2(k)
         return GemvConfig(block_n=max(1, WHOLE_K_TILE_BYTES // (block_k * dtype.itemsize)), block_k=block_k,
                           num_warps=WHOLE_K_WARPS, num_stages=1)
-    if k > LONG_K:
-        return with_occupancy_split_k(LONG_K_CONFIG, n)
-    if weight_bytes > LARGE_WEIGHT_BYTES and k >= LARGE_WEIGHT_CONFIG.block_k:
-        return with_occupancy_split_k(LARGE_WEIGHT_CONFIG, n)
-    block_n = STREAM_BLOCK_N * (2 if weight_bytes <= WIDE_TILE_MAX_BYTES else 1)
-    return with_auto_split_k(GemvConfig(block_n=block_n, block_k=min_block_k, num_warps=1, num_stages=1), n, k)
-
-
-def with_occupancy_split_k(config: GemvConfig, n: int) -> GemvConfig:
-    """config with K split only as far as the launch needs to reach about TARGET_WARPS warps (a
-    narrow output: few row blocks); each program otherwise streams all of K."""
-    num_blocks = triton.cdiv(n, config.block_n)
-    return dataclasses.replace(config, split_k=max(1, TARGET_WARPS // (num_blocks * config.num_warps)))
+    block_k = min(block_k, STREAM_BLOCK_K)
+    num_warps = min(STREAM_WARPS, block_k // min_block_k)
+    launch_warps = triton.cdiv(n, STREAM_BLOCK_N) * num_warps
+    return GemvConfig(block_n=STREAM_BLOCK_N, block_k=block_k, split_k=max(1, TARGET_WARPS // launch_warps),
+                      num_warps=num_warps, num_stages=1)
 
 
 def with_auto_split_k(config: GemvConfig, n: int, k: int) -> GemvConfig:

@@ -206,20 +206,18 @@ def test_prefer_gemv_follows_the_measured_rule(num_rows: int, n: int, k: int, ta
 
 
 @pytest.mark.parametrize("n, k, split_k, block_n, num_warps", [
-    (6144, 4096, 4, 8, 1),  # llama3-8b qkv: 4 chunks of 256 per program
-    (4096, 4096, 4, 16, 1),  # llama3-8b o_proj (32 MiB): 16-row tiles (session 11)
-    (28672, 4096, 1, 16, 4), (128256, 4096, 1, 16, 4),  # gate_up, LM head (> 128 MiB): whole K, 4 warps
-    (4096, 14336, 1, 8, 8), (256, 14336, 4, 8, 8),  # down_proj (K > 4096); a narrow one is split for occupancy
+    # llama3-8b (streamed): qkv, o_proj, gate_up, LM head, down_proj (K = 14,336): 8 x 1024 over 4 warps
+    (6144, 4096, 1, 8, 4), (4096, 4096, 1, 8, 4), (28672, 4096, 1, 8, 4), (128256, 4096, 1, 8, 4),
+    (4096, 14336, 1, 8, 4), (256, 14336, 7, 8, 4),  # ... K split only for a narrow output
     # qwen3-0.6b (every weight <= PRELOAD_MAX_BYTES): all of K in one program
-    (4096, 1024, 1, 4, 1), (6144, 1024, 1, 4, 1),  # qkv, gate_up: one warp, 4 x 1024
+    (4096, 1024, 1, 4, 2), (6144, 1024, 1, 4, 1),  # qkv, gate_up: 4 x 1024 (2 warps within PRELOAD_MAX_WARPS)
     (1024, 2048, 1, 8, 4), (1024, 3072, 1, 4, 4),  # o_proj 8 x 2048, down_proj 4 x 4096 over 4 warps
 ])
 def test_default_config_at_one_row(n: int, k: int, split_k: int, block_n: int, num_warps: int) -> None:
     config = gemv_mod.default_config(1, n, k, torch.bfloat16)
     assert gemv_mod.launch_split_k(k, config)[0] == split_k
     assert (config.block_n, config.num_warps) == (block_n, num_warps)
-    lanes_k = config.num_warps * 32 * 8  # the warps side by side along K, 16-byte vectors
-    assert config.block_k % lanes_k == 0
+    assert config.block_k % (config.num_warps * 32 * 8) == 0  # the warps side by side along K, 16-byte vectors
 
 
 @pytest.mark.parametrize("n, k, dtype", [
