@@ -65,18 +65,17 @@ PRELOAD_BLOCK_K = 1024
 # 0.6-0.9 µs). qwen3-0.6b: o_proj (K = 2048) in 8 x 2048 tiles and down_proj (K = 3072) in 4 x 4096, 4
 # warps a program, took the step from 722.6 to 659.2 µs (o_proj alone: 2 x 2048 over 2 warps -4.8%,
 # 8 x 2048 over 4 -4.5%, 4 x 2048 over 2 -1.7%; down_proj alone 4 x 4096 -4.0%, 2 x 4096 and 8 x 4096
-# 1-2% behind). qkv's 4 x 1024 tiles over 2 warps -2.5%, but gate_up's +6.5%: 1,536 programs of 2 warps
-# seem not to fit the GPU's registers all at once, so not every program reads its tile before the
-# wait; hence 2 warps only while the launch has at most PRELOAD_MAX_WARPS.
+# 1-2% behind). Weights with K <= PRELOAD_BLOCK_K keep one-warp tiles: qkv in 4 x 1024 over 2 warps
+# tied (within the +-1.8% that two captures of one graph differ by, run 6), gate_up's lost 6.5%.
 WHOLE_K_MAX = 4096
 WHOLE_K_WARPS = 4
 WHOLE_K_TILE_BYTES = 32 << 10  # a program's tile: 8 x 2048 or 4 x 4096 in 16 bits
-PRELOAD_MAX_WARPS = 2048
 # Streamed weights (above PRELOAD_MAX_BYTES), whole K a program too (llama3-8b): down_proj (K = 14,336;
 # was cuBLAS, with the SiLU and norm kernels) in 8 x 2048 tiles over 8 warps took the graph from 4,288
 # to 4,184 µs, 8 x 1024 over 4 the same; then qkv in 8 x 1024 over 4 warps -0.7%, gate_up -1.0% (16 x
-# 1024 -0.6%, 32 x 1024 over 8 warps +28%), the LM head -0.1% (qwen3-0.6b's -2.0%), o_proj -0.1%.
-# Before, these streamed 8 or 16 x 256 one-warp tiles, K split until TARGET_WARPS.
+# 1024 -0.6%, 32 x 1024 over 8 warps +28%), the LM head -0.1%, o_proj -0.1%: within the noise one by
+# one, but one rule instead of three. Before, these streamed 8 or 16 x 256 one-warp tiles, K split
+# until TARGET_WARPS; L1 end to end 240.2 -> 242.0 tok/s (runs 3, 5).
 STREAM_BLOCK_N = 8
 STREAM_BLOCK_K = 1024
 STREAM_WARPS = 4
@@ -145,9 +144,8 @@ def default_config(num_rows: int, n: int, k: int, dtype: torch.dtype) -> GemvCon
     1.5-2.5x slower than at M=1), K split until about TARGET_WARPS.
     M = 1 or fp32: FMA, whole 16-byte vectors per lane (the warps side by side along K), each program
     all of K for its rows. A weight of at most PRELOAD_MAX_BYTES is read whole before the PDL wait (while
-    the kernel before runs): tiles of PRELOAD_BLOCK_N rows where K <= PRELOAD_BLOCK_K (2 warps while the
-    launch keeps within PRELOAD_MAX_WARPS, else 1), else of WHOLE_K_TILE_BYTES over WHOLE_K_WARPS warps
-    while K <= WHOLE_K_MAX. Other weights stream STREAM_BLOCK_N x STREAM_BLOCK_K tiles over STREAM_WARPS
+    the kernel before runs): one-warp tiles of PRELOAD_BLOCK_N rows where K <= PRELOAD_BLOCK_K, else
+    tiles of WHOLE_K_TILE_BYTES over WHOLE_K_WARPS warps while K <= WHOLE_K_MAX. Other weights stream STREAM_BLOCK_N x STREAM_BLOCK_K tiles over STREAM_WARPS
     warps, K split only where a narrow output would launch fewer than TARGET_WARPS warps."""
     if num_rows > 1 and dtype != torch.float32:
         return with_auto_split_k(GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=3, use_dot=True), n, k)
@@ -155,8 +153,7 @@ def default_config(num_rows: int, n: int, k: int, dtype: torch.dtype) -> GemvCon
     block_k = max(triton.next_power_of_2(k), min_block_k)
     weight_bytes = n * k * dtype.itemsize
     if weight_bytes <= PRELOAD_MAX_BYTES and k <= PRELOAD_BLOCK_K:
-        two_warps = block_k >= 2 * min_block_k and 2 * triton.cdiv(n, PRELOAD_BLOCK_N) <= PRELOAD_MAX_WARPS
-        return GemvConfig(block_n=PRELOAD_BLOCK_N, block_k=block_k, num_warps=2 if two_warps else 1, num_stages=1)
+        return GemvConfig(block_n=PRELOAD_BLOCK_N, block_k=block_k, num_warps=1, num_stages=1)
     if weight_bytes <= PRELOAD_MAX_BYTES and k <= WHOLE_K_MAX:
         return GemvConfig(block_n=max(1, WHOLE_K_TILE_BYTES // (block_k * dtype.itemsize)), block_k=block_k,
                           num_warps=WHOLE_K_WARPS, num_stages=1)

@@ -210,7 +210,7 @@ def test_prefer_gemv_follows_the_measured_rule(num_rows: int, n: int, k: int, ta
     (6144, 4096, 1, 8, 4), (4096, 4096, 1, 8, 4), (28672, 4096, 1, 8, 4), (128256, 4096, 1, 8, 4),
     (4096, 14336, 1, 8, 4), (256, 14336, 7, 8, 4),  # ... K split only for a narrow output
     # qwen3-0.6b (every weight <= PRELOAD_MAX_BYTES): all of K in one program
-    (4096, 1024, 1, 4, 2), (6144, 1024, 1, 4, 1),  # qkv, gate_up: 4 x 1024 (2 warps within PRELOAD_MAX_WARPS)
+    (4096, 1024, 1, 4, 1), (6144, 1024, 1, 4, 1),  # qkv, gate_up: one warp, 4 x 1024
     (1024, 2048, 1, 8, 4), (1024, 3072, 1, 4, 4),  # o_proj 8 x 2048, down_proj 4 x 4096 over 4 warps
 ])
 def test_default_config_at_one_row(n: int, k: int, split_k: int, block_n: int, num_warps: int) -> None:
