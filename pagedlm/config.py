@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen3ForCausalLM",
 )
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# As vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN: "1" lets max_model_len exceed what the model was trained for
+ALLOW_LONG_MAX_MODEL_LEN = "PAGEDLM_ALLOW_LONG_MAX_MODEL_LEN"
 _DTYPES = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -126,11 +129,7 @@ def build_model_config(model: str | None, load_format: str, dtype: str | torch.d
     num_heads = hf.num_attention_heads
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // num_heads
     rope = _rope_parameters(hf)
-    max_pos = getattr(hf, "max_position_embeddings", None) or 2048
-    if max_model_len is None:
-        max_model_len = max_pos
-    if max_model_len < 1:
-        raise ValueError(f"max_model_len must be positive, got {max_model_len}")
+    max_model_len = _verify_max_model_len(max_model_len, hf, rope)
     return ModelConfig(
         model=model, load_format=load_format, hf_config=hf, architecture=arch,
         dtype=resolve_dtype(dtype, device), max_model_len=max_model_len,
@@ -179,6 +178,26 @@ def _rope_parameters(hf: Any) -> dict:
     if "rope_theta" not in params:
         params["rope_theta"] = getattr(hf, "rope_theta", None) or 10000.0
     return params
+
+
+def _verify_max_model_len(max_model_len: int | None, hf: Any, rope: dict) -> int:
+    """max_model_len, or max_position_embeddings when None. Above the model's limit (its
+    max_position_embeddings, times the factor of linear RoPE scaling) it is refused, as vLLM refuses
+    it: positions past what the model was trained on give wrong outputs silently."""
+    max_pos = getattr(hf, "max_position_embeddings", None) or 2048
+    if max_model_len is None:
+        return max_pos
+    if max_model_len < 1:
+        raise ValueError(f"max_model_len must be positive, got {max_model_len}")
+    factor = float(rope.get("factor", 1.0)) if rope.get("rope_type") == "linear" else 1.0
+    limit = int(max_pos * factor)
+    if max_model_len > limit and os.environ.get(ALLOW_LONG_MAX_MODEL_LEN) != "1":
+        scaled = f" x linear RoPE factor {factor:g}" if factor != 1.0 else ""
+        raise ValueError(f"max_model_len ({max_model_len}) is greater than the model's maximum, {limit} "
+                         f"(max_position_embeddings {max_pos}{scaled} in its config); positions past it may "
+                         f"give wrong outputs. Lower max_model_len, or set {ALLOW_LONG_MAX_MODEL_LEN}=1 to "
+                         f"allow it anyway")
+    return max_model_len
 
 
 def _sliding_window(hf: Any, arch: str) -> int | None:

@@ -16,7 +16,7 @@ VOCAB_SIZE = 256
 EOS_TOKEN_ID = 1
 MISTRAL_WINDOW = 16
 _SHAPE = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
               initializer_range=0.3, tie_word_embeddings=False, bos_token_id=0,
               eos_token_id=EOS_TOKEN_ID, pad_token_id=None)
 
