@@ -56,7 +56,7 @@ class Request:
     stop_reason: int | str | None = None
     num_cached_tokens: int = -1  # prefix-cache hit of the first schedule, in tokens
     num_preemptions: int = 0
-    block_hashes: list[int] = field(default_factory=list)  # hash chain of full blocks
+    block_hashes: list[bytes] = field(default_factory=list)  # hash chain of full blocks (core/block_hash.py)
     first_scheduled_time: float | None = None
 
     @property

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
+from pagedlm.core.block_hash import BlockHash
+
 NULL_BLOCK_ID = 0
 
 
@@ -21,10 +23,10 @@ class BlockPool:
             raise ValueError(f"num_blocks must be at least 2 (block 0 is reserved), got {num_blocks}")
         self.num_blocks = num_blocks
         self.ref_cnts = [0] * num_blocks
-        self.block_hashes: list[int | None] = [None] * num_blocks
+        self.block_hashes: list[BlockHash | None] = [None] * num_blocks
         # OrderedDict as a doubly linked list: O(1) pop from the front and removal from the middle.
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
-        self.cached: dict[int, int] = {}  # block hash -> block id
+        self.cached: dict[BlockHash, int] = {}  # block hash -> block id
 
     @property
     def num_usable_blocks(self) -> int:
@@ -68,10 +70,10 @@ class BlockPool:
             if self.ref_cnts[block_id] == 0:
                 self.free_queue[block_id] = None
 
-    def lookup(self, block_hash: int) -> int | None:
+    def lookup(self, block_hash: BlockHash) -> int | None:
         return self.cached.get(block_hash)
 
-    def cache_block(self, block_id: int, block_hash: int) -> None:
+    def cache_block(self, block_id: int, block_hash: BlockHash) -> None:
         """Registers a full block. A hash already cached keeps its first block (this one stays
         unregistered and is recycled as a plain block)."""
         if block_hash in self.cached or self.block_hashes[block_id] is not None:

@@ -1,7 +1,7 @@
 """Per-request block lists on top of the block pool, with prefix caching.
 
 A request's `block_hashes` is a hash chain over its FULL blocks of known tokens:
-    hash_i = hash((hash_{i-1}, tuple(tokens of block i), extra_keys))   (hash_{-1} = None)
+    hash_i = hash_block(hash_{i-1}, tokens of block i)   (sha256, core/block_hash.py; hash_{-1} = root)
 so equal hashes mean equal prefixes. A block is registered in the prefix cache once it is full
 of known tokens and its KV is scheduled (KV writes run in step order, so a later step, or a
 later sequence in the same step, may read it). Requests with `prompt_embeds` are never cached
@@ -17,6 +17,7 @@ its step is not decode-only.
 """
 from __future__ import annotations
 
+from pagedlm.core.block_hash import hash_block
 from pagedlm.core.block_pool import BlockPool
 from pagedlm.request import Request
 
@@ -156,6 +157,5 @@ class KVCacheManager:
         token_ids = request.all_token_ids
         parent = hashes[-1] if hashes else None
         for i in range(len(hashes), num_blocks):
-            block_tokens = tuple(token_ids[i * self.block_size:(i + 1) * self.block_size])
-            parent = hash((parent, block_tokens, None))  # None: extra_keys (none yet)
+            parent = hash_block(parent, token_ids[i * self.block_size:(i + 1) * self.block_size])
             hashes.append(parent)
