@@ -1,12 +1,19 @@
-"""Read a llama.cpp GGUF file as Hugging Face named float32 tensors (dequantised at load)."""
+"""Read a llama.cpp GGUF file as Hugging Face named float32 tensors (dequantised at load), and its
+RoPE frequency factors (`rope_freqs`), which no config field describes."""
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from pagedlm.config import ModelConfig
+
+if TYPE_CHECKING:
+    from gguf import ReaderTensor
+
+ROPE_FREQS = "rope_freqs.weight"
 
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK_NAMES = {
@@ -19,8 +26,8 @@ _BLOCK_NAMES = {
 
 
 def hf_name(gguf_name: str) -> str | None:
-    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`; None if unknown
-    (e.g. `rope_freqs`, which the config already describes)."""
+    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`; None if not a model weight
+    (e.g. `rope_freqs`, which gguf_rope_freqs reads for the rotary embedding)."""
     parts = gguf_name.split(".")
     if len(parts) == 2 and parts[0] in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[parts[0]]}.{parts[1]}"
@@ -52,14 +59,46 @@ def iter_gguf_tensors(config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]
         name = hf_name(tensor.name)
         if name is None:
             continue
-        try:
-            data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        except NotImplementedError as exc:
-            raise ValueError(f"model: tensor {tensor.name} in {path} has type "
-                             f"{tensor.tensor_type.name}, which cannot be dequantised") from exc
-        weight = torch.from_numpy(data.copy())
+        weight = _dequantize(tensor, path)
         if permuted and ".q_proj." in name:
             weight = unpermute_rows(weight, config.num_heads)
         elif permuted and ".k_proj." in name:
             weight = unpermute_rows(weight, config.num_kv_heads)
         yield name, weight
+
+
+def gguf_rope_freqs(config: ModelConfig) -> torch.Tensor | None:
+    """[head_dim // 2] float32 RoPE frequency factors of a GGUF model (llama.cpp: theta_i = pos *
+    inv_freq_i / factor_i), or None if config.model is not a GGUF file or has none. convert_hf_to_gguf
+    writes Llama 3.1/3.2's llama3 RoPE scaling only this way, and transformers' GGUF config reader does not
+    turn it back into rope_scaling: without these factors such a model runs with plain RoPE."""
+    import gguf
+
+    if config.gguf_file is None:
+        return None
+    path = Path(config.model)
+    reader = gguf.GGUFReader(str(path))
+    tensor = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)
+    if tensor is None:
+        return None
+    factors = _dequantize(tensor, path).reshape(-1)
+    num_freqs = config.head_dim // 2
+    if factors.numel() != num_freqs:
+        raise ValueError(f"model: tensor {ROPE_FREQS} in {path} has {factors.numel()} factors; "
+                         f"head_dim {config.head_dim} needs {num_freqs}")
+    if not bool(torch.isfinite(factors).all() and (factors > 0).all()):  # sync-ok: CPU, at load
+        raise ValueError(f"model: tensor {ROPE_FREQS} in {path} must hold finite positive factors; "
+                         f"got {factors.tolist()}")
+    return factors
+
+
+def _dequantize(tensor: ReaderTensor, path: Path) -> torch.Tensor:
+    """A GGUFReader tensor as a float32 torch tensor of its (numpy) shape."""
+    import gguf
+
+    try:
+        data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    except NotImplementedError as exc:
+        raise ValueError(f"model: tensor {tensor.name} in {path} has type "
+                         f"{tensor.tensor_type.name}, which cannot be dequantised") from exc
+    return torch.from_numpy(data.copy())

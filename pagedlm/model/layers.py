@@ -84,11 +84,35 @@ class RMSNorm(nn.Module):
         return ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
 
 
-def rope_inv_freq(head_dim: int, rope_theta: float, rope_scaling: dict | None) -> torch.Tensor:
-    """[head_dim // 2] float32 inverse frequencies; plain, `linear` or `llama3` scaling."""
+def rope_inv_freq(head_dim: int, rope_theta: float, rope_scaling: dict | None,
+                  freq_factors: torch.Tensor | None = None) -> torch.Tensor:
+    """[head_dim // 2] float32 inverse frequencies; plain, `linear` or `llama3` scaling, or llama.cpp's
+    per-frequency factors (a GGUF's `rope_freqs`, [head_dim // 2]), which replace rope_scaling."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
     inv_freq = 1.0 / (rope_theta ** exponents)
     rope_type = (rope_scaling or {}).get("rope_type", "default")
+    if freq_factors is not None:
+        return _inv_freq_from_factors(inv_freq, freq_factors, rope_type, rope_scaling)
+    return _scaled_inv_freq(inv_freq, rope_type, rope_scaling)
+
+
+def _inv_freq_from_factors(inv_freq: torch.Tensor, freq_factors: torch.Tensor, rope_type: str,
+                           rope_scaling: dict | None) -> torch.Tensor:
+    """llama.cpp divides each frequency by its factor (convert_hf_to_gguf writes llama3 RoPE scaling this
+    way). A rope_scaling the config also claims must give the same frequencies: applying both would scale
+    twice, and where they contradict, which one the model was trained with is unknown."""
+    scaled = inv_freq / freq_factors.to(inv_freq.device, torch.float32)
+    if rope_type == "default":
+        return scaled
+    claimed = _scaled_inv_freq(inv_freq, rope_type, rope_scaling)
+    # rtol 1e-3: factors stored as float16 still agree
+    if not torch.allclose(claimed, scaled, rtol=1e-3, atol=0.0):  # sync-ok: once, at model build
+        raise ValueError(f"rope_scaling: the config's {rope_type} scaling {rope_scaling} disagrees with the "
+                         f"checkpoint's rope_freqs factors {freq_factors.tolist()}")  # sync-ok: error path
+    return scaled
+
+
+def _scaled_inv_freq(inv_freq: torch.Tensor, rope_type: str, rope_scaling: dict | None) -> torch.Tensor:
     if rope_type == "default":
         return inv_freq
     if rope_type == "linear":
@@ -120,9 +144,10 @@ class RotaryEmbedding(nn.Module):
     half and sin in the second. The rotation itself is fused into attention's prepare_qkv."""
 
     def __init__(self, head_dim: int, max_position: int, rope_theta: float,
-                 rope_scaling: dict | None, dtype: torch.dtype) -> None:
+                 rope_scaling: dict | None, dtype: torch.dtype, freq_factors: torch.Tensor | None = None
+                 ) -> None:
         super().__init__()
-        inv_freq = rope_inv_freq(head_dim, rope_theta, rope_scaling)
+        inv_freq = rope_inv_freq(head_dim, rope_theta, rope_scaling, freq_factors)
         positions = torch.arange(max_position, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)  # [max_position, head_dim // 2]
         self.register_buffer("cos_sin_cache", torch.cat((freqs.cos(), freqs.sin()), dim=-1),

@@ -18,6 +18,7 @@ from pagedlm.attention.backend import AttentionBackend, AttentionMetadata
 from pagedlm.attention.prepare_qkv import prepare_qkv
 from pagedlm.config import ModelConfig
 from pagedlm.model import layers
+from pagedlm.model.gguf_loader import gguf_rope_freqs
 from pagedlm.model.layers import Embedding, Linear, RMSNorm, RotaryEmbedding
 from pagedlm.ops import gemv
 from pagedlm.ops.gemv import PendingNorm, ResidualSum
@@ -116,7 +117,7 @@ class LlamaModel(nn.Module):
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, config.dtype)
         # one cos/sin table shared by every layer; not a parameter, so not in the layout
         rotary = RotaryEmbedding(config.head_dim, config.max_model_len, config.rope_theta,
-                                 config.rope_scaling, config.dtype)
+                                 config.rope_scaling, config.dtype, gguf_rope_freqs(config))
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, layer, attn_backend, rotary)
                                     for layer in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.dtype)
