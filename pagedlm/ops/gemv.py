@@ -131,7 +131,6 @@ class GemvConfig:
                              f"got {self.block_n}, {self.block_k}")
 
 
-
 def prefer_gemv(num_rows: int, n: int, k: int) -> bool:
     """Whether x [num_rows, k] @ W[n, k].T should take this kernel rather than cuBLAS (on CUDA)."""
     return num_rows <= MAX_M and (n <= MAX_GEMV_N or (num_rows == 1 and k <= MAX_FMA_K))
@@ -145,8 +144,9 @@ def default_config(num_rows: int, n: int, k: int, dtype: torch.dtype) -> GemvCon
     M = 1 or fp32: FMA, whole 16-byte vectors per lane (the warps side by side along K), each program
     all of K for its rows. A weight of at most PRELOAD_MAX_BYTES is read whole before the PDL wait (while
     the kernel before runs): one-warp tiles of PRELOAD_BLOCK_N rows where K <= PRELOAD_BLOCK_K, else
-    tiles of WHOLE_K_TILE_BYTES over WHOLE_K_WARPS warps while K <= WHOLE_K_MAX. Other weights stream STREAM_BLOCK_N x STREAM_BLOCK_K tiles over STREAM_WARPS
-    warps, K split only where a narrow output would launch fewer than TARGET_WARPS warps."""
+    tiles of WHOLE_K_TILE_BYTES over WHOLE_K_WARPS warps while K <= WHOLE_K_MAX. Other weights stream
+    STREAM_BLOCK_N x STREAM_BLOCK_K tiles over STREAM_WARPS warps, K split only where a narrow output
+    would launch fewer than TARGET_WARPS warps."""
     if num_rows > 1 and dtype != torch.float32:
         return with_auto_split_k(GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=3, use_dot=True), n, k)
     min_block_k = 32 * (16 // dtype.itemsize)  # 32 lanes x one 16-byte vector

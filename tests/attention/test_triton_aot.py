@@ -97,7 +97,7 @@ def run_op_wrappers() -> None:
             activation.silu_and_mul_triton(torch.empty(8, 2 * d, dtype=dtype))
         for num_rows in (1, 3, 8):  # FMA (M = 1, or fp32) and tl.dot (16-bit, M > 1) tiles
             for n, k, act in ((1024, 3072, "silu_and_mul"), (4096, 1024, None), (151936, 1024, None),
-                              (4096, 4096, None),  # 32 MiB in 16 bits: 16-row streamed tiles at one row
+                              (4096, 4096, None),  # 32 MiB in 16 bits: 8 x 1024 streamed tiles at one row
                               (28672, 4096, None)):  # > 128 MiB: whole K over 4 warps at one row
                 x = torch.empty(num_rows, 2 * k if act else k, dtype=dtype)
                 bias = torch.empty(n, dtype=dtype) if n == 4096 else None
