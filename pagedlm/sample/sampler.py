@@ -28,7 +28,8 @@ Logprobs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 class SamplerOutput:
     sampled_token_ids: torch.Tensor  # [N] int64, device
     # token_ids [N, 1 + K] int64 (sampled first, then the top-K), logprobs [N, 1 + K] float32,
-    # ranks [N] int64 (1-based rank of the sampled token); K = max requested in the batch.
+    # ranks [N] int64 (1-based rank of the sampled token); K = max requested in the batch,
+    # at most the vocabulary size.
     logprobs: Logprobs | None = None
 
 
@@ -154,10 +155,12 @@ def _truncation_threshold(probs: torch.Tensor, params: RandomParams) -> torch.Te
 
 def gather_logprobs(raw_logprobs: torch.Tensor, sampled: torch.Tensor,
                     num_logprobs: int) -> Logprobs:
-    """raw_logprobs [N, V], sampled [N] -> (token_ids [N, 1+K], logprobs [N, 1+K], ranks [N])."""
+    """raw_logprobs [N, V], sampled [N] -> (token_ids [N, 1+K], logprobs [N, 1+K], ranks [N]),
+    K = min(num_logprobs, V): a request asking for more than the vocabulary gets all of it."""
     sampled_logprobs = raw_logprobs.gather(1, sampled[:, None])  # [N, 1]
     ranks = (raw_logprobs >= sampled_logprobs).sum(dim=-1)  # [N]
-    top_logprobs, top_ids = raw_logprobs.topk(num_logprobs, dim=-1)  # [N, K]
+    num_top = min(num_logprobs, raw_logprobs.shape[-1])
+    top_logprobs, top_ids = raw_logprobs.topk(num_top, dim=-1)  # [N, K]
     token_ids = torch.cat([sampled[:, None], top_ids], dim=1)
     logprobs = torch.cat([sampled_logprobs, top_logprobs], dim=1)
     return token_ids, logprobs, ranks
