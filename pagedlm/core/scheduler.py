@@ -11,6 +11,17 @@ arrival_time, arrival order)), so its last request is the lowest, the one preemp
 `waiting` is FCFS with preempted requests at the front, or sorted by the priority key.
 Preemption is by recompute: blocks freed, `num_computed_tokens = 0`, back to waiting; the
 prefix cache usually finds the computed prefix again.
+
+Priority policy (vLLM's rule: the victim is the running request of largest (priority,
+arrival_time)): a waiting request that outranks running ones may also take their blocks. The
+first waiting request admission would try (no token in flight, a sequence slot free) is given
+its rank in the running pass: on reaching the first running request ranked after it (none of
+those is scheduled yet this step), if the pool cannot admit it (prefix hit, this step's chunk
+and growth reserve counted as admission counts them), the fewest of those, lowest first, that
+make room are preempted; none if even all of them would not, or if preempting them would leave
+the step idle (nothing else scheduled, no token in flight: sync mode with only them to run).
+As a step that preempts admits nobody, the request is admitted the next step, unless running
+requests ranked after it grew into the room meanwhile (then that step preempts again).
 """
 from __future__ import annotations
 
@@ -21,7 +32,7 @@ from dataclasses import dataclass, field
 
 from pagedlm.config import CacheConfig, SchedulerConfig
 from pagedlm.core.growth import AdmissionReserve, GrowthEstimate
-from pagedlm.core.kv_cache_manager import KVCacheManager
+from pagedlm.core.kv_cache_manager import KVCacheManager, cdiv
 from pagedlm.core.sched_output import (CachedRequestData, EngineCoreOutput, Logprobs,
                                        ModelRunnerOutput, NewRequestData, SchedulerOutput)
 from pagedlm.request import Request, RequestStatus
@@ -47,6 +58,17 @@ class _StepPlan:
     cached_reqs: list[CachedRequestData] = field(default_factory=list)
     sampling_req_ids: set[str] = field(default_factory=set)
     num_preempted: int = 0
+
+
+@dataclass(slots=True)
+class _Admission:
+    """What admitting a waiting request now takes."""
+
+    hit_blocks: list[int]  # its prefix-cache hit
+    num_hit_tokens: int
+    num_new: int  # tokens it computes this step
+    num_reserved: int  # blocks to leave free: its growth and that of the running ranked before it
+    own_blocks: int  # its own growth, in blocks
 
 
 class Scheduler:
@@ -181,9 +203,14 @@ class Scheduler:
     # ---- scheduling ----
 
     def _schedule_running(self, plan: _StepPlan) -> None:
+        head = self._waiting_head()
         i = 0
         while i < len(self.running) and plan.token_budget > 0:
             request = self.running[i]
+            if head is not None and self._sort_key(head) < self._sort_key(request):
+                self._preempt_for_waiting(head, i, plan)  # may shorten `running` from the end
+                head = None
+                continue
             num_new = self._num_new_tokens(request, plan.token_budget)
             if num_new == 0:
                 i += 1
@@ -209,6 +236,54 @@ class Scheduler:
             if victim is request:
                 return None
 
+    def _waiting_head(self) -> Request | None:
+        """Priority policy, a sequence slot free: the waiting request admission tries first."""
+        if self.config.policy != "priority" or len(self.running) >= self.config.max_num_seqs:
+            return None
+        return next((request for request in self.waiting if request.num_output_placeholders == 0), None)
+
+    def _preempt_for_waiting(self, head: Request, first_after: int, plan: _StepPlan) -> None:
+        """`head` outranks running[first_after:], none of them scheduled this step: preempts the
+        fewest of them, from the end, that let the pool admit `head` (module notes)."""
+        kv = self.kv_cache_manager
+        reserve = AdmissionReserve(self.running, self.growth, kv.block_size, self._sort_key)
+        admission = self._admission(head, plan.token_budget, reserve)
+        num_needed = (cdiv(admission.num_hit_tokens + admission.num_new, kv.block_size)
+                      - len(admission.hit_blocks) + admission.num_reserved)  # as allocate_slots counts
+        candidates = self.running[first_after:]
+        num_victims = self._num_victims(num_needed, admission.hit_blocks, candidates)
+        if num_victims == len(candidates) and not plan.num_scheduled_tokens and not any(
+                request.num_output_placeholders > 0 for request in self.requests.values()):
+            return  # the step would idle: nothing else to run, no token in flight
+        for _ in range(num_victims):
+            self._preempt(self.running.pop())
+            plan.num_preempted += 1
+
+    def _num_victims(self, num_needed: int, hit_blocks: list[int], candidates: list[Request]) -> int:
+        """How many of `candidates`, from the end, must be preempted before `num_needed` blocks outside
+        `hit_blocks` are free; 0 if none need be, or if all of them would not do."""
+        kv = self.kv_cache_manager
+        ref_cnts = kv.pool.ref_cnts
+        hits = set(hit_blocks)
+        num_free = kv.pool.num_free_blocks - sum(1 for block_id in hits if ref_cnts[block_id] == 0)
+        num_holders: dict[int, int] = {}  # block id -> holders left once the victims so far are gone
+        for num_victims, victim in enumerate(reversed(candidates)):
+            if num_free >= num_needed:
+                return num_victims
+            for block_id in kv.get_block_ids(victim.request_id):
+                num_holders[block_id] = num_holders.get(block_id, ref_cnts[block_id]) - 1
+                if num_holders[block_id] == 0 and block_id not in hits:
+                    num_free += 1
+        return len(candidates) if num_free >= num_needed else 0
+
+    def _admission(self, request: Request, token_budget: int, reserve: AdmissionReserve) -> _Admission:
+        """What admitting the waiting `request` with token_budget left would take (nothing taken yet)."""
+        hit_blocks, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request, token_budget)
+        num_new = min(request.num_tokens - num_hit_tokens, token_budget)
+        num_reserved, own_blocks = reserve.blocks_to_keep(request, self._sort_key(request),
+                                                          num_hit_tokens + num_new)
+        return _Admission(hit_blocks, num_hit_tokens, num_new, num_reserved, own_blocks)
+
     def _schedule_waiting(self, plan: _StepPlan) -> None:
         """Admits while the budget, max_num_seqs and the pool allow, keeping free the blocks the
         admitted request and the running ones ranked before it are expected to grow into
@@ -224,21 +299,19 @@ class Scheduler:
                 continue
             if reserve is None:
                 reserve = AdmissionReserve(self.running, self.growth, kv.block_size, self._sort_key)
-            hit_blocks, num_hit_tokens = kv.get_computed_blocks(request, plan.token_budget)
-            num_new = min(request.num_tokens - num_hit_tokens, plan.token_budget)
-            key = self._sort_key(request)
-            num_reserved, own_blocks = reserve.blocks_to_keep(request, key, num_hit_tokens + num_new)
-            if kv.allocate_slots(request, num_new, hit_blocks, num_reserved) is None:
+            admission = self._admission(request, plan.token_budget, reserve)
+            if kv.allocate_slots(request, admission.num_new, admission.hit_blocks,
+                                 admission.num_reserved) is None:
                 break
-            reserve.admit(key, own_blocks)
+            reserve.admit(self._sort_key(request), admission.own_blocks)
             del self.waiting[i]
-            self._start_running(request, num_hit_tokens)
+            self._start_running(request, admission.num_hit_tokens)
             plan.new_reqs.append(NewRequestData(
                 req_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
                 output_token_ids=list(request.output_token_ids), sampling_params=request.sampling_params,
                 block_ids=list(kv.get_block_ids(request.request_id)),
-                num_computed_tokens=num_hit_tokens, prompt_embeds=request.prompt_embeds))
-            self._commit(request, num_new, plan)
+                num_computed_tokens=admission.num_hit_tokens, prompt_embeds=request.prompt_embeds))
+            self._commit(request, admission.num_new, plan)
 
     def _num_new_tokens(self, request: Request, token_budget: int) -> int:
         """0 when the request's next sample would pass max_tokens or max_model_len."""
