@@ -42,6 +42,7 @@ from pagedlm.worker.cuda_graphs import DecodeGraphs, capture_sizes, graphs_enabl
 from pagedlm.worker.batch_layout import BatchLayout
 from pagedlm.worker.input_batch import InputBatch
 from pagedlm.worker.kernel_warmup import warm_up_kernels
+from pagedlm.worker.lm_head import PaddedLMHead, leading
 from pagedlm.worker.profile_run import profile_run
 from pagedlm.worker.prompt_logprobs import MAX_ROWS_PER_CHUNK, compute_prompt_logprobs
 from pagedlm.worker.runner_output import AsyncRunnerOutput
@@ -62,6 +63,7 @@ class ModelRunner:
         self.max_num_tokens = config.scheduler.max_num_batched_tokens
         self.block_size = config.cache.block_size
         self.model: LlamaForCausalLM | None = None
+        self.lm_head: PaddedLMHead | None = None  # made by load_model
         self.kv_caches: list[torch.Tensor] = []  # per layer [2, num_blocks, block_size, Hkv, D]
         self.weights_bytes = 0
         self.use_cuda_graphs = graphs_enabled(config)
@@ -92,14 +94,6 @@ class ModelRunner:
         # [max_num_tokens]: an eager step's input ids when some are gathered from last_sampled
         self._gathered_ids = PrefixViews({"ids": torch.zeros(self.max_num_tokens, dtype=torch.int64,
                                                              device=self.device)})
-        # [lm_head_rows(most rows the LM head takes at once), hidden_size]: a step's sampling rows
-        # (but a replay's where every row samples) or a chunk of its prompt-logprob rows, padded to
-        # the LM head's row count; rows past them are stale
-        model = self.config.model
-        max_rows = max(min(self.max_num_reqs, self.max_num_tokens),
-                       min(MAX_ROWS_PER_CHUNK, self.max_num_tokens))
-        self._logits_hidden = torch.zeros(self.lm_head_rows(max_rows), model.hidden_size,
-                                          dtype=model.dtype, device=self.device)
         self._sampled_cpu = [torch.zeros(self.max_num_reqs, dtype=torch.int64, pin_memory=self.use_cuda)
                              for _ in range(NUM_STAGING_SETS)]  # [max_num_reqs]
         self._sampled_cpu_views = PrefixViews(dict(enumerate(self._sampled_cpu)))  # by slot
@@ -124,6 +118,11 @@ class ModelRunner:
         self.model = load_model(self.config.model, backend, self.device)
         if self.use_cuda:
             self.weights_bytes = torch.cuda.memory_allocated(self.device) - before
+        # the most rows the LM head takes at once: a step's sampling rows (but a replay's where every
+        # row samples, which runs at its graph size) or a chunk of prompt-logprob rows
+        max_rows = max(min(self.max_num_reqs, self.max_num_tokens), min(MAX_ROWS_PER_CHUNK, self.max_num_tokens))
+        model = self.config.model
+        self.lm_head = PaddedLMHead(self._inputs.bucket, max_rows, model.hidden_size, model.dtype, self.device)
 
     def determine_num_blocks(self) -> int:
         profile_graphs = self._profile_graphs if self.use_cuda_graphs else None
@@ -141,7 +140,7 @@ class ModelRunner:
             self._capture_graphs()
         if self.use_cuda:
             warm_up_kernels(self)
-            self.warm_up_lm_head()
+            self.lm_head.warm_up(self.model.compute_logits)
             _log_start_up_compiles(self._first_compile)
         self.input_batch.forget_previous_step()  # the capture and warm-up wrote the device buffers
 
@@ -219,7 +218,7 @@ class ModelRunner:
         hidden = self._forward(inputs, staged, layout, graph_size)
         sample = self._sample(hidden, inputs, layout, graph_size)
         prompt_logprobs = None if layout.prompt_logprobs is None else compute_prompt_logprobs(
-            layout.prompt_logprobs, hidden, self._padded_lm_head)
+            layout.prompt_logprobs, hidden, functools.partial(self.lm_head.run, self.model.compute_logits))
         return self._launch_output(slot, layout, sample, prompt_logprobs, step_id)
 
     def _update_states(self, sched: SchedulerOutput) -> None:
@@ -351,45 +350,20 @@ class ModelRunner:
                                        sample.sampled_token_ids)
         return sample
 
-    def lm_head_rows(self, num_rows: int) -> int:
-        """The row count the LM head runs at for num_rows rows (sampling or prompt-logprob rows): a
-        graph size, or a multiple of LARGE_BUCKET above them. cuBLAS blocks the host until the GPU
-        idles the first time a row count makes it pick a kernel it has not run yet (session 10:
-        ~50 ms behind a busy GPU), so the LM head only meets the row counts warm_up_lm_head ran at
-        start-up."""
-        return self._inputs.bucket(num_rows)
-
     def _logits(self, hidden: torch.Tensor, inputs: Sections, layout: BatchLayout,
                 graph_size: int) -> torch.Tensor:
-        """[num_samples, vocab_size] float32: the logits of each sampling request's last token. The
-        LM head runs only at row counts that lm_head_rows gives: a replay where every row samples
-        takes the graph's own logits where it computes them, else runs the LM head on its
-        graph_size hidden rows; any other step copies its sampling rows into the first
-        lm_head_rows(num_samples) rows of a buffer and runs it on those."""
+        """[num_samples, vocab_size] float32: the logits of each sampling request's last token. A replay
+        where every row samples takes the graph's own logits where it computes them, else runs the LM
+        head on its graph_size hidden rows (a graph size is one of the LM head's row counts); any other
+        step goes through the padded LM head (lm_head.py)."""
         num_samples = layout.num_samples
-        if graph_size and layout.samples_every_token:  # rows 0..N-1; a graph size is an lm_head_rows size
+        if graph_size and layout.samples_every_token:  # rows 0..N-1
             graph_logits = self.graphs.logits(graph_size)
             logits = self.model.compute_logits(hidden) if graph_logits is None else graph_logits
-            return _leading(logits, num_samples)
+            return leading(logits, num_samples)
         if layout.samples_every_token:  # rows 0..N-1: no gather
-            return self._padded_lm_head(hidden[:num_samples])
-        padded = self._logits_hidden[:self.lm_head_rows(num_samples)]  # rows past num_samples: stale
-        torch.index_select(hidden, 0, inputs.prefix("logits_indices", num_samples), out=padded[:num_samples])
-        return _leading(self.model.compute_logits(padded), num_samples)
-
-    def _padded_lm_head(self, rows: torch.Tensor) -> torch.Tensor:
-        """rows [m, hidden_size] -> logits [m, vocab_size] float32, the LM head run on them copied into
-        the first lm_head_rows(m) rows of the padded buffer."""
-        num_rows = rows.shape[0]
-        padded = self._logits_hidden[:self.lm_head_rows(num_rows)]
-        padded[:num_rows].copy_(rows)
-        return _leading(self.model.compute_logits(padded), num_rows)
-
-    def warm_up_lm_head(self) -> None:
-        """Runs the LM head at every row count lm_head_rows gives (see there); start-up only."""
-        rows = sorted({self.lm_head_rows(n) for n in range(1, self._logits_hidden.shape[0] + 1)})
-        for num_rows in rows:
-            self.model.compute_logits(self._logits_hidden[:num_rows])
+            return self.lm_head.run(self.model.compute_logits, hidden[:num_samples])
+        return self.lm_head.gathered(self.model.compute_logits, hidden, inputs.prefix("logits_indices", num_samples))
 
     def _launch_output(self, slot: int, layout: BatchLayout, sample: SamplerOutput | None,
                        prompt_logprobs: tuple[torch.Tensor, ...] | None,
@@ -422,11 +396,6 @@ def _log_start_up_compiles(first_event: int) -> None:
     logger.info("Triton: %d kernel specialisations compiled (or loaded from the disk cache) in %.1f s "
                 "at start-up", len(events), sum(e.seconds for e in events))
     watch.serving()
-
-
-def _leading(tensor: torch.Tensor, num_rows: int) -> torch.Tensor:
-    """The first num_rows rows (the tensor itself when it has no more: no view to make)."""
-    return tensor if tensor.shape[0] == num_rows else tensor[:num_rows]
 
 
 def _to_host(tensors: tuple[torch.Tensor, ...] | None) -> tuple[torch.Tensor, ...] | None:

@@ -141,14 +141,14 @@ def _spy_lm_head_rows(runner) -> list[int]:
 
 def test_lm_head_runs_only_at_warmed_row_counts(tiny):
     """Mixed steps and shrinking decode batches sample varied row counts; the LM head pads them to
-    the row counts warm_up_lm_head runs (cuBLAS meets no new shape while serving), and the padding
+    the row counts lm_head.warm_up runs (cuBLAS meets no new shape while serving), and the padding
     changes no token."""
     folder, hf_model = tiny
     runner = make_runner(make_config(folder, max_num_seqs=24, max_num_batched_tokens=40))
     rows = _spy_lm_head_rows(runner)
-    runner.warm_up_lm_head()
+    runner.lm_head.warm_up(runner.model.compute_logits)
     warmed = set(rows)
-    assert warmed == {runner.lm_head_rows(n) for n in range(1, 41)}  # up to 40: a prompt-logprob chunk
+    assert warmed == {runner.lm_head.bucket(n) for n in range(1, 41)}  # up to 40: a prompt-logprob chunk
     assert set(capture_sizes(24, 40)) <= warmed  # a replay's LM head runs at its graph size
     rows.clear()
     sched = MiniScheduler(block_size=8, max_num_seqs=24, token_budget=40)
@@ -171,17 +171,17 @@ def test_lm_head_runs_only_at_warmed_row_counts(tiny):
     (4, 600, 512),  # a chunk of prompt-logprob rows (at most 512) outgrows the sampling rows
 ])
 def test_lm_head_buffer_holds_the_largest_step(tiny, max_num_seqs, max_num_batched_tokens, num_rows):
-    """The padded buffer holds lm_head_rows of the most rows the LM head takes at once (a step's
+    """The padded buffer holds lm_head.bucket of the most rows the LM head takes at once (a step's
     sampling rows, one a sequence; or a chunk of prompt-logprob rows), and the warm-up runs the LM
     head up to it."""
     runner = ModelRunner(make_config(tiny[0], max_num_seqs=max_num_seqs,
                                      max_num_batched_tokens=max_num_batched_tokens))
     runner.load_model()
     rows = _spy_lm_head_rows(runner)
-    runner.warm_up_lm_head()
-    assert runner._logits_hidden.shape[0] == num_rows == max(rows)
+    runner.lm_head.warm_up(runner.model.compute_logits)
+    assert runner.lm_head.hidden.shape[0] == num_rows == max(rows)
     max_rows = max(min(max_num_seqs, max_num_batched_tokens), min(512, max_num_batched_tokens))
-    assert runner.lm_head_rows(max_rows) == num_rows
+    assert runner.lm_head.bucket(max_rows) == num_rows
 
 
 def test_prompt_logprobs_take_warmed_row_counts(tiny):
@@ -190,7 +190,7 @@ def test_prompt_logprobs_take_warmed_row_counts(tiny):
     folder, _ = tiny
     runner = make_runner(make_config(folder, max_num_seqs=4, max_num_batched_tokens=16))
     rows = _spy_lm_head_rows(runner)
-    runner.warm_up_lm_head()
+    runner.lm_head.warm_up(runner.model.compute_logits)
     warmed = set(rows)
     rows.clear()
     sched = MiniScheduler(block_size=8, max_num_seqs=4, token_budget=16)

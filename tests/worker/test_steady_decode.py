@@ -197,7 +197,7 @@ def test_steady_decode_step_copies_once_each_way(tiny, async_mode):
     sched = MiniScheduler(block_size=8, max_num_seqs=4, token_budget=16)
     for i in range(3):
         sched.add(Req(f"r{i}", random_prompt(4 + i, 40 + i), 12))
-    counter, pending, copies = _CopyCounter(runner._logits_hidden), None, []
+    counter, pending, copies = _CopyCounter(runner.lm_head.hidden), None, []
     for step in range(10):
         counted = step >= 3
         counter.num_copies = 0

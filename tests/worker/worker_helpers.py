@@ -29,7 +29,7 @@ def save_tiny_llama(folder: Path, seed: int = 0) -> torch.nn.Module:
     hf_config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=96,
                             num_hidden_layers=NUM_LAYERS, num_attention_heads=HIDDEN // HEAD_DIM,
                             num_key_value_heads=NUM_KV_HEADS,
-                            max_position_embeddings=128, initializer_range=0.3,
+                            max_position_embeddings=1024, initializer_range=0.3,
                             tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
                             pad_token_id=None)
     torch.manual_seed(seed)
