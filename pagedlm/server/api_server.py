@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pagedlm.server.middleware import GuardMiddleware
+from pagedlm.server.middleware import GuardMiddleware, InternalErrorMiddleware
 from pagedlm.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                      DetokenizeResponse, ModelCard, ModelList, TokenizeRequest,
                                      TokenizeResponse)
@@ -26,6 +26,7 @@ logger = logging.getLogger("pagedlm.server")
 def build_app(ctx: ServingContext, api_key: str | None, max_body_bytes: int) -> FastAPI:
     app = FastAPI(title="pagedlm", version=_version(),
                   description="OpenAI-compatible LLM server")
+    app.add_middleware(InternalErrorMiddleware)  # inside the guard: its 500 gets X-Request-Id
     app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=max_body_bytes)
     _add_error_handlers(app)
     _add_generation_routes(app, ctx)

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
 
 logger = logging.getLogger("pagedlm.server")
 
@@ -44,6 +46,23 @@ class FinishedRequestTimes:
     num_prompt_tokens: int
     num_output_tokens: int
     finish_reason: str
+
+
+class _WithoutCreated:
+    """The registry's families without the `<name>_created` samples prometheus_client adds to
+    counters and histograms (creation times, one more series each; vLLM turns them off too).
+    Dropped here, for this registry only: the library's switch, disable_created_metrics(), is
+    process-global and would change every other registry in the process."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._registry.collect():
+            created = family.name + "_created"
+            kept = Metric(family.name, family.documentation, family.type, family.unit)
+            kept.samples = [s for s in family.samples if s.name != created]
+            yield kept
 
 
 class ServerMetrics:
@@ -150,7 +169,7 @@ class ServerMetrics:
         self.rejected.labels(model_name=self.model_name, reason=reason).inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(_WithoutCreated(self.registry))
 
     def log_line(self) -> None:
         """One line: load, KV usage, token throughput since the last line, prefix-cache hit rate."""

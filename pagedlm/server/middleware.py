@@ -1,6 +1,7 @@
 """Checks that run before any route: the API key (for /v1 routes), the request-body size
-limit, and the X-Request-Id header echoed on the response. Plain ASGI, so streaming and
-disconnect detection pass through untouched."""
+limit, and the X-Request-Id header echoed on the response; and the catch-all that turns an
+unexpected exception into a 500 in OpenAI's shape. Plain ASGI, so streaming and disconnect
+detection pass through untouched."""
 from __future__ import annotations
 
 import hmac
@@ -9,6 +10,8 @@ from typing import Any
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from pagedlm.server.serving import internal_error
 
 
 class GuardMiddleware:
@@ -60,6 +63,35 @@ class GuardMiddleware:
         return limited
 
 
+class InternalErrorMiddleware:
+    """An exception no route turned into a response becomes a 500 in OpenAI's shape, logged
+    with its traceback (Starlette's own answer is a plain-text 500 the openai client cannot
+    read). Once a response has started it can no longer change: the exception goes on to
+    uvicorn (the streams catch their own, see serving.stream_error_event)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except Exception as exc:  # noqa: BLE001 - the catch-all
+            if started:
+                raise
+            error = internal_error(exc, f"{scope['method']} {scope['path']}")
+            await _send_json(send, error.status, error.body())
+
+
 def _too_large(limit: int) -> str:
     return f"the request body is larger than the limit of {limit} bytes (--max-request-body-bytes)"
 
@@ -75,7 +107,11 @@ def _echo_request_id(send: Send, request_id: bytes) -> Send:
 
 
 async def _send_error(send: Send, status: int, message: str, kind: str, code: str) -> None:
-    body: dict[str, Any] = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    await _send_json(send, status, {"error": {"message": message, "type": kind, "param": None,
+                                              "code": code}})
+
+
+async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
     data = json.dumps(body).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),

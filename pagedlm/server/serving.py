@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,8 @@ from pagedlm.outputs import CompletionOutput, RequestOutput
 from pagedlm.sampling_params import SamplingParams
 from pagedlm.server.async_engine import AsyncLLM, EngineDeadError, Overloaded, RequestAborted
 from pagedlm.server.protocol import PromptTokensDetails, SamplingFields, UsageInfo
+
+logger = logging.getLogger("pagedlm.server")
 
 RETRY_AFTER_S = 1
 
@@ -45,7 +48,17 @@ class APIError(Exception):
                           "code": self.code}}
 
 
-_ERROR_TYPES = {401: "authentication_error", 503: "service_unavailable_error"}
+_ERROR_TYPES = {401: "authentication_error", 500: "InternalServerError",  # vLLM's 500 type
+                503: "service_unavailable_error"}
+
+
+def internal_error(exc: Exception, where: str) -> APIError:
+    """A 500 for an exception nothing expected, logged here with its traceback. The client
+    learns the exception's class only: its message and traceback may hold server internals."""
+    name = type(exc).__name__
+    logger.error("unexpected %s in %s", name, where, exc_info=exc)
+    return APIError(500, f"Internal server error: {name} (the server log has the details)",
+                    code="internal_server_error")
 
 
 def bad_request(exc: ValueError, fields: type[BaseModel], prompt_param: str = "prompt") -> APIError:
@@ -209,6 +222,14 @@ def generation_error(exc: Exception) -> APIError:
 
 
 GENERATION_ERRORS = (RequestAborted, EngineDeadError, ClientDisconnected, ValueError)
+
+
+def stream_error_event(exc: Exception, response_id: str) -> str:
+    """The SSE error event that ends a stream cut short by `exc` (the caller then sends
+    [DONE]); the headers (200) are already sent, so the error can only travel in the stream."""
+    if isinstance(exc, GENERATION_ERRORS):
+        return sse(generation_error(exc).body())
+    return sse(internal_error(exc, f"the stream of {response_id}").body())
 
 
 def usage(outputs: list[RequestOutput | None]) -> UsageInfo:

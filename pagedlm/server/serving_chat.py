@@ -17,7 +17,8 @@ from pagedlm.server.protocol import (ChatChoice, ChatChoiceLogprobs, ChatComplet
                                      TopLogprob)
 from pagedlm.server.serving import (GENERATION_ERRORS, SSE_DONE, APIError, Delta, DeltaTracker,
                                     Generation, ServingContext, admit, build_params,
-                                    generation_error, new_request_id, process_prompt, sse, usage)
+                                    generation_error, new_request_id, process_prompt, sse,
+                                    stream_error_event, usage)
 
 
 async def create_chat_completion(ctx: ServingContext, body: ChatCompletionRequest,
@@ -94,8 +95,8 @@ class _ChatWriter:
                                       for update in self._stream_choices(choice, delta))
             if self.body.include_usage:
                 yield sse(self._chunk([], usage([final])))
-        except GENERATION_ERRORS as exc:
-            yield sse(generation_error(exc).body())
+        except Exception as exc:  # noqa: BLE001 - an error event, not a cut-off stream
+            yield stream_error_event(exc, self.response_id)
         yield SSE_DONE
 
     def _stream_choices(self, choice: CompletionOutput, delta: Delta) -> list[ChatStreamChoice]:

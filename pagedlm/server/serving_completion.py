@@ -15,7 +15,8 @@ from pagedlm.server.protocol import (CompletionChoice, CompletionLogprobs, Compl
                                      CompletionResponse)
 from pagedlm.server.serving import (GENERATION_ERRORS, SSE_DONE, APIError, Delta, DeltaTracker,
                                     Generation, ServingContext, admit, build_params,
-                                    generation_error, new_request_id, process_prompt, sse, usage)
+                                    generation_error, new_request_id, process_prompt, sse,
+                                    stream_error_event, usage)
 
 
 async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: Request) -> Response:
@@ -95,8 +96,8 @@ class _CompletionWriter:
                         yield sse(self._chunk([self._choice(prompt_index, choice, delta)]))
             if self.body.include_usage:
                 yield sse(self._chunk([], usage(finals)))
-        except GENERATION_ERRORS as exc:
-            yield sse(generation_error(exc).body())
+        except Exception as exc:  # noqa: BLE001 - an error event, not a cut-off stream
+            yield stream_error_event(exc, self.response_id)
         yield SSE_DONE
 
     def _chunk(self, choices: list[CompletionChoice], usage_info: Any = None) -> CompletionResponse:
