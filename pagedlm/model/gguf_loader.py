@@ -72,10 +72,10 @@ def gguf_rope_freqs(config: ModelConfig) -> torch.Tensor | None:
     inv_freq_i / factor_i), or None if config.model is not a GGUF file or has none. convert_hf_to_gguf
     writes Llama 3.1/3.2's llama3 RoPE scaling only this way, and transformers' GGUF config reader does not
     turn it back into rope_scaling: without these factors such a model runs with plain RoPE."""
-    import gguf
-
     if config.gguf_file is None:
         return None
+    import gguf  # only for GGUF files: the GPU machine's environment has no gguf package
+
     path = Path(config.model)
     reader = gguf.GGUFReader(str(path))
     tensor = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)

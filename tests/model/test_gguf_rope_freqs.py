@@ -146,3 +146,16 @@ def test_claimed_rope_scaling_must_agree_with_factors(hf_llama3: torch.nn.Module
                                hf_llama3.model.rotary_emb.inv_freq.float(), rtol=1e-6, atol=0)
     with pytest.raises(ValueError, match="rope_scaling.*linear.*rope_freqs"):
         rope_inv_freq(16, theta, {"rope_type": "linear", "factor": 8.0}, factors)
+
+
+def test_a_safetensors_model_loads_without_the_gguf_package(hf_llama3: torch.nn.Module, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU machine has no gguf package: a safetensors model must never import it (the GPU suite
+    caught gguf_rope_freqs importing it for every model)."""
+    import sys
+
+    hf_llama3.save_pretrained(tmp_path, safe_serialization=True)
+    monkeypatch.setitem(sys.modules, "gguf", None)  # `import gguf` raises ImportError
+    config = build_model_config(str(tmp_path), "auto", "float32", torch.device("cpu"), 64, True)
+    model = load_model(config, TorchAttentionBackend(), torch.device("cpu"))
+    assert model.config.gguf_file is None
