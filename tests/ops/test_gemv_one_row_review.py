@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from test_gemv import reference  # the float64 product (silu_and_mul rounded to x's dtype first)
 import torch
 import torch.nn.functional as F
 import triton
@@ -82,15 +83,6 @@ def round_like_the_kernel(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if dtype == torch.bfloat16 and not t.is_cuda:
         return (t.float().view(torch.int32) & ~0xFFFF).view(torch.float32).to(dtype)  # exact: low bits zero
     return t.to(dtype)
-
-
-def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str | None) -> torch.Tensor:
-    """float64 product; silu(gate) * up rounded to x's dtype first, as the fused prologue does."""
-    if act:
-        gate, up = x.double().chunk(2, dim=-1)
-        x = (F.silu(gate) * up).to(x.dtype)
-    out = x.double() @ weight.double().T
-    return out if bias is None else out + bias.double()
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
