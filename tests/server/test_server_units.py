@@ -118,12 +118,18 @@ def test_core_loop_steps_reports_and_stops() -> None:
         while core.requests:  # the loop keeps stepping until the abort lands
             decoder.decode(from_core.recv())
         assert core.aborted == ["b"]
-        to_core.send(_add("a", max_tokens=2))  # an id may come back once it has finished
-        to_core.send(_add("a", max_tokens=2))  # but not while it is live
+        # an id may come back once it has finished, but not while it is live: the first "a" does not
+        # finish within the test, so the second always finds it live (with max_tokens=2 the loop could
+        # finish it before the second add arrived, and the recv below waited forever: seen in CI)
+        to_core.send(_add("a", max_tokens=10**9))
+        to_core.send(_add("a", max_tokens=2))
         errors = {}
         while not errors:
             errors = decoder.decode(from_core.recv()).errors
         assert "already in use" in errors["a"]
+        to_core.send(wire.encoder().encode(wire.AbortRequests(["a"])))
+        while core.requests:  # read on until the abort lands: a full output queue would block the loop
+            decoder.decode(from_core.recv())
     finally:
         to_core.send(wire.encoder().encode(wire.Shutdown()))
         thread.join(10)
