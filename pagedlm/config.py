@@ -201,7 +201,11 @@ def _verify_max_model_len(max_model_len: int | None, hf: Any, rope: dict) -> int
 
 
 def _sliding_window(hf: Any, arch: str) -> int | None:
+    """Mistral's window on every layer; Qwen2/3's where use_sliding_window and layer_types say so;
+    none for Llama, whose attention ignores a `sliding_window` key in config.json (transformers)."""
     window = getattr(hf, "sliding_window", None)
+    if arch == "LlamaForCausalLM":
+        return None
     if arch == "Qwen2ForCausalLM" or arch == "Qwen3ForCausalLM":
         if not getattr(hf, "use_sliding_window", False):
             return None

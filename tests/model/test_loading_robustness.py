@@ -30,6 +30,8 @@ VARIANTS = {
     # layer_types [full, sliding]: only layer 1 has the window of 4 (shorter than the prompts)
     "qwen2_mixed_layer_types": lambda: Qwen2Config(**SHAPE, use_sliding_window=True, sliding_window=4,
                                                    max_window_layers=1),
+    # a sliding_window key in a Llama config.json: transformers' Llama attends to every key anyway
+    "llama_ignores_sliding_window": lambda: LlamaConfig(**SHAPE, sliding_window=4),
 }
 
 
