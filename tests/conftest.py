@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -36,3 +37,20 @@ def nan_poisoned_empty(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(torch, "empty", poisoned(torch.empty))
     monkeypatch.setattr(torch, "empty_like", poisoned(torch.empty_like))
+
+
+# Two small hand-built tokenizers (tests/tiny_hf_models.py), shared by the engine and sampling tests
+@pytest.fixture(scope="session")
+def byte_level_tokenizer() -> Any:
+    """Byte-level BPE, as GPT-2 / SmolLM."""
+    import tiny_hf_models
+
+    return tiny_hf_models.byte_level_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_tokenizer() -> Any:
+    """SentencePiece-style BPE with byte fallback, as Llama 2 / Mistral."""
+    import tiny_hf_models
+
+    return tiny_hf_models.sentencepiece_tokenizer()

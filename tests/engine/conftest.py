@@ -1,5 +1,4 @@
-"""Fixtures for the engine tests: two small hand-built tokenizers (byte-level BPE as in GPT-2 /
-SmolLM, SentencePiece-style BPE with byte fallback as in Llama 2 / Mistral) and a tiny model."""
+"""Fixtures for the engine tests: a tiny model (the tokenizers are in tests/conftest.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,16 +6,6 @@ from typing import Any
 
 import pytest
 import tiny_hf_models
-
-
-@pytest.fixture(scope="session")
-def byte_level_tokenizer() -> Any:
-    return tiny_hf_models.byte_level_tokenizer()
-
-
-@pytest.fixture(scope="session")
-def sentencepiece_tokenizer() -> Any:
-    return tiny_hf_models.sentencepiece_tokenizer()
 
 
 @pytest.fixture(scope="session")

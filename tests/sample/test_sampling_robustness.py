@@ -21,16 +21,6 @@ from pagedlm.sample import SamplingState
 from pagedlm.sample.state import Feature
 
 
-@pytest.fixture(scope="module")
-def byte_level() -> Any:
-    return tiny_hf_models.byte_level_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def sentencepiece() -> Any:
-    return tiny_hf_models.sentencepiece_tokenizer()
-
-
 def _ids(tokenizer: Any, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
@@ -44,15 +34,15 @@ def _broken_bytes(tokenizer: Any) -> list[int]:
 
 # ---- detokenizer -----------------------------------------------------------------------------
 
-def test_output_with_broken_byte_fallback_bytes_does_not_crash_the_step(sentencepiece: Any) -> None:
+def test_output_with_broken_byte_fallback_bytes_does_not_crash_the_step(sentencepiece_tokenizer: Any) -> None:
     """BUG (engine/detokenizer.py push: `self._stream.step` unguarded): a Llama-2/Mistral style
     tokenizer (byte fallback) fed '<0x0A> <0xE4> ▁The' makes DecodeStream raise a bare Exception
     out of OutputProcessor.process_outputs, so LLMEngine.step fails for every request of the step
     (LLM.generate aborts all; the server's output loop task dies and every client hangs). vLLM
     catches this error and restarts the stream at the token (vllm issue 17448)."""
-    prompt = _ids(sentencepiece, "hello world")
-    output = _broken_bytes(sentencepiece) + _ids(sentencepiece, " The end")
-    processor = OutputProcessor(sentencepiece)
+    prompt = _ids(sentencepiece_tokenizer, "hello world")
+    output = _broken_bytes(sentencepiece_tokenizer) + _ids(sentencepiece_tokenizer, " The end")
+    processor = OutputProcessor(sentencepiece_tokenizer)
     processor.add_request("r", None, prompt, SamplingParams(), 1.0, prompt)
     result = processor.process_outputs([EngineCoreOutput("r", output, finish_reason="length")])
     (out,) = result.request_outputs
@@ -60,38 +50,39 @@ def test_output_with_broken_byte_fallback_bytes_does_not_crash_the_step(sentence
     assert out.outputs[0].text.endswith("The end")
 
 
-def test_prompt_ending_in_broken_byte_fallback_bytes_is_accepted(sentencepiece: Any) -> None:
+def test_prompt_ending_in_broken_byte_fallback_bytes_is_accepted(sentencepiece_tokenizer: Any) -> None:
     """BUG (engine/detokenizer.py _prime: the same unguarded `self._stream.step`): a valid
     token-id prompt ending in '<0x0A> <0xE4> ▁The' (no clean suffix to prime with, so the last 4
     tokens are stepped) is refused by add_request with a bare Exception (not a ValueError); beam
     search, which sends every beam back as a token-id prompt, hits it too."""
-    prompt = _ids(sentencepiece, "hello") + _broken_bytes(sentencepiece) + _ids(sentencepiece, " The")
-    output = _ids(sentencepiece, "hello the cat sat")[1:]  # ▁the ▁cat ▁sat
-    processor = OutputProcessor(sentencepiece)
+    prompt = (_ids(sentencepiece_tokenizer, "hello") + _broken_bytes(sentencepiece_tokenizer)
+              + _ids(sentencepiece_tokenizer, " The"))
+    output = _ids(sentencepiece_tokenizer, "hello the cat sat")[1:]  # ▁the ▁cat ▁sat
+    processor = OutputProcessor(sentencepiece_tokenizer)
     processor.add_request("r", None, prompt, SamplingParams(), 1.0, prompt)
     result = processor.process_outputs([EngineCoreOutput("r", output, finish_reason="length")])
     assert result.request_outputs[0].outputs[0].text.endswith("the cat sat")
 
 
 @pytest.mark.parametrize("stop_kind", ["stop_token_id", "eos_kept_by_skip_special_tokens_false"])
-def test_stop_token_text_is_left_out_unless_include_stop_str_in_output(byte_level: Any,
+def test_stop_token_text_is_left_out_unless_include_stop_str_in_output(byte_level_tokenizer: Any,
                                                                        stop_kind: str) -> None:
     """BUG (engine/output_processor.py _update_sample: every token, the one the core stopped at
     included, is pushed to the detokenizer): vLLM (V0 StopChecker and V1 detokenizer.update with
     stop_terminated) leaves the text of the token that ended the request by a stop token id or
     EOS out of the output text unless include_stop_str_in_output. Here stop_token_ids=['.'] gives
     ' the cat.' and EOS with skip_special_tokens=False gives ' the cat</s>'."""
-    prompt = _ids(byte_level, "Hello")
-    body = _ids(byte_level, " the cat")
+    prompt = _ids(byte_level_tokenizer, "Hello")
+    body = _ids(byte_level_tokenizer, " the cat")
     if stop_kind == "stop_token_id":
-        (stop_id,) = _ids(byte_level, ".")
+        (stop_id,) = _ids(byte_level_tokenizer, ".")
         kwargs, stop_reason, stop_text = dict(stop_token_ids=[stop_id]), stop_id, "."
     else:
-        stop_id = byte_level.eos_token_id
+        stop_id = byte_level_tokenizer.eos_token_id
         kwargs, stop_reason, stop_text = dict(skip_special_tokens=False), None, "</s>"
     texts = {}
     for include in (False, True):
-        processor = OutputProcessor(byte_level)
+        processor = OutputProcessor(byte_level_tokenizer)
         params = SamplingParams(include_stop_str_in_output=include, **kwargs)
         processor.add_request("r", "Hello", prompt, params, 1.0, prompt)
         result = processor.process_outputs([EngineCoreOutput(
@@ -102,15 +93,15 @@ def test_stop_token_text_is_left_out_unless_include_stop_str_in_output(byte_leve
     assert texts == {False: " the cat", True: " the cat" + stop_text}
 
 
-def test_bad_word_with_a_leading_space_is_also_banned_at_the_start_of_the_text(byte_level: Any) -> None:
+def test_bad_word_with_a_leading_space_is_also_banned_at_the_start_of_the_text(byte_level_tokenizer: Any) -> None:
     """BUG (engine/tokenizer.py bad_words_token_ids: the first variant is `word`, not
     `word.lstrip()`): vLLM encodes each bad word both as word.lstrip() (text start) and with one
     leading space (mid-text). bad_words=[' cat'] gives only 'Ġcat' here, so an output that starts
     with 'cat' is not banned."""
-    assert _ids(byte_level, "cat") != _ids(byte_level, " cat")  # the two forms differ
-    sequences = bad_words_token_ids(byte_level, [" cat"])
-    assert _ids(byte_level, "cat") in sequences and _ids(byte_level, " cat") in sequences
-    assert bad_words_token_ids(byte_level, ["cat"]) == sequences  # the same word
+    assert _ids(byte_level_tokenizer, "cat") != _ids(byte_level_tokenizer, " cat")  # the two forms differ
+    sequences = bad_words_token_ids(byte_level_tokenizer, [" cat"])
+    assert _ids(byte_level_tokenizer, "cat") in sequences and _ids(byte_level_tokenizer, " cat") in sequences
+    assert bad_words_token_ids(byte_level_tokenizer, ["cat"]) == sequences  # the same word
 
 
 # ---- sampling state --------------------------------------------------------------------------
