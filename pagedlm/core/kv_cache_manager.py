@@ -98,10 +98,9 @@ class KVCacheManager:
         is_first = held is None
         if computed_blocks and not is_first:
             raise ValueError("computed_blocks: only a request that holds no blocks takes prefix hits")
-        held = held or []
         num_total_tokens = (request.num_computed_tokens + len(computed_blocks) * self.block_size
                             + num_new_tokens)
-        num_new_blocks = max(cdiv(num_total_tokens, self.block_size) - len(held) - len(computed_blocks), 0)
+        num_new_blocks = self.num_blocks_to_take(request, num_new_tokens, computed_blocks)
         # Hits on free (evictable) blocks take them out of the free queue too.
         num_free_hits = sum(1 for block_id in computed_blocks if self.pool.ref_cnts[block_id] == 0)
         if num_new_blocks + num_free_hits + num_reserved_blocks > self.pool.num_free_blocks:
@@ -114,6 +113,14 @@ class KVCacheManager:
         self.req_to_blocks.setdefault(req_id, []).extend(computed_blocks + new_blocks)
         self._cache_full_blocks(request, num_total_tokens, num_new_tokens == 1)
         return new_blocks
+
+    def num_blocks_to_take(self, request: Request, num_new_tokens: int, computed_blocks: list[int]) -> int:
+        """The new blocks (prefix hits excluded) allocate_slots takes to hold `num_computed_tokens`, the
+        hit in `computed_blocks` and `num_new_tokens` more tokens."""
+        num_held = len(self.req_to_blocks.get(request.request_id, ()))
+        num_total_tokens = (request.num_computed_tokens + len(computed_blocks) * self.block_size
+                            + num_new_tokens)
+        return max(cdiv(num_total_tokens, self.block_size) - num_held - len(computed_blocks), 0)
 
     def free(self, request: Request) -> None:
         """Releases the request's blocks, tail first, so the tail is evicted first."""

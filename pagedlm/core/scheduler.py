@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from pagedlm.config import CacheConfig, SchedulerConfig
 from pagedlm.core.growth import AdmissionReserve, GrowthEstimate
-from pagedlm.core.kv_cache_manager import KVCacheManager, cdiv
+from pagedlm.core.kv_cache_manager import KVCacheManager
 from pagedlm.core.sched_output import (CachedRequestData, EngineCoreOutput, Logprobs,
                                        ModelRunnerOutput, NewRequestData, SchedulerOutput)
 from pagedlm.request import Request, RequestStatus
@@ -248,8 +248,8 @@ class Scheduler:
         kv = self.kv_cache_manager
         reserve = AdmissionReserve(self.running, self.growth, kv.block_size, self._sort_key)
         admission = self._admission(head, plan.token_budget, reserve)
-        num_needed = (cdiv(admission.num_hit_tokens + admission.num_new, kv.block_size)
-                      - len(admission.hit_blocks) + admission.num_reserved)  # as allocate_slots counts
+        num_needed = (kv.num_blocks_to_take(head, admission.num_new, admission.hit_blocks)
+                      + admission.num_reserved)
         candidates = self.running[first_after:]
         num_victims = self._num_victims(num_needed, admission.hit_blocks, candidates)
         if num_victims == len(candidates) and not plan.num_scheduled_tokens and not any(
