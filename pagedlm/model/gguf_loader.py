@@ -88,7 +88,7 @@ def gguf_rope_freqs(config: ModelConfig) -> torch.Tensor | None:
                          f"head_dim {config.head_dim} needs {num_freqs}")
     if not bool(torch.isfinite(factors).all() and (factors > 0).all()):  # sync-ok: CPU, at load
         raise ValueError(f"model: tensor {ROPE_FREQS} in {path} must hold finite positive factors; "
-                         f"got {factors.tolist()}")
+                         f"got {factors.tolist()}")  # sync-ok: a CPU tensor, at load, in an error
     return factors
 
 
