@@ -35,7 +35,7 @@ from pagedlm import LLM, SamplingParams  # noqa: E402
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 MIN_GAP_US = 1.0
-TOP_KERNELS = 15
+TOP_KERNELS = 25
 EDGE_FRACTION = 0.08  # of the run's time left out at each end (prefill, ramp, drain)
 
 

@@ -28,6 +28,7 @@ _ENGINE_HELP = {
     "async_scheduling": "plan step N+1 while step N runs (default: on for GPUs)",
     "enforce_eager": "no CUDA graphs",
     "attention_backend": "auto | torch | torch_ref | triton",
+    "cudagraph_mode": "FULL_AND_PIECEWISE (decode graphs, piecewise graphs for other steps) | FULL_DECODE_ONLY",
     "device": "auto | cpu | cuda",
 }
 

@@ -18,6 +18,9 @@ SUPPORTED_ARCHITECTURES = (
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # As vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN: "1" lets max_model_len exceed what the model was trained for
 ALLOW_LONG_MAX_MODEL_LEN = "PAGEDLM_ALLOW_LONG_MAX_MODEL_LEN"
+# vLLM's names: decode graphs for pure-decode steps and piecewise graphs for the others, or decode
+# graphs only (every other step eager). enforce_eager turns both off.
+CUDAGRAPH_MODES = ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
 _DTYPES = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -281,6 +284,7 @@ class EngineConfig:
     seed: int = 0
     enforce_eager: bool = False
     attention_backend: str = "auto"  # auto | torch | torch_ref | triton
+    cudagraph_mode: str = "FULL_AND_PIECEWISE"  # one of CUDAGRAPH_MODES
 
 
 @dataclass
@@ -305,6 +309,7 @@ class EngineArgs:
     async_scheduling: bool | None = None
     enforce_eager: bool = False
     attention_backend: str = "auto"
+    cudagraph_mode: str = "FULL_AND_PIECEWISE"
     device: str = "auto"
 
     @classmethod
@@ -329,9 +334,11 @@ class EngineArgs:
             enable_prefix_caching=self.enable_prefix_caching)
         if self.attention_backend not in ("auto", "torch", "torch_ref", "triton"):
             raise ValueError(f"attention_backend must be auto, torch, torch_ref or triton; got {self.attention_backend!r}")
+        if self.cudagraph_mode not in CUDAGRAPH_MODES:
+            raise ValueError(f"cudagraph_mode must be one of {', '.join(CUDAGRAPH_MODES)}; got {self.cudagraph_mode!r}")
         return EngineConfig(model=model, cache=cache, scheduler=scheduler, device=device,
                             seed=self.seed, enforce_eager=self.enforce_eager or not on_gpu,
-                            attention_backend=self.attention_backend)
+                            attention_backend=self.attention_backend, cudagraph_mode=self.cudagraph_mode)
 
 
 def _or_default(value: int | None, default: int) -> int:

@@ -48,7 +48,8 @@ class AttentionBackend(Protocol):
         meta: AttentionMetadata,
         scale: float,
         sliding_window: int | None,
-    ) -> torch.Tensor:  # [T, num_heads, head_dim]
+        out: torch.Tensor | None = None,  # [T, num_heads, head_dim], like q; allocated when None
+    ) -> torch.Tensor:  # [T, num_heads, head_dim] (out when given)
         """Attend over the keys and values in the cache; this step's k/v are already written
         (pagedlm.attention.prepare_qkv writes them at slot_mapping)."""
         ...

@@ -137,10 +137,11 @@ class TorchBatchedAttentionBackend:
         meta: AttentionMetadata,
         scale: float,
         sliding_window: int | None,
+        out: torch.Tensor | None = None,  # [T, num_heads, head_dim], like q; allocated when None
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
         check_heads(q.shape[1], kv_cache.shape[3])
         plan = self._step_plan(meta, kv_cache.shape[2], sliding_window)
-        out = torch.zeros_like(q)  # padding rows (outside every sequence) stay zero
+        out = torch.zeros_like(q) if out is None else out.zero_()  # padding rows (outside every sequence) stay zero
         scratch = self._scratch_for(kv_cache, plan)
         for bucket in plan.buckets:
             out.index_copy_(0, bucket.rows, attend_bucket(q, kv_cache, bucket, scale, scratch).to(q.dtype))

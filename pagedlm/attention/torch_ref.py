@@ -97,9 +97,10 @@ class TorchAttentionBackend:
         meta: AttentionMetadata,
         scale: float,
         sliding_window: int | None,
+        out: torch.Tensor | None = None,  # [T, num_heads, head_dim], like q; allocated when None
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
         check_heads(q.shape[1], kv_cache.shape[3])
-        out = torch.zeros_like(q)  # padding rows (outside every sequence) stay zero
+        out = torch.zeros_like(q) if out is None else out.zero_()  # padding rows (outside every sequence) stay zero
         starts = meta.query_start_loc_cpu.tolist()  # sync-ok: host tensors
         seq_lens = meta.seq_lens_cpu.tolist()  # sync-ok: host tensor
         for seq, seq_len in enumerate(seq_lens):

@@ -29,17 +29,18 @@ class TritonAttentionBackend:
         meta: AttentionMetadata,
         scale: float,
         sliding_window: int | None,
+        out: torch.Tensor | None = None,  # [T, num_heads, head_dim], like q; allocated when None
     ) -> torch.Tensor:  # [T, num_heads, head_dim]; padding rows (past query_start_loc[B]) unwritten
         """Attend over the keys and values in the cache (this step's included)."""
         _check_attention(q, kv_cache, meta, sliding_window)
         if meta.num_seqs == 0:
-            return torch.empty_like(q)
+            return torch.empty_like(q) if out is None else out
         num_splits = 1
         if meta.max_query_len == 1:
             num_splits = choose_num_splits(meta.num_seqs, kv_cache.shape[3], meta.max_seq_len, _num_sms(q.device))
         if num_splits > 1:
-            return split_decode_attention(q, kv_cache, meta, scale, sliding_window, num_splits)
-        return varlen_attention(q, kv_cache, meta, scale, sliding_window)
+            return split_decode_attention(q, kv_cache, meta, scale, sliding_window, num_splits, out=out)
+        return varlen_attention(q, kv_cache, meta, scale, sliding_window, out=out)
 
 
 def _check_attention(

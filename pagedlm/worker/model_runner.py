@@ -14,7 +14,10 @@ wait, the stream switch) for a copy of a few bytes. On a CPU device the same cod
 synchronously, without pinning or events.
 
 On CUDA (Triton backend, not enforce_eager) a pure-decode step of at most the largest capture
-size replays a CUDA graph (cuda_graphs.py) instead: the host pads the batch in the staging set,
+size replays a CUDA graph (cuda_graphs.py), and any other step of at most
+piecewise_graphs.MAX_PIECEWISE_SIZE tokens without prompt_embeds the piecewise graphs
+(piecewise_graphs.py: the forward between attention calls; the attention runs eagerly).
+For a decode graph the host pads the batch in the staging set,
 the same copy fills the static buffers, and the graph gathers its own input ids. Up to
 cuda_graphs.MAX_LOGITS_ROWS rows the graph also computes the logits and their argmax and writes
 that into last_sampled: a batch that samples greedily and needs nothing else (the sampler's
@@ -43,6 +46,7 @@ from pagedlm.worker.batch_layout import BatchLayout
 from pagedlm.worker.input_batch import InputBatch
 from pagedlm.worker.kernel_warmup import warm_up_kernels
 from pagedlm.worker.lm_head import PaddedLMHead, leading
+from pagedlm.worker.piecewise_graphs import PiecewiseGraphs
 from pagedlm.worker.profile_run import profile_run
 from pagedlm.worker.prompt_logprobs import MAX_ROWS_PER_CHUNK, compute_prompt_logprobs
 from pagedlm.worker.runner_output import AsyncRunnerOutput
@@ -68,6 +72,7 @@ class ModelRunner:
         self.weights_bytes = 0
         self.use_cuda_graphs = graphs_enabled(config)
         self.graphs: DecodeGraphs | None = None  # captured by init_kv_cache
+        self.piecewise: PiecewiseGraphs | None = None  # likewise, unless cudagraph_mode excludes them
         self.graph_bytes_reserved: int | None = None  # trial capture, before sizing the KV cache
         self.graph_bytes = 0  # what the captured graphs take
         self.input_batch = InputBatch(self.max_num_reqs, config.model.max_model_len,
@@ -113,7 +118,7 @@ class ModelRunner:
         self._step_events = [torch.cuda.Event() for _ in range(NUM_STAGING_SETS)]
 
     def load_model(self) -> None:
-        backend = get_attention_backend(self.config.attention_backend, self.device)
+        backend = self._attn_backend = get_attention_backend(self.config.attention_backend, self.device)
         before = torch.cuda.memory_allocated(self.device) if self.use_cuda else 0
         self.model = load_model(self.config.model, backend, self.device)
         if self.use_cuda:
@@ -133,7 +138,7 @@ class ModelRunner:
         """Allocates the KV cache, then captures the CUDA graphs, which bind its address."""
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
-        self.graphs = None  # graphs of a previous cache go first
+        self.graphs = self.piecewise = None  # graphs of a previous cache go first
         self.kv_caches = [self._new_kv_cache(num_blocks) for _ in range(self.config.model.num_layers)]
         self.input_batch.num_kv_blocks = num_blocks
         if self.use_cuda_graphs:
@@ -146,24 +151,30 @@ class ModelRunner:
 
     def _capture_graphs(self) -> None:
         start = time.perf_counter()
-        self.graphs, self.graph_bytes = memory.device_bytes_taken(
+        (self.graphs, self.piecewise), self.graph_bytes = memory.device_bytes_taken(
             self.device, lambda: self._new_graphs(self.kv_caches))
         reserved = self.graph_bytes_reserved
-        logger.info("CUDA graphs: %d pure-decode batch sizes (%d..%d) captured in %.2f s; they "
-                    "take %.3f GiB (reserved before sizing the KV cache: %s)",
-                    len(self.graphs.sizes), self.graphs.sizes[0], self.graphs.max_size,
+        piecewise = ("none" if self.piecewise is None else
+                     f"{len(self.piecewise.sizes)} token counts ({self.piecewise.sizes[0]}..{self.piecewise.max_size})")
+        logger.info("CUDA graphs: %d pure-decode batch sizes (%d..%d), piecewise %s, captured in %.2f s; "
+                    "they take %.3f GiB (reserved before sizing the KV cache: %s)",
+                    len(self.graphs.sizes), self.graphs.sizes[0], self.graphs.max_size, piecewise,
                     time.perf_counter() - start, self.graph_bytes / memory.GiB,
                     "none, its size was given" if reserved is None
                     else f"{reserved / memory.GiB:.3f} GiB")
 
-    def _new_graphs(self, kv_caches: list[torch.Tensor]) -> DecodeGraphs:
+    def _new_graphs(self, kv_caches: list[torch.Tensor]) -> tuple[DecodeGraphs, PiecewiseGraphs | None]:
         graphs = DecodeGraphs(self.config, self.model, kv_caches, self._inputs,
                               self.input_batch.max_num_blocks_per_req)
         graphs.capture(self._graph_stream)
-        return graphs
+        if self.config.cudagraph_mode != "FULL_AND_PIECEWISE":
+            return graphs, None
+        piecewise = PiecewiseGraphs(self.model, self._attn_backend, kv_caches, self.max_num_tokens, self.device)
+        piecewise.capture(self._graph_stream)
+        return graphs, piecewise
 
     def _profile_graphs(self) -> int:
-        """Device bytes the decode graphs take, from a trial capture over a one-block KV cache
+        """Device bytes the CUDA graphs take, from a trial capture over a one-block KV cache
         (no graph reads or writes it), released afterwards: the real graphs bind the real cache,
         so they are captured once it exists."""
         trial_kv_caches = [self._new_kv_cache(1) for _ in range(self.config.model.num_layers)]
@@ -292,7 +303,7 @@ class ModelRunner:
 
     def _forward(self, inputs: Sections, staged: Sections, layout: BatchLayout,
                  graph_size: int) -> torch.Tensor:
-        """[num_tokens (graph_size when replayed), hidden_size]: the model over the batch."""
+        """[num_tokens (graph_size when a decode graph replays), hidden_size]: the model over the batch."""
         num_tokens, num_seqs, num_cols = layout.num_tokens, layout.num_seqs, layout.num_block_cols
         if graph_size:
             graphs = self.graphs
@@ -304,6 +315,9 @@ class ModelRunner:
         block_table = inputs.prefix("block_table", num_seqs, num_cols)
         meta = self._attention_metadata(inputs, staged, layout, block_table)
         positions = inputs.prefix("positions", num_tokens)  # [T]
+        piecewise = self.piecewise
+        if piecewise is not None and not layout.embeds_spans and num_tokens <= piecewise.max_size:
+            return piecewise.replay(input_ids, positions, meta)
         return self.model(input_ids, positions, self.kv_caches, meta,
                           inputs_embeds=self._inputs_embeds(input_ids, layout))
 

@@ -25,8 +25,8 @@ def profile_run(runner: ModelRunner) -> int:
     seq_lens[:num_tokens % num_seqs] += 1
     first_blocks = np.concatenate([[0], np.cumsum(cdiv(seq_lens, runner.block_size))])
     cache = runner._new_kv_cache(int(first_blocks[-1]))
-    saved = runner.kv_caches, runner.input_batch.num_kv_blocks, runner.graphs
-    runner.kv_caches, runner.graphs = [cache] * runner.config.model.num_layers, None  # eager
+    saved = runner.kv_caches, runner.input_batch.num_kv_blocks, runner.graphs, runner.piecewise
+    runner.kv_caches, runner.graphs, runner.piecewise = [cache] * runner.config.model.num_layers, None, None  # eager
     runner.input_batch.num_kv_blocks = int(first_blocks[-1])
     # a fixed seed: the sampler draws no seed from its generator for these requests
     params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, logprobs=MAX_LOGPROBS, seed=0)
@@ -43,5 +43,5 @@ def profile_run(runner: ModelRunner) -> int:
     runner.execute_model(SchedulerOutput(new_reqs=[], cached_reqs=[], num_scheduled_tokens={},
                                        total_num_scheduled_tokens=0,
                                        finished_req_ids=set(req_ids)))
-    runner.kv_caches, runner.input_batch.num_kv_blocks, runner.graphs = saved
+    runner.kv_caches, runner.input_batch.num_kv_blocks, runner.graphs, runner.piecewise = saved
     return cache.numel() * cache.element_size()

@@ -193,7 +193,7 @@ def test_backend_attend(monkeypatch: pytest.MonkeyPatch, max_query_len: int) -> 
 
     calls = []
     monkeypatch.setattr(triton_backend, "split_decode_attention",
-                        lambda *args: calls.append(args[-1]) or split_decode_attention(*args))
+                        lambda *args, **kwargs: calls.append(args[-1]) or split_decode_attention(*args, **kwargs))
     query_lens = [1, max_query_len]
     batch = make_batch([300, 20], query_lens, num_heads=4, num_kv_heads=2, head_dim=32, block_size=16,
                        dtype=torch.float32)

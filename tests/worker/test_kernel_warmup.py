@@ -76,9 +76,9 @@ def test_eager_warm_up_launches_the_split_decode_kernel(tiny, tmp_path, monkeypa
     split_counts = []
     split_decode = triton_backend.split_decode_attention
 
-    def spy(q, kv_cache, meta, scale, sliding_window, num_splits, *args):
+    def spy(q, kv_cache, meta, scale, sliding_window, num_splits, *args, **kwargs):
         split_counts.append(num_splits)
-        return split_decode(q, kv_cache, meta, scale, sliding_window, num_splits, *args)
+        return split_decode(q, kv_cache, meta, scale, sliding_window, num_splits, *args, **kwargs)
 
     monkeypatch.setattr(triton_backend, "split_decode_attention", spy)
     warm_up_kernels(runner)

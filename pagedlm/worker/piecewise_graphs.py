@@ -1,0 +1,184 @@
+"""Piecewise CUDA graphs: the model's forward for a step that replays no decode graph (a prefill
+or mixed batch, or a decode batch above the largest decode-graph size), cut at each attention
+call. Everything between two attention calls (norms, GEMMs, RoPE and the KV-cache write, the MLP)
+is one graph per padded token count; the attention runs eagerly between them with the step's own
+metadata, so any mix of prompts and decodes takes the same pieces (vLLM's piecewise graphs).
+
+Why: an eager forward is ~10 launches a layer, each through Python, torch and Triton's launcher:
+a 128-token prompt of qwen3-0.6b took 22.9 ms of host time on the H200 machine for 1.1 ms of GPU
+work (benchmarks/first_token.py, session 13), 6% of L2's run. Replaying 29 pieces and launching
+28 attentions costs the host a few hundred µs.
+
+Capture (per size P, largest first, all in one memory pool, after a warm-up run of that size):
+every layer's attention backend is swapped for a _Cutter, which ends the graph being captured,
+notes the attention's inputs (an alias of q's pool memory, the layer's KV cache, scale and
+window), begins the next graph and returns the static attention output, which the next piece reads. The last piece
+ends with the final norm's output, the hidden states, which stay allocated in the pool.
+
+Inputs: static ids, positions and slots of this module, filled for each replay (rows [n, P) get
+slot -1: prepare_qkv skips their KV write, so a padding row never touches the cache; their other
+values are stale and their output rows are never read: every op inside a piece is row-independent).
+The attention reads the step's metadata and writes rows [0, n) of the static output.
+"""
+from __future__ import annotations
+
+import bisect
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from pagedlm.attention.backend import AttentionBackend, AttentionMetadata
+from pagedlm.model.llama import LlamaAttention, LlamaForCausalLM
+
+MIN_PIECEWISE_SIZE = 16
+MAX_PIECEWISE_SIZE = 2048  # tokens; a larger step's GPU time hides its eager launches (module notes)
+
+
+def piecewise_sizes(max_num_tokens: int) -> list[int]:
+    """Powers of two from MIN_PIECEWISE_SIZE below the cap min(max_num_tokens, MAX_PIECEWISE_SIZE),
+    then the cap."""
+    cap = min(max_num_tokens, MAX_PIECEWISE_SIZE)
+    sizes, size = [], MIN_PIECEWISE_SIZE
+    while size < cap:
+        sizes.append(size)
+        size *= 2
+    return sizes + [cap]
+
+
+@dataclass(frozen=True, slots=True)
+class _Attention:
+    """One attention call between two pieces, as captured."""
+
+    q: torch.Tensor  # [P, num_heads, head_dim]: an alias of the pool memory the piece writes q to
+    kv_cache: torch.Tensor
+    scale: float
+    sliding_window: int | None
+
+
+@dataclass(slots=True)
+class _Pieces:
+    """The graphs of one size: graphs[i] runs up to attentions[i]; the last one to the end."""
+
+    graphs: list[torch.cuda.CUDAGraph]
+    attentions: list[_Attention]
+    hidden: torch.Tensor | None = None  # [P, hidden_size], in the pool
+
+
+class _Cutter:
+    """Every layer's attention backend while a size is warmed up or captured."""
+
+    def __init__(self, pieces: _Pieces, out: torch.Tensor, pool: tuple[int, int] | None) -> None:
+        self._pieces, self._out, self._pool = pieces, out, pool  # pool None: the warm-up run
+
+    def attend(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+               sliding_window: int | None, out: torch.Tensor | None = None) -> torch.Tensor:
+        if self._pool is not None:
+            self._pieces.attentions.append(_Attention(_alias(q), kv_cache, scale, sliding_window))
+            self._pieces.graphs[-1].capture_end()
+            graph = torch.cuda.CUDAGraph()
+            self._pieces.graphs.append(graph)
+            graph.capture_begin(pool=self._pool)
+        return self._out[:q.shape[0]]
+
+
+def _alias(t: torch.Tensor) -> torch.Tensor:
+    """A tensor over t's memory that does not keep it allocated (as torch's own cudagraph trees
+    alias pool memory): once the model drops q, the pool gives its memory to the next pieces, which
+    a replay runs only after this attention read it. Holding q itself would keep every layer's q of
+    every size allocated (~1 GB for llama3-8b)."""
+    storage = t.untyped_storage()
+    alias = torch._C._construct_storage_from_data_pointer(storage.data_ptr(), t.device, storage.nbytes())
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(alias, t.storage_offset(), t.shape, t.stride())
+
+
+class PiecewiseGraphs:
+    """capture() once; then replay(...) for a step of at most max_size tokens."""
+
+    def __init__(self, model: LlamaForCausalLM, backend: AttentionBackend, kv_caches: list[torch.Tensor],
+                 max_num_tokens: int, device: torch.device) -> None:
+        self.sizes = piecewise_sizes(max_num_tokens)
+        self.max_size = self.sizes[-1]
+        self._model, self._backend, self._kv_caches = model, backend, kv_caches
+        config = model.config
+        self._ids = torch.zeros(self.max_size, dtype=torch.int64, device=device)  # [P_max]
+        self._positions = torch.zeros(self.max_size, dtype=torch.int64, device=device)  # [P_max]
+        self._slots = torch.full((self.max_size,), -1, dtype=torch.int64, device=device)  # [P_max]
+        # [P_max, num_heads, head_dim]: every layer's attention output, which the next piece reads
+        self._out = torch.zeros(self.max_size, config.num_heads, config.head_dim, dtype=config.dtype,
+                                device=device)
+        # what the pieces read of a captured step's metadata: slot_mapping (the rest is never read)
+        self._capture_meta = AttentionMetadata(
+            num_tokens=0, num_seqs=1, max_query_len=0, max_seq_len=0,
+            query_start_loc=torch.zeros(2, dtype=torch.int32, device=device),
+            seq_lens=torch.zeros(1, dtype=torch.int32, device=device), slot_mapping=self._slots,
+            block_table=torch.zeros(1, 1, dtype=torch.int32, device=device),
+            query_start_loc_cpu=torch.zeros(2, dtype=torch.int32), seq_lens_cpu=torch.zeros(1, dtype=torch.int32))
+        self._pieces: dict[int, _Pieces] = {}
+
+    def padded_size(self, num_tokens: int) -> int | None:
+        """The smallest size >= num_tokens; None above the largest."""
+        index = bisect.bisect_left(self.sizes, num_tokens)
+        return self.sizes[index] if index < len(self.sizes) else None
+
+    @torch.inference_mode()
+    def capture(self, stream: torch.cuda.Stream) -> None:
+        device = self._ids.device
+        pool = torch.cuda.graph_pool_handle()
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream), _attention_swapped(self._model) as swap:
+            for size in reversed(self.sizes):
+                swap(_Cutter(_Pieces([], []), self._out, None))
+                self._run(size)  # warm-up: Triton compiles, cuBLAS's workspace on this stream
+                pieces = _Pieces([torch.cuda.CUDAGraph()], [])
+                swap(_Cutter(pieces, self._out, pool))
+                pieces.graphs[0].capture_begin(pool=pool)
+                try:
+                    pieces.hidden = self._run(size)
+                finally:
+                    pieces.graphs[-1].capture_end()
+                self._pieces[size] = pieces
+        torch.cuda.current_stream(device).wait_stream(stream)
+
+    def replay(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """input_ids, positions: [n] of the step (n = meta.num_tokens <= max_size), its KV slots in
+        meta.slot_mapping -> [n, hidden_size] hidden states, in the pool (valid until the next replay)."""
+        n = meta.num_tokens
+        size = self.padded_size(n)
+        self._ids[:n].copy_(input_ids)
+        self._positions[:n].copy_(positions)
+        self._slots[:n].copy_(meta.slot_mapping)
+        if n < size:
+            self._slots[n:size].fill_(-1)
+        out = self._out[:n]
+        pieces = self._pieces[size]
+        for graph, attention in zip(pieces.graphs, pieces.attentions):
+            graph.replay()
+            self._backend.attend(attention.q[:n], attention.kv_cache, meta, attention.scale,
+                                 attention.sliding_window, out=out)
+        pieces.graphs[-1].replay()
+        return pieces.hidden[:n]
+
+    def _run(self, size: int) -> torch.Tensor:
+        """The model over the first `size` static rows (every slot -1 at capture: no KV write)."""
+        meta = self._capture_meta
+        meta.num_tokens, meta.slot_mapping = size, self._slots[:size]
+        return self._model(self._ids[:size], self._positions[:size], self._kv_caches, meta)
+
+
+@contextlib.contextmanager
+def _attention_swapped(model: LlamaForCausalLM) -> Iterator[Callable[[object], None]]:
+    """Yields swap(backend), which sets every attention layer's backend; the originals come back on exit."""
+    layers = [m for m in model.modules() if isinstance(m, LlamaAttention)]
+    saved = [layer.attn_backend for layer in layers]
+
+    def swap(backend: object) -> None:
+        for layer in layers:
+            layer.attn_backend = backend
+
+    try:
+        yield swap
+    finally:
+        for layer, backend in zip(layers, saved):
+            layer.attn_backend = backend

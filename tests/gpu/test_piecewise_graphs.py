@@ -1,0 +1,128 @@
+"""Piecewise CUDA graphs (prefill and mixed steps) on the GPU with the Triton backend: tiny random
+Llama, Qwen3 and Mistral (sliding window), ragged prompts chunked over mixed steps with decodes.
+
+- Each replay is checked against an eager forward of the same step on the same inputs, run just
+  before it: hidden states close (fp32 1e-4, bf16 2e-2 of the largest), with the pieces' output
+  and the static attention output poisoned (NaN) before the replay, so it must write every real row.
+- fp32: whole-run greedy tokens equal FULL_DECODE_ONLY's (eager prefill and mixed steps) and
+  transformers'. The KV cache starts as NaN: a padding row whose K/V landed in a real slot would
+  poison a sequence.
+- A step above the largest piecewise size (2,048 tokens) runs eagerly, and its tokens still agree.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from tiny_hf_models import hf_greedy, random_prompts, save_tiny_model
+
+from pagedlm import LLM, SamplingParams
+from pagedlm.worker.model_runner import ModelRunner
+from pagedlm.worker.piecewise_graphs import MAX_PIECEWISE_SIZE
+
+pytestmark = pytest.mark.gpu
+
+# max_num_batched_tokens 96: piecewise sizes 16, 32, 64, 96; prompts of 2..200 tokens go in chunks,
+# beside the decodes of earlier ones (mixed steps of every padding)
+ENGINE_ARGS = dict(skip_tokenizer_init=True, device="cuda", attention_backend="triton", max_model_len=512,
+                   max_num_seqs=16, max_num_batched_tokens=96, num_gpu_blocks_override=512,
+                   async_scheduling=True)
+PROMPTS = random_prompts(12, 2, 200, seed=5)
+MAX_TOKENS = [3 + (5 * i) % 11 for i in range(len(PROMPTS))]  # 3..13
+TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2}  # of the largest |hidden|
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("piecewise_models")
+    return {family: (root / family, save_tiny_model(root / family, family))
+            for family in ("llama", "qwen3", "mistral")}
+
+
+@dataclass
+class ReplayCheck:
+    num_tokens: int
+    size: int
+    hidden: torch.Tensor  # [num_tokens, hidden_size] from the replay
+    expected: torch.Tensor  # [num_tokens, hidden_size] from the eager forward
+
+
+def _generate(folder, dtype: str, mode: str, prompts=PROMPTS, max_tokens=MAX_TOKENS, **overrides
+              ) -> tuple[list[list[int]], list[ReplayCheck]]:
+    llm = LLM(str(folder), dtype=dtype, cudagraph_mode=mode, **{**ENGINE_ARGS, **overrides})
+    runner: ModelRunner = llm.llm_engine.engine_core.model_runner
+    assert (runner.piecewise is None) == (mode == "FULL_DECODE_ONLY")
+    for kv_cache in runner.kv_caches:  # in place: the graphs keep the cache's address
+        kv_cache.fill_(float("nan"))
+    checks: list[ReplayCheck] = []
+    if runner.piecewise is not None:
+        _check_each_replay(runner, checks)
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in max_tokens]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    return [out.outputs[0].token_ids for out in outputs], checks
+
+
+def _check_each_replay(runner: ModelRunner, checks: list[ReplayCheck]) -> None:
+    """Before each replay, the eager forward of the same step (it writes this step's KV, which the
+    replay writes again before its attention reads it)."""
+    piecewise = runner.piecewise
+    replay = piecewise.replay
+
+    def checked_replay(input_ids, positions, meta):
+        expected = runner.model(input_ids, positions, runner.kv_caches, meta).clone()
+        size = piecewise.padded_size(meta.num_tokens)
+        piecewise._pieces[size].hidden.fill_(float("nan"))
+        piecewise._out.fill_(float("nan"))
+        hidden = replay(input_ids, positions, meta)
+        checks.append(ReplayCheck(meta.num_tokens, size, hidden.clone(), expected))
+        return hidden
+
+    piecewise.replay = checked_replay
+
+
+def _assert_replays_match(checks: list[ReplayCheck], dtype: str) -> None:
+    sizes = {check.size for check in checks}
+    assert len(checks) >= 8 and len(sizes) >= 3, [(c.num_tokens, c.size) for c in checks]
+    assert sum(check.num_tokens < check.size for check in checks) >= 4  # padded steps
+    for step, check in enumerate(checks):
+        hidden, expected = check.hidden, check.expected
+        assert torch.isfinite(hidden).all() and torch.isfinite(expected).all(), step
+        tolerance = TOLERANCE[dtype] * expected.abs().max().item()
+        error = (hidden - expected).abs().max().item()
+        assert error <= tolerance, (step, check.num_tokens, check.size, error, tolerance)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral"])
+def test_fp32_piecewise_tokens_equal_eager_and_transformers(checkpoints, family):
+    folder, hf_model = checkpoints[family]
+    tokens, checks = _generate(folder, "float32", "FULL_AND_PIECEWISE")
+    eager_tokens, _ = _generate(folder, "float32", "FULL_DECODE_ONLY")
+    reference = hf_greedy(hf_model, PROMPTS, max(MAX_TOKENS))
+    assert [len(t) for t in tokens] == MAX_TOKENS
+    assert tokens == eager_tokens
+    assert tokens == [ref[:num] for ref, num in zip(reference, MAX_TOKENS)]
+    _assert_replays_match(checks, "float32")
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_bf16_piecewise_replays_match_eager(checkpoints, family):
+    folder, _ = checkpoints[family]
+    tokens, checks = _generate(folder, "bfloat16", "FULL_AND_PIECEWISE")
+    assert [len(t) for t in tokens] == MAX_TOKENS
+    _assert_replays_match(checks, "bfloat16")
+
+
+def test_a_step_above_the_largest_size_runs_eagerly(checkpoints):
+    """10 prompts of 250 tokens in one 2,500-token step (budget 4,096): eager; then decode graphs;
+    then an 11th prompt of 300 tokens, waiting for a free row (max_num_seqs 10): a piecewise replay."""
+    folder, hf_model = checkpoints["qwen3"]
+    prompts = random_prompts(10, 250, 250, seed=7) + random_prompts(1, 300, 300, seed=8)
+    max_tokens = [4] * 10 + [6]
+    args = dict(prompts=prompts, max_tokens=max_tokens, max_num_batched_tokens=4096, max_num_seqs=10)
+    tokens, checks = _generate(folder, "float32", "FULL_AND_PIECEWISE", **args)
+    eager_tokens, _ = _generate(folder, "float32", "FULL_DECODE_ONLY", **args)
+    assert tokens == eager_tokens
+    reference = hf_greedy(hf_model, prompts, 6)
+    assert tokens == [ref[:num] for ref, num in zip(reference, max_tokens)]
+    assert checks and all(check.num_tokens <= MAX_PIECEWISE_SIZE for check in checks)
