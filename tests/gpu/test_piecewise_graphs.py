@@ -23,10 +23,11 @@ from pagedlm.worker.piecewise_graphs import MAX_PIECEWISE_SIZE
 
 pytestmark = pytest.mark.gpu
 
-# max_num_batched_tokens 96: piecewise sizes 16, 32, 64, 96; prompts of 2..200 tokens go in chunks,
-# beside the decodes of earlier ones (mixed steps of every padding)
+# max_num_batched_tokens 96: piecewise sizes 16, 32, 64, 96; max_num_seqs 4: each prompt (2..200
+# tokens, in chunks of the budget) is admitted as an earlier request finishes, beside the decodes of
+# the others (mixed steps of every padding; with more rows, every step was a full 96)
 ENGINE_ARGS = dict(skip_tokenizer_init=True, device="cuda", attention_backend="triton", max_model_len=512,
-                   max_num_seqs=16, max_num_batched_tokens=96, num_gpu_blocks_override=512,
+                   max_num_seqs=4, max_num_batched_tokens=96, num_gpu_blocks_override=512,
                    async_scheduling=True)
 PROMPTS = random_prompts(12, 2, 200, seed=5)
 MAX_TOKENS = [3 + (5 * i) % 11 for i in range(len(PROMPTS))]  # 3..13
