@@ -9,7 +9,8 @@ One generate of --batch-size prompts of --context tokens fills the KV cache; the
 decode graph (only the batch's size) with its settings applied while capturing, and the variants'
 replays are timed in turn, --rounds times (alternating cancels the drift between processes and
 over time that end-to-end L2 shows), each timing the GPU µs of 200 replays queued behind a GPU
-sleep (host_step.py's method). Printed: the median per variant and the max |difference| of the
+sleep (host_step.py's method), each variant's from the same input ids (last_sampled reset before it:
+a graph feeds its argmax to the next replay). Printed: the median per variant and the max |difference| of the
 graph's output from the first variant's (split-K order changes the rounding a little).
 
 Variants: '+'-joined parts, "base" for the defaults:
@@ -193,8 +194,12 @@ def main() -> None:
         for variant in variants:  # each graph set has its own block table: the last step's
             graphs[variant].block_table.copy_(runner.graphs.block_table)
         times: dict[str, list[float]] = {v: [] for v in variants}
+        # every replay gathers its input ids from last_sampled and writes its argmax there: without a
+        # reset, each variant would start from the ids the variant before left (session 13, run 4)
+        first_ids = runner._last_sampled.clone()
         for _ in range(args.rounds):
             for variant in variants:
+                runner._last_sampled.copy_(first_ids)
                 times[variant].append(_replay_gpu_us(graphs[variant], args.batch_size))
                 outputs.setdefault(variant, graphs[variant]._outputs[size][:args.batch_size].float().clone())
     first = outputs[variants[0]]
