@@ -166,7 +166,8 @@ class ModelRunner:
     def _new_graphs(self, kv_caches: list[torch.Tensor]) -> tuple[DecodeGraphs, PiecewiseGraphs | None]:
         """The piecewise graphs first: captured after the decode graphs, they made every batch-1 decode
         step ~2.7% slower (L2: 677-680 µs a step in three processes against 659-669 with this order or
-        without them; session 13, runs 2-4), for a reason not found (the decode graphs are the same)."""
+        without them; session 13, runs 2-4), though the decode graphs are the same. Likely where their
+        memory lands: one of four identical captures in one process replays 1.8% slower (run 7)."""
         piecewise = self._new_piecewise_graphs(kv_caches)
         return self._new_decode_graphs(kv_caches), piecewise
 
