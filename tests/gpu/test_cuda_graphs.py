@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from tiny_hf_models import hf_greedy, random_prompts, save_tiny_model
+from tiny_hf_models import hf_greedy, random_prompts
 
 from pagedlm import LLM, SamplingParams
 from pagedlm.attention.backend import AttentionMetadata
@@ -42,12 +42,6 @@ PROMPTS = random_prompts(11, 2, 40, seed=3)
 MAX_TOKENS = [4 + (3 * i) % 13 for i in range(len(PROMPTS))]  # 4..16
 LOGITS_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2}  # of the largest |logit|
 
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("graph_models")
-    return {family: (root / family, save_tiny_model(root / family, family))
-            for family in ("llama", "qwen3")}
 
 
 @dataclass

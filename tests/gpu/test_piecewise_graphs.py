@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from tiny_hf_models import hf_greedy, random_prompts, save_tiny_model
+from tiny_hf_models import hf_greedy, random_prompts
 
 from pagedlm import LLM, SamplingParams
 from pagedlm.worker.model_runner import ModelRunner
@@ -33,12 +33,6 @@ PROMPTS = random_prompts(12, 2, 120, seed=5)
 MAX_TOKENS = [3 + (5 * i) % 11 for i in range(len(PROMPTS))]  # 3..13
 TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2}  # of the largest |hidden|
 
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("piecewise_models")
-    return {family: (root / family, save_tiny_model(root / family, family))
-            for family in ("llama", "qwen3", "mistral")}
 
 
 @dataclass
