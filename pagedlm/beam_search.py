@@ -68,6 +68,7 @@ class _Instance:
 
     beams: list[BeamSearchSequence]
     num_steps: int
+    cache_salt: str | None  # the prompt's, on every step's requests
     completed: list[BeamSearchSequence] = field(default_factory=list)
 
 
@@ -82,8 +83,9 @@ def beam_search(llm: LLM, prompts: Sequence[PromptType],
         live = [inst for inst in instances if inst.beams and step < inst.num_steps]
         if not live:
             break
-        beams = [beam for inst in live for beam in inst.beams]
-        outputs = llm.generate([beam.tokens for beam in beams], step_params, use_tqdm=False)
+        step_prompts = [{"prompt_token_ids": beam.tokens, "cache_salt": inst.cache_salt}
+                        for inst in live for beam in inst.beams]
+        outputs = llm.generate(step_prompts, step_params, use_tqdm=False)
         results = iter(outputs)
         for inst in live:
             candidates = [_extend(beam, next(results).outputs[0].logprobs[0]) for beam in inst.beams]
@@ -96,7 +98,7 @@ def _new_instance(llm: LLM, prompt: PromptType, params: BeamSearchParams) -> _In
     if processed.prompt_embeds is not None:
         raise ValueError("prompts: beam search needs token ids or text, not prompt_embeds")
     return _Instance(beams=[BeamSearchSequence(tokens=list(processed.prompt_token_ids))],
-                     num_steps=processed.max_tokens)
+                     num_steps=processed.max_tokens, cache_salt=processed.cache_salt)
 
 
 def _extend(beam: BeamSearchSequence, logprobs: dict[int, Logprob]) -> list[BeamSearchSequence]:

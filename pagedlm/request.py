@@ -49,6 +49,7 @@ class Request:
     arrival_time: float = field(default_factory=time.time)
     priority: int = 0
     prompt_embeds: torch.Tensor | None = None  # [num_prompt_tokens, hidden_size]
+    cache_salt: str | None = None  # prefix-cache hits only between requests with an equal salt
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_output_placeholders: int = 0

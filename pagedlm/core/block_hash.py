@@ -10,6 +10,9 @@ collision resistant (`hash(-1) == hash(-2)`, ints wrap modulo 2**61 - 1, and 64 
 birthday search), so a client could craft a prompt whose block hash matches another user's prefix
 and read or poison that KV; it also differs between processes (`hash(None)` is address based before
 Python 3.12). The digests here are the same in every process and on every host.
+
+A request's `cache_salt` (vLLM's) is an extra key of its FIRST block only; every later block chains
+from that hash, so two requests share cached blocks only if their salts are equal (None included).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from collections.abc import Sequence
 BlockHash = bytes  # a 32-byte sha256 digest
 ROOT_BLOCK_HASH: BlockHash = hashlib.sha256(b"pagedlm prefix-cache block hash v1").digest()
 _EXTRA_LEN = struct.Struct("<I")
+_CACHE_SALT_PREFIX = b"salt:"  # tags the salt apart from any other kind of extra key
 
 
 @functools.lru_cache(maxsize=None)
@@ -45,3 +49,8 @@ def hash_block(parent: BlockHash | None, token_ids: Sequence[int], extra_keys: b
     """The hash of a full block given its parent's hash (None for the first block), its token ids
     and `extra_keys` (bytes that must also match for a hit, e.g. an adapter or a cache salt)."""
     return hashlib.sha256(encode_block(parent, token_ids, extra_keys)).digest()
+
+
+def cache_salt_keys(cache_salt: str | None) -> bytes:
+    """The first block's extra keys for a request's cache salt (b"" when unsalted)."""
+    return b"" if cache_salt is None else _CACHE_SALT_PREFIX + cache_salt.encode("utf-8")

@@ -2,7 +2,8 @@
 
 A request's `block_hashes` is a hash chain over its FULL blocks of known tokens:
     hash_i = hash_block(hash_{i-1}, tokens of block i)   (sha256, core/block_hash.py; hash_{-1} = root)
-so equal hashes mean equal prefixes. A block is registered in the prefix cache once it is full
+with the request's `cache_salt` as block 0's extra keys, so equal hashes mean equal prefixes of
+requests with equal salts. A block is registered in the prefix cache once it is full
 of known tokens and its KV is scheduled (KV writes run in step order, so a later step, or a
 later sequence in the same step, may read it). Requests with `prompt_embeds` are never cached
 or looked up; requests with `prompt_logprobs` are cached but never look up.
@@ -17,7 +18,7 @@ its step is not decode-only.
 """
 from __future__ import annotations
 
-from pagedlm.core.block_hash import hash_block
+from pagedlm.core.block_hash import cache_salt_keys, hash_block
 from pagedlm.core.block_pool import BlockPool
 from pagedlm.request import Request
 
@@ -164,5 +165,7 @@ class KVCacheManager:
         token_ids = request.all_token_ids
         parent = hashes[-1] if hashes else None
         for i in range(len(hashes), num_blocks):
-            parent = hash_block(parent, token_ids[i * self.block_size:(i + 1) * self.block_size])
+            extra_keys = cache_salt_keys(request.cache_salt) if i == 0 else b""
+            parent = hash_block(parent, token_ids[i * self.block_size:(i + 1) * self.block_size],
+                                extra_keys)
             hashes.append(parent)

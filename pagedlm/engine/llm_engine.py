@@ -17,9 +17,10 @@ from pagedlm.request import Request
 from pagedlm.sampling_params import SamplingParams
 
 # A string, token ids, {"prompt": str}, {"prompt_token_ids": [...]} (optionally with "prompt"),
-# or {"prompt_embeds": Tensor [num_tokens, hidden_size]}.
+# or {"prompt_embeds": Tensor [num_tokens, hidden_size]}; a dict may add "cache_salt": a non-empty
+# string (vLLM's): prefix-cache hits only between requests with an equal salt (or none).
 PromptType = Union[str, list[int], dict[str, Any]]
-_PROMPT_KEYS = {"prompt", "prompt_token_ids", "prompt_embeds"}
+_PROMPT_KEYS = {"prompt", "prompt_token_ids", "prompt_embeds", "cache_salt"}
 
 
 @dataclass
@@ -31,6 +32,7 @@ class ProcessedRequest:
     prompt_embeds: torch.Tensor | None  # [num_prompt_tokens, hidden_size]
     params: SamplingParams
     max_tokens: int
+    cache_salt: str | None = None
 
 
 class LLMEngine:
@@ -66,7 +68,7 @@ class LLMEngine:
                              "to score; leave prompt_logprobs None")
         room = max_model_len - num_tokens
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
-        return ProcessedRequest(text, token_ids, embeds, params, max_tokens)
+        return ProcessedRequest(text, token_ids, embeds, params, max_tokens, _cache_salt(prompt))
 
     def _parse_prompt(self, prompt: PromptType) -> tuple[str | None, list[int], torch.Tensor | None]:
         if isinstance(prompt, str):
@@ -151,7 +153,8 @@ class LLMEngine:
                     sampling_params=_sample_params(params, index),
                     eos_token_ids=frozenset(self.model_config.eos_token_ids),
                     max_tokens=processed.max_tokens, arrival_time=arrival_time,
-                    priority=priority, prompt_embeds=processed.prompt_embeds))
+                    priority=priority, prompt_embeds=processed.prompt_embeds,
+                    cache_salt=processed.cache_salt))
         except BaseException:
             self.abort_request(request_id)
             raise
@@ -180,6 +183,14 @@ class LLMEngine:
         if self.tokenizer is None:
             raise ValueError("tokenizer: none was loaded (skip_tokenizer_init=True)")
         return self.tokenizer
+
+
+def _cache_salt(prompt: PromptType) -> str | None:
+    """A dict prompt's `cache_salt`; None (absent or None) leaves the request unsalted."""
+    salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise ValueError(f"cache_salt must be a non-empty string or None, got {salt!r}")
+    return salt
 
 
 def _sample_params(params: SamplingParams, index: int) -> SamplingParams:

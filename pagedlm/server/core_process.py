@@ -107,7 +107,8 @@ class CoreLoop:
         request = Request(request_id=msg.request_id, prompt_token_ids=msg.prompt_token_ids,
                           sampling_params=msg.sampling_params,
                           eos_token_ids=self.eos_token_ids, max_tokens=msg.max_tokens,
-                          arrival_time=msg.arrival_time, priority=msg.priority)
+                          arrival_time=msg.arrival_time, priority=msg.priority,
+                          cache_salt=msg.cache_salt)
         try:
             self.core.add_request(request)
         except ValueError as exc:

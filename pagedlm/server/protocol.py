@@ -49,6 +49,7 @@ class SamplingFields(RequestBase):
     include_stop_str_in_output: bool = False
     priority: int = Field(0, ge=INT64_MIN, le=INT64_MAX)
     request_id: str | None = None
+    cache_salt: str | None = None  # non-empty (the engine checks): isolates prefix-cache entries
 
     @property
     def include_usage(self) -> bool:

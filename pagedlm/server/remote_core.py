@@ -41,7 +41,8 @@ class RemoteCore:
         self.send(wire.AddRequest(
             request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
             sampling_params=request.sampling_params, max_tokens=request.max_tokens,
-            arrival_time=request.arrival_time, priority=request.priority))
+            arrival_time=request.arrival_time, priority=request.priority,
+            cache_salt=request.cache_salt))
         self._requests[request.request_id] = _CoreRequest(request.num_prompt_tokens,
                                                           request.arrival_time)
         self.num_prefill_tokens += request.num_prompt_tokens

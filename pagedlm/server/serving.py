@@ -123,6 +123,7 @@ def process_prompt(ctx: ServingContext, prompt: Any, params: SamplingParams,
                    requested_max_tokens: int | None, body: SamplingFields,
                    prompt_param: str = "prompt") -> ProcessedRequest:
     """Tokenises and validates one prompt; a prompt plus max_tokens over the context is a 400."""
+    prompt = _salted_prompt(prompt, body.cache_salt)
     try:
         processed = ctx.engine.llm_engine.process_request(prompt, params)
     except ValueError as exc:
@@ -138,6 +139,18 @@ def process_prompt(ctx: ServingContext, prompt: Any, params: SamplingParams,
             f"({num_prompt} in the prompt, {requested_max_tokens} for the completion). "
             "Reduce the prompt or max_tokens.", param="max_tokens", code="context_length_exceeded")
     return processed
+
+
+def _salted_prompt(prompt: Any, cache_salt: str | None) -> Any:
+    """The prompt (a string, token ids or a prompt dict) as a prompt dict carrying the body's
+    cache_salt, as vLLM puts it into the engine prompt; unchanged without one."""
+    if cache_salt is None:
+        return prompt
+    if isinstance(prompt, str):
+        prompt = {"prompt": prompt}
+    elif isinstance(prompt, list):
+        prompt = {"prompt_token_ids": prompt}
+    return {**prompt, "cache_salt": cache_salt}
 
 
 def admit(ctx: ServingContext, processed: list[ProcessedRequest], n: int) -> None:

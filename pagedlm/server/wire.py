@@ -19,6 +19,7 @@ class AddRequest(msgspec.Struct, tag=True):
     max_tokens: int  # resolved: never more than max_model_len - len(prompt_token_ids)
     arrival_time: float
     priority: int = 0
+    cache_salt: str | None = None
 
 
 class AbortRequests(msgspec.Struct, tag=True):

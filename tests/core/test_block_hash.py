@@ -3,6 +3,7 @@ every process, with no collision where Python's tuple hash had one; prefix hits 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import subprocess
@@ -24,9 +25,11 @@ INT64 = st.integers(-2**63, 2**63 - 1)
 DIGESTS = st.binary(min_size=32, max_size=32)
 
 
-def _block_hashes(kv: KVCacheManager, prompt: list[int]) -> list[bytes]:
+def _block_hashes(kv: KVCacheManager, prompt: list[int],
+                  cache_salt: str | None = None) -> list[bytes]:
     """The chain over every full block but the one holding the last token (what a lookup hashes)."""
     request = make_request("probe", prompt)
+    request.cache_salt = cache_salt
     kv.get_computed_blocks(request)
     return list(request.block_hashes)
 
@@ -79,6 +82,32 @@ def test_near_ambiguous_inputs_differ():
 def test_extra_keys_are_part_of_the_key():
     digests = {hash_block(None, [1, 2], extra) for extra in (b"", b"lora-1", b"lora-2")}
     assert len(digests) == 3
+
+
+def test_cache_salt_keys_the_first_block_and_so_the_whole_chain():
+    kv = KVCacheManager(num_blocks=8, block_size=BLOCK_SIZE, enable_prefix_caching=True)
+    prompt = list(range(3 * BLOCK_SIZE + 1))
+    chains = {salt: _block_hashes(kv, prompt, salt) for salt in (None, "tenant-a", "tenant-b")}
+    assert _block_hashes(kv, prompt, "tenant-a") == chains["tenant-a"]
+    for first, second in itertools.combinations(chains.values(), 2):
+        assert all(a != b for a, b in zip(first, second))
+    salted = chains["tenant-a"]
+    assert salted[0] == hash_block(None, prompt[:BLOCK_SIZE], b"salt:tenant-a")
+    # no salt past block 0: the later blocks carry it through their parent only
+    assert salted[1] == hash_block(salted[0], prompt[BLOCK_SIZE:2 * BLOCK_SIZE])
+    assert chains[None][0] == hash_block(None, prompt[:BLOCK_SIZE])
+
+
+@pytest.mark.parametrize("lookup_salt, num_hit", [("a", 2 * BLOCK_SIZE), ("b", 0), (None, 0)])
+def test_salted_blocks_hit_only_for_the_same_salt(lookup_salt: str | None, num_hit: int):
+    kv = KVCacheManager(num_blocks=8, block_size=BLOCK_SIZE, enable_prefix_caching=True)
+    prompt = list(range(2 * BLOCK_SIZE + 1))
+    owner = make_request("owner", prompt)
+    owner.cache_salt = "a"
+    assert kv.allocate_slots(owner, owner.num_tokens, []) is not None  # registers 2 full blocks
+    probe = make_request("probe", prompt)
+    probe.cache_salt = lookup_salt
+    assert kv.get_computed_blocks(probe)[1] == num_hit
 
 
 def test_chain_changes_from_the_first_differing_block_on():
@@ -166,3 +195,20 @@ def test_prefix_hits_end_to_end_on_the_tiny_model(tmp_path: Path):
     assert [o.num_cached_tokens for o in outputs] == [0, 32, 0]
     assert [o.outputs[0].token_ids for o in outputs] == hf_greedy(model, prompts, 4)
     assert llm.get_stats().prefix_cache_hits == 32
+
+
+def test_cache_salt_isolates_prefix_hits_on_the_tiny_model(tmp_path: Path):
+    """Greedy outputs are equal whatever the salt; only a request with the same salt hits the two
+    cached blocks (16 tokens each) of a prompt, and an unsalted one hits only unsalted blocks."""
+    from pagedlm import LLM, SamplingParams
+
+    save_tiny_model(tmp_path, "llama")
+    (prompt,) = random_prompts(1, 40, 40, seed=4)
+    llm = LLM(str(tmp_path), dtype="float32", skip_tokenizer_init=True, max_model_len=64,
+              num_gpu_blocks_override=32, block_size=16, device="cpu")
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    salts = ["a", "a", "b", None, None]
+    outputs = [llm.generate({"prompt_token_ids": prompt, "cache_salt": salt}, params,
+                            use_tqdm=False)[0] for salt in salts]
+    assert [o.num_cached_tokens for o in outputs] == [0, 32, 0, 0, 32]
+    assert len({tuple(o.outputs[0].token_ids) for o in outputs}) == 1

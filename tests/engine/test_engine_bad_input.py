@@ -54,3 +54,13 @@ def test_sampling_params_checked_against_the_model(tiny_llm: LLM) -> None:
         tiny_llm.generate([[5]], SamplingParams(stop=["x"]), use_tqdm=False)
     with pytest.raises(ValueError, match=r"sampling_params: got 1 values for 2 prompts"):
         tiny_llm.generate([[5], [6]], [SamplingParams()], use_tqdm=False)
+
+
+@pytest.mark.parametrize("salt", ["", 3])
+def test_bad_cache_salt_names_it_and_adds_no_request(tiny_llm: LLM, salt: object) -> None:
+    prompts = [[5], {"prompt_token_ids": [6], "cache_salt": salt}]
+    message = rf"^prompt 1: cache_salt must be a non-empty string or None, got {salt!r}"
+    with pytest.raises(ValueError, match=message):
+        tiny_llm.generate(prompts, use_tqdm=False)
+    assert not tiny_llm.llm_engine.has_unfinished_requests()  # prompt 0 never entered the engine
+    assert len(tiny_llm.generate(prompts[:1], SamplingParams(max_tokens=1), use_tqdm=False)) == 1

@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from pagedlm import LLM
+from pagedlm import LLM, SamplingParams
 from pagedlm.beam_search import BeamSearchParams, beam_search_score
 
 PROMPTS = [[5, 6, 7], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57]]
@@ -79,3 +79,14 @@ def test_beam_search_params_are_checked() -> None:
         BeamSearchParams(beam_width=11, max_tokens=4)
     with pytest.raises(ValueError, match=r"max_tokens"):
         BeamSearchParams(beam_width=2, max_tokens=0)
+
+
+def test_beam_search_steps_keep_the_prompt_cache_salt(tiny_llm: LLM) -> None:
+    """Every step's requests carry the prompt's salt: its 2 full blocks hit only with that salt."""
+    prompt = list(range(100, 133))  # 2 full blocks of 16, then one token
+    params = BeamSearchParams(beam_width=2, max_tokens=2, ignore_eos=True)
+    tiny_llm.beam_search([{"prompt_token_ids": prompt, "cache_salt": "beam"}], params)
+    one_token = SamplingParams(max_tokens=1)
+    hits = {salt: tiny_llm.generate({"prompt_token_ids": prompt, "cache_salt": salt}, one_token,
+                                    use_tqdm=False)[0].num_cached_tokens for salt in ("beam", None)}
+    assert hits == {"beam": 32, None: 0}

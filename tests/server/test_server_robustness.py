@@ -277,3 +277,33 @@ def test_metrics_parse_and_count_a_request(server: ServerProcess, client: openai
                       "request_time_per_output_token_seconds"):
         name = f"pagedlm:{histogram}"
         assert grew(name, name + "_count") == 2
+
+
+def test_cache_salt_isolates_cached_tokens(client: openai.OpenAI, model: str) -> None:
+    """vLLM's `cache_salt` body field reaches the core process (wire.AddRequest) on both
+    endpoints: a prompt's cached blocks serve only requests with the same salt. The unsalted
+    pair is the control (the prompt's blocks do get cached); dropping the salt anywhere on the
+    way makes the first "a" request hit them."""
+    story = "A salted story about a lighthouse keeper and the sea. " * 4  # > 2 blocks of 16
+    endpoints = {"completions": (client.completions.create, {"prompt": story}),
+                 "chat": (client.chat.completions.create,
+                          {"messages": [{"role": "user", "content": story}]})}
+    for name, (create, body) in endpoints.items():
+        hits = []
+        for salt in (None, None, "a", "b", "a"):
+            extra_body = {} if salt is None else {"cache_salt": salt}
+            result = create(model=model, max_tokens=1, temperature=0, extra_body=extra_body, **body)
+            hits.append(result.usage.prompt_tokens_details.cached_tokens)
+        assert hits[1] >= 32 and hits[2:4] == [0, 0] and hits[4] >= 32, (name, hits)
+
+
+@pytest.mark.parametrize("path", ["completions", "chat"])
+@pytest.mark.parametrize("salt", ["", 3])
+def test_bad_cache_salt_is_a_400_naming_it(client: openai.OpenAI, model: str, path: str,
+                                           salt: object) -> None:
+    create = client.completions.create if path == "completions" else client.chat.completions.create
+    body = {"prompt": "Hi"} if path == "completions" else {"messages": CHAT}
+    with pytest.raises(openai.BadRequestError) as caught:
+        create(model=model, max_tokens=1, extra_body={"cache_salt": salt}, **body)
+    error = caught.value.body
+    assert error["type"] == "invalid_request_error" and error["param"] == "cache_salt", error
