@@ -28,8 +28,11 @@ if TYPE_CHECKING:
     from pagedlm.worker.model_runner import ModelRunner
 
 # (prompt tokens, temperature): 2 tokens take the small tile for every GQA group up to 8; 32 (in
-# chunks of the step budget, if smaller) the prefill tile for every group >= 2 and the
-# activations of more than gemv.MAX_M rows; 0.7 draws with a temperature, 1.0 without, 0 is greedy.
+# chunks of the step budget, if smaller) the prefill tile for every group >= 2; 0.7 draws with a
+# temperature, 1.0 without, 0 is greedy. With piecewise graphs these prompts replay them (the
+# pieces' kernels compiled at capture; the attention between them runs eagerly and compiles here).
+# Left uncompiled then: the eager 2-8-row GEMV of a prompt_embeds step (which runs eagerly) when
+# max_num_seqs is 1 (no decode graph of 2-8 rows compiled it); jit_watch logs it if it happens.
 # The last prompt's decode step reads more than MIN_KEYS_PER_SPLIT keys: one sequence, long enough
 # to be split (attention.triton_decode.choose_num_splits).
 WARM_UP_REQUESTS = ((2, 0.7), (2, 1.0), (32, 0.0), (MIN_KEYS_PER_SPLIT + 1, 0.0))

@@ -87,7 +87,8 @@ def _alias(t: torch.Tensor) -> torch.Tensor:
     """A tensor over t's memory that does not keep it allocated (as torch's own cudagraph trees
     alias pool memory): once the model drops q, the pool gives its memory to the next pieces, which
     a replay runs only after this attention read it. Holding q itself would keep every layer's q of
-    every size allocated (~1 GB for llama3-8b)."""
+    every size allocated (~1 GB for llama3-8b). torch._C._construct_storage_from_data_pointer is
+    private: checked on torch 2.11 (the GPU machine) and 2.13."""
     storage = t.untyped_storage()
     alias = torch._C._construct_storage_from_data_pointer(storage.data_ptr(), t.device, storage.nbytes())
     return torch.empty(0, dtype=t.dtype, device=t.device).set_(alias, t.storage_offset(), t.shape, t.stride())
@@ -136,8 +137,9 @@ class PiecewiseGraphs:
                 pieces.graphs[0].capture_begin(pool=pool)
                 try:
                     pieces.hidden = self._run(size)
-                finally:
-                    pieces.graphs[-1].capture_end()
+                finally:  # not again after a failed capture_end: the first error is the one to see
+                    if torch.cuda.is_current_stream_capturing():
+                        pieces.graphs[-1].capture_end()
                 self._pieces[size] = pieces
         torch.cuda.current_stream(device).wait_stream(stream)
 
