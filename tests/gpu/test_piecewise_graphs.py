@@ -8,6 +8,9 @@ Llama, Qwen3 and Mistral (sliding window), ragged prompts chunked over mixed ste
   transformers'. The KV cache starts as NaN: a padding row whose K/V landed in a real slot would
   poison a sequence.
 - A step above the largest piecewise size (2,048 tokens) runs eagerly, and its tokens still agree.
+- Also through the pieces: decode-only steps above the largest decode graph (513+ sequences), a
+  token budget of 8 (one size, whose GEMMs are the batch <= 8 GEMVs with their fused norms), and
+  seeded sampling with logprobs and prompt_logprobs (the hidden states read after the replay).
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import pytest
 import torch
 from tiny_hf_models import hf_greedy, random_prompts
 
-from pagedlm import LLM, SamplingParams
+from pagedlm import LLM, RequestOutput, SamplingParams
 from pagedlm.worker.model_runner import ModelRunner
 from pagedlm.worker.piecewise_graphs import MAX_PIECEWISE_SIZE
 
@@ -39,12 +42,17 @@ TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2}  # of the largest |hidden|
 class ReplayCheck:
     num_tokens: int
     size: int
+    max_query_len: int
     hidden: torch.Tensor  # [num_tokens, hidden_size] from the replay
     expected: torch.Tensor  # [num_tokens, hidden_size] from the eager forward
 
 
-def _generate(folder, dtype: str, mode: str, prompts=PROMPTS, max_tokens=MAX_TOKENS, **overrides
-              ) -> tuple[list[list[int]], list[ReplayCheck]]:
+def _greedy(max_tokens: list[int]) -> list[SamplingParams]:
+    return [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in max_tokens]
+
+
+def _run(folder, dtype: str, mode: str, prompts=PROMPTS, params=None, **overrides
+         ) -> tuple[list[RequestOutput], list[ReplayCheck]]:
     llm = LLM(str(folder), dtype=dtype, cudagraph_mode=mode, **{**ENGINE_ARGS, **overrides})
     runner: ModelRunner = llm.llm_engine.engine_core.model_runner
     assert (runner.piecewise is None) == (mode == "FULL_DECODE_ONLY")
@@ -53,8 +61,13 @@ def _generate(folder, dtype: str, mode: str, prompts=PROMPTS, max_tokens=MAX_TOK
     checks: list[ReplayCheck] = []
     if runner.piecewise is not None:
         _check_each_replay(runner, checks)
-    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in max_tokens]
-    outputs = llm.generate(prompts, params, use_tqdm=False)
+    outputs = llm.generate(prompts, params or _greedy(MAX_TOKENS), use_tqdm=False)
+    return outputs, checks
+
+
+def _generate(folder, dtype: str, mode: str, prompts=PROMPTS, max_tokens=MAX_TOKENS, **overrides
+              ) -> tuple[list[list[int]], list[ReplayCheck]]:
+    outputs, checks = _run(folder, dtype, mode, prompts, _greedy(max_tokens), **overrides)
     return [out.outputs[0].token_ids for out in outputs], checks
 
 
@@ -70,7 +83,7 @@ def _check_each_replay(runner: ModelRunner, checks: list[ReplayCheck]) -> None:
         piecewise._pieces[size].hidden.fill_(float("nan"))
         piecewise._out.fill_(float("nan"))
         hidden = replay(input_ids, positions, meta)
-        checks.append(ReplayCheck(meta.num_tokens, size, hidden.clone(), expected))
+        checks.append(ReplayCheck(meta.num_tokens, size, meta.max_query_len, hidden.clone(), expected))
         return hidden
 
     piecewise.replay = checked_replay
@@ -80,6 +93,10 @@ def _assert_replays_match(checks: list[ReplayCheck], dtype: str) -> None:
     sizes = {check.size for check in checks}
     assert len(checks) >= 8 and len(sizes) >= 2, [(c.num_tokens, c.size) for c in checks]
     assert sum(check.num_tokens < check.size for check in checks) >= 4  # padded steps
+    _assert_close(checks, dtype)
+
+
+def _assert_close(checks: list[ReplayCheck], dtype: str) -> None:
     for step, check in enumerate(checks):
         hidden, expected = check.hidden, check.expected
         assert torch.isfinite(hidden).all() and torch.isfinite(expected).all(), step
@@ -121,3 +138,51 @@ def test_a_step_above_the_largest_size_runs_eagerly(checkpoints):
     reference = hf_greedy(hf_model, prompts, 6)
     assert tokens == [ref[:num] for ref, num in zip(reference, max_tokens)]
     assert checks and all(check.num_tokens <= MAX_PIECEWISE_SIZE for check in checks)
+
+
+def test_decode_steps_above_the_largest_decode_graph(checkpoints):
+    """520 two-token prompts: one 1,040-token prefill step, then decode-only steps of 520 sequences
+    (decode graphs stop at 512): piecewise replays of the varlen decode launch, in LPT order."""
+    folder, _ = checkpoints["llama"]
+    prompts = random_prompts(520, 2, 2, seed=11)
+    args = dict(prompts=prompts, max_tokens=[3] * 520, max_num_seqs=600, max_num_batched_tokens=2048,
+                num_gpu_blocks_override=2048)
+    tokens, checks = _generate(folder, "float32", "FULL_AND_PIECEWISE", **args)
+    eager_tokens, _ = _generate(folder, "float32", "FULL_DECODE_ONLY", **args)
+    assert tokens == eager_tokens
+    decode_checks = [c for c in checks if c.max_query_len == 1]
+    assert len(decode_checks) >= 2 and all(c.num_tokens == 520 and c.size == 1024 for c in decode_checks)
+    _assert_close(checks, "float32")
+
+
+def test_a_budget_of_eight_tokens_replays_the_gemv_pieces(checkpoints):
+    folder, hf_model = checkpoints["qwen3"]
+    prompts, max_tokens = PROMPTS[:6], MAX_TOKENS[:6]
+    tokens, checks = _generate(folder, "float32", "FULL_AND_PIECEWISE", prompts, max_tokens,
+                               max_num_batched_tokens=8)
+    eager_tokens, _ = _generate(folder, "float32", "FULL_DECODE_ONLY", prompts, max_tokens,
+                                max_num_batched_tokens=8)
+    reference = hf_greedy(hf_model, prompts, max(max_tokens))
+    assert tokens == eager_tokens == [ref[:num] for ref, num in zip(reference, max_tokens)]
+    assert checks and {c.size for c in checks} == {8}
+    _assert_close(checks, "float32")
+
+
+def test_seeded_sampling_with_logprobs_on_piecewise_steps(checkpoints):
+    folder, _ = checkpoints["llama"]
+    params = [SamplingParams(temperature=0.8, top_p=0.9, seed=i, max_tokens=m, ignore_eos=True, logprobs=2,
+                             prompt_logprobs=2) for i, m in enumerate(MAX_TOKENS)]
+    outputs, checks = _run(folder, "float32", "FULL_AND_PIECEWISE", params=params)
+    expected, _ = _run(folder, "float32", "FULL_DECODE_ONLY", params=params)
+    assert len(checks) >= 8
+    for got, want in zip(outputs, expected):
+        assert got.outputs[0].token_ids == want.outputs[0].token_ids
+        got_prompt, want_prompt = got.prompt_logprobs, want.prompt_logprobs
+        assert len(got_prompt) == len(want_prompt) and got_prompt[0] is None and want_prompt[0] is None
+        for got_pos, want_pos in zip(got_prompt[1:], want_prompt[1:]):
+            assert got_pos.keys() == want_pos.keys()
+            for token_id, logprob in want_pos.items():
+                assert abs(got_pos[token_id].logprob - logprob.logprob) < 1e-4, (token_id, got_pos, want_pos)
+        for token_id, got_pos, want_pos in zip(got.outputs[0].token_ids, got.outputs[0].logprobs,
+                                               want.outputs[0].logprobs):
+            assert abs(got_pos[token_id].logprob - want_pos[token_id].logprob) < 1e-4
