@@ -12,8 +12,9 @@ work (benchmarks/first_token.py, session 13), 6% of L2's run. Replaying 29 piece
 Capture (per size P, largest first, all in one memory pool, after a warm-up run of that size):
 every layer's attention backend is swapped for a _Cutter, which ends the graph being captured,
 notes the attention's inputs (an alias of q's pool memory, the layer's KV cache, scale and
-window), begins the next graph and returns the static attention output, which the next piece reads. The last piece
-ends with the final norm's output, the hidden states, which stay allocated in the pool.
+window), begins the next graph and returns the static attention output, which the next piece
+reads. The last piece ends with the final norm's output, the hidden states, which stay allocated
+in the pool. The piecewise graphs are captured before the decode graphs (ModelRunner._new_graphs).
 
 Inputs: static ids, positions and slots of this module, filled for each replay (rows [n, P) get
 slot -1: prepare_qkv skips their KV write, so a padding row never touches the cache; their other
