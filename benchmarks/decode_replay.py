@@ -26,12 +26,14 @@ Variants: '+'-joined parts, "base" for the defaults:
 - mNxK=BNxBKsS[wW]: the single-row GEMV of the N x K weight alone takes BN x BK tiles (W warps a
   program, default one) with K cut into S slices (e.g. m4096x4096=8x256s8 for llama3-8b's o_proj;
   m1024x2048=4x2048s1w2: qwen3-0.6b's o_proj, each program the whole K of its rows, no split);
-- nopN: N empty one-program PDL kernels after each layer's prepare_qkv (the cost of a kernel boundary).
+- nopN: N empty one-program PDL kernels after each layer's prepare_qkv (the cost of a kernel boundary);
+- spN: every decode attention takes N splits (1: the varlen kernel, no split and no merge) whatever the shape.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import random
 import statistics
@@ -49,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_workloads import MODELS  # noqa: E402
 from host_step import _replay_gpu_us  # noqa: E402
 from pagedlm import LLM, SamplingParams  # noqa: E402
-from pagedlm.attention import triton_decode  # noqa: E402
+from pagedlm.attention import triton_backend, triton_decode  # noqa: E402
 from pagedlm.model import llama  # noqa: E402
 from pagedlm.ops import gemv, pdl  # noqa: E402
 
@@ -61,9 +63,12 @@ def settings(variant: str):
     saved_split = triton_decode.SPLIT_BLOCK_N, triton_decode.SPLIT_NUM_WARPS, triton_decode.SPLIT_NUM_STAGES
     saved_gemv = gemv.MAX_FMA_K, gemv.MAX_CHUNKS_PER_SLICE
     saved_prepare = llama.prepare_qkv
+    saved_choose = triton_backend.choose_num_splits
     for part in variant.split("+"):
         if part.startswith("nop"):
             llama.prepare_qkv = with_empty_launches(saved_prepare, int(part[3:]))
+        elif part.startswith("sp"):
+            triton_backend.choose_num_splits = functools.partial(fixed_splits, int(part[2:]))
         elif part.startswith("sb"):
             triton_decode.SPLIT_BLOCK_N = int(part[2:])
         elif part.startswith("sw"):
@@ -93,8 +98,14 @@ def settings(variant: str):
         gemv.default_config = saved
         gemv.MAX_FMA_K, gemv.MAX_CHUNKS_PER_SLICE = saved_gemv
         llama.prepare_qkv = saved_prepare
+        triton_backend.choose_num_splits = saved_choose
         saved.cache_clear()
         triton_decode.SPLIT_BLOCK_N, triton_decode.SPLIT_NUM_WARPS, triton_decode.SPLIT_NUM_STAGES = saved_split
+
+
+def fixed_splits(num_splits: int, *shape: int) -> int:
+    """choose_num_splits's stand-in for spN: N whatever the shape."""
+    return num_splits
 
 
 @triton.jit
