@@ -212,7 +212,7 @@ def main() -> None:
             for variant in variants:
                 runner._last_sampled.copy_(first_ids)
                 times[variant].append(_replay_gpu_us(graphs[variant], args.batch_size))
-                outputs.setdefault(variant, graphs[variant]._outputs[size][:args.batch_size].float().clone())
+                outputs.setdefault(variant, graphs[variant]._outputs[size, None][:args.batch_size].float().clone())
     first = outputs[variants[0]]
     rows = [dict(variant=v, us=statistics.median(times[v]), min_us=min(times[v]), max_us=max(times[v]),
                  max_abs_diff=(outputs[v] - first).abs().max().item()) for v in variants]

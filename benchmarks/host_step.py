@@ -91,11 +91,12 @@ class HostGraphs(DecodeGraphs):
     def capture(self, stream: Any = None) -> None:
         vocab_size, hidden_size = self._model.config.vocab_size, self._model.config.hidden_size
         for size in self.sizes:
-            self._graphs[size] = SimpleNamespace(replay=lambda: None)
-            self._outputs[size] = torch.zeros(size, hidden_size)
+            key = size, None  # no staging sets given: the plain graphs only
+            self._graphs[key] = SimpleNamespace(replay=lambda: None)
+            self._outputs[key] = torch.zeros(size, hidden_size)
             if size <= MAX_LOGITS_ROWS:
-                self._logits[size] = torch.zeros(size, vocab_size)
-                self._argmax[size] = torch.zeros(size, dtype=torch.int64)
+                self._logits[key] = torch.zeros(size, vocab_size)
+                self._argmax[key] = torch.zeros(size, dtype=torch.int64)
 
 
 class OpCounter(TorchDispatchMode):

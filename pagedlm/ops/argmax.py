@@ -7,7 +7,8 @@ the H200 it took 26 µs for one row of llama3-8b's 128,256 logits, 8.6 µs for q
 (session 9, benchmarks/results/2026-11-30-h200-s9/run3/argmax_probe.py), then index_copy_ wrote
 the table. Here two kernels take 3-4 µs: NUM_CHUNKS programs a row each reduce an interleaved
 share of the row (blocks chunk, chunk + NUM_CHUNKS, ...) to its max and that max's first index;
-one program a row reduces those and writes the id twice. NaN counts as +inf (torch.argmax takes
+one program a row reduces those and writes the id twice (three times with host_ids: pinned host memory,
+which the CUDA graphs of ops/stage_in.py's steps read their ids from without a copy). NaN counts as +inf (torch.argmax takes
 NaN as the largest value: the same pick unless a row holds +inf before its first NaN), so the id is
 always in [0, V), even for a graph's padding rows, whose hidden states are garbage.
 """
@@ -68,9 +69,11 @@ def argmax_pick_kernel(
     ids_ptr,  # [N] int64 out
     table_ptr,  # int64: the token table
     table_rows_ptr,  # [N] int64: the table entry of each row (a step input)
-    NUM_CHUNKS: tl.constexpr, PDL: tl.constexpr,
+    host_ids_ptr,  # [N] int64 out, pinned host memory (unused unless HOST_IDS)
+    NUM_CHUNKS: tl.constexpr, HOST_IDS: tl.constexpr, PDL: tl.constexpr,
 ):
-    """One program per row: the first index of the largest chunk max, into ids and the table."""
+    """One program per row: the first index of the largest chunk max, into ids and the table (and
+    host_ids)."""
     row = tl.program_id(0)
     table_row = tl.load(table_rows_ptr + row)
     pdl.wait_for_producers(PDL)
@@ -80,20 +83,27 @@ def argmax_pick_kernel(
     pick = tl.min(tl.where(vals == tl.max(vals, 0), idx, 2147483647), 0).to(tl.int64)
     tl.store(ids_ptr + row, pick)
     tl.store(table_ptr + table_row, pick)
+    if HOST_IDS:
+        tl.store(host_ids_ptr + row, pick)
 
 
-def greedy_pick(logits: torch.Tensor, table: torch.Tensor, table_rows: torch.Tensor) -> torch.Tensor:
+def greedy_pick(logits: torch.Tensor, table: torch.Tensor, table_rows: torch.Tensor,
+                host_ids: torch.Tensor | None = None) -> torch.Tensor:
     """logits [N, V] -> [N] int64, each row's argmax, also written into table[table_rows]
-    (table: int64 [M]; table_rows: [N] int64, entries < M). Triton on CUDA, torch elsewhere."""
-    _check(logits, table, table_rows)
+    (table: int64 [M]; table_rows: [N] int64, entries < M) and, if given, into host_ids[:N] (int64,
+    pinned host memory). Triton on CUDA, torch elsewhere."""
+    _check(logits, table, table_rows, host_ids)
     if logits.is_cuda:
-        return greedy_pick_triton(logits, table, table_rows)
+        return greedy_pick_triton(logits, table, table_rows, host_ids)
     ids = logits.argmax(dim=-1)
     table.index_copy_(0, table_rows, ids)
+    if host_ids is not None:
+        host_ids[:ids.shape[0]].copy_(ids)
     return ids
 
 
-def greedy_pick_triton(logits: torch.Tensor, table: torch.Tensor, table_rows: torch.Tensor) -> torch.Tensor:
+def greedy_pick_triton(logits: torch.Tensor, table: torch.Tensor, table_rows: torch.Tensor,
+                       host_ids: torch.Tensor | None = None) -> torch.Tensor:
     num_rows, vocab = logits.shape
     num_chunks = min(MAX_CHUNKS, triton.next_power_of_2(triton.cdiv(vocab, BLOCK)))
     vals = torch.empty(num_rows, num_chunks, dtype=torch.float32, device=logits.device)
@@ -104,12 +114,13 @@ def greedy_pick_triton(logits: torch.Tensor, table: torch.Tensor, table_rows: to
     launch = pdl.launch_args(logits.device)
     argmax_chunks_kernel[(num_rows, num_chunks)](
         logits, vals, idx, vocab, logits.stride(0), NUM_CHUNKS=num_chunks, BLOCK=BLOCK, num_warps=4, **launch)
-    argmax_pick_kernel[(num_rows,)](vals, idx, ids, table, table_rows, NUM_CHUNKS=num_chunks, num_warps=1,
-                                    **launch)
+    argmax_pick_kernel[(num_rows,)](vals, idx, ids, table, table_rows, host_ids, NUM_CHUNKS=num_chunks,
+                                    HOST_IDS=host_ids is not None, num_warps=1, **launch)
     return ids
 
 
-def _check(logits: torch.Tensor, table: torch.Tensor, table_rows: torch.Tensor) -> None:
+def _check(logits: torch.Tensor, table: torch.Tensor, table_rows: torch.Tensor,
+           host_ids: torch.Tensor | None) -> None:
     if logits.dim() != 2 or logits.shape[1] == 0 or logits.stride(1) != 1:
         raise ValueError(f"logits must be [N, V >= 1] with stride 1 in V; got {tuple(logits.shape)}")
     if table.dim() != 1 or table.dtype != torch.int64:
@@ -117,6 +128,10 @@ def _check(logits: torch.Tensor, table: torch.Tensor, table_rows: torch.Tensor) 
     if table_rows.shape != (logits.shape[0],) or table_rows.dtype != torch.int64:
         raise ValueError(f"table_rows must be [N={logits.shape[0]}] int64; "
                          f"got {tuple(table_rows.shape)} {table_rows.dtype}")
+    if host_ids is not None and (host_ids.dim() != 1 or host_ids.dtype != torch.int64
+                                 or host_ids.shape[0] < logits.shape[0] or host_ids.device.type != "cpu"):
+        raise ValueError(f"host_ids must be 1-D int64 host memory of >= {logits.shape[0]} entries; "
+                         f"got {tuple(host_ids.shape)} {host_ids.dtype} on {host_ids.device}")
     if not logits.device == table.device == table_rows.device:
         raise ValueError(f"logits, table and table_rows must share a device; got {logits.device}, "
                          f"{table.device}, {table_rows.device}")

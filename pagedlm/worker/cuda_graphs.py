@@ -30,6 +30,13 @@ after the replay, in stream order. Each size's hidden states stay allocated in t
 for llama3-8b's 51 sizes up to 512, which the trial capture counts before the KV cache is sized):
 a copy into one shared static buffer cost a kernel a step and broke the PDL chain into the LM head.
 
+Graphs of at most STAGED_MAX_SIZE rows come twice more, one per host staging set: such a graph first
+copies the step's inputs from that pinned set itself (ops/stage_in.py: a kernel, no copy-engine
+operation; also the block table into the fixed-width one when the step brings one) and its argmax also
+writes the ids into that set's pinned output (the runner's sampled ids), so a steady small decode step
+is one graph launch and an event (replay(size, slot)). The runner takes them for every decode step of
+such a size; the plain graph (replay(size)) remains for steps that copy their inputs before it.
+
 The host ints of the captured AttentionMetadata are fixed per size: num_tokens = num_seqs = size,
 max_query_len 1, max_seq_len = max_model_len. So the backend's choice of kernel (varlen or split
 decode) and the number of splits are made once, at capture, for the longest possible context;
@@ -38,6 +45,7 @@ the kernels read the real per-sequence lengths from seq_lens on the device at ea
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 
 import torch
 
@@ -45,10 +53,12 @@ from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.config import EngineConfig
 from pagedlm.model.llama import LlamaForCausalLM
 from pagedlm.ops.argmax import greedy_pick
+from pagedlm.ops.stage_in import stage_in
 from pagedlm.worker.step_buffers import Sections, StepBuffers
 
 MAX_CAPTURE_SIZE = 512
 MAX_LOGITS_ROWS = 8  # graphs up to this size compute the logits too (<= 8 x vocab x 4 bytes each)
+STAGED_MAX_SIZE = MAX_LOGITS_ROWS  # graphs up to this size also stage their inputs in (module notes)
 
 
 def graphs_enabled(config: EngineConfig) -> bool:
@@ -73,7 +83,10 @@ class DecodeGraphs:
 
     def __init__(self, config: EngineConfig, model: LlamaForCausalLM,
                  kv_caches: list[torch.Tensor], inputs: StepBuffers,
-                 max_num_blocks_per_req: int) -> None:
+                 max_num_blocks_per_req: int, staging: Sequence[StepBuffers] = (),
+                 host_ids: Sequence[torch.Tensor] = ()) -> None:
+        """staging, host_ids: per host staging set, the set and its pinned int64 output of sampled ids
+        ([>= largest staged size]), for the staged graphs (none when empty)."""
         self.sizes = capture_sizes(config.scheduler.max_num_seqs,
                                    config.scheduler.max_num_batched_tokens)
         self.max_size = self.sizes[-1]
@@ -81,6 +94,7 @@ class DecodeGraphs:
         self._model = model
         self._kv_caches = kv_caches
         self._inputs = inputs
+        self._staging, self._host_ids = list(staging), list(host_ids)
         device = config.device
         self.block_table = torch.zeros(self.max_size, max_num_blocks_per_req, dtype=torch.int32,
                                        device=device)  # [max_size, max_blocks_per_req]
@@ -90,10 +104,15 @@ class DecodeGraphs:
         # Triton backend never reads them, and a replay could not refresh them.
         self._query_start_loc_cpu = torch.zeros(self.max_size + 1, dtype=torch.int32)
         self._seq_lens_cpu = torch.zeros(self.max_size, dtype=torch.int32)
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._outputs: dict[int, torch.Tensor] = {}  # size -> [size, hidden_size], in the pool
-        self._logits: dict[int, torch.Tensor] = {}  # size -> [size, vocab_size] float32, in the pool
-        self._argmax: dict[int, torch.Tensor] = {}  # size -> [size] int64, in the pool
+        self._graphs: dict[tuple[int, int | None], torch.cuda.CUDAGraph] = {}  # (size, slot or None)
+        # per graph, (size, slot or None) ->: [size, hidden_size]; [size, vocab_size] float32; [size] int64
+        self._outputs: dict[tuple[int, int | None], torch.Tensor] = {}  # in the pool, all three
+        self._logits: dict[tuple[int, int | None], torch.Tensor] = {}
+        self._argmax: dict[tuple[int, int | None], torch.Tensor] = {}
+
+    def is_staged(self, size: int) -> bool:
+        """Whether graphs of this size stage their inputs in (one per staging set)."""
+        return size <= STAGED_MAX_SIZE and bool(self._staging)
 
     def padded_size(self, num_seqs: int) -> int | None:
         """The smallest capture size >= num_seqs; None when every size is smaller."""
@@ -109,17 +128,21 @@ class DecodeGraphs:
         device = self.block_table.device
         pool = torch.cuda.graph_pool_handle()
         stream.wait_stream(torch.cuda.current_stream(device))
+        for staging in self._staging:  # the header of a staged graph's warm-up: nothing to copy
+            staging.write_stage_header(staging.num_head_ids * 8, 0, 0)
         with torch.cuda.stream(stream):
             for size in reversed(self.sizes):
                 self._fill_padding(size)
-                self._run(size)  # warm-up
-                graph = torch.cuda.CUDAGraph()
-                graph.capture_begin(pool=pool)
-                try:
-                    self._run(size)
-                finally:
-                    graph.capture_end()
-                self._graphs[size] = graph
+                slots = range(len(self._staging)) if self.is_staged(size) else ()
+                for slot in (None, *slots):
+                    self._run(size, slot)  # warm-up
+                    graph = torch.cuda.CUDAGraph()
+                    graph.capture_begin(pool=pool)
+                    try:
+                        self._run(size, slot)
+                    finally:
+                        graph.capture_end()
+                    self._graphs[size, slot] = graph
         torch.cuda.current_stream(device).wait_stream(stream)
 
     def load_block_table(self, block_table: torch.Tensor, version: int) -> None:
@@ -130,35 +153,47 @@ class DecodeGraphs:
         self.block_table[:num_seqs, :num_cols].copy_(block_table)
         self.block_table_version = version
 
-    def replay(self, size: int) -> torch.Tensor:
+    def replay(self, size: int, slot: int | None = None) -> torch.Tensor:
         """[size, hidden_size] hidden states of the padded batch, the graph's own tensor in the
-        pool (valid until the next replay)."""
-        self._graphs[size].replay()
-        return self._outputs[size]
+        pool (valid until the next replay). slot: replay the graph that stages its inputs in from
+        that staging set (is_staged(size)), whose header the host wrote."""
+        self._graphs[size, slot].replay()
+        return self._outputs[size, slot]
 
-    def logits(self, size: int) -> torch.Tensor | None:
-        """[size, vocab_size] float32: the logits of the last replay, which must be of this size;
+    def stage_in(self, size: int, slot: int) -> None:
+        """What a staged graph of this size does first: the copy from staging set `slot` that its
+        header describes."""
+        staging = self._staging[slot]
+        table = staging.sections(size, size).tensors["block_table"]
+        stage_in(staging.head, staging.words, self._inputs.words, table, self.block_table)
+
+    def logits(self, size: int, slot: int | None = None) -> torch.Tensor | None:
+        """[size, vocab_size] float32: the logits of the last replay, which must be of this graph;
         None where the graph does not compute them (size > MAX_LOGITS_ROWS)."""
-        return self._logits.get(size)
+        return self._logits.get((size, slot))
 
-    def argmax(self, size: int) -> torch.Tensor | None:
-        """[size] int64: the argmax of logits(size) (also written into last_sampled), or None."""
-        return self._argmax.get(size)
+    def argmax(self, size: int, slot: int | None = None) -> torch.Tensor | None:
+        """[size] int64: the argmax of logits(size, slot) (also written into last_sampled), or None."""
+        return self._argmax.get((size, slot))
 
-    def _run(self, size: int) -> None:
-        """What a graph holds: the gather of the input ids, the model over the first `size` rows
-        of the static buffers, and up to MAX_LOGITS_ROWS rows their logits and argmax, written
-        into last_sampled (the capture run's tensors are the graph's)."""
+    def _run(self, size: int, slot: int | None) -> None:
+        """What a graph holds: the stage-in from staging set `slot` (if any), the gather of the
+        input ids, the model over the first `size` rows of the static buffers, and up to
+        MAX_LOGITS_ROWS rows their logits and argmax, written into last_sampled (and the slot's
+        host ids) (the capture run's tensors are the graph's)."""
+        if slot is not None:
+            self.stage_in(size, slot)
         inputs = self._inputs.sections(size, size).tensors
         input_ids = self.input_ids[:size]
         torch.index_select(inputs["ids_table"], 0, inputs["input_src"], out=input_ids)
         hidden = self._model(input_ids, inputs["positions"], self._kv_caches,
                              self._metadata(size, inputs))  # [size, hidden_size]
-        self._outputs[size] = hidden
+        self._outputs[size, slot] = hidden
         if size <= MAX_LOGITS_ROWS:
             logits = self._model.compute_logits(hidden)  # [size, vocab_size]
-            argmax = greedy_pick(logits, self._inputs.head, inputs["sample_rows"])  # the sampler's greedy pick
-            self._logits[size], self._argmax[size] = logits, argmax
+            host_ids = None if slot is None else self._host_ids[slot]
+            argmax = greedy_pick(logits, self._inputs.head, inputs["sample_rows"], host_ids)  # the sampler's greedy pick
+            self._logits[size, slot], self._argmax[size, slot] = logits, argmax
 
     def _metadata(self, size: int, inputs: dict[str, torch.Tensor]) -> AttentionMetadata:
         return AttentionMetadata(

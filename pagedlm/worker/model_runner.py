@@ -18,7 +18,10 @@ size replays a CUDA graph (cuda_graphs.py), and any other step of at most
 piecewise_graphs.MAX_PIECEWISE_SIZE tokens without prompt_embeds the piecewise graphs
 (piecewise_graphs.py: the forward between attention calls; the attention runs eagerly).
 For a decode graph the host pads the batch in the staging set,
-the same copy fills the static buffers, and the graph gathers its own input ids. Up to
+the same copy fills the static buffers, and the graph gathers its own input ids; up to
+cuda_graphs.STAGED_MAX_SIZE rows the graph copies them itself from the staging set instead (a kernel
+reading pinned memory, ops/stage_in.py) and its argmax writes the ids into the set's pinned output,
+so such a step issues no copy-engine operation. Up to
 cuda_graphs.MAX_LOGITS_ROWS rows the graph also computes the logits and their argmax and writes
 that into last_sampled: a batch that samples greedily and needs nothing else (the sampler's
 is_greedy) takes the graph's ids as they are; any other batch is sampled eagerly from the graph's
@@ -38,6 +41,7 @@ from pagedlm.core.sched_output import NewRequestData, SchedulerOutput
 from pagedlm.model.llama import LlamaForCausalLM
 from pagedlm.model.loader import load_model
 from pagedlm.ops.jit_watch import compile_watch
+from pagedlm.ops.stage_in import HEADER_WORDS
 from pagedlm.sample.sampler import SamplerOutput
 from pagedlm.sample.state import SamplingState
 from pagedlm.worker import memory
@@ -89,7 +93,8 @@ class ModelRunner:
         sizes = (self.max_num_tokens, self.max_num_reqs, self.input_batch.max_num_blocks_per_req)
         buckets = capture_sizes(self.max_num_reqs, self.max_num_tokens)  # the graph sizes
         # the device set's head: last_sampled by row, then one scratch entry per graph row
-        set_layout = dict(bucket_sizes=buckets, num_head_ids=self.max_num_reqs + buckets[-1])
+        # (on host sets: the stage-in header)
+        set_layout = dict(bucket_sizes=buckets, num_head_ids=max(self.max_num_reqs + buckets[-1], HEADER_WORDS))
         cpu = torch.device("cpu")
         self._staging = [StepBuffers(*sizes, cpu, pin=self.use_cuda, **set_layout)
                          for _ in range(NUM_STAGING_SETS)]
@@ -173,7 +178,7 @@ class ModelRunner:
 
     def _new_decode_graphs(self, kv_caches: list[torch.Tensor]) -> DecodeGraphs:
         graphs = DecodeGraphs(self.config, self.model, kv_caches, self._inputs,
-                              self.input_batch.max_num_blocks_per_req)
+                              self.input_batch.max_num_blocks_per_req, self._staging, self._sampled_cpu)
         graphs.capture(self._graph_stream)
         return graphs
 
@@ -222,11 +227,16 @@ class ModelRunner:
         if padded_size:
             staging.pad_decode(staged, layout.num_seqs, layout.num_samples, copies_seq_sections)
         num_table_elems = layout.num_table_elems_to_copy
-        self._inputs.copy_from(staging, staged.copy_end(copies_seq_sections, num_table_elems))
+        copy_end = staged.copy_end(copies_seq_sections, num_table_elems)
+        stage_slot = slot if graph_size and self.graphs.is_staged(graph_size) else None
+        if stage_slot is None:
+            self._inputs.copy_from(staging, copy_end)
+        else:  # the graph copies them (and loads the table it brings)
+            staging.write_stage_header(copy_end, layout.num_seqs, layout.num_block_cols if num_table_elems else 0)
         self._table_version += num_table_elems > 0
         inputs = self._inputs.sections(layout.bucket_tokens, layout.bucket_seqs)
         try:
-            output = self._launch(slot, sched.step_id, inputs, staged, layout, graph_size)
+            output = self._launch(slot, sched.step_id, inputs, staged, layout, graph_size, stage_slot)
         except BaseException:
             if self.use_cuda:  # no event will guard this staging set's copy: wait for it here
                 torch.cuda.current_stream(self._device_index).synchronize()  # sync-ok: a failed step
@@ -235,13 +245,14 @@ class ModelRunner:
         return output
 
     def _launch(self, slot: int, step_id: int, inputs: Sections, staged: Sections, layout: BatchLayout,
-                graph_size: int) -> AsyncRunnerOutput:
-        """The step's forward, sampling and output copies, queued after its input copy."""
-        hidden = self._forward(inputs, staged, layout, graph_size)
-        sample = self._sample(hidden, inputs, layout, graph_size)
+                graph_size: int, stage_slot: int | None) -> AsyncRunnerOutput:
+        """The step's forward, sampling and output copies, queued after its input copy (or, with
+        stage_slot, a graph that copies its inputs itself)."""
+        hidden = self._forward(inputs, staged, layout, graph_size, stage_slot)
+        sample, ids_on_host = self._sample(hidden, inputs, layout, graph_size, stage_slot)
         prompt_logprobs = None if layout.prompt_logprobs is None else compute_prompt_logprobs(
             layout.prompt_logprobs, hidden, functools.partial(self.lm_head.run, self.model.compute_logits))
-        return self._launch_output(slot, layout, sample, prompt_logprobs, step_id)
+        return self._launch_output(slot, layout, sample, prompt_logprobs, step_id, ids_on_host)
 
     def _update_states(self, sched: SchedulerOutput) -> None:
         for req_id in sched.finished_req_ids:
@@ -313,15 +324,17 @@ class ModelRunner:
             num_decodes=layout.num_decodes)
 
     def _forward(self, inputs: Sections, staged: Sections, layout: BatchLayout,
-                 graph_size: int) -> torch.Tensor:
+                 graph_size: int, stage_slot: int | None) -> torch.Tensor:
         """[num_tokens (graph_size when a decode graph replays), hidden_size]: the model over the batch."""
         num_tokens, num_seqs, num_cols = layout.num_tokens, layout.num_seqs, layout.num_block_cols
         if graph_size:
             graphs = self.graphs
-            if graphs.block_table_version != self._table_version:
+            if stage_slot is not None and layout.num_table_elems_to_copy:  # the graph loads it
+                graphs.block_table_version = self._table_version
+            elif graphs.block_table_version != self._table_version:  # on the device already
                 graphs.load_block_table(inputs.prefix("block_table", num_seqs, num_cols),
                                         self._table_version)
-            return graphs.replay(graph_size)
+            return graphs.replay(graph_size, stage_slot)
         input_ids = self._input_ids(inputs, layout)  # [T]
         block_table = inputs.prefix("block_table", num_seqs, num_cols)
         meta = self._attention_metadata(inputs, staged, layout, block_table)
@@ -355,35 +368,37 @@ class ModelRunner:
                 source[span.prompt_start:span.prompt_start + span.length]
         return embeds
 
-    def _sample(self, hidden: torch.Tensor, inputs: Sections, layout: BatchLayout,
-                graph_size: int) -> SamplerOutput | None:
-        """Each sampling request's token, its id scattered by row into last_sampled; None when
-        no request samples this step. A greedy batch of a graph that computes the argmax takes
-        the graph's ids ([graph_size]: the rows past num_samples are padding), which the graph
-        wrote into last_sampled itself."""
+    def _sample(self, hidden: torch.Tensor, inputs: Sections, layout: BatchLayout, graph_size: int,
+                stage_slot: int | None) -> tuple[SamplerOutput | None, bool]:
+        """Each sampling request's token, its id scattered by row into last_sampled (None when no
+        request samples this step), and whether the ids are in the slot's pinned output already. A
+        greedy batch of a graph that computes the argmax takes the graph's ids ([graph_size]: the rows
+        past num_samples are padding), which the graph wrote into last_sampled itself (and, a staged
+        graph, into the pinned output)."""
         num_samples = layout.num_samples
         if num_samples == 0:
-            return None
+            return None, False
         rows_np = layout.sample_rows_np
         if graph_size and layout.samples_every_token:  # the graph's rows 0..N-1 sample
-            argmax = self.graphs.argmax(graph_size)
+            argmax = self.graphs.argmax(graph_size, stage_slot)
             if argmax is not None and self.sampler.is_greedy(rows_np):
                 self.sampler.count_sampled(rows_np)
-                return SamplerOutput(argmax)
-        sample = self.sampler.sample(self._logits(hidden, inputs, layout, graph_size), rows_np)
+                return SamplerOutput(argmax), stage_slot is not None
+        logits = self._logits(hidden, inputs, layout, graph_size, stage_slot)
+        sample = self.sampler.sample(logits, rows_np)
         self._last_sampled.index_copy_(0, inputs.prefix("sample_rows", num_samples),
                                        sample.sampled_token_ids)
-        return sample
+        return sample, False
 
     def _logits(self, hidden: torch.Tensor, inputs: Sections, layout: BatchLayout,
-                graph_size: int) -> torch.Tensor:
+                graph_size: int, stage_slot: int | None) -> torch.Tensor:
         """[num_samples, vocab_size] float32: the logits of each sampling request's last token. A replay
         where every row samples takes the graph's own logits where it computes them, else runs the LM
         head on its graph_size hidden rows (a graph size is one of the LM head's row counts); any other
         step goes through the padded LM head (lm_head.py)."""
         num_samples = layout.num_samples
         if graph_size and layout.samples_every_token:  # rows 0..N-1
-            graph_logits = self.graphs.logits(graph_size)
+            graph_logits = self.graphs.logits(graph_size, stage_slot)
             logits = self.model.compute_logits(hidden) if graph_logits is None else graph_logits
             return leading(logits, num_samples)
         if layout.samples_every_token:  # rows 0..N-1: no gather
@@ -392,14 +407,15 @@ class ModelRunner:
 
     def _launch_output(self, slot: int, layout: BatchLayout, sample: SamplerOutput | None,
                        prompt_logprobs: tuple[torch.Tensor, ...] | None,
-                       step_id: int) -> AsyncRunnerOutput:
-        """The device->host copies of the step's results, then the step's event (stream order:
-        after all of the step's work)."""
+                       step_id: int, ids_on_host: bool) -> AsyncRunnerOutput:
+        """The device->host copies of the step's results (the sampled ids' unless a staged graph
+        wrote them there), then the step's event (stream order: after all of the step's work)."""
         sampled_np = logprobs_cpu = None
         if sample is not None:
             sampled_ids = sample.sampled_token_ids  # [num_samples] ([graph_size]: a graph's)
-            self._sampled_cpu_views.get(slot, sampled_ids.shape[0]).copy_(sampled_ids,
-                                                                           non_blocking=True)
+            if not ids_on_host:
+                self._sampled_cpu_views.get(slot, sampled_ids.shape[0]).copy_(sampled_ids,
+                                                                               non_blocking=True)
             sampled_np = self._sampled_np[slot]
             logprobs_cpu = _to_host(sample.logprobs)
         prompt_logprobs_cpu = _to_host(prompt_logprobs)

@@ -17,8 +17,8 @@ another variant while serving; tests/worker/test_kernel_warmup.py caught that on
     [ head: num_head_ids int64 | A | B | C ]
 
 - head: on the device set, the token each row sampled last (ModelRunner's last_sampled), then
-  scratch entries that the padding rows of a CUDA graph write theirs to; on host sets unused.
-  Never copied.
+  scratch entries that the padding rows of a CUDA graph write theirs to; on host sets, the header
+  of a step whose graph stages its inputs in itself (ops/stage_in.py). Never copied.
 - A, what every step writes: input_ids [T] (the tokens the host knows; none when every input
   token is a placeholder), positions [T], slot_mapping [T], seq_lens [S]. input_ids follows the
   head directly, so head + input_ids is one table (`ids_table`) from which `input_src` gathers each
@@ -145,6 +145,8 @@ class StepBuffers:
         on_host = self.flat.device.type == "cpu"
         self._flat_np = self.flat.numpy() if on_host else None  # sync-ok: a host tensor, at start-up
         self.head = self.flat[:num_head_ids * 8].view(torch.int64)  # [num_head_ids]
+        self._head_np = self._flat_np[:num_head_ids * 8].view(np.int64) if on_host else None
+        self.words = self.flat[num_head_ids * 8:].view(torch.int32)  # what copy_from and stage-in copy
         self._sections: dict[tuple[int, int], Sections] = {}
         self._ranges: dict[int, torch.Tensor] = {}  # end -> bytes [end of the head, end)
         self.arange_np = np.arange(max(self.bucket(max_num_tokens), self.bucket(max_num_reqs)),
@@ -173,6 +175,11 @@ class StepBuffers:
     def copy_from(self, src: StepBuffers, end: int) -> None:
         """Non-blocking copy of src's bytes [end of the head, end) (one CUDA call)."""
         self._range(end).copy_(src._range(end), non_blocking=True)
+
+    def write_stage_header(self, end: int, table_rows: int, table_cols: int) -> None:
+        """Host set: the header of ops/stage_in.py in the head, for the copy copy_from(self, end) would
+        make, and a block table of table_rows x table_cols (0 columns: none) to load."""
+        self._head_np[:3] = (end - self.num_head_ids * 8) // 4, table_rows, table_cols
 
     def _range(self, end: int) -> torch.Tensor:
         view = self._ranges.get(end)

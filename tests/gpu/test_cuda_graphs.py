@@ -59,6 +59,7 @@ class Run:
     replays: list[ReplayCheck] = field(default_factory=list)
     num_argmax_checks: int = 0
     num_graph_ids_taken: int = 0  # steps that took a graph's argmax (sampler.count_sampled)
+    num_staged: int = 0  # replays of graphs that staged their inputs in
 
 
 def _generate(folder, dtype: str, enforce_eager: bool, logprobs: int | None = None) -> Run:
@@ -111,20 +112,28 @@ def _check_each_replay(runner: ModelRunner, run: Run) -> None:
     graphs = runner.graphs
     replay, compute_logits = graphs.replay, runner.model.compute_logits
 
-    def checked_replay(size: int) -> torch.Tensor:
+    def checked_replay(size: int, slot: int | None = None) -> torch.Tensor:
+        if slot is not None:  # a staged graph's first step, run eagerly: the inputs are then in place
+            graphs.stage_in(size, slot)
+            run.num_staged += 1
         num_seqs = len(runner.input_batch._previous.req_ids)
         expected = compute_logits(_eager_decode(runner, size, num_seqs))
-        graphs._outputs[size].fill_(float("nan"))  # the replay must write every real row again
-        hidden = replay(size)
+        graphs._outputs[size, slot].fill_(float("nan"))  # the replay must write every real row again
+        if slot is not None:
+            runner._sampled_cpu[slot].fill_(-1)  # the staged graph writes the ids there
+        hidden = replay(size, slot)
         run.replays.append(ReplayCheck(num_seqs, size, compute_logits(hidden[:num_seqs]), expected))
-        graph_logits = graphs.logits(size)  # the graph's own LM head, up to MAX_LOGITS_ROWS rows
+        graph_logits = graphs.logits(size, slot)  # the graph's own LM head, up to MAX_LOGITS_ROWS rows
         assert (graph_logits is None) == (size > MAX_LOGITS_ROWS)
         if graph_logits is not None:
             run.replays.append(ReplayCheck(num_seqs, size, graph_logits[:num_seqs].clone(), expected))
-            argmax = graphs.argmax(size)
+            argmax = graphs.argmax(size, slot)
             assert torch.equal(argmax, torch.argmax(graph_logits, dim=-1))
             sample_rows = runner._inputs.sections(size, size).tensors["sample_rows"]
             assert torch.equal(runner._last_sampled[sample_rows], argmax)
+            if slot is not None:
+                torch.cuda.synchronize()
+                assert runner._sampled_cpu[slot][:size].tolist() == argmax.tolist()
             run.num_argmax_checks += 1
         return hidden
 
@@ -158,6 +167,7 @@ def test_fp32_graph_tokens_equal_eager_and_transformers(checkpoints, family):
     assert graphed.tokens == [ref[:num] for ref, num in zip(reference, MAX_TOKENS)]
     assert not eager.replays and eager.num_graph_ids_taken == 0
     assert graphed.num_argmax_checks >= 5 and graphed.num_graph_ids_taken >= 5, vars(graphed)
+    assert graphed.num_staged >= 5, vars(graphed)
     _assert_replays_match(graphed, "float32")
 
 

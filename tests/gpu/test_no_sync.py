@@ -115,9 +115,9 @@ class StepMonitor:
                 self.num_mixed += max(num_tokens) > 1 and min(num_tokens) == 1
             return output
 
-        def counted_replay(size: int) -> torch.Tensor:
+        def counted_replay(size: int, slot: int | None = None) -> torch.Tensor:
             self.num_replays += 1
-            return replay(size)
+            return replay(size, slot)
 
         def stamped_record(event: torch.cuda.Event, stream=None) -> None:
             self._recorded_at[id(event)] = self.num_steps

@@ -95,3 +95,23 @@ def test_gpu_vocab_rows(vocab: int) -> None:
     for rows in (1, 8):
         logits = torch.randn(rows, vocab, device="cuda").bfloat16().float()
         run_triton(logits, torch.randperm(rows, device="cuda") + 3)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_host_ids_get_the_picks(device: str) -> None:
+    """host_ids (pinned on the GPU, as a staged graph's output): the first N entries are the picks, the
+    rest untouched; through the Triton kernel and through the torch path."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    logits = torch.randn(3, 700, device=device)
+    rows = torch.tensor([4, 1, 9], device=device)
+    for pick in (argmax.greedy_pick_triton, argmax.greedy_pick):
+        host_ids = torch.full((5,), -3, dtype=torch.int64, pin_memory=device == "cuda")
+        table = torch.zeros(12, dtype=torch.int64, device=device)
+        ids = pick(logits, table, rows, host_ids)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        assert host_ids.tolist() == [*logits.argmax(-1).tolist(), -3, -3]
+        assert ids.tolist() == host_ids[:3].tolist()
+    with pytest.raises(ValueError, match="host_ids must be"):
+        argmax.greedy_pick(logits, table, rows, torch.zeros(2, dtype=torch.int64))

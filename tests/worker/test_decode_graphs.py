@@ -20,11 +20,14 @@ from pagedlm.worker.cuda_graphs import MAX_LOGITS_ROWS, DecodeGraphs, capture_si
 
 
 class EagerGraphs(DecodeGraphs):
-    """capture() without CUDA: each size's "graph" runs the function a CUDA graph would hold."""
+    """capture() without CUDA: each graph (a size's plain one and its staged ones) runs the function a
+    CUDA graph would hold."""
 
     def capture(self, stream: None = None) -> None:
         for size in self.sizes:
-            self._graphs[size] = SimpleNamespace(replay=functools.partial(self._run, size))
+            slots = range(len(self._staging)) if self.is_staged(size) else ()
+            for slot in (None, *slots):
+                self._graphs[size, slot] = SimpleNamespace(replay=functools.partial(self._run, size, slot))
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +66,7 @@ def _graphed_runner(folder, max_num_seqs: int = 8, max_model_len: int = 64):
     runner = make_runner(make_config(folder, max_num_seqs=max_num_seqs, max_num_batched_tokens=16,
                                      max_model_len=max_model_len, attention_backend="triton"))
     graphs = EagerGraphs(runner.config, runner.model, runner.kv_caches, runner._inputs,
-                         runner.input_batch.max_num_blocks_per_req)
+                         runner.input_batch.max_num_blocks_per_req, runner._staging, runner._sampled_cpu)
     graphs.capture()
     runner.graphs = graphs
     return runner, graphs
@@ -86,26 +89,35 @@ def test_padded_decode_greedy_equals_transformers(tiny, max_model_len, async_mod
         num_seqs = len(sched.num_scheduled_tokens)
         return prepare(sched, buf)
 
-    def counted_replay(size: int) -> torch.Tensor:
+    def counted_replay(size: int, slot: int | None = None) -> torch.Tensor:
         replays.append((num_seqs, size))
+        slots.append(slot)
+        if slot is not None:  # what the graph does first: then its inputs are in place
+            graphs.stage_in(size, slot)
         inputs = runner._inputs.sections(size, size).tensors
         expected = torch.argsort(-inputs["seq_lens"].long(), stable=True)  # padding rows: 0, last
         assert inputs["decode_order"].tolist() == expected.tolist()
         key = runner.input_batch._previous  # the step's rows and table width
         table = runner.input_batch.block_table_np[key.rows_np, :key.num_block_cols]
         assert graphs.block_table[:num_seqs, :key.num_block_cols].tolist() == table.tolist()
-        return replay(size)
+        return replay(size, slot)
 
     num_loads = 0
-    load_block_table = graphs.load_block_table
+    load_block_table, stage_in = graphs.load_block_table, graphs.stage_in
+    slots: list[int | None] = []
 
     def counted_load(block_table: torch.Tensor, version: int) -> None:
         nonlocal num_loads
         num_loads += 1
         load_block_table(block_table, version)
 
+    def counted_stage_in(size: int, slot: int) -> None:  # a staged graph that brings a table loads it
+        nonlocal num_loads
+        num_loads += int(runner._staging[slot].head[2]) > 0
+        stage_in(size, slot)
+
     runner.input_batch.prepare, graphs.replay = recorded_prepare, counted_replay
-    graphs.load_block_table = counted_load
+    graphs.load_block_table, graphs.stage_in = counted_load, counted_stage_in
     # r0 lives longest: its first block (slot 0) is read by every step that pads
     specs = [(11, 9), (3, 4), (6, 6), (17, 5), (1, 8), (9, 7), (5, 3)]  # (prompt len, max tokens)
     sched = MiniScheduler(block_size=8, max_num_seqs=8, token_budget=16)
@@ -116,7 +128,8 @@ def test_padded_decode_greedy_equals_transformers(tiny, max_model_len, async_mod
         assert done[f"r{i}"] == hf_greedy(hf_model, max_tokens, _prompt(num_prompt, i)), i
     assert len(replays) >= 5 and any(num_seqs < size for num_seqs, size in replays)
     assert all(size == graphs.padded_size(num_seqs) for num_seqs, size in replays)
-    assert 0 < num_loads <= len(replays)
+    assert 0 < num_loads <= 2 * len(replays)  # staged: the check's stage-in and the graph's
+    assert set(slots) == {0, 1}  # every size here stages its inputs in, from both staging sets
 
 
 def test_small_graphs_compute_logits_and_argmax(tiny):
@@ -126,7 +139,7 @@ def test_small_graphs_compute_logits_and_argmax(tiny):
     input ids gathered from last_sampled (even rows) or copied (odd rows)."""
     runner = make_runner(make_config(tiny[0], max_num_seqs=16, max_num_batched_tokens=16, attention_backend="triton"))
     graphs = EagerGraphs(runner.config, runner.model, runner.kv_caches, runner._inputs,
-                         runner.input_batch.max_num_blocks_per_req)
+                         runner.input_batch.max_num_blocks_per_req, runner._staging, runner._sampled_cpu)
     graphs.capture()
     assert graphs.sizes == [1, 2, 4, 8, 16] and MAX_LOGITS_ROWS == 8
     block_size, num_head_ids = runner.config.cache.block_size, runner._inputs.num_head_ids
@@ -238,7 +251,9 @@ def test_replay_after_an_eager_decode_step_sees_padding(tiny, first_block):
     replay, num_head_ids = graphs.replay, runner._inputs.num_head_ids
     checked = []
 
-    def checked_replay(size):
+    def checked_replay(size, slot=None):
+        if slot is not None:  # what the graph does first: then its inputs are in place
+            graphs.stage_in(size, slot)
         num_seqs = len(runner.input_batch._previous.req_ids)
         inputs = runner._inputs.sections(size, size).tensors
         pad = range(num_seqs, size)
@@ -247,7 +262,7 @@ def test_replay_after_an_eager_decode_step_sees_padding(tiny, first_block):
         assert inputs["decode_order"][num_seqs:].tolist() == list(pad)
         assert inputs["query_start_loc"][num_seqs + 1:].tolist() == [num_seqs] * len(pad)
         checked.append((num_seqs, size))
-        return replay(size)
+        return replay(size, slot)
 
     graphs.replay = checked_replay
     sched = MiniScheduler(block_size=8, max_num_seqs=4, token_budget=16)
