@@ -172,6 +172,29 @@ def streamed_chunks(default):
     return config
 
 
+def dummy_llm(folder: str, shape: str, batch_size: int, context: int) -> LLM:
+    """An engine over the shape's dummy weights in bf16, for decode batches of batch_size rows."""
+    config = MODELS[shape]
+    (Path(folder) / "config.json").write_text(json.dumps(config))
+    return LLM(folder, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True, seed=0,
+               max_num_seqs=batch_size, max_model_len=config["max_position_embeddings"],
+               max_num_batched_tokens=max(16384, batch_size * (context + 1)))
+
+
+def fill_decode_batch(llm: LLM, batch_size: int, context: int) -> int:
+    """Every prompt of `context` random tokens prefilled in one step, then one decode of the whole
+    batch (seq_len context + 1), whose rows fill its graph's size exactly; -> that graph size."""
+    rng = random.Random(0)
+    prompts = [[rng.randrange(100, 30000) for _ in range(context)] for _ in range(batch_size)]
+    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    runner = llm.llm_engine.engine_core.model_runner
+    size = runner.graphs.padded_size(batch_size)
+    seq_lens = runner._inputs.sections(size, size).tensors["seq_lens"]  # the graphs' layout
+    if not bool((seq_lens == context + 1).all()):
+        raise RuntimeError(f"the last step was not one decode of the whole batch: seq_lens {seq_lens.tolist()}")
+    return size
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shape", default="qwen3-0.6b", choices=sorted(MODELS))
@@ -183,25 +206,14 @@ def main() -> None:
     args = parser.parse_args()
     variants = args.variants.split(",")
     with tempfile.TemporaryDirectory() as tmp:
-        config = MODELS[args.shape]
-        (Path(tmp) / "config.json").write_text(json.dumps(config))
-        llm = LLM(tmp, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True, seed=0,
-                  max_num_seqs=args.batch_size, max_model_len=config["max_position_embeddings"],
-                  max_num_batched_tokens=max(16384, args.batch_size * (args.context + 1)))
+        llm = dummy_llm(tmp, args.shape, args.batch_size, args.context)
         runner = llm.llm_engine.engine_core.model_runner
         graphs, outputs = {}, {}
         for variant in variants:  # capturing fills the static step buffers with padding ...
             with settings(variant):
                 graphs[variant] = runner._new_decode_graphs(runner.kv_caches)
-        rng = random.Random(0)
-        prompts = [[rng.randrange(100, 30000) for _ in range(args.context)] for _ in range(args.batch_size)]
-        # ... so the step that fills them comes after: every prompt prefilled in one step, then one
-        # decode of the whole batch (seq_len context + 1), whose rows fill the graph's size exactly
-        llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
-        size = graphs[variants[0]].padded_size(args.batch_size)
-        seq_lens = runner._inputs.sections(size, size).tensors["seq_lens"]  # the graphs' layout
-        if not bool((seq_lens == args.context + 1).all()):
-            raise RuntimeError(f"the last step was not one decode of the whole batch: seq_lens {seq_lens.tolist()}")
+        # ... so the step that fills them comes after
+        size = fill_decode_batch(llm, args.batch_size, args.context)
         for variant in variants:  # each graph set has its own block table: the last step's
             graphs[variant].block_table.copy_(runner.graphs.block_table)
         times: dict[str, list[float]] = {v: [] for v in variants}

@@ -12,10 +12,11 @@ ops/argmax.py).
 The header (int64, in the staging set's head, written by the host before the launch): the number of
 int32 words to copy (from the end of the head on, as StepBuffers.copy_from copies bytes), and the rows
 and columns of the compact block table copied this step, which the kernel also writes into the
-graphs' fixed-width block table (0 columns: the table did not change). The first BLOCK words are
-loaded together with the header (one round trip over the bus instead of two); later ones, and the
-table, in loops. Host memory is read with volatile loads: the host rewrites a staging set every
-other step, so no cached line of an earlier read may be used.
+graphs' fixed-width block table (0 columns: the table did not change). The first `block` words (the
+caller's choice: a steady step's sections fit in them) are loaded together with the header (one round
+trip over the bus instead of two); later ones, and the table, in loops of `block` words. Host memory is
+read with the .cv cache modifier (fetch again, cached system-memory lines count as stale): the host
+rewrites a staging set every other step, so no line cached by an earlier read may be used.
 
 Launched without PDL: it writes the buffers the previous step's kernels read, so it starts after
 they have all finished, and every PDL kernel of the graph starts two or more launches after it
@@ -31,7 +32,7 @@ from pagedlm.ops.triton_compat import patch_interpreter
 
 patch_interpreter()  # the loops' bounds are loaded values
 
-BLOCK = 1024  # int32 words a loop iteration copies (4 KB: a batch-8 step's sections fit in one)
+BLOCK = 1024  # int32 words a loop iteration copies, by default
 HEADER_WORDS = 3  # num_words, table rows, table columns
 
 
@@ -47,28 +48,29 @@ def stage_in_kernel(
 ):
     """One program: the copy of the header's word count, then the table rows (if any)."""
     offs = tl.arange(0, BLOCK)
-    num_words = tl.load(header_ptr, volatile=True).to(tl.int32)
-    first = tl.load(src_ptr + offs, mask=offs < capacity, volatile=True)  # with the header, before it is known
+    num_words = tl.load(header_ptr, cache_modifier=".cv").to(tl.int32)
+    first = tl.load(src_ptr + offs, mask=offs < capacity, cache_modifier=".cv")  # with the header, before it is known
     tl.store(dst_ptr + offs, first, mask=offs < num_words)
     for start in range(BLOCK, num_words, BLOCK):
         words = start + offs
         in_range = words < num_words
-        tl.store(dst_ptr + words, tl.load(src_ptr + words, mask=in_range, volatile=True), mask=in_range)
-    num_cols = tl.load(header_ptr + 2, volatile=True).to(tl.int32)
-    num_elems = tl.load(header_ptr + 1, volatile=True).to(tl.int32) * num_cols
+        tl.store(dst_ptr + words, tl.load(src_ptr + words, mask=in_range, cache_modifier=".cv"), mask=in_range)
+    num_cols = tl.load(header_ptr + 2, cache_modifier=".cv").to(tl.int32)
+    num_elems = tl.load(header_ptr + 1, cache_modifier=".cv").to(tl.int32) * num_cols
     for start in range(0, num_elems, BLOCK):
         elems = start + offs
         in_range = elems < num_elems
-        values = tl.load(table_src_ptr + elems, mask=in_range, volatile=True)
+        values = tl.load(table_src_ptr + elems, mask=in_range, cache_modifier=".cv")
         tl.store(table_dst_ptr + (elems // num_cols) * stride_table + elems % num_cols, values, mask=in_range)
 
 
 def stage_in(header: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, table_src: torch.Tensor,
-             table_dst: torch.Tensor) -> None:
+             table_dst: torch.Tensor, block: int = BLOCK) -> None:
     """header: int64 [>= HEADER_WORDS] and src, table_src: int32, pinned host memory (CPU tensors under
     the Triton interpreter); dst: int32 [src's size], table_dst: int32 [max rows, max cols], device.
     Copies src[:header[0]] into dst, and table_src[:rows * cols] as [rows, cols] into table_dst's
-    leading corner (rows, cols = header[1], header[2]). Reads the header when it runs, not now."""
+    leading corner (rows, cols = header[1], header[2]), `block` words (a power of two) at a time.
+    Reads the header when it runs, not now."""
     if header.dtype != torch.int64 or header.numel() < HEADER_WORDS:
         raise ValueError(f"header must be int64 with >= {HEADER_WORDS} entries; got {header.dtype} {tuple(header.shape)}")
     if not src.dtype == dst.dtype == table_src.dtype == table_dst.dtype == torch.int32:
@@ -77,4 +79,4 @@ def stage_in(header: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, table_s
         raise ValueError(f"src and dst must be of one size and table_dst 2-D with unit column stride; got "
                          f"{src.numel()}, {dst.numel()}, {tuple(table_dst.shape)}")
     stage_in_kernel[(1,)](header, src, dst, table_src, table_dst, table_dst.stride(0), src.numel(),
-                          BLOCK=BLOCK, num_warps=4)
+                          BLOCK=block, num_warps=4)

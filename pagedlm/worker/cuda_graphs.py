@@ -48,6 +48,7 @@ import bisect
 from collections.abc import Sequence
 
 import torch
+import triton
 
 from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.config import EngineConfig
@@ -164,8 +165,10 @@ class DecodeGraphs:
         """What a staged graph of this size does first: the copy from staging set `slot` that its
         header describes."""
         staging = self._staging[slot]
-        table = staging.sections(size, size).tensors["block_table"]
-        stage_in(staging.head, staging.words, self._inputs.words, table, self.block_table)
+        sections = staging.sections(size, size)
+        steady_words = (sections.copy_end(True, 0) - staging.num_head_ids * 8) // 4  # sections A and B
+        stage_in(staging.head, staging.words, self._inputs.words, sections.tensors["block_table"],
+                 self.block_table, block=triton.next_power_of_2(steady_words))
 
     def logits(self, size: int, slot: int | None = None) -> torch.Tensor | None:
         """[size, vocab_size] float32: the logits of the last replay, which must be of this graph;

@@ -20,7 +20,7 @@ import pytest
 
 TARGET_ARCH = 90
 MAX_SHARED_BYTES = 232448  # opt-in shared memory per block on sm_90
-DRAW_KERNELS = ("block_logmass_kernel", "pick_kernel")  # the sampler's: launched without PDL
+NO_PDL_KERNELS = ("block_logmass_kernel", "pick_kernel", "stage_in_kernel")  # the sampler's draw, the graphs' stage-in
 
 
 @pytest.mark.slow
@@ -35,10 +35,10 @@ def test_aot_compile_all_kernels_for_sm90() -> None:
     assert set(names) == {"prepare_qkv_kernel", "paged_attention_kernel", "decode_split_kernel",
                           "rms_norm_kernel", "silu_and_mul_kernel",
                           "block_logmass_kernel", "pick_kernel", "gemv_kernel",
-                          "argmax_chunks_kernel", "argmax_pick_kernel"}
+                          "argmax_chunks_kernel", "argmax_pick_kernel", "stage_in_kernel"}
     for r in results:
         assert r["cubin_bytes"] > 0, r
-        assert r["pdl"] == ("wait, then launch_dependents" if r["kernel"] not in DRAW_KERNELS else "none"), r
+        assert r["pdl"] == ("wait, then launch_dependents" if r["kernel"] not in NO_PDL_KERNELS else "none"), r
         assert r["shared"] <= MAX_SHARED_BYTES, r
 
 
@@ -86,6 +86,7 @@ def run_op_wrappers() -> None:
     from pagedlm.ops import activation, norm
     from pagedlm.ops.argmax import greedy_pick_triton
     from pagedlm.ops.gemv import PendingNorm, gemv_triton
+    from pagedlm.ops.stage_in import stage_in
     from pagedlm.sample.triton_draw import fused_gumbel_draw
 
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
@@ -115,8 +116,13 @@ def run_op_wrappers() -> None:
                     out_dtype=torch.float32)  # the LM head's logits
     for vocab_size in (151936, 128256):  # the small decode graphs' greedy pick
         for num_rows in (1, 8):
-            greedy_pick_triton(torch.empty(num_rows, vocab_size), torch.empty(600, dtype=torch.int64),
-                               torch.empty(num_rows, dtype=torch.int64))
+            for host_ids in (None, torch.empty(num_rows, dtype=torch.int64)):  # a staged graph's
+                greedy_pick_triton(torch.empty(num_rows, vocab_size), torch.empty(600, dtype=torch.int64),
+                                   torch.empty(num_rows, dtype=torch.int64), host_ids)
+    for block in (64, 256):  # the staged graphs' stage-in (batch 1 and 8)
+        stage_in(torch.empty(3, dtype=torch.int64), torch.empty(5000, dtype=torch.int32),
+                 torch.empty(5000, dtype=torch.int32), torch.empty(64, dtype=torch.int32),
+                 torch.empty(8, 40, dtype=torch.int32), block)
     for vocab_size in (151936, 49152, 32000):
         for temperature in (None, torch.empty(256, 6)[:, 1]):  # None and a strided column
             fused_gumbel_draw(torch.empty(256, vocab_size), temperature, torch.empty(256, dtype=torch.int64))
@@ -183,7 +189,7 @@ def main() -> None:
     seen, results = set(), []
     pdl.pdl_enabled = lambda device: True  # as on an H200: every kernel with its PDL wait, launched with PDL
     launches = record_launches(attention_scenarios(), with_ops=True)
-    assert all(kwargs.get("launch_pdl") for fn, _, kwargs in launches if fn.__name__ not in DRAW_KERNELS)
+    assert all(kwargs.get("launch_pdl") for fn, _, kwargs in launches if fn.__name__ not in NO_PDL_KERNELS)
     for fn, args, kwargs in launches:
         signature, constexprs, attrs, options = specialise(fn, args, kwargs, backend)
         key = repr((fn.__name__, signature, constexprs, attrs, options))

@@ -25,11 +25,12 @@ def _buffers(device: str, generator: torch.Generator) -> dict[str, torch.Tensor]
                 table_dst=torch.full((6, 24), POISON, dtype=torch.int32, device=device))
 
 
-def _run_and_check(bufs: dict[str, torch.Tensor], num_words: int, rows: int, cols: int) -> None:
+def _run_and_check(bufs: dict[str, torch.Tensor], num_words: int, rows: int, cols: int,
+                   block: int = stage_in_module.BLOCK) -> None:
     bufs["header"][:3] = torch.tensor([num_words, rows, cols])
     bufs["dst"].fill_(POISON)
     bufs["table_dst"].fill_(POISON)
-    stage_in(bufs["header"], bufs["src"], bufs["dst"], bufs["table_src"], bufs["table_dst"])
+    stage_in(bufs["header"], bufs["src"], bufs["dst"], bufs["table_src"], bufs["table_dst"], block)
     dst, table_dst = bufs["dst"].cpu(), bufs["table_dst"].cpu()
     assert dst[:num_words].equal(bufs["src"][:num_words])
     assert (dst[num_words:] == POISON).all()
@@ -43,13 +44,12 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("block", [16, stage_in_module.BLOCK])
-def test_copies_the_header_s_words_and_table(monkeypatch: pytest.MonkeyPatch, device: str, block: int) -> None:
-    """BLOCK 16: word counts below, at and past one block, and several loop iterations (100 words: 7
+def test_copies_the_header_s_words_and_table(device: str, block: int) -> None:
+    """block 16: word counts below, at and past one block, and several loop iterations (100 words: 7
     blocks); tables of one row, several rows, a row wider than a block; none (0 columns)."""
-    monkeypatch.setattr(stage_in_module, "BLOCK", block)
     bufs = _buffers(device, torch.Generator().manual_seed(block))
     for num_words, rows, cols in [(0, 0, 0), (5, 1, 3), (16, 0, 0), (17, 4, 5), (40, 1, 24), (CAPACITY, 6, 16)]:
-        _run_and_check(bufs, num_words, rows, cols)
+        _run_and_check(bufs, num_words, rows, cols, block)
 
 
 @pytest.mark.gpu
