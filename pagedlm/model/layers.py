@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedlm import ops
-from pagedlm.ops import gemv
+from pagedlm.ops import gate_up_silu, gemv
 from pagedlm.ops.gemv import PendingNorm, ResidualSum
 
 # the residual add and the norms folded into the GEMVs around them (see Linear); PAGEDLM_FUSE_NORMS=0
@@ -47,6 +47,15 @@ class Linear(nn.Module):
         if act is not None:
             x = ops.silu_and_mul(x)
         return F.linear(x, self.weight, self.bias)
+
+
+    def gated(self, x: torch.Tensor | PendingNorm) -> torch.Tensor | None:
+        """For a gate_up projection (rows gate, then up): silu(x W_gate^T) * (x W_up^T) [T, out_features / 2]
+        from the fused GEMM (ops/gate_up_silu.py) where it applies (prefill-sized 16-bit batches on CUDA),
+        else None: the caller passes this layer's output to the next with act="silu_and_mul"."""
+        if isinstance(x, PendingNorm) or not gate_up_silu.takes_fused(x, self.weight, self.bias):
+            return None
+        return gate_up_silu.gate_up_silu(x, self.weight)
 
 
 def takes_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -88,6 +88,9 @@ class LlamaMLP(nn.Module):
 
     def forward(self, hidden: torch.Tensor | PendingNorm, residual: torch.Tensor) -> torch.Tensor | ResidualSum:
         """down_proj's output, or its ResidualSum with residual (layers.Linear)."""
+        gated = self.gate_up_proj.gated(hidden)  # fused with the activation, for prefill-sized batches
+        if gated is not None:
+            return self.down_proj(gated, residual=residual)
         return self.down_proj(self.gate_up_proj(hidden), act="silu_and_mul", residual=residual)
 
 

@@ -20,7 +20,8 @@ import pytest
 
 TARGET_ARCH = 90
 MAX_SHARED_BYTES = 232448  # opt-in shared memory per block on sm_90
-NO_PDL_KERNELS = ("block_logmass_kernel", "pick_kernel", "stage_in_kernel")  # the sampler's draw, the graphs' stage-in
+# launched without PDL: the sampler's draw, the graphs' stage-in, the fused gate_up GEMM (its cuBLAS neighbours lack it)
+NO_PDL_KERNELS = ("block_logmass_kernel", "pick_kernel", "stage_in_kernel", "gate_up_silu_kernel")
 
 
 @pytest.mark.slow
@@ -35,7 +36,8 @@ def test_aot_compile_all_kernels_for_sm90() -> None:
     assert set(names) == {"prepare_qkv_kernel", "paged_attention_kernel", "decode_split_kernel",
                           "rms_norm_kernel", "silu_and_mul_kernel",
                           "block_logmass_kernel", "pick_kernel", "gemv_kernel",
-                          "argmax_chunks_kernel", "argmax_pick_kernel", "stage_in_kernel"}
+                          "argmax_chunks_kernel", "argmax_pick_kernel", "stage_in_kernel",
+                          "gate_up_silu_kernel"}
     for r in results:
         assert r["cubin_bytes"] > 0, r
         assert r["pdl"] == ("wait, then launch_dependents" if r["kernel"] not in NO_PDL_KERNELS else "none"), r
@@ -86,6 +88,7 @@ def run_op_wrappers() -> None:
     from pagedlm.ops import activation, norm
     from pagedlm.ops.argmax import greedy_pick_triton
     from pagedlm.ops.gemv import PendingNorm, gemv_triton
+    from pagedlm.ops.gate_up_silu import gate_up_silu
     from pagedlm.ops.stage_in import stage_in
     from pagedlm.sample.triton_draw import fused_gumbel_draw
 
@@ -119,6 +122,9 @@ def run_op_wrappers() -> None:
             for host_ids in (None, torch.empty(num_rows, dtype=torch.int64)):  # a staged graph's
                 greedy_pick_triton(torch.empty(num_rows, vocab_size), torch.empty(600, dtype=torch.int64),
                                    torch.empty(num_rows, dtype=torch.int64), host_ids)
+    for dtype in (torch.float16, torch.bfloat16):  # the fused gate_up + SiLU GEMM (prefill-sized batches)
+        for inter, k in ((14336, 4096), (3072, 1024)):
+            gate_up_silu(torch.empty(2048, k, dtype=dtype), torch.empty(2 * inter, k, dtype=dtype))
     for block in (64, 256):  # the staged graphs' stage-in (batch 1 and 8)
         stage_in(torch.empty(3, dtype=torch.int64), torch.empty(5000, dtype=torch.int32),
                  torch.empty(5000, dtype=torch.int32), torch.empty(64, dtype=torch.int32),

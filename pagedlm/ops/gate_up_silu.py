@@ -1,0 +1,123 @@
+"""The gated MLP's first half for prefill-sized batches: silu(x @ W_gate.T) * (x @ W_up.T) in one GEMM.
+
+W is gate_up_proj's weight [2I, K] (gate rows, then up rows). Without this, cuBLAS writes gate_up's
+[M, 2I] output and silu_and_mul reads it back and writes [M, I]: on llama3-8b's 16k-token prefill
+steps that kernel took ~300 µs of a ~6 ms GEMM, 0.78 s of T3-off's 33 s (session 9's profile). Here
+each output tile [BM, BH] accumulates its gate columns and the matching up columns side by side (two
+tiles of W, BH rows apart by I, through one TMA descriptor) and the epilogue writes silu(gate) * up,
+computed in float32 from the accumulators and rounded once.
+
+The GEMM is persistent (one program per SM, each looping over output tiles in grouped order, so that
+GROUP_M row tiles share each weight tile through L2) and loads and stores through host-side TMA
+descriptors (Hopper). Measured on the H200 (benchmarks/gemm_fusion_probe.py, session 14 run 6; the
+probe's fused kernel interleaved gate and up rows, this one reads them as stored): the plain persistent
+GEMM at 0.97-1.09x cuBLAS's time on llama3-8b's four GEMMs, and gate_up fused at 0.95-0.97x of cuBLAS
+gate_up + silu_and_mul at 16,384 rows, 0.98x at 2,048 (about cuBLAS's gate_up alone).
+
+Used by layers.Linear for 16-bit inputs of at least MIN_ROWS rows on a device with TMA (sm_90+);
+below that cuBLAS + silu_and_mul (or the GEMV, whose prologue does the activation) stay. Under the
+Triton interpreter it runs on CPU tensors (tests; the interpreter's tl.dot takes fp16, not bf16).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from pagedlm.ops.triton_compat import patch_interpreter
+
+patch_interpreter()  # the tile and K loops' bounds are run-time values
+
+MIN_ROWS = 2048  # measured at 2,048 and 16,384 rows (module notes); smaller batches keep cuBLAS
+BLOCK_M, BLOCK_H, BLOCK_K = 128, 128, 64  # an output tile [BM, BH] reads W tiles [BH, BK] of gate and of up
+NUM_STAGES, NUM_WARPS = 3, 8  # the probe's fastest config (128 x 256 x 64, 3 stages, 8 warps)
+GROUP_M = 8
+DTYPES = (torch.float16, torch.bfloat16)
+
+
+@triton.jit
+def grouped_tile(tile_id, num_tiles_m, num_tiles_n, GROUP_M: tl.constexpr):
+    """Tile id -> (row tile, column tile): GROUP_M row tiles sweep the column tiles together."""
+    tiles_per_group = GROUP_M * num_tiles_n
+    first_m = (tile_id // tiles_per_group) * GROUP_M
+    rows_in_group = tl.minimum(num_tiles_m - first_m, GROUP_M)
+    in_group = tile_id % tiles_per_group
+    return first_m + in_group % rows_in_group, in_group // rows_in_group
+
+
+@triton.jit(do_not_specialize=["M"])
+def gate_up_silu_kernel(
+    x_desc,  # [M, K], blocks [BM, BK]
+    w_desc,  # [2I, K] (gate rows, then up rows), blocks [BH, BK]
+    y_desc,  # [M, I], blocks [BM, BH]
+    M, I, K,
+    BM: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
+):
+    """Program p computes output tiles p, p + NUM_PROGRAMS, ... of silu(x @ W_gate.T) * (x @ W_up.T)."""
+    num_tiles_m = tl.cdiv(M, BM)
+    num_tiles_n = tl.cdiv(I, BH)
+    k_steps = tl.cdiv(K, BK)
+    # The epilogue finds its tile from a counter of its own: with the loops flattened and pipelined, the
+    # next tile's loads are issued before this tile's store, so the two must not share values.
+    epilogue_tile = tl.program_id(0) - NUM_PROGRAMS
+    for tile_id in tl.range(tl.program_id(0), num_tiles_m * num_tiles_n, NUM_PROGRAMS, flatten=True):
+        tile_m, tile_n = grouped_tile(tile_id, num_tiles_m, num_tiles_n, GROUP_M)
+        gate = tl.zeros((BM, BH), tl.float32)
+        up = tl.zeros((BM, BH), tl.float32)
+        for k_step in range(k_steps):  # TMA zero-fills rows and columns past the tensors' ends
+            x = x_desc.load([tile_m * BM, k_step * BK])
+            gate = tl.dot(x, w_desc.load([tile_n * BH, k_step * BK]).T, gate)
+            up = tl.dot(x, w_desc.load([I + tile_n * BH, k_step * BK]).T, up)
+        epilogue_tile += NUM_PROGRAMS
+        tile_m, tile_n = grouped_tile(epilogue_tile, num_tiles_m, num_tiles_n, GROUP_M)
+        # gate columns past I (the last tile when BH does not divide I) read up rows: the store clips them
+        y_desc.store([tile_m * BM, tile_n * BH], (gate / (1.0 + tl.exp(-gate)) * up).to(y_desc.dtype))
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: a few programs, each looping over several tiles
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.cache
+def _has_tma(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def takes_fused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether x [M, K] and gate_up's weight [2I, K] (no bias) go through gate_up_silu."""
+    return (bias is None and x.is_cuda and x.dim() == 2 and x.shape[0] >= MIN_ROWS and x.dtype in DTYPES
+            and x.dtype == weight.dtype and _has_tma(x.device) and _tma_ready(x) and _tma_ready(weight))
+
+
+def _tma_ready(t: torch.Tensor) -> bool:
+    """TMA: unit last stride, 16-byte aligned base and row stride."""
+    return t.stride(-1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+
+
+def gate_up_silu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [M, K], weight [2I, K] (gate rows, then up rows), one 16-bit dtype -> [M, I] silu(gate) * up."""
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1] or weight.shape[0] % 2:
+        raise ValueError(f"x must be [M, K] and weight [2I, K]; got {tuple(x.shape)}, {tuple(weight.shape)}")
+    if x.dtype != weight.dtype or x.dtype not in DTYPES:
+        raise ValueError(f"x and weight must share a dtype of {DTYPES}; got {x.dtype}, {weight.dtype}")
+    if not (_tma_ready(x) and _tma_ready(weight)):
+        raise ValueError("x and weight must have unit last strides and 16-byte aligned rows (TMA)")
+    num_rows, k = x.shape
+    inter = weight.shape[0] // 2
+    out = torch.empty(num_rows, inter, dtype=x.dtype, device=x.device)
+    if num_rows == 0:
+        return out
+    x_desc = TensorDescriptor.from_tensor(x, [BLOCK_M, BLOCK_K])
+    w_desc = TensorDescriptor.from_tensor(weight, [BLOCK_H, BLOCK_K])
+    y_desc = TensorDescriptor.from_tensor(out, [BLOCK_M, BLOCK_H])
+    num_programs = _num_sms(x.device)  # not fewer where there are fewer tiles: one compile for all M
+    gate_up_silu_kernel[(num_programs,)](
+        x_desc, w_desc, y_desc, num_rows, inter, k, BM=BLOCK_M, BH=BLOCK_H, BK=BLOCK_K, GROUP_M=GROUP_M,
+        NUM_PROGRAMS=num_programs, num_stages=NUM_STAGES, num_warps=NUM_WARPS)
+    return out
