@@ -3,9 +3,11 @@
 W is gate_up_proj's weight [2I, K] (gate rows, then up rows). Without this, cuBLAS writes gate_up's
 [M, 2I] output and silu_and_mul reads it back and writes [M, I]: on llama3-8b's 16k-token prefill
 steps that kernel took ~300 µs of a ~6 ms GEMM, 0.78 s of T3-off's 33 s (session 9's profile). Here
-each output tile [BM, BH] accumulates its gate columns and the matching up columns side by side (two
-tiles of W, BH rows apart by I, through one TMA descriptor) and the epilogue writes silu(gate) * up,
-computed in float32 from the accumulators and rounded once.
+each output tile [BM, BH] loads its gate rows and the matching up rows of W with one TMA load (W viewed
+[2, I, K]: two tiles stacked [2 * BH, BK]), so one dot of width 2 * BH accumulates [gate | up] and the x
+tile is read once; the epilogue writes silu(gate) * up, computed in float32 and rounded once. (Two dots of
+width BH, one per half, read each x tile from shared memory twice: that first version lost 7% on T0 and
+T3-off end to end, session 14 run 7.)
 
 The GEMM is persistent (one program per SM, each looping over output tiles in grouped order, so that
 GROUP_M row tiles share each weight tile through L2) and loads and stores through host-side TMA
@@ -32,7 +34,7 @@ from pagedlm.ops.triton_compat import patch_interpreter
 patch_interpreter()  # the tile and K loops' bounds are run-time values
 
 MIN_ROWS = 2048  # measured at 2,048 and 16,384 rows (module notes); smaller batches keep cuBLAS
-BLOCK_M, BLOCK_H, BLOCK_K = 128, 128, 64  # an output tile [BM, BH] reads W tiles [BH, BK] of gate and of up
+BLOCK_M, BLOCK_H, BLOCK_K = 128, 128, 64  # an output tile [BM, BH]: a dot of x [BM, BK] by W [2 * BH, BK]
 NUM_STAGES, NUM_WARPS = 3, 8  # the probe's fastest config (128 x 256 x 64, 3 stages, 8 warps)
 GROUP_M = 8
 DTYPES = (torch.float16, torch.bfloat16)
@@ -51,7 +53,7 @@ def grouped_tile(tile_id, num_tiles_m, num_tiles_n, GROUP_M: tl.constexpr):
 @triton.jit(do_not_specialize=["M"])
 def gate_up_silu_kernel(
     x_desc,  # [M, K], blocks [BM, BK]
-    w_desc,  # [2I, K] (gate rows, then up rows), blocks [BH, BK]
+    w_desc,  # gate_up's weight viewed [2, I, K] (gate, up), blocks [2, BH, BK]
     y_desc,  # [M, I], blocks [BM, BH]
     M, I, K,
     BM: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
@@ -59,21 +61,19 @@ def gate_up_silu_kernel(
     """Program p computes output tiles p, p + NUM_PROGRAMS, ... of silu(x @ W_gate.T) * (x @ W_up.T)."""
     num_tiles_m = tl.cdiv(M, BM)
     num_tiles_n = tl.cdiv(I, BH)
-    k_steps = tl.cdiv(K, BK)
     # The epilogue finds its tile from a counter of its own: with the loops flattened and pipelined, the
     # next tile's loads are issued before this tile's store, so the two must not share values.
     epilogue_tile = tl.program_id(0) - NUM_PROGRAMS
     for tile_id in tl.range(tl.program_id(0), num_tiles_m * num_tiles_n, NUM_PROGRAMS, flatten=True):
         tile_m, tile_n = grouped_tile(tile_id, num_tiles_m, num_tiles_n, GROUP_M)
-        gate = tl.zeros((BM, BH), tl.float32)
-        up = tl.zeros((BM, BH), tl.float32)
-        for k_step in range(k_steps):  # TMA zero-fills rows and columns past the tensors' ends
+        acc = tl.zeros((BM, 2 * BH), tl.float32)  # columns [gate | up] of the output tile
+        for k_step in range(tl.cdiv(K, BK)):  # TMA zero-fills rows and columns past the tensors' ends
             x = x_desc.load([tile_m * BM, k_step * BK])
-            gate = tl.dot(x, w_desc.load([tile_n * BH, k_step * BK]).T, gate)
-            up = tl.dot(x, w_desc.load([I + tile_n * BH, k_step * BK]).T, up)
+            w = w_desc.load([0, tile_n * BH, k_step * BK]).reshape(2 * BH, BK)  # gate rows, then up rows
+            acc = tl.dot(x, w.T, acc)
         epilogue_tile += NUM_PROGRAMS
         tile_m, tile_n = grouped_tile(epilogue_tile, num_tiles_m, num_tiles_n, GROUP_M)
-        # gate columns past I (the last tile when BH does not divide I) read up rows: the store clips them
+        gate, up = acc.reshape(BM, 2, BH).permute(0, 2, 1).split()
         y_desc.store([tile_m * BM, tile_n * BH], (gate / (1.0 + tl.exp(-gate)) * up).to(y_desc.dtype))
 
 
@@ -114,7 +114,7 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if num_rows == 0:
         return out
     x_desc = TensorDescriptor.from_tensor(x, [BLOCK_M, BLOCK_K])
-    w_desc = TensorDescriptor.from_tensor(weight, [BLOCK_H, BLOCK_K])
+    w_desc = TensorDescriptor(weight, [2, inter, k], [inter * k, k, 1], [2, BLOCK_H, BLOCK_K])
     y_desc = TensorDescriptor.from_tensor(out, [BLOCK_M, BLOCK_H])
     num_programs = _num_sms(x.device)  # not fewer where there are fewer tiles: one compile for all M
     gate_up_silu_kernel[(num_programs,)](
