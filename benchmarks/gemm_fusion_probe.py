@@ -68,7 +68,7 @@ from gemm_backends import PEAK_TFLOPS, time_us, weight_shapes  # noqa: E402
 from gpu_workloads import MODELS  # noqa: E402
 
 from pagedlm.ops.activation import silu_and_mul  # noqa: E402
-from pagedlm.ops.gate_up_silu import gate_up_silu  # noqa: E402
+from pagedlm.ops.gate_up_silu import gate_up_silu, grouped_tile  # noqa: E402
 from pagedlm.ops.triton_compat import patch_interpreter  # noqa: E402
 
 patch_interpreter()  # the tile and K loops' bounds are run-time values
@@ -98,16 +98,6 @@ CONFIGS = [
     TileConfig(128, 256, 64, 3, 8), TileConfig(256, 128, 64, 3, 8),
     TileConfig(128, 128, 64, 4, 8, True), TileConfig(128, 256, 64, 3, 8, True),
 ]
-
-
-@triton.jit
-def grouped_tile(tile_id, num_tiles_m, num_tiles_n, GROUP_M: tl.constexpr):
-    """Tile id -> (row tile, column tile): GROUP_M row tiles sweep the column tiles together."""
-    tiles_per_group = GROUP_M * num_tiles_n
-    first_m = (tile_id // tiles_per_group) * GROUP_M
-    rows_in_group = tl.minimum(num_tiles_m - first_m, GROUP_M)
-    in_group = tile_id % tiles_per_group
-    return first_m + in_group % rows_in_group, in_group // rows_in_group
 
 
 @triton.jit

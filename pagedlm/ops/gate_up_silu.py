@@ -11,10 +11,10 @@ T3-off end to end, session 14 run 7.)
 
 The GEMM is persistent (one program per SM, each looping over output tiles in grouped order, so that
 GROUP_M row tiles share each weight tile through L2) and loads and stores through host-side TMA
-descriptors (Hopper). Measured on the H200 (benchmarks/gemm_fusion_probe.py, session 14 run 6; the
-probe's fused kernel interleaved gate and up rows, this one reads them as stored): the plain persistent
-GEMM at 0.97-1.09x cuBLAS's time on llama3-8b's four GEMMs, and gate_up fused at 0.95-0.97x of cuBLAS
-gate_up + silu_and_mul at 16,384 rows, 0.98x at 2,048 (about cuBLAS's gate_up alone).
+descriptors (Hopper). Measured on the H200 (benchmarks/gemm_fusion_probe.py, session 14 runs 6 and 8,
+llama3-8b's gate_up): 0.945x the time of cuBLAS gate_up + silu_and_mul at 16,384 rows, 0.973x at 2,048
+(1.035x cuBLAS's gate_up alone at both); end to end (run 8, one process each) T0 llama3-8b 7,177 against
+7,065 output tok/s without it, T3-off 1,963 against 1,925.
 
 Used by layers.Linear for 16-bit inputs of at least MIN_ROWS rows on a device with TMA (sm_90+);
 below that cuBLAS + silu_and_mul (or the GEMV, whose prologue does the activation) stay. Under the
