@@ -42,7 +42,7 @@ def step_modes(runner) -> dict[str, Callable[[int], None]]:
     end = sections.copy_end(True, 0)  # A and B, no block table
     for slot in range(len(staging)):
         staging[slot].flat.copy_(staging[0].flat)
-        staging[slot].write_stage_header(end, 1, 0)
+        staging[slot].write_stage_header(end)
     event = torch.cuda.Event()
     stream = torch.cuda.current_stream()
     ids_host = runner._sampled_cpu

@@ -38,6 +38,7 @@ BLOCK_M, BLOCK_H, BLOCK_K = 128, 128, 64  # an output tile [BM, BH]: a dot of x 
 NUM_STAGES, NUM_WARPS = 3, 8  # the probe's fastest config (128 x 256 x 64, 3 stages, 8 warps)
 GROUP_M = 8
 DTYPES = (torch.float16, torch.bfloat16)
+TMA_MAJORS = (9, 10)  # compute capabilities (major) the kernel is for
 
 
 @triton.jit
@@ -86,18 +87,26 @@ def _num_sms(device: torch.device) -> int:
 
 @functools.cache
 def _has_tma(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
+    """Hopper and data-centre Blackwell: TMA, and the ~180 KB of shared memory this config takes
+    (sm_120's ~99 KB a block would not hold it)."""
+    return (device.type == "cuda" and torch.version.hip is None
+            and torch.cuda.get_device_capability(device)[0] in TMA_MAJORS)
 
 
 def takes_fused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Whether x [M, K] and gate_up's weight [2I, K] (no bias) go through gate_up_silu."""
     return (bias is None and x.is_cuda and x.dim() == 2 and x.shape[0] >= MIN_ROWS and x.dtype in DTYPES
-            and x.dtype == weight.dtype and _has_tma(x.device) and _tma_ready(x) and _tma_ready(weight))
+            and x.dtype == weight.dtype and _has_tma(x.device) and _tma_ready(x) and _tma_ready(weight)
+            and _rows_aligned(weight.shape[0] // 2, x.element_size()))
 
 
 def _tma_ready(t: torch.Tensor) -> bool:
     """TMA: unit last stride, 16-byte aligned base and row stride."""
-    return t.stride(-1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+    return t.stride(-1) == 1 and _rows_aligned(t.stride(0), t.element_size()) and t.data_ptr() % 16 == 0
+
+
+def _rows_aligned(row_elems: int, element_size: int) -> bool:
+    return row_elems * element_size % 16 == 0
 
 
 def gate_up_silu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -106,15 +115,17 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"x must be [M, K] and weight [2I, K]; got {tuple(x.shape)}, {tuple(weight.shape)}")
     if x.dtype != weight.dtype or x.dtype not in DTYPES:
         raise ValueError(f"x and weight must share a dtype of {DTYPES}; got {x.dtype}, {weight.dtype}")
-    if not (_tma_ready(x) and _tma_ready(weight)):
-        raise ValueError("x and weight must have unit last strides and 16-byte aligned rows (TMA)")
     num_rows, k = x.shape
     inter = weight.shape[0] // 2
+    if not (_tma_ready(x) and _tma_ready(weight) and _rows_aligned(inter, x.element_size())):
+        raise ValueError(f"x and weight must have unit last strides and 16-byte aligned rows, and the output "
+                         f"rows of I = {inter} elements must be 16-byte aligned (TMA)")
     out = torch.empty(num_rows, inter, dtype=x.dtype, device=x.device)
     if num_rows == 0:
         return out
     x_desc = TensorDescriptor.from_tensor(x, [BLOCK_M, BLOCK_K])
-    w_desc = TensorDescriptor(weight, [2, inter, k], [inter * k, k, 1], [2, BLOCK_H, BLOCK_K])
+    row_stride = weight.stride(0)
+    w_desc = TensorDescriptor(weight, [2, inter, k], [inter * row_stride, row_stride, 1], [2, BLOCK_H, BLOCK_K])
     y_desc = TensorDescriptor.from_tensor(out, [BLOCK_M, BLOCK_H])
     num_programs = _num_sms(x.device)  # not fewer where there are fewer tiles: one compile for all M
     gate_up_silu_kernel[(num_programs,)](

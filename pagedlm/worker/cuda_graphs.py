@@ -32,10 +32,10 @@ a copy into one shared static buffer cost a kernel a step and broke the PDL chai
 
 Graphs of at most STAGED_MAX_SIZE rows come twice more, one per host staging set: such a graph first
 copies the step's inputs from that pinned set itself (ops/stage_in.py: a kernel, no copy-engine
-operation; also the block table into the fixed-width one when the step brings one) and its argmax also
-writes the ids into that set's pinned output (the runner's sampled ids), so a steady small decode step
-is one graph launch and an event (replay(size, slot)). The runner takes them for every decode step of
-such a size; the plain graph (replay(size)) remains for steps that copy their inputs before it.
+operation) and its argmax also writes the ids into that set's pinned output (the runner's sampled ids),
+so a steady small decode step is one graph launch and an event (replay(size, slot)). The runner takes
+them for every decode step of such a size that copies no block table; the plain graph (replay(size))
+takes the others, whose inputs, table included, one copy brings before it.
 
 The host ints of the captured AttentionMetadata are fixed per size: num_tokens = num_seqs = size,
 max_query_len 1, max_seq_len = max_model_len. So the backend's choice of kernel (varlen or split
@@ -130,7 +130,7 @@ class DecodeGraphs:
         pool = torch.cuda.graph_pool_handle()
         stream.wait_stream(torch.cuda.current_stream(device))
         for staging in self._staging:  # the header of a staged graph's warm-up: nothing to copy
-            staging.write_stage_header(staging.num_head_ids * 8, 0, 0)
+            staging.write_stage_header(staging.num_head_ids * 8)
         with torch.cuda.stream(stream):
             for size in reversed(self.sizes):
                 self._fill_padding(size)
@@ -165,10 +165,8 @@ class DecodeGraphs:
         """What a staged graph of this size does first: the copy from staging set `slot` that its
         header describes."""
         staging = self._staging[slot]
-        sections = staging.sections(size, size)
-        steady_words = (sections.copy_end(True, 0) - staging.num_head_ids * 8) // 4  # sections A and B
-        stage_in(staging.head, staging.words, self._inputs.words, sections.tensors["block_table"],
-                 self.block_table, block=triton.next_power_of_2(steady_words))
+        steady_words = (staging.sections(size, size).copy_end(True, 0) - staging.num_head_ids * 8) // 4  # A, B
+        stage_in(staging.head, staging.words, self._inputs.words, block=triton.next_power_of_2(steady_words))
 
     def logits(self, size: int, slot: int | None = None) -> torch.Tensor | None:
         """[size, vocab_size] float32: the logits of the last replay, which must be of this graph;

@@ -69,8 +69,8 @@ class InputBatch:
         return len(self.req_id_to_row)
 
     def forget_previous_step(self) -> None:
-        """The device buffers were written outside the steps (graph capture): the next step
-        reuses nothing."""
+        """The device buffers were written outside the steps (graph capture), or a step that failed
+        may not have written them (a staged graph copies its own inputs): the next step reuses nothing."""
         self._previous = None
 
     def add_request(self, new: NewRequestData, prompt_embeds: torch.Tensor | None) -> int:

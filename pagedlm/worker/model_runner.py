@@ -19,9 +19,9 @@ piecewise_graphs.MAX_PIECEWISE_SIZE tokens without prompt_embeds the piecewise g
 (piecewise_graphs.py: the forward between attention calls; the attention runs eagerly).
 For a decode graph the host pads the batch in the staging set,
 the same copy fills the static buffers, and the graph gathers its own input ids; up to
-cuda_graphs.STAGED_MAX_SIZE rows the graph copies them itself from the staging set instead (a kernel
-reading pinned memory, ops/stage_in.py) and its argmax writes the ids into the set's pinned output,
-so such a step issues no copy-engine operation. Up to
+cuda_graphs.STAGED_MAX_SIZE rows, when the step copies no block table, the graph copies them itself
+from the staging set instead (a kernel reading pinned memory, ops/stage_in.py) and its argmax writes
+the ids into the set's pinned output, so such a step issues no copy-engine operation. Up to
 cuda_graphs.MAX_LOGITS_ROWS rows the graph also computes the logits and their argmax and writes
 that into last_sampled: a batch that samples greedily and needs nothing else (the sampler's
 is_greedy) takes the graph's ids as they are; any other batch is sampled eagerly from the graph's
@@ -41,7 +41,6 @@ from pagedlm.core.sched_output import NewRequestData, SchedulerOutput
 from pagedlm.model.llama import LlamaForCausalLM
 from pagedlm.model.loader import load_model
 from pagedlm.ops.jit_watch import compile_watch
-from pagedlm.ops.stage_in import HEADER_WORDS
 from pagedlm.sample.sampler import SamplerOutput
 from pagedlm.sample.state import SamplingState
 from pagedlm.worker import memory
@@ -94,7 +93,7 @@ class ModelRunner:
         buckets = capture_sizes(self.max_num_reqs, self.max_num_tokens)  # the graph sizes
         # the device set's head: last_sampled by row, then one scratch entry per graph row
         # (on host sets: the stage-in header)
-        set_layout = dict(bucket_sizes=buckets, num_head_ids=max(self.max_num_reqs + buckets[-1], HEADER_WORDS))
+        set_layout = dict(bucket_sizes=buckets, num_head_ids=self.max_num_reqs + buckets[-1])
         cpu = torch.device("cpu")
         self._staging = [StepBuffers(*sizes, cpu, pin=self.use_cuda, **set_layout)
                          for _ in range(NUM_STAGING_SETS)]
@@ -228,11 +227,12 @@ class ModelRunner:
             staging.pad_decode(staged, layout.num_seqs, layout.num_samples, copies_seq_sections)
         num_table_elems = layout.num_table_elems_to_copy
         copy_end = staged.copy_end(copies_seq_sections, num_table_elems)
-        stage_slot = slot if graph_size and self.graphs.is_staged(graph_size) else None
+        # a table is larger than a stage-in reads in one round trip (ops/stage_in.py): one copy then
+        stage_slot = slot if graph_size and self.graphs.is_staged(graph_size) and not num_table_elems else None
         if stage_slot is None:
             self._inputs.copy_from(staging, copy_end)
-        else:  # the graph copies them (and loads the table it brings)
-            staging.write_stage_header(copy_end, layout.num_seqs, layout.num_block_cols if num_table_elems else 0)
+        else:  # the graph copies them
+            staging.write_stage_header(copy_end)
         self._table_version += num_table_elems > 0
         inputs = self._inputs.sections(layout.bucket_tokens, layout.bucket_seqs)
         try:
@@ -240,6 +240,7 @@ class ModelRunner:
         except BaseException:
             if self.use_cuda:  # no event will guard this staging set's copy: wait for it here
                 torch.cuda.current_stream(self._device_index).synchronize()  # sync-ok: a failed step
+            self.input_batch.forget_previous_step()  # a staged graph may not have brought the inputs
             raise
         self._in_flight[slot] = output
         return output
@@ -329,9 +330,7 @@ class ModelRunner:
         num_tokens, num_seqs, num_cols = layout.num_tokens, layout.num_seqs, layout.num_block_cols
         if graph_size:
             graphs = self.graphs
-            if stage_slot is not None and layout.num_table_elems_to_copy:  # the graph loads it
-                graphs.block_table_version = self._table_version
-            elif graphs.block_table_version != self._table_version:  # on the device already
+            if graphs.block_table_version != self._table_version:
                 graphs.load_block_table(inputs.prefix("block_table", num_seqs, num_cols),
                                         self._table_version)
             return graphs.replay(graph_size, stage_slot)

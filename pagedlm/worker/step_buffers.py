@@ -176,10 +176,9 @@ class StepBuffers:
         """Non-blocking copy of src's bytes [end of the head, end) (one CUDA call)."""
         self._range(end).copy_(src._range(end), non_blocking=True)
 
-    def write_stage_header(self, end: int, table_rows: int, table_cols: int) -> None:
-        """Host set: the header of ops/stage_in.py in the head, for the copy copy_from(self, end) would
-        make, and a block table of table_rows x table_cols (0 columns: none) to load."""
-        self._head_np[:3] = (end - self.num_head_ids * 8) // 4, table_rows, table_cols
+    def write_stage_header(self, end: int) -> None:
+        """Host set: the header of ops/stage_in.py in the head, for the copy copy_from(self, end) would make."""
+        self._head_np[0] = (end - self.num_head_ids * 8) // 4
 
     def _range(self, end: int) -> torch.Tensor:
         view = self._ranges.get(end)

@@ -125,10 +125,9 @@ def run_op_wrappers() -> None:
     for dtype in (torch.float16, torch.bfloat16):  # the fused gate_up + SiLU GEMM (prefill-sized batches)
         for inter, k in ((14336, 4096), (3072, 1024)):
             gate_up_silu(torch.empty(2048, k, dtype=dtype), torch.empty(2 * inter, k, dtype=dtype))
-    for block in (64, 256):  # the staged graphs' stage-in (batch 1 and 8)
-        stage_in(torch.empty(3, dtype=torch.int64), torch.empty(5000, dtype=torch.int32),
-                 torch.empty(5000, dtype=torch.int32), torch.empty(64, dtype=torch.int32),
-                 torch.empty(8, 40, dtype=torch.int32), block)
+    for block in (64, 128):  # the staged graphs' stage-in (sizes 1-4, 8)
+        stage_in(torch.empty(1, dtype=torch.int64), torch.empty(5000, dtype=torch.int32),
+                 torch.empty(5000, dtype=torch.int32), block)
     for vocab_size in (151936, 49152, 32000):
         for temperature in (None, torch.empty(256, 6)[:, 1]):  # None and a strided column
             fused_gumbel_draw(torch.empty(256, vocab_size), temperature, torch.empty(256, dtype=torch.int64))

@@ -119,9 +119,13 @@ def _check_each_replay(runner: ModelRunner, run: Run) -> None:
         num_seqs = len(runner.input_batch._previous.req_ids)
         expected = compute_logits(_eager_decode(runner, size, num_seqs))
         graphs._outputs[size, slot].fill_(float("nan"))  # the replay must write every real row again
-        if slot is not None:
-            runner._sampled_cpu[slot].fill_(-1)  # the staged graph writes the ids there
+        if slot is not None:  # the staged graph must copy its inputs again and write the ids to the host
+            staged_inputs = runner._inputs.words.clone()
+            runner._inputs.words[:int(runner._staging[slot].head[0])] = -1  # the words its header names
+            runner._sampled_cpu[slot].fill_(-1)
         hidden = replay(size, slot)
+        if slot is not None:
+            assert torch.equal(runner._inputs.words, staged_inputs)
         run.replays.append(ReplayCheck(num_seqs, size, compute_logits(hidden[:num_seqs]), expected))
         graph_logits = graphs.logits(size, slot)  # the graph's own LM head, up to MAX_LOGITS_ROWS rows
         assert (graph_logits is None) == (size > MAX_LOGITS_ROWS)

@@ -39,6 +39,20 @@ def test_small_tiles_ragged(monkeypatch: pytest.MonkeyPatch, num_rows: int, inte
     _check(num_rows, inter, k, torch.float16, "cpu", seed=num_rows)
 
 
+def test_strided_weight_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A weight whose rows are a slice of wider ones (row stride > K): the descriptor follows the stride."""
+    if torch.cuda.is_available():
+        pytest.skip("CPU interpreter case")
+    for name in ("BLOCK_M", "BLOCK_H", "BLOCK_K"):
+        monkeypatch.setattr(fused, name, 16)
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(20, 48, generator=generator).half()
+    wide = (torch.randn(64, 64, generator=generator) / 8).half()
+    weight = wide[:, :48]  # [2I = 64, K = 48], row stride 64
+    want = _reference(x, weight)
+    torch.testing.assert_close(fused.gate_up_silu(x, weight).float(), want, atol=1e-2, rtol=1e-2)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("num_rows, inter, k", [(2085, 14336, 4096), (3000, 3072, 1024), (2053, 1000, 256)])
@@ -55,6 +69,8 @@ def test_linear_takes_the_fused_gemm_only_where_it_applies() -> None:
         layer = layer.cuda()
         assert layer.gated(torch.ones(fused.MIN_ROWS - 1, 64, device="cuda").half()) is None
         assert layer.gated(torch.ones(fused.MIN_ROWS, 64, device="cuda")) is None  # fp32
+        odd = Linear(64, 82, bias=False, dtype=torch.float16).cuda()  # I = 41: output rows not TMA-aligned
+        assert odd.gated(torch.ones(fused.MIN_ROWS, 64, device="cuda").half()) is None
         got = layer.gated(torch.ones(fused.MIN_ROWS, 64, device="cuda").half())
         assert got is not None and got.shape == (fused.MIN_ROWS, 64) and (got == 0).all()  # zero weight
 
@@ -67,3 +83,5 @@ def test_rejects_bad_input() -> None:
         fused.gate_up_silu(x, torch.zeros(128, 64, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="16-byte aligned"):
         fused.gate_up_silu(torch.zeros(4, 130, dtype=torch.float16)[:, :64], torch.zeros(128, 64, dtype=torch.float16))
+    with pytest.raises(ValueError, match="I = 41"):  # output rows of 82 bytes
+        fused.gate_up_silu(x, torch.zeros(82, 64, dtype=torch.float16))
