@@ -7,7 +7,8 @@ alone, session 14 run 1): each copy is a copy-engine operation on the compute st
 hand-overs between the engines around it. A kernel reads pinned host memory directly (unified
 addressing: the host pointer is a device pointer), so the graph reads its inputs itself and the
 step needs no copy-engine operation (the graph's argmax writes the sampled ids to pinned memory too:
-ops/argmax.py). With it L2's step took 656.5-657.3 µs against 667.2-667.9 (session 14, run 3).
+ops/argmax.py). With it L2's step took 656.5-657.3 µs against 667.2-667.9 (session 14, run 3; that
+version staged the steps that add a block too, 1 in 16 at batch 1, which now take the plain graph).
 
 The header (int64, in the staging set's head, written by the host before the launch) is the number of
 int32 words to copy, from the end of the head on, as StepBuffers.copy_from copies bytes. The first
