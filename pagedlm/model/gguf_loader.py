@@ -1,7 +1,12 @@
 """Read a llama.cpp GGUF file as Hugging Face named float32 tensors (dequantised at load), and its
-RoPE frequency factors (`rope_freqs`), which no config field describes."""
+RoPE frequency factors (`rope_freqs`), which no config field describes.
+
+Both read one parse of the file (`reader`, cached until `release_readers`): parsing the default
+model's file takes ~2 s on the CI machine (its tokenizer's 49k-entry arrays), and the model is
+built (rope_freqs) before its weights are filled."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -11,7 +16,7 @@ import torch
 from pagedlm.config import ModelConfig
 
 if TYPE_CHECKING:
-    from gguf import ReaderTensor
+    from gguf import GGUFReader, ReaderTensor
 
 ROPE_FREQS = "rope_freqs.weight"
 
@@ -44,18 +49,29 @@ def unpermute_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return per_head.transpose(1, 2).reshape(weight.shape)
 
 
+@functools.lru_cache(maxsize=1)
+def reader(path: str) -> GGUFReader:
+    """The parsed GGUF file at path (memory-mapped), shared until release_readers()."""
+    import gguf  # only for GGUF files: the GPU machine's environment has no gguf package
+
+    return gguf.GGUFReader(path)
+
+
+def release_readers() -> None:
+    """Drop the cached parse (and its memory map), once the model is loaded."""
+    reader.cache_clear()
+
+
 def iter_gguf_tensors(config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """(Hugging Face name, float32 tensor) for every tensor of config.model that the model knows."""
-    import gguf
-
     path = Path(config.model)
     if path.suffix != ".gguf" or not path.is_file():
         raise ValueError(f"model: load_format gguf needs an existing .gguf file; got {config.model!r}")
-    reader = gguf.GGUFReader(str(path))
-    arch_field = reader.fields.get("general.architecture")
+    parsed = reader(str(path))
+    arch_field = parsed.fields.get("general.architecture")
     # only llama.cpp's llama converter (also used for Mistral) permutes q/k rows
     permuted = arch_field is not None and arch_field.contents() == "llama"
-    for tensor in reader.tensors:
+    for tensor in parsed.tensors:
         name = hf_name(tensor.name)
         if name is None:
             continue
@@ -74,11 +90,8 @@ def gguf_rope_freqs(config: ModelConfig) -> torch.Tensor | None:
     turn it back into rope_scaling: without these factors such a model runs with plain RoPE."""
     if config.gguf_file is None:
         return None
-    import gguf  # only for GGUF files: the GPU machine's environment has no gguf package
-
     path = Path(config.model)
-    reader = gguf.GGUFReader(str(path))
-    tensor = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)
+    tensor = next((t for t in reader(str(path)).tensors if t.name == ROPE_FREQS), None)
     if tensor is None:
         return None
     factors = _dequantize(tensor, path).reshape(-1)

@@ -9,7 +9,7 @@ import torch
 
 from pagedlm.attention.backend import AttentionBackend
 from pagedlm.config import ModelConfig
-from pagedlm.model.gguf_loader import iter_gguf_tensors
+from pagedlm.model.gguf_loader import iter_gguf_tensors, release_readers
 from pagedlm.model.llama import LlamaForCausalLM
 
 DUMMY_SEED = 0
@@ -19,17 +19,20 @@ DUMMY_STD = 0.02
 def load_model(config: ModelConfig, attn_backend: AttentionBackend, device: torch.device
                ) -> LlamaForCausalLM:
     """The model in config.dtype on device, in eval mode, every weight filled, no grad."""
-    with torch.device(device):
-        model = LlamaForCausalLM(config, attn_backend)
-    with torch.no_grad():
-        if config.load_format == "dummy":
-            fill_dummy_weights(model, device)
-        elif config.load_format == "safetensors":
-            fill_weights(model, iter_safetensors(config.model), config.model)
-        elif config.load_format == "gguf":
-            fill_weights(model, iter_gguf_tensors(config), config.model)
-        else:
-            raise ValueError(f"load_format must be safetensors, gguf or dummy; got {config.load_format!r}")
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(config, attn_backend)
+        with torch.no_grad():
+            if config.load_format == "dummy":
+                fill_dummy_weights(model, device)
+            elif config.load_format == "safetensors":
+                fill_weights(model, iter_safetensors(config.model), config.model)
+            elif config.load_format == "gguf":
+                fill_weights(model, iter_gguf_tensors(config), config.model)
+            else:
+                raise ValueError(f"load_format must be safetensors, gguf or dummy; got {config.load_format!r}")
+    finally:
+        release_readers()  # the GGUF parse the model's build and its weights shared
     return model.eval()
 
 

@@ -159,3 +159,26 @@ def test_a_safetensors_model_loads_without_the_gguf_package(hf_llama3: torch.nn.
     config = build_model_config(str(tmp_path), "auto", "float32", torch.device("cpu"), 64, True)
     model = load_model(config, TorchAttentionBackend(), torch.device("cpu"))
     assert model.config.gguf_file is None
+
+
+def test_one_parse_of_the_file_per_load(hf_llama3: torch.nn.Module, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model's build (rope_freqs) and its weights read one parse of the GGUF file (~2 s for the
+    default model's), released once loaded, also when the load fails. (transformers parses it again for
+    the config, before.)"""
+    import gguf
+
+    from pagedlm.model import gguf_loader
+
+    parses = []
+    parse = gguf.GGUFReader
+    path = tmp_path / "llama31.gguf"
+    write_gguf(hf_llama3, path, llama3_factors(hf_llama3))
+    config = build_model_config(str(path), "auto", "float32", CPU, None, True)
+    monkeypatch.setattr(gguf, "GGUFReader", lambda name: parses.append(name) or parse(name))
+    load_model(config, TorchAttentionBackend(), CPU)
+    assert parses == [str(path)] and gguf_loader.reader.cache_info().currsize == 0
+    write_gguf(hf_llama3, path, torch.ones(4))  # the same path, now a bad file: parsed again, and released
+    with pytest.raises(ValueError, match="4 factors"):
+        load_model(config, TorchAttentionBackend(), CPU)
+    assert parses == [str(path)] * 2 and gguf_loader.reader.cache_info().currsize == 0
