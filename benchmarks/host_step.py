@@ -45,6 +45,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -223,15 +224,21 @@ def _replay_gpu_us(graphs: Any, batch_size: int, num_replays: int = 200) -> floa
     the static buffers and block table as the last step left them (a finished run: its KV is
     not read again)."""
     size = graphs.padded_size(batch_size)
+    return queued_gpu_us(lambda i: graphs.replay(size), num_replays)
+
+
+def queued_gpu_us(step: Callable[[int], Any], num_steps: int) -> float:
+    """GPU µs of one step(i) (CUDA only): one run first, then num_steps of them queued behind a GPU
+    sleep, so that the host's launch time is hidden, timed by CUDA events."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    graphs.replay(size)
-    torch.cuda._sleep(100_000_000)  # keeps the GPU busy while the host queues the replays
+    step(0)
+    torch.cuda._sleep(100_000_000)  # keeps the GPU busy while the host queues the steps
     start.record()
-    for _ in range(num_replays):
-        graphs.replay(size)
+    for i in range(num_steps):
+        step(i)
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) * 1e3 / num_replays
+    return start.elapsed_time(end) * 1e3 / num_steps
 
 
 def _run_batch(args: argparse.Namespace, batch_size: int, folder: Path) -> dict[str, float]:

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from decode_replay import dummy_llm, fill_decode_batch  # noqa: E402
 from gpu_workloads import MODELS  # noqa: E402
+from host_step import queued_gpu_us  # noqa: E402
 
 NUM_STEPS = 200
 
@@ -71,18 +72,6 @@ def step_modes(runner) -> dict[str, Callable[[int], None]]:
     return {"replay": replay, "+event": with_event, "copies": copies, "staged": staged, "staged0": staged0}
 
 
-def gpu_us(step: Callable[[int], None]) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    step(0)
-    torch.cuda._sleep(100_000_000)  # the GPU busy while the host queues the steps
-    start.record()
-    for i in range(NUM_STEPS):
-        step(i)
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / NUM_STEPS
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shape", default="qwen3-0.6b", choices=sorted(MODELS))
@@ -97,7 +86,7 @@ def main() -> None:
         times: dict[str, list[float]] = {mode: [] for mode in modes}
         for _ in range(args.rounds):
             for mode, step in modes.items():
-                times[mode].append(gpu_us(step))
+                times[mode].append(queued_gpu_us(step, NUM_STEPS))
     base = statistics.median(times["replay"])
     print(f"\n{args.shape}, batch 1, context {args.context}: GPU µs a step (median of {args.rounds} rounds "
           f"of {NUM_STEPS} steps)")

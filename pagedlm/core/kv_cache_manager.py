@@ -99,8 +99,7 @@ class KVCacheManager:
         is_first = held is None
         if computed_blocks and not is_first:
             raise ValueError("computed_blocks: only a request that holds no blocks takes prefix hits")
-        num_total_tokens = (request.num_computed_tokens + len(computed_blocks) * self.block_size
-                            + num_new_tokens)
+        num_total_tokens = self._num_total_tokens(request, num_new_tokens, computed_blocks)
         num_new_blocks = self.num_blocks_to_take(request, num_new_tokens, computed_blocks)
         # Hits on free (evictable) blocks take them out of the free queue too.
         num_free_hits = sum(1 for block_id in computed_blocks if self.pool.ref_cnts[block_id] == 0)
@@ -119,9 +118,12 @@ class KVCacheManager:
         """The new blocks (prefix hits excluded) allocate_slots takes to hold `num_computed_tokens`, the
         hit in `computed_blocks` and `num_new_tokens` more tokens."""
         num_held = len(self.req_to_blocks.get(request.request_id, ()))
-        num_total_tokens = (request.num_computed_tokens + len(computed_blocks) * self.block_size
-                            + num_new_tokens)
+        num_total_tokens = self._num_total_tokens(request, num_new_tokens, computed_blocks)
         return max(cdiv(num_total_tokens, self.block_size) - num_held - len(computed_blocks), 0)
+
+    def _num_total_tokens(self, request: Request, num_new_tokens: int, computed_blocks: list[int]) -> int:
+        """The request's tokens once num_new_tokens more are scheduled after its prefix hit."""
+        return request.num_computed_tokens + len(computed_blocks) * self.block_size + num_new_tokens
 
     def free(self, request: Request) -> None:
         """Releases the request's blocks, tail first, so the tail is evicted first."""

@@ -48,7 +48,6 @@ class Linear(nn.Module):
             x = ops.silu_and_mul(x)
         return F.linear(x, self.weight, self.bias)
 
-
     def gated(self, x: torch.Tensor | PendingNorm) -> torch.Tensor | None:
         """For a gate_up projection (rows gate, then up): silu(x W_gate^T) * (x W_up^T) [T, out_features / 2]
         from the fused GEMM (ops/gate_up_silu.py) where it applies (prefill-sized 16-bit batches on CUDA),

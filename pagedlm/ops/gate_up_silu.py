@@ -96,8 +96,12 @@ def _has_tma(device: torch.device) -> bool:
 def takes_fused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Whether x [M, K] and gate_up's weight [2I, K] (no bias) go through gate_up_silu."""
     return (bias is None and x.is_cuda and x.dim() == 2 and x.shape[0] >= MIN_ROWS and x.dtype in DTYPES
-            and x.dtype == weight.dtype and _has_tma(x.device) and _tma_ready(x) and _tma_ready(weight)
-            and _rows_aligned(weight.shape[0] // 2, x.element_size()))
+            and x.dtype == weight.dtype and _has_tma(x.device) and _tma_aligned(x, weight))
+
+
+def _tma_aligned(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """x, weight and the output [M, I] as TMA needs them (_tma_ready; the output is contiguous)."""
+    return _tma_ready(x) and _tma_ready(weight) and _rows_aligned(weight.shape[0] // 2, x.element_size())
 
 
 def _tma_ready(t: torch.Tensor) -> bool:
@@ -117,7 +121,7 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"x and weight must share a dtype of {DTYPES}; got {x.dtype}, {weight.dtype}")
     num_rows, k = x.shape
     inter = weight.shape[0] // 2
-    if not (_tma_ready(x) and _tma_ready(weight) and _rows_aligned(inter, x.element_size())):
+    if not _tma_aligned(x, weight):
         raise ValueError(f"x and weight must have unit last strides and 16-byte aligned rows, and the output "
                          f"rows of I = {inter} elements must be 16-byte aligned (TMA)")
     out = torch.empty(num_rows, inter, dtype=x.dtype, device=x.device)
