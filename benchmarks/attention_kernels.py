@@ -17,6 +17,8 @@ Causal attention FLOPs = 4 * head_dim * heads * sum over queries of visible keys
 --decode sweeps the decode settings (keys per tile x warps x stages: triton_paged's DECODE_* for the
 varlen kernel, split count 1; triton_decode's SPLIT_* for the split kernel, split counts > 1)
 on decode-only batches, reported as KV-cache GB/s:
+  decode-t0        256 sequences x 576 keys, llama3-8b heads (T0's decode steps, mid-run)
+  decode-t0-qwen   the same, qwen3-0.6b heads
   decode-t1        256 sequences x 800 keys, qwen3-0.6b heads (T1's decode steps)
   decode-t2        400 x 1500, llama3-8b heads (T2's)
   decode-b1-qwen   1 x 400, qwen3-0.6b (L2), split path
@@ -47,6 +49,8 @@ CASES = {  # name: (num_seqs, cached tokens, query tokens, num_heads, num_kv_hea
     "prefill-qwen": (16, 0, 512, 16, 8),
 }
 DECODE_CASES = {  # name: (num_seqs, context tokens, num_heads, num_kv_heads, split counts to try)
+    "decode-t0": (256, 576, 32, 8, (1, 2)),
+    "decode-t0-qwen": (256, 576, 16, 8, (1, 2)),
     "decode-t1": (256, 800, 16, 8, (1, 4)),
     "decode-t2": (400, 1500, 32, 8, (1, 4)),
     "decode-b1-qwen": (1, 400, 16, 8, (16,)),
