@@ -172,7 +172,7 @@ def paged_attention_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr, DECODE: tl.constexpr,
-    ORDERED: tl.constexpr, LONGEST_FIRST: tl.constexpr, PDL: tl.constexpr,
+    ORDERED: tl.constexpr, PDL: tl.constexpr,
 ):
     """One program: BLOCK_Q query tokens of one sequence x the GROUP query heads of one KV head.
     DECODE (sequences [0, num_seqs) have at most one query token each): program i is sequence i,
@@ -185,10 +185,8 @@ def paged_attention_kernel(
             seq = tl.load(decode_order_ptr + tile)
         else:
             seq = tile
-    else:  # grid (tiles, KV heads); LONGEST_FIRST: the last tiles (most keys) start first
+    else:  # grid (tiles, KV heads)
         tile = tl.program_id(0) + tile_base
-        if LONGEST_FIRST:
-            tile = tl.num_programs(0) - 1 - tl.program_id(0) + tile_base
         kv_head = tl.program_id(1)
         seq = find_seq(query_start_loc_ptr, first_seq, num_seqs, tile, BLOCK_Q)
     q_seq_start = tl.load(query_start_loc_ptr + seq)
@@ -262,7 +260,6 @@ PREFILL_BLOCK_M = 64  # rows (query tokens x heads of a group) per prefill tile
 PREFILL_BLOCK_N = 64  # keys per step of a prefill tile (head_dim <= 128)
 PREFILL_NUM_WARPS = 4
 PREFILL_NUM_STAGES = 2
-PREFILL_LONGEST_FIRST = True  # query tiles in reverse order: a causal tile's keys grow with its index
 
 
 def varlen_block_m(max_query_len: int, group_pad: int) -> int:
@@ -337,7 +334,7 @@ def _launch(
         num_seqs, seq_base, tile_base, scale * LOG2_E, sliding_window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), meta.block_table.stride(0),
         *cache_strides(kv_cache), GROUP_PAD=group_pad, BLOCK_M=block_m, DECODE=decode,
-        ORDERED=order is not None, LONGEST_FIRST=PREFILL_LONGEST_FIRST, **constexprs,
+        ORDERED=order is not None, **constexprs,
         num_warps=PREFILL_NUM_WARPS if prefill else DECODE_NUM_WARPS,
         num_stages=PREFILL_NUM_STAGES if prefill else DECODE_NUM_STAGES, **pdl.launch_args(q.device),
     )
