@@ -4,7 +4,7 @@
     python benchmarks/attention_kernels.py [--sweep] [--json out.json]
     python benchmarks/attention_kernels.py --decode [--spread 5] [--configs 128x4x3,64x4x2] [--cases decode-t1]
         [--json out.json]   (the decode tile sweep)
-    python benchmarks/attention_kernels.py --mixed   (a mixed step's decodes in one launch or two)
+    python benchmarks/attention_kernels.py --mixed   (a mixed step's decodes in one launch or two, and the two on two streams)
 
 Cases (bf16, block size 16, head_dim 128, KV blocks shuffled in the pool):
   prefill-llama  16 prompts x 512 tokens, 32 heads / 8 KV heads (T0 llama3-8b's prefill)
@@ -251,6 +251,38 @@ MIXED_CASES = {  # name: (decodes, their context, prompts, prompt tokens, num_he
 }
 
 
+STREAM_VARIANTS = [  # (label, decodes on the side stream, decodes launched first, side stream high priority)
+    ("streams: decodes side, first", True, True, False),
+    ("streams: decodes side hi, last", True, False, True),
+    ("streams: prompts side, first", False, False, False),
+    ("streams: prompts side hi, last", False, True, True),
+]
+
+
+def two_streams(q, kv_cache, meta, out, decodes_on_side: bool, decodes_first: bool, priority: bool):
+    """The decode launch and the prompts' launch of a mixed step on two streams, so that the
+    memory-bound decodes and the compute-bound prompts may share the SMs; -> a call."""
+    side = torch.cuda.Stream(priority=-1 if priority else 0)
+    decodes = lambda: triton_paged._launch(  # noqa: E731
+        q, kv_cache, meta, HEAD_DIM ** -0.5, None, out, meta.num_decodes, order=meta.decode_order)
+    prompts = lambda: triton_paged._launch(  # noqa: E731
+        q, kv_cache, meta, HEAD_DIM ** -0.5, None, out, meta.num_seqs, first_seq=meta.num_decodes)
+    on_side, on_main = (decodes, prompts) if decodes_on_side else (prompts, decodes)
+    side_first = decodes_first == decodes_on_side
+
+    def call():
+        main = torch.cuda.current_stream()
+        side.wait_stream(main)
+        if not side_first:
+            on_main()
+        with torch.cuda.stream(side):
+            on_side()
+        if side_first:
+            on_main()
+        main.wait_stream(side)
+    return call
+
+
 def mixed_step(name: str) -> list[dict]:
     """A mixed step's attention, its decodes first: one launch (decodes in query tiles) against
     two (num_decodes: the decodes as a decode batch, then the prompts), and each part alone."""
@@ -278,6 +310,14 @@ def mixed_step(name: str) -> list[dict]:
         call = lambda: triton_paged.varlen_attention(rq, cache, m, HEAD_DIM ** -0.5, None, out=out)  # noqa: E731
         row = dict(case=name, config=label, ms=time_ms(call))
         outs[label] = out.float()
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    for label, decodes_on_side, decodes_first, priority in STREAM_VARIANTS:
+        out = torch.full_like(q, float("nan"))
+        call = two_streams(q, kv_cache, split, out, decodes_on_side, decodes_first, priority)
+        call()
+        err2 = (out.float() - outs["decodes apart"]).abs().max().item()
+        row = dict(case=name, config=label, ms=time_ms(call), err=err2)
         print(json.dumps(row), flush=True)
         rows.append(row)
     err = (outs["one launch"] - outs["decodes apart"]).abs().max().item()
