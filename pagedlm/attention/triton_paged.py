@@ -22,12 +22,6 @@ group's heads of one token are real) and the prefill tiles' grid order (below). 
 (attention_kernels.py --mixed): a T1-like mixed step's attention 0.270 -> 0.249 ms, a T3-like one
 1.370 -> 1.330.
 
-On CUDA the two launches run on two streams: the prompts' tiles on the caller's stream, then the
-decodes on a high-priority side stream that forks after everything queued before the attention and
-joins before anything after it. The memory-bound decode programs take SMs as soon as prompt tiles
-(compute-bound) free them, instead of waiting for the whole prompt launch. H200, session 15
-(attention_kernels.py --mixed, run 3): T3-like 1.338 -> 1.273 ms, T1-like 0.250 -> 0.230.
-
 Decode launch order (ORDERED): a few decode tiles fill an SM's shared memory, so the SMs take the
 programs in launch order, a few at a time, and a ragged batch ends when its last-started long sequence does
 (makespan up to the mean load plus one long job). Given meta.decode_order (the host's permutation
@@ -44,8 +38,6 @@ only within a head's pass. H200, session 9 (attention_kernels.py --decode, KV TB
 Decode-only batches too small to fill the GPU take the flash-decoding path in triton_decode.py.
 """
 from __future__ import annotations
-
-import functools
 
 import torch
 import triton
@@ -298,8 +290,7 @@ def varlen_attention(
     sliding_window: int | None,
     out: torch.Tensor | None = None,  # [T, num_heads, head_dim], like q; allocated when None
 ) -> torch.Tensor:  # [T, num_heads, head_dim]; rows past query_start_loc[num_seqs] are left unwritten
-    """A decode batch in one launch; a mixed one as the query tiles of the sequences after its leading
-    decodes and, beside them on CUDA, those decodes as a decode batch (module notes)."""
+    """A decode batch in one launch; a mixed one as its leading decodes, then the rest (module notes)."""
     out = torch.empty_like(q) if out is None else out
     num_decodes = meta.num_seqs if meta.max_query_len <= 1 else meta.num_decodes
     if not 0 <= num_decodes <= meta.num_seqs:
@@ -308,36 +299,11 @@ def varlen_attention(
         raise ValueError(f"num_decodes={num_decodes}: the first num_decodes sequences must have one query "
                          f"token each; they have {int(meta.query_start_loc_cpu[num_decodes])} in all")
     order = decode_order(meta, num_decodes)
-    decodes = functools.partial(_launch, q, kv_cache, meta, scale, sliding_window, out, num_decodes, order=order)
-    if num_decodes == meta.num_seqs:
-        decodes()
-        return out
-    prompts = functools.partial(_launch, q, kv_cache, meta, scale, sliding_window, out, meta.num_seqs,
-                                first_seq=num_decodes)
-    if num_decodes and q.is_cuda:
-        _beside(prompts, decodes, q.device)
-    else:
-        prompts()
-        if num_decodes:
-            decodes()
+    if num_decodes:
+        _launch(q, kv_cache, meta, scale, sliding_window, out, num_decodes, order=order)
+    if num_decodes < meta.num_seqs:
+        _launch(q, kv_cache, meta, scale, sliding_window, out, meta.num_seqs, first_seq=num_decodes)
     return out
-
-
-def _beside(first, second, device: torch.device) -> None:
-    """first() on the current stream, second() on the side stream (module notes: two streams); both
-    after everything queued before, and everything queued after waits for both."""
-    main, side = torch.cuda.current_stream(device), _side_stream(device)
-    side.wait_stream(main)
-    first()
-    with torch.cuda.stream(side):
-        second()
-    main.wait_stream(side)
-
-
-@functools.cache
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    """The stream a mixed batch's decodes run on: high priority (a lower number is higher)."""
-    return torch.cuda.Stream(device, priority=-1)
 
 
 def _launch(

@@ -2,7 +2,6 @@
 batches of up to 4k tokens. Skipped without CUDA (tests/conftest.py)."""
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import random
 import sys
@@ -84,41 +83,6 @@ def test_split_decode_gpu(num_splits: int) -> None:
     ref = helpers.reference_attention(batch, 0.09, None, dtype=torch.float32)
     assert rel_error(out[:3], ref[:3]) <= MAX_REL_ERROR
     assert out[3:].isnan().all()
-
-
-def test_mixed_batch_decodes_run_beside_the_prompts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A mixed batch with marked decodes: the prompts' tiles launch on the caller's stream, the decodes
-    on the high-priority side stream; the output (eager, and replayed from a CUDA graph over a
-    poisoned output) matches the fp32 reference, and the caller's stream waits for both."""
-    from pagedlm.attention import triton_paged
-
-    batch = helpers.make_batch([900, 40, 2000, 0, 300], [1, 1, 1, 700, 65], num_heads=32, num_kv_heads=8,
-                               head_dim=128, block_size=16, dtype=torch.bfloat16, num_pad_tokens=3, device="cuda")
-    helpers.write_cache(batch)
-    order = helpers.lpt_order(batch.meta.seq_lens_cpu[:3]).cuda()
-    meta = dataclasses.replace(batch.meta, num_decodes=3, decode_order=order)
-    streams = []
-    real_launch = triton_paged._launch
-    monkeypatch.setattr(triton_paged, "_launch", lambda *args, **kwargs: streams.append(
-        (kwargs.get("first_seq"), torch.cuda.current_stream())) or real_launch(*args, **kwargs))
-    ref = helpers.reference_attention(batch, 0.09, None, dtype=torch.float32)
-    out = torch.full_like(batch.q, float("nan"))
-    torch.cuda.synchronize()
-    triton_paged.varlen_attention(batch.q, batch.kv_cache, meta, 0.09, None, out=out)
-    assert rel_error(out[:768], ref[:768]) <= MAX_REL_ERROR  # read on the caller's stream: joined
-    (prompts_first, prompts_stream), (decodes_first, decodes_stream) = streams
-    assert (prompts_first, decodes_first) == (3, None)
-    assert prompts_stream == torch.cuda.current_stream()
-    assert decodes_stream != prompts_stream and decodes_stream.priority < prompts_stream.priority
-    graph, capture_stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    with torch.cuda.stream(capture_stream):  # warm
-        triton_paged.varlen_attention(batch.q, batch.kv_cache, meta, 0.09, None, out=out)
-    capture_stream.synchronize()
-    with torch.cuda.graph(graph, stream=capture_stream):
-        triton_paged.varlen_attention(batch.q, batch.kv_cache, meta, 0.09, None, out=out)
-    out.fill_(float("nan"))
-    graph.replay()
-    assert rel_error(out[:768], ref[:768]) <= MAX_REL_ERROR
 
 
 def test_step_varying_shapes_compile_once() -> None:
