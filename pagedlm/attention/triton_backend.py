@@ -2,23 +2,15 @@
 long contexts, the flash-decoding split path. Every choice is made from host ints."""
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.attention.triton_decode import DEFAULT_NUM_SMS, choose_num_splits, split_decode_attention
 from pagedlm.attention.triton_paged import varlen_attention
+from pagedlm.ops.device_info import num_sms
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
-
-
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return DEFAULT_NUM_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 class TritonAttentionBackend:
@@ -37,7 +29,7 @@ class TritonAttentionBackend:
             return torch.empty_like(q) if out is None else out
         num_splits = 1
         if meta.max_query_len == 1:
-            num_splits = choose_num_splits(meta.num_seqs, kv_cache.shape[3], meta.max_seq_len, _num_sms(q.device))
+            num_splits = choose_num_splits(meta.num_seqs, kv_cache.shape[3], meta.max_seq_len, num_sms(q.device, DEFAULT_NUM_SMS))
         if num_splits > 1:
             return split_decode_attention(q, kv_cache, meta, scale, sliding_window, num_splits, out=out)
         return varlen_attention(q, kv_cache, meta, scale, sliding_window, out=out)

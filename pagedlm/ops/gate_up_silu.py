@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from pagedlm.ops.device_info import num_sms
 from pagedlm.ops.triton_compat import patch_interpreter
 
 patch_interpreter()  # the tile and K loops' bounds are run-time values
@@ -79,13 +80,6 @@ def gate_up_silu_kernel(
 
 
 @functools.cache
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter: a few programs, each looping over several tiles
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-@functools.cache
 def _has_tma(device: torch.device) -> bool:
     """Hopper and data-centre Blackwell: TMA, and the ~180 KB of shared memory this config takes
     (sm_120's ~99 KB a block would not hold it)."""
@@ -131,7 +125,9 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     row_stride = weight.stride(0)
     w_desc = TensorDescriptor(weight, [2, inter, k], [inter * row_stride, row_stride, 1], [2, BLOCK_H, BLOCK_K])
     y_desc = TensorDescriptor.from_tensor(out, [BLOCK_M, BLOCK_H])
-    num_programs = _num_sms(x.device)  # not fewer where there are fewer tiles: one compile for all M
+    # not fewer where there are fewer tiles (one compile for all M); the interpreter: a few programs,
+    # each looping over several tiles
+    num_programs = num_sms(x.device, elsewhere=4)
     gate_up_silu_kernel[(num_programs,)](
         x_desc, w_desc, y_desc, num_rows, inter, k, BM=BLOCK_M, BH=BLOCK_H, BK=BLOCK_K, GROUP_M=GROUP_M,
         NUM_PROGRAMS=num_programs, num_stages=NUM_STAGES, num_warps=NUM_WARPS)
