@@ -6,6 +6,7 @@ happens while serving). The capture covers decode batches; these steps add
   longer one (the prefill tile; the profile step has it too, but not with num_gpu_blocks_override,
   which skips the profile),
 - the fused random draw with a temperature and without one,
+- where the step budget allows, a prompt of gate_up_silu.MIN_ROWS tokens (the fused gate_up GEMM),
 - a decode step of each (eager under enforce_eager), the last one over more than
   MIN_KEYS_PER_SPLIT keys: the split-decode kernel, which a decode over a short context never takes
   (with CUDA graphs the capture has launched it already; its prompt then only costs a prefill),
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 from pagedlm.attention.triton_decode import MIN_KEYS_PER_SPLIT
 from pagedlm.core.block_pool import NULL_BLOCK_ID
 from pagedlm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+from pagedlm.ops import gate_up_silu
 from pagedlm.sampling_params import SamplingParams
 from pagedlm.worker.input_batch import cdiv
 
@@ -38,10 +40,21 @@ if TYPE_CHECKING:
 WARM_UP_REQUESTS = ((2, 0.7), (2, 1.0), (32, 0.0), (MIN_KEYS_PER_SPLIT + 1, 0.0))
 
 
+def warm_up_requests(max_num_tokens: int, max_model_len: int) -> tuple[tuple[int, float], ...]:
+    """WARM_UP_REQUESTS and, where one step holds gate_up_silu.MIN_ROWS tokens of one prompt, such a
+    prompt: the fused gate_up GEMM's first launch (the profile step and the piecewise capture of that
+    many tokens launch it too, but num_gpu_blocks_override skips the profile and cudagraph_mode
+    FULL_DECODE_ONLY the capture)."""
+    if min(max_num_tokens, max_model_len - 1) >= gate_up_silu.MIN_ROWS:
+        return WARM_UP_REQUESTS + ((gate_up_silu.MIN_ROWS, 0.0),)
+    return WARM_UP_REQUESTS
+
+
 def warm_up_kernels(runner: ModelRunner) -> None:
-    """Per request of WARM_UP_REQUESTS: its prompt in chunks of the step budget, one decode step,
+    """Per request of warm_up_requests: its prompt in chunks of the step budget, one decode step,
     then it leaves. Waits for each step."""
-    for i, (num_prompt, temperature) in enumerate(WARM_UP_REQUESTS):
+    requests = warm_up_requests(runner.max_num_tokens, runner.config.model.max_model_len)
+    for i, (num_prompt, temperature) in enumerate(requests):
         num_prompt = min(num_prompt, runner.config.model.max_model_len - 1)
         num_blocks = cdiv(num_prompt + 1, runner.block_size)
         if NULL_BLOCK_ID + num_blocks >= runner.input_batch.num_kv_blocks:

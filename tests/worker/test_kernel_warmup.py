@@ -7,7 +7,8 @@ from worker_helpers import MiniScheduler, Req, hf_greedy, make_config, make_runn
 
 from pagedlm.sampling_params import SamplingParams
 from pagedlm.worker.input_batch import cdiv
-from pagedlm.worker.kernel_warmup import WARM_UP_REQUESTS, warm_up_kernels
+from pagedlm.ops import gate_up_silu
+from pagedlm.worker.kernel_warmup import WARM_UP_REQUESTS, warm_up_kernels, warm_up_requests
 
 
 def test_warm_up_leaves_no_trace(tiny):
@@ -18,11 +19,21 @@ def test_warm_up_leaves_no_trace(tiny):
     max_prompt = runner.config.model.max_model_len - 1
     # per request: its prompt in chunks of the 32-token budget, then a decode step; then the mixed
     # step's two (a prefill, then its decode with a new prompt)
-    assert runner._num_steps == steps_before + sum(cdiv(min(n, max_prompt), 32) + 1 for n, _ in WARM_UP_REQUESTS) + 2
+    requests = warm_up_requests(32, max_prompt + 1)
+    assert runner._num_steps == steps_before + sum(cdiv(min(n, max_prompt), 32) + 1 for n, _ in requests) + 2
     assert runner.input_batch.num_reqs == 0 and runner.input_batch.req_id_to_row == {}
     sched = MiniScheduler(block_size=8, max_num_seqs=3, token_budget=32)
     sched.add(Req("after", random_prompt(7, 60), 4))
     assert run_requests(runner, sched, async_mode=True)["after"] == hf_greedy(hf_model, 4, random_prompt(7, 60))
+
+
+def test_fused_gemm_prompt_only_where_a_step_holds_it():
+    """The fused gate_up GEMM's prompt joins the warm-up where one step holds MIN_ROWS prompt tokens."""
+    rows = gate_up_silu.MIN_ROWS
+    assert warm_up_requests(32, 4096) == WARM_UP_REQUESTS
+    assert warm_up_requests(rows, rows) == WARM_UP_REQUESTS  # max_model_len - 1 tokens at most
+    assert warm_up_requests(rows, rows + 1) == WARM_UP_REQUESTS + ((rows, 0.0),)
+    assert warm_up_requests(16384, 8192)[-1] == (rows, 0.0)
 
 
 def _long_context_copy(folder, tmp_path):
