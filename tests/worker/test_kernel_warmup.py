@@ -36,15 +36,15 @@ def test_fused_gemm_prompt_only_where_a_step_holds_it():
     assert warm_up_requests(16384, 8192)[-1] == (rows, 0.0)
 
 
-def _long_context_copy(folder, tmp_path):
-    """The tiny model's folder with max_position_embeddings 512."""
+def _long_context_copy(folder, tmp_path, positions: int = 512):
+    """The tiny model's folder with max_position_embeddings `positions`."""
     import json
     import shutil
 
     long_folder = tmp_path / "long"
     shutil.copytree(folder, long_folder)
     config = json.loads((long_folder / "config.json").read_text())
-    (long_folder / "config.json").write_text(json.dumps(dict(config, max_position_embeddings=512)))
+    (long_folder / "config.json").write_text(json.dumps(dict(config, max_position_embeddings=positions)))
     return long_folder
 
 
@@ -71,6 +71,31 @@ def test_no_compile_while_serving(tiny, tmp_path, max_model_len):
         sched.add(Req(f"r{i}", random_prompt(num_prompt, 70 + i), 6, params))
     done = run_requests(runner, sched, async_mode=True)
     assert all(len(tokens) == 6 for tokens in done.values())
+    late = [f"{e.kernel}{e.signature}" for e in compile_watch().since(first)]
+    assert not late, "compiled while serving:\n" + "\n".join(late)
+
+
+@pytest.mark.gpu
+def test_fused_gemm_compiles_at_start_up(tiny, tmp_path, monkeypatch):
+    """bf16 with num_gpu_blocks_override (no profile step) and FULL_DECODE_ONLY (no piecewise capture)
+    and a budget of MIN_ROWS tokens: a prompt that takes the fused gate_up GEMM while serving compiles
+    nothing then (the warm-up's MIN_ROWS-token prompt launched it at start-up)."""
+    from pagedlm import LLM
+    from pagedlm.ops.jit_watch import compile_watch
+
+    rows = gate_up_silu.MIN_ROWS
+    folder = _long_context_copy(tiny[0], tmp_path, positions=2 * rows)
+    llm = LLM(str(folder), dtype="bfloat16", device="cuda", attention_backend="triton", skip_tokenizer_init=True,
+              cudagraph_mode="FULL_DECODE_ONLY", num_gpu_blocks_override=2 * rows // 16 + 8,
+              max_num_batched_tokens=rows, max_model_len=2 * rows, max_num_seqs=2)
+    first = len(compile_watch().events)
+    fused = []
+    real = gate_up_silu.gate_up_silu
+    monkeypatch.setattr(gate_up_silu, "gate_up_silu", lambda x, w: fused.append(x.shape[0]) or real(x, w))
+    out = llm.generate([{"prompt_token_ids": random_prompt(rows + 100, 5)}],
+                       SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 2
+    assert rows in fused  # the prompt's first chunk took the fused GEMM while serving
     late = [f"{e.kernel}{e.signature}" for e in compile_watch().since(first)]
     assert not late, "compiled while serving:\n" + "\n".join(late)
 
