@@ -22,8 +22,34 @@ NUM_NEW_TOKENS = 24
 
 
 @pytest.fixture(scope="module")
-def llm() -> LLM:
-    return LLM()
+def llm_and_parses() -> tuple[LLM, list[str]]:
+    """LLM(), and the paths of the GGUF parses its start-up made (config, tokenizer, model)."""
+    import gguf
+
+    parses: list[str] = []
+    construct = gguf.GGUFReader
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", lambda path, *args, **kwargs: parses.append(str(path))
+                      or construct(path, *args, **kwargs))
+        llm = LLM()
+    return llm, parses
+
+
+@pytest.fixture(scope="module")
+def llm(llm_and_parses: tuple[LLM, list[str]]) -> LLM:
+    return llm_and_parses[0]
+
+
+def test_start_up_parses_the_file_once(llm_and_parses: tuple[LLM, list[str]]) -> None:
+    """The config, the tokenizer and the model share one parse (~2 s each on the CI machine),
+    released after the start-up; gguf.GGUFReader is gguf's own again."""
+    import gguf
+
+    from pagedlm.model import gguf_loader
+
+    assert llm_and_parses[1] == [str(Path(default_model_path()).resolve())]
+    assert gguf_loader._parse.cache_info().currsize == 0
+    assert not hasattr(gguf.GGUFReader, "unshared")
 
 
 @pytest.fixture(scope="module")

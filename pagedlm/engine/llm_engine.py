@@ -12,6 +12,7 @@ from pagedlm.config import EngineArgs, EngineConfig
 from pagedlm.engine.engine_core import EngineCore
 from pagedlm.engine.output_processor import OutputProcessor
 from pagedlm.engine.tokenizer import bad_words_token_ids, encode_prompt, load_tokenizer
+from pagedlm.model.gguf_loader import one_parse
 from pagedlm.outputs import RequestOutput
 from pagedlm.request import Request
 from pagedlm.sampling_params import SamplingParams
@@ -47,7 +48,9 @@ class LLMEngine:
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
-        return cls(args.create_engine_config())
+        """The config, the tokenizer and the model share one parse of a GGUF file."""
+        with one_parse(args.model):
+            return cls(args.create_engine_config())
 
     def process_request(self, prompt: PromptType, params: SamplingParams) -> ProcessedRequest:
         """Validates and tokenises without touching the engine; raises ValueError."""

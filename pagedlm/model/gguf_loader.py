@@ -3,9 +3,11 @@ RoPE frequency factors (`rope_freqs`), which no config field describes.
 
 Both read one parse of the file (`reader`, cached until `release_readers`): parsing the default
 model's file takes ~2 s on the CI machine (its tokenizer's 49k-entry arrays), and the model is
-built (rope_freqs) before its weights are filled."""
+built (rope_freqs) before its weights are filled. While `one_parse()` is open, transformers' config
+and tokenizer loads (which construct gguf.GGUFReader themselves) get that parse too."""
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,17 +51,51 @@ def unpermute_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return per_head.transpose(1, 2).reshape(weight.shape)
 
 
-@functools.lru_cache(maxsize=1)
 def reader(path: str) -> GGUFReader:
     """The parsed GGUF file at path (memory-mapped), shared until release_readers()."""
+    return _parse(str(Path(path).resolve()))
+
+
+@functools.lru_cache(maxsize=1)
+def _parse(path: str) -> GGUFReader:
     import gguf  # only for GGUF files: the GPU machine's environment has no gguf package
 
-    return gguf.GGUFReader(path)
+    construct = gguf.GGUFReader
+    return getattr(construct, "unshared", construct)(path)  # inside one_parse: the real constructor
 
 
 def release_readers() -> None:
     """Drop the cached parse (and its memory map), once the model is loaded."""
-    reader.cache_clear()
+    _parse.cache_clear()
+
+
+@contextlib.contextmanager
+def one_parse(model: str | None) -> Iterator[None]:
+    """For a GGUF model (None: the default model, one): inside, gguf.GGUFReader(path) of a .gguf file
+    returns reader(path), so transformers' config and tokenizer loads take the parse the loader
+    shares; released at exit. Other models run as they are (gguf is not imported)."""
+    if model is not None and not model.endswith(".gguf"):
+        yield
+        return
+    try:
+        import gguf
+    except ImportError:  # the load that needs it says so
+        yield
+        return
+    construct = gguf.GGUFReader
+
+    def shared(path, *args, **kwargs) -> GGUFReader:
+        if str(path).endswith(".gguf") and not args and not kwargs:
+            return reader(path)
+        return construct(path, *args, **kwargs)
+
+    shared.unshared = construct
+    gguf.GGUFReader = shared
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = construct
+        release_readers()
 
 
 def iter_gguf_tensors(config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
