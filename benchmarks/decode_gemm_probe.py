@@ -85,11 +85,11 @@ def split_k_kernel(x_desc, w_desc, part_ptr, M, N, K, k_per_split,
 @triton.jit
 def sum_splits_kernel(part_ptr, y_ptr, MN, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
     """y[i] = round(sum over s of part[s, i]) for BLOCK elements of the [M, N] output."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < MN
     acc = tl.zeros((BLOCK,), tl.float32)
-    for s in tl.static_range(SPLITS):
-        acc += tl.load(part_ptr + s * MN + offs, mask=mask, other=0.0)
+    for s in tl.static_range(SPLITS):  # s * MN in int64: the LM head's partials pass 2^31 from ~5,600 rows
+        acc += tl.load(part_ptr + offs + s * MN.to(tl.int64), mask=mask, other=0.0)
     tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 

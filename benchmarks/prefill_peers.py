@@ -5,8 +5,7 @@ step's fresh prompts should leave the paged kernel.
     python benchmarks/prefill_peers.py [--json out.json]
 
 Rows per case (bf16, head_dim 128, llama3-8b heads 32 / 8 KV):
-  triton MxwxsxN   our paged kernel (triton_paged) with PREFILL_BLOCK_M x warps x stages x BLOCK_N;
-                   "rev": PREFILL_LONGEST_FIRST (query tiles launched last-first)
+  triton MxwxsxN   our paged kernel (triton_paged) with PREFILL_BLOCK_M x warps x stages x BLOCK_N
   sdpa-<backend>   F.scaled_dot_product_attention, one call per prompt on [T, H, D] views (the layout
                    the engine has), k/v contiguous [T, KV, D]; the backend forced
   sdpa-batched     one call on [B, H, L, D] contiguous (attention_kernels.py's peer)
@@ -38,8 +37,9 @@ CASES = {  # name: (prompts, prompt length)
     "t2-step": (16, 1000),  # T2
 }
 NUM_HEADS, NUM_KV_HEADS = 32, 8
-TRITON_CONFIGS = [(64, 4, 2, 64, 1), (64, 4, 2, 64, 0), (128, 8, 2, 128, 1), (64, 4, 3, 64, 1), (128, 8, 2, 64, 1)]
-SETTINGS = ("PREFILL_BLOCK_M", "PREFILL_NUM_WARPS", "PREFILL_NUM_STAGES", "PREFILL_BLOCK_N", "PREFILL_LONGEST_FIRST")
+TRITON_CONFIGS = [(64, 4, 2, 64), (128, 8, 2, 64), (128, 8, 3, 64), (128, 8, 2, 128), (128, 4, 2, 64),
+                  (64, 4, 3, 64), (64, 4, 2, 128)]
+SETTINGS = ("PREFILL_BLOCK_M", "PREFILL_NUM_WARPS", "PREFILL_NUM_STAGES", "PREFILL_BLOCK_N")
 
 
 def sdpa_per_prompt(q, k, v, starts, backend):
@@ -98,7 +98,7 @@ def run_case(name: str) -> list[dict]:
         def ours(config=config):
             with kernel_settings(SETTINGS, config):
                 return triton_paged.varlen_attention(q, kv_cache, meta, HEAD_DIM ** -0.5, None, out=out)
-        emit("triton {}x{}x{}x{}{}".format(*config[:4], " rev" if config[4] else ""), ours)
+        emit("triton {}x{}x{}x{}".format(*config), ours)
     from torch.nn.attention import SDPBackend
     for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
         emit(f"sdpa-{backend.name.lower()}", lambda b=backend: sdpa_per_prompt(q, k, v, starts, b))
