@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -69,11 +70,15 @@ def release_readers() -> None:
     _parse.cache_clear()
 
 
+_ONE_PARSE = threading.RLock()  # one patch of gguf.GGUFReader at a time; a nested span shares it
+
+
 @contextlib.contextmanager
 def one_parse(model: str | None) -> Iterator[None]:
     """For a GGUF model (None: the default model, one): inside, gguf.GGUFReader(path) of a .gguf file
     returns reader(path), so transformers' config and tokenizer loads take the parse the loader
-    shares; released at exit. Other models run as they are (gguf is not imported)."""
+    shares; released at exit. Other models run as they are (gguf is not imported). Engines built
+    in other threads meanwhile wait; a span opened inside another adds nothing."""
     if model is not None and not model.endswith(".gguf"):
         yield
         return
@@ -82,20 +87,24 @@ def one_parse(model: str | None) -> Iterator[None]:
     except ImportError:  # the load that needs it says so
         yield
         return
-    construct = gguf.GGUFReader
+    with _ONE_PARSE:
+        construct = gguf.GGUFReader
+        if hasattr(construct, "unshared"):  # inside another span: it shares and releases
+            yield
+            return
 
-    def shared(path, *args, **kwargs) -> GGUFReader:
-        if str(path).endswith(".gguf") and not args and not kwargs:
-            return reader(path)
-        return construct(path, *args, **kwargs)
+        def shared(path, *args, **kwargs) -> GGUFReader:
+            if str(path).endswith(".gguf") and not args and not kwargs:
+                return reader(path)
+            return construct(path, *args, **kwargs)
 
-    shared.unshared = construct
-    gguf.GGUFReader = shared
-    try:
-        yield
-    finally:
-        gguf.GGUFReader = construct
-        release_readers()
+        shared.unshared = construct
+        gguf.GGUFReader = shared
+        try:
+            yield
+        finally:
+            gguf.GGUFReader = construct
+            release_readers()
 
 
 def iter_gguf_tensors(config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:

@@ -6,15 +6,17 @@ happens while serving). The capture covers decode batches; these steps add
   longer one (the prefill tile; the profile step has it too, but not with num_gpu_blocks_override,
   which skips the profile),
 - the fused random draw with a temperature and without one,
-- where the step budget allows, a prompt of gate_up_silu.MIN_ROWS tokens (the fused gate_up GEMM),
 - a decode step of each (eager under enforce_eager), the last one over more than
   MIN_KEYS_PER_SPLIT keys: the split-decode kernel, which a decode over a short context never takes
   (with CUDA graphs the capture has launched it already; its prompt then only costs a prefill),
 - a mixed step, a decode ahead of a 2-token prompt: the varlen kernel's decode launch for a mixed
   step's leading decodes (decode-only steps replay graphs, and where every capture size takes the
-  split decode, as at small max_num_seqs and long max_model_len, nothing else launches it).
-They run on the real KV cache before any request exists, in blocks no request owns yet (not the
-null block, which pads block tables)."""
+  split decode, as at small max_num_seqs and long max_model_len, nothing else launches it),
+- the fused gate_up GEMM on zeros, where a step can hold gate_up_silu.MIN_ROWS rows (the profile
+  step and the piecewise capture launch it too, unless num_gpu_blocks_override and FULL_DECODE_ONLY
+  skip them).
+The steps run on the real KV cache before any request exists, in blocks no request owns yet (not
+the null block, which pads block tables)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING
 from pagedlm.attention.triton_decode import MIN_KEYS_PER_SPLIT
 from pagedlm.core.block_pool import NULL_BLOCK_ID
 from pagedlm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+from pagedlm.model.llama import LlamaMLP
 from pagedlm.ops import gate_up_silu
 from pagedlm.sampling_params import SamplingParams
 from pagedlm.worker.input_batch import cdiv
@@ -40,21 +43,10 @@ if TYPE_CHECKING:
 WARM_UP_REQUESTS = ((2, 0.7), (2, 1.0), (32, 0.0), (MIN_KEYS_PER_SPLIT + 1, 0.0))
 
 
-def warm_up_requests(max_num_tokens: int, max_model_len: int) -> tuple[tuple[int, float], ...]:
-    """WARM_UP_REQUESTS and, where one step holds gate_up_silu.MIN_ROWS tokens of one prompt, such a
-    prompt: the fused gate_up GEMM's first launch (the profile step and the piecewise capture of that
-    many tokens launch it too, but num_gpu_blocks_override skips the profile and cudagraph_mode
-    FULL_DECODE_ONLY the capture)."""
-    if min(max_num_tokens, max_model_len - 1) >= gate_up_silu.MIN_ROWS:
-        return WARM_UP_REQUESTS + ((gate_up_silu.MIN_ROWS, 0.0),)
-    return WARM_UP_REQUESTS
-
-
 def warm_up_kernels(runner: ModelRunner) -> None:
-    """Per request of warm_up_requests: its prompt in chunks of the step budget, one decode step,
-    then it leaves. Waits for each step."""
-    requests = warm_up_requests(runner.max_num_tokens, runner.config.model.max_model_len)
-    for i, (num_prompt, temperature) in enumerate(requests):
+    """Per request of WARM_UP_REQUESTS: its prompt in chunks of the step budget, one decode step,
+    then it leaves. Waits for each step. Then a mixed step, and the fused gate_up GEMM."""
+    for i, (num_prompt, temperature) in enumerate(WARM_UP_REQUESTS):
         num_prompt = min(num_prompt, runner.config.model.max_model_len - 1)
         num_blocks = cdiv(num_prompt + 1, runner.block_size)
         if NULL_BLOCK_ID + num_blocks >= runner.input_batch.num_kv_blocks:
@@ -72,6 +64,19 @@ def warm_up_kernels(runner: ModelRunner) -> None:
         _step(runner, [], [CachedRequestData(req_id, [], num_prompt)], 1, req_id, sample=True)
         _finish(runner, {req_id})
     _mixed_step(runner)
+    _fused_gate_up(runner)
+
+
+def _fused_gate_up(runner: ModelRunner) -> None:
+    """The fused gate_up GEMM (ops/gate_up_silu.py) once on zeros of MIN_ROWS rows, where a step can
+    be that large and the model's MLP takes it (16-bit, TMA): its only launch before serving where
+    num_gpu_blocks_override skips the profile step and FULL_DECODE_ONLY the piecewise capture."""
+    if runner.max_num_tokens < gate_up_silu.MIN_ROWS:
+        return
+    mlp = next((module for module in runner.model.modules() if isinstance(module, LlamaMLP)), None)
+    if mlp is not None:
+        weight = mlp.gate_up_proj.weight
+        mlp.gate_up_proj.gated(weight.new_zeros(gate_up_silu.MIN_ROWS, weight.shape[1]))  # None: not fused
 
 
 def _mixed_step(runner: ModelRunner) -> None:

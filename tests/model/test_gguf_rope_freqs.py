@@ -182,3 +182,25 @@ def test_one_parse_of_the_file_per_load(hf_llama3: torch.nn.Module, tmp_path: Pa
     with pytest.raises(ValueError, match="4 factors"):
         load_model(config, TorchAttentionBackend(), CPU)
     assert parses == [str(path.resolve())] * 2 and gguf_loader._parse.cache_info().currsize == 0
+
+
+def test_one_parse_spans_nest_and_restore(hf_llama3: torch.nn.Module, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A span opened inside another shares its parse (no second patch, no recursion); at the outer
+    exit gguf.GGUFReader is the constructor it was and the parse is released."""
+    import gguf
+
+    from pagedlm.model import gguf_loader
+
+    path = tmp_path / "llama31.gguf"
+    write_gguf(hf_llama3, path, llama3_factors(hf_llama3))
+    parses = []
+    parse = gguf.GGUFReader
+    counting = lambda name: parses.append(name) or parse(name)  # noqa: E731
+    monkeypatch.setattr(gguf, "GGUFReader", counting)
+    with gguf_loader.one_parse(None):
+        with gguf_loader.one_parse(str(path)):
+            first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is first and gguf_loader.reader(str(path)) is first
+    assert parses == [str(path.resolve())] and gguf.GGUFReader is counting
+    assert gguf_loader._parse.cache_info().currsize == 0

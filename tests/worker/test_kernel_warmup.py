@@ -8,7 +8,7 @@ from worker_helpers import MiniScheduler, Req, hf_greedy, make_config, make_runn
 from pagedlm.sampling_params import SamplingParams
 from pagedlm.worker.input_batch import cdiv
 from pagedlm.ops import gate_up_silu
-from pagedlm.worker.kernel_warmup import WARM_UP_REQUESTS, warm_up_kernels, warm_up_requests
+from pagedlm.worker.kernel_warmup import WARM_UP_REQUESTS, warm_up_kernels
 
 
 def test_warm_up_leaves_no_trace(tiny):
@@ -19,21 +19,30 @@ def test_warm_up_leaves_no_trace(tiny):
     max_prompt = runner.config.model.max_model_len - 1
     # per request: its prompt in chunks of the 32-token budget, then a decode step; then the mixed
     # step's two (a prefill, then its decode with a new prompt)
-    requests = warm_up_requests(32, max_prompt + 1)
-    assert runner._num_steps == steps_before + sum(cdiv(min(n, max_prompt), 32) + 1 for n, _ in requests) + 2
+    assert runner._num_steps == steps_before + sum(cdiv(min(n, max_prompt), 32) + 1 for n, _ in WARM_UP_REQUESTS) + 2
     assert runner.input_batch.num_reqs == 0 and runner.input_batch.req_id_to_row == {}
     sched = MiniScheduler(block_size=8, max_num_seqs=3, token_budget=32)
     sched.add(Req("after", random_prompt(7, 60), 4))
     assert run_requests(runner, sched, async_mode=True)["after"] == hf_greedy(hf_model, 4, random_prompt(7, 60))
 
 
-def test_fused_gemm_prompt_only_where_a_step_holds_it():
-    """The fused gate_up GEMM's prompt joins the warm-up where one step holds MIN_ROWS prompt tokens."""
-    rows = gate_up_silu.MIN_ROWS
-    assert warm_up_requests(32, 4096) == WARM_UP_REQUESTS
-    assert warm_up_requests(rows, rows) == WARM_UP_REQUESTS  # max_model_len - 1 tokens at most
-    assert warm_up_requests(rows, rows + 1) == WARM_UP_REQUESTS + ((rows, 0.0),)
-    assert warm_up_requests(16384, 8192)[-1] == (rows, 0.0)
+@pytest.mark.parametrize("budget", [gate_up_silu.MIN_ROWS, gate_up_silu.MIN_ROWS - 1])
+def test_warm_up_launches_the_fused_gemm_where_a_step_can(tiny, monkeypatch, budget):
+    """With a step budget of MIN_ROWS tokens the warm-up runs the fused gate_up GEMM once (made to
+    apply on CPU from MIN_ROWS rows, as on the GPU), on MIN_ROWS rows of a layer's own gate_up weight
+    (the warm-up's prompts are shorter: max_model_len 64); below that budget, never."""
+    folder, _ = tiny
+    runner = make_runner(make_config(folder, max_num_seqs=3, max_num_batched_tokens=budget))
+    calls = []
+    monkeypatch.setattr(gate_up_silu, "takes_fused", lambda x, weight, bias: x.shape[0] >= gate_up_silu.MIN_ROWS)
+    monkeypatch.setattr(gate_up_silu, "gate_up_silu", lambda x, weight: calls.append((x, weight)))
+    warm_up_kernels(runner)
+    if budget < gate_up_silu.MIN_ROWS:
+        assert calls == []
+        return
+    (x, weight), = calls
+    assert x.shape == (gate_up_silu.MIN_ROWS, runner.model.config.hidden_size)
+    assert weight is runner.model.model.layers[0].mlp.gate_up_proj.weight
 
 
 def _long_context_copy(folder, tmp_path, positions: int = 512):
@@ -76,26 +85,28 @@ def test_no_compile_while_serving(tiny, tmp_path, max_model_len):
 
 
 @pytest.mark.gpu
-def test_fused_gemm_compiles_at_start_up(tiny, tmp_path, monkeypatch):
+@pytest.mark.parametrize("max_model_len, prompt_lens", [(4096, [2148]), (1024, [700, 700, 700])])
+def test_fused_gemm_compiles_at_start_up(tiny, tmp_path, monkeypatch, max_model_len, prompt_lens):
     """bf16 with num_gpu_blocks_override (no profile step) and FULL_DECODE_ONLY (no piecewise capture)
-    and a budget of MIN_ROWS tokens: a prompt that takes the fused gate_up GEMM while serving compiles
-    nothing then (the warm-up's MIN_ROWS-token prompt launched it at start-up)."""
+    and a budget of MIN_ROWS tokens: a step that takes the fused gate_up GEMM while serving (one long
+    prompt's chunk, or several prompts where no prompt is that long) compiles nothing then: the
+    warm-up launched it at start-up."""
     from pagedlm import LLM
     from pagedlm.ops.jit_watch import compile_watch
 
     rows = gate_up_silu.MIN_ROWS
-    folder = _long_context_copy(tiny[0], tmp_path, positions=2 * rows)
+    folder = _long_context_copy(tiny[0], tmp_path, positions=max_model_len)
     llm = LLM(str(folder), dtype="bfloat16", device="cuda", attention_backend="triton", skip_tokenizer_init=True,
-              cudagraph_mode="FULL_DECODE_ONLY", num_gpu_blocks_override=2 * rows // 16 + 8,
-              max_num_batched_tokens=rows, max_model_len=2 * rows, max_num_seqs=2)
+              cudagraph_mode="FULL_DECODE_ONLY", num_gpu_blocks_override=320, max_num_batched_tokens=rows,
+              max_model_len=max_model_len, max_num_seqs=4)
     first = len(compile_watch().events)
     fused = []
     real = gate_up_silu.gate_up_silu
     monkeypatch.setattr(gate_up_silu, "gate_up_silu", lambda x, w: fused.append(x.shape[0]) or real(x, w))
-    out = llm.generate([{"prompt_token_ids": random_prompt(rows + 100, 5)}],
-                       SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
-    assert len(out[0].outputs[0].token_ids) == 2
-    assert rows in fused  # the prompt's first chunk took the fused GEMM while serving
+    prompts = [{"prompt_token_ids": random_prompt(n, 5 + i)} for i, n in enumerate(prompt_lens)]
+    out = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in out] == [2] * len(prompts)
+    assert rows in fused  # a full step of prompt tokens took the fused GEMM while serving
     late = [f"{e.kernel}{e.signature}" for e in compile_watch().since(first)]
     assert not late, "compiled while serving:\n" + "\n".join(late)
 
