@@ -13,15 +13,18 @@ the modelled time and output tokens/s, the largest batch.
 from __future__ import annotations
 
 import argparse
-import random
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpu_workloads import workload  # noqa: E402
 
 from pagedlm.config import CacheConfig, SchedulerConfig  # noqa: E402
 from pagedlm.core.growth import GrowthEstimate  # noqa: E402
-from pagedlm.core.sched_output import ModelRunnerOutput  # noqa: E402
+from pagedlm.core.sched_output import ModelRunnerOutput, SchedulerOutput  # noqa: E402
 from pagedlm.core.scheduler import Scheduler  # noqa: E402
 from pagedlm.request import Request  # noqa: E402
 from pagedlm.sampling_params import SamplingParams  # noqa: E402
@@ -33,38 +36,42 @@ WEIGHT_BYTES, BANDWIDTH = 16e9, 4.2e12
 KV_BYTES_PER_TOKEN, ATTENTION_BANDWIDTH = 131e3, 3.5e12
 
 
-def prompts_for(wid: str) -> tuple[list[list[int]], int, bool]:
-    """-> (prompts, max_tokens, prefix caching), as benchmarks/gpu_workloads.py builds them."""
-    rng = random.Random(0)
-    if wid == "T2":
-        return [[rng.randrange(100, 30000) for _ in range(1000)] for _ in range(1000)], 1000, True
-    prefixes = [[rng.randrange(100, 30000) for _ in range(2048)] for _ in range(16)]
-    prompts = [p + [rng.randrange(100, 30000) for _ in range(128)] for p in prefixes for _ in range(32)]
-    rng.shuffle(prompts)
-    return prompts, 128, wid == "T3-on"
+def prompts_for(wid: str) -> tuple[list[list[int]], list[int], bool]:
+    """-> (prompts, max_tokens per prompt, prefix caching) of a gpu_workloads.py workload."""
+    _, prompts, max_tokens, _, overrides = workload(wid)
+    return prompts, max_tokens, overrides.get("enable_prefix_caching", True)
+
+
+def scheduled_steps(wid: str, growth_reserve: bool, num_blocks: int = NUM_BLOCKS
+                    ) -> Iterator[tuple[Scheduler, SchedulerOutput]]:
+    """(the scheduler, its plan) per step of the workload's schedule, before the step's output (a token
+    for every sampling request) goes back to it. num_computed_tokens already counts the step's tokens."""
+    prompts, max_tokens, caching = prompts_for(wid)
+    sched = Scheduler(SchedulerConfig(max_num_seqs=1024, max_num_batched_tokens=16384),
+                      CacheConfig(block_size=16, enable_prefix_caching=caching), num_blocks, MAX_MODEL_LEN)
+    sched.growth = GrowthEstimate(MAX_MODEL_LEN, enabled=growth_reserve)
+    for i, (prompt, num_out) in enumerate(zip(prompts, max_tokens)):
+        params = SamplingParams(max_tokens=num_out, ignore_eos=True)
+        sched.add_request(Request(str(i), prompt, params, max_tokens=num_out))
+    while sched.has_unfinished_requests():
+        plan = sched.schedule()
+        yield sched, plan
+        ids = sorted(plan.sampling_req_ids)
+        sched.update_from_output(plan, ModelRunnerOutput(req_ids=ids, sampled_token_ids=[[7] for _ in ids]))
 
 
 def simulate(wid: str, growth_reserve: bool) -> str:
-    prompts, max_tokens, caching = prompts_for(wid)
-    sched = Scheduler(SchedulerConfig(max_num_seqs=1024, max_num_batched_tokens=16384),
-                      CacheConfig(block_size=16, enable_prefix_caching=caching), NUM_BLOCKS, MAX_MODEL_LEN)
-    sched.growth = GrowthEstimate(MAX_MODEL_LEN, enabled=growth_reserve)
-    for i, prompt in enumerate(prompts):
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-        sched.add_request(Request(str(i), prompt, params, max_tokens=max_tokens))
     num_steps = num_computed = max_batch = 0
     seconds = 0.0
-    while sched.has_unfinished_requests():
-        plan = sched.schedule()
+    for sched, plan in scheduled_steps(wid, growth_reserve):
         num_tokens = plan.total_num_scheduled_tokens
         context = sum(sched.requests[r].num_computed_tokens for r in plan.num_scheduled_tokens)
         seconds += max(num_tokens * GEMM_FLOPS_PER_TOKEN / PEAK_FLOPS, WEIGHT_BYTES / BANDWIDTH)
         seconds += context * KV_BYTES_PER_TOKEN / ATTENTION_BANDWIDTH
         num_steps, num_computed = num_steps + 1, num_computed + num_tokens
         max_batch = max(max_batch, len(plan.num_scheduled_tokens))
-        ids = sorted(plan.sampling_req_ids)
-        sched.update_from_output(plan, ModelRunnerOutput(req_ids=ids, sampled_token_ids=[[7] for _ in ids]))
-    num_outputs = len(prompts) * max_tokens
+    prompts, max_tokens, _ = prompts_for(wid)
+    num_outputs = sum(max_tokens)
     needed = sum(map(len, prompts)) + num_outputs - len(prompts)  # the last token needs no KV
     return (f"{wid:7} reserve={'on ' if growth_reserve else 'off'} steps {num_steps:5d}  preemptions "
             f"{sched.num_preemptions:4d}  tokens computed {num_computed:9d} ({num_computed / needed - 1:+.1%} "

@@ -1,7 +1,7 @@
 """CPU: where llama3-8b's throughput workloads spend their time on the H200, from a per-step cost
 model built on measured kernel rates, and what each kernel-level improvement would give end to end.
 
-    python benchmarks/step_cost_model.py [--workloads T0,T2,T3-off]
+    python benchmarks/step_cost_model.py [--workloads T0-llama3-8b,T2,T3-off]
 
 Each workload's schedule runs through the real Scheduler (benchmarks/scheduler_sim.py's setup, with
 the growth reserve; a fake runner samples a token for every row). Every step is costed from what it
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import random
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,14 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scheduler_sim import MAX_MODEL_LEN, prompts_for  # noqa: E402
-
-from pagedlm.config import CacheConfig, SchedulerConfig  # noqa: E402
-from pagedlm.core.growth import GrowthEstimate  # noqa: E402
-from pagedlm.core.sched_output import ModelRunnerOutput  # noqa: E402
-from pagedlm.core.scheduler import Scheduler  # noqa: E402
-from pagedlm.request import Request  # noqa: E402
-from pagedlm.sampling_params import SamplingParams  # noqa: E402
+from gpu_workloads import workload  # noqa: E402
+from scheduler_sim import scheduled_steps  # noqa: E402
 
 NUM_BLOCKS = 54923  # llama3-8b's KV cache on the H200 (session 13, run 6 log), blocks of 16
 NUM_LAYERS, KV_BYTES_PER_TOKEN = 32, 131072
@@ -51,7 +44,7 @@ PREFILL_FLOPS_PER_S = 300e12  # prefill_peers.py: 256-323 TFLOP/s on 1-2k prompt
 ELEMENTWISE_S_PER_TOKEN = 1.5e-6  # RMSNorm 104 ms + SiLU 108 + prepare_qkv 41 over T0's 164k tokens
 ELEMENTWISE_S_PER_STEP = 0.5e-3  # ~160 small launches of a decode step at ~3 µs
 BANDWIDTH = 4.23e12
-MEASURED_S = {"T0": 32768 / 7266.8, "T2": 1e6 / 9183.1, "T3-off": 65536 / 1989.6, "T3-on": 65536 / 8588.1}
+MEASURED_OUT_TOK_S = {"T0-llama3-8b": 7266.8, "T2": 9183.1, "T3-off": 1989.6, "T3-on": 8588.1}  # session 15
 
 
 @dataclass
@@ -105,25 +98,10 @@ def step_seconds(step: Step, rates: Rates) -> dict[str, float]:
             "elementwise": elementwise}
 
 
-def prompts(wid: str) -> tuple[list[list[int]], int, bool]:
-    if wid == "T0":
-        rng = random.Random(0)
-        return [[rng.randrange(100, 30000) for _ in range(512)] for _ in range(256)], 128, True
-    return prompts_for(wid)
-
-
 def schedule(wid: str) -> list[Step]:
     """The workload's steps through the real Scheduler (growth reserve on)."""
-    prompt_list, max_tokens, caching = prompts(wid)
-    sched = Scheduler(SchedulerConfig(max_num_seqs=1024, max_num_batched_tokens=16384),
-                      CacheConfig(block_size=16, enable_prefix_caching=caching), NUM_BLOCKS, MAX_MODEL_LEN)
-    sched.growth = GrowthEstimate(MAX_MODEL_LEN, enabled=True)
-    for i, prompt in enumerate(prompt_list):
-        sched.add_request(Request(str(i), prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                                  max_tokens=max_tokens))
     steps = []
-    while sched.has_unfinished_requests():
-        plan = sched.schedule()
+    for sched, plan in scheduled_steps(wid, growth_reserve=True, num_blocks=NUM_BLOCKS):
         decode_kv = visible = 0
         for req_id, num in plan.num_scheduled_tokens.items():
             context = sched.requests[req_id].num_computed_tokens - num  # schedule() has counted this step's
@@ -131,26 +109,28 @@ def schedule(wid: str) -> list[Step]:
                 decode_kv += context + 1
             else:
                 visible += num * context + num * (num + 1) // 2
-        ids = sorted(plan.sampling_req_ids)
-        steps.append(Step(plan.total_num_scheduled_tokens, len(ids), decode_kv, visible))
-        sched.update_from_output(plan, ModelRunnerOutput(req_ids=ids, sampled_token_ids=[[7] for _ in ids]))
+        steps.append(Step(plan.total_num_scheduled_tokens, len(plan.sampling_req_ids), decode_kv, visible))
     return steps
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workloads", default="T0,T2,T3-off")
+    parser.add_argument("--workloads", default="T0-llama3-8b,T2,T3-off")
     args = parser.parse_args()
     for wid in args.workloads.split(","):
+        model, _, max_tokens, _, _ = workload(wid)
+        if model != "llama3-8b":
+            raise ValueError(f"workloads: the model's rates are llama3-8b's; {wid} runs {model}")
         steps = schedule(wid)
-        num_outputs = {"T0": 32768, "T2": 1_000_000}.get(wid, 65536)
+        num_outputs = sum(max_tokens)
+        measured_s = num_outputs / MEASURED_OUT_TOK_S[wid]
         parts: dict[str, float] = {}
         for step in steps:
             for name, seconds in step_seconds(step, Rates()).items():
                 parts[name] = parts.get(name, 0.0) + seconds
         total = sum(parts.values())
         print(f"\n{wid}: {len(steps)} steps; modelled {total:.1f} s ({num_outputs / total:,.0f} out tok/s), "
-              f"measured {MEASURED_S[wid]:.1f} s ({num_outputs / MEASURED_S[wid]:,.0f})")
+              f"measured {measured_s:.1f} s ({MEASURED_OUT_TOK_S[wid]:,.0f})")
         for name, seconds in parts.items():
             print(f"  {name:18} {seconds:7.2f} s  {seconds / total:5.1%}")
         for label, rates in SCENARIOS.items():
