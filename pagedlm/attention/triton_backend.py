@@ -29,7 +29,8 @@ class TritonAttentionBackend:
             return torch.empty_like(q) if out is None else out
         num_splits = 1
         if meta.max_query_len == 1:
-            num_splits = choose_num_splits(meta.num_seqs, kv_cache.shape[3], meta.max_seq_len, num_sms(q.device, DEFAULT_NUM_SMS))
+            num_splits = choose_num_splits(meta.num_seqs, kv_cache.shape[3], meta.max_seq_len,
+                                           num_sms(q.device, DEFAULT_NUM_SMS))
         if num_splits > 1:
             return split_decode_attention(q, kv_cache, meta, scale, sliding_window, num_splits, out=out)
         return varlen_attention(q, kv_cache, meta, scale, sliding_window, out=out)

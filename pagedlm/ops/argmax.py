@@ -8,9 +8,10 @@ the H200 it took 26 µs for one row of llama3-8b's 128,256 logits, 8.6 µs for q
 the table. Here two kernels take 3-4 µs: NUM_CHUNKS programs a row each reduce an interleaved
 share of the row (blocks chunk, chunk + NUM_CHUNKS, ...) to its max and that max's first index;
 one program a row reduces those and writes the id twice (three times with host_ids: pinned host memory,
-which the CUDA graphs of ops/stage_in.py's steps read their ids from without a copy). NaN counts as +inf (torch.argmax takes
-NaN as the largest value: the same pick unless a row holds +inf before its first NaN), so the id is
-always in [0, V), even for a graph's padding rows, whose hidden states are garbage.
+which the CUDA graphs of ops/stage_in.py's steps read their ids from without a copy). NaN counts as
++inf (torch.argmax takes NaN as the largest value: the same pick unless a row holds +inf before its
+first NaN), so the id is always in [0, V), even for a graph's padding rows, whose hidden states are
+garbage.
 """
 from __future__ import annotations
 

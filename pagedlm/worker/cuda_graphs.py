@@ -165,7 +165,7 @@ class DecodeGraphs:
         """What a staged graph of this size does first: the copy from staging set `slot` that its
         header describes."""
         staging = self._staging[slot]
-        steady_words = (staging.sections(size, size).copy_end(True, 0) - staging.num_head_ids * 8) // 4  # A, B
+        steady_words = staging.num_words(staging.sections(size, size).copy_end(True, 0))  # A, B
         stage_in(staging.head, staging.words, self._inputs.words, block=triton.next_power_of_2(steady_words))
 
     def logits(self, size: int, slot: int | None = None) -> torch.Tensor | None:
@@ -193,7 +193,8 @@ class DecodeGraphs:
         if size <= MAX_LOGITS_ROWS:
             logits = self._model.compute_logits(hidden)  # [size, vocab_size]
             host_ids = None if slot is None else self._host_ids[slot]
-            argmax = greedy_pick(logits, self._inputs.head, inputs["sample_rows"], host_ids)  # the sampler's greedy pick
+            # the sampler's greedy pick
+            argmax = greedy_pick(logits, self._inputs.head, inputs["sample_rows"], host_ids)
             self._logits[size, slot], self._argmax[size, slot] = logits, argmax
 
     def _metadata(self, size: int, inputs: dict[str, torch.Tensor]) -> AttentionMetadata:

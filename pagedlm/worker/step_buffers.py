@@ -178,7 +178,11 @@ class StepBuffers:
 
     def write_stage_header(self, end: int) -> None:
         """Host set: the header of ops/stage_in.py in the head, for the copy copy_from(self, end) would make."""
-        self._head_np[0] = (end - self.num_head_ids * 8) // 4
+        self._head_np[0] = self.num_words(end)
+
+    def num_words(self, end: int) -> int:
+        """The int32 words (`words`) of bytes [end of the head, end): what copy_from(self, end) copies."""
+        return (end - self.num_head_ids * 8) // 4
 
     def _range(self, end: int) -> torch.Tensor:
         view = self._ranges.get(end)
