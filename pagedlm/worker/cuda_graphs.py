@@ -1,7 +1,12 @@
 """CUDA graphs of the model forward for pure-decode batches (one query token per sequence).
 
 One graph per capture size, all in one memory pool, captured largest first after a warm-up run
-each. A batch of n sequences replays the smallest size >= n. Every graph input is a static
+each. A batch of n sequences replays the smallest size >= n that is kept: after the capture, each
+size's graph is timed over an all-padding batch (replay_times), and a size gives way to a larger one
+that replays markedly faster (fastest_sizes; keep_sizes drops its graphs). cuBLAS's heuristic picks
+a poor kernel at some row counts: llama3-8b's gate_up GEMM takes 298 µs at 448 rows and 171 at 512
+on the H200 (session 16, gemm_rows_scan.py), and T2's decode batches of ~441 sequences ran the 448
+graph. Padding rows cost their GEMM rows and elementwise work, no attention (below). Every graph input is a static
 device buffer: the sections of the runner's device StepBuffers in the layout of that size (a
 decode step of n sequences is laid out at exactly these addresses: step_buffers.py), which the
 host fills and pads before the replay with one copy, and a block table of this module with a
@@ -60,6 +65,11 @@ from pagedlm.worker.step_buffers import Sections, StepBuffers
 MAX_CAPTURE_SIZE = 512
 MAX_LOGITS_ROWS = 8  # graphs up to this size compute the logits too (<= 8 x vocab x 4 bytes each)
 STAGED_MAX_SIZE = MAX_LOGITS_ROWS  # graphs up to this size also stage their inputs in (module notes)
+# a size gives way to a larger one that replays in less than (1 - SPEED_MARGIN) of its time and at
+# least MIN_SAVING_MS sooner: far enough from the timing noise that a restart keeps the same sizes
+SPEED_MARGIN = 0.1
+MIN_SAVING_MS = 0.05
+TIMED_REPLAYS = 3  # per size; its time is the least of them
 
 
 def graphs_enabled(config: EngineConfig) -> bool:
@@ -75,6 +85,18 @@ def capture_sizes(max_num_seqs: int, max_num_tokens: int) -> list[int]:
     cap = min(max_num_seqs, max_num_tokens, MAX_CAPTURE_SIZE)
     steps = [1, 2, 4, *range(8, 257, 8), *range(272, MAX_CAPTURE_SIZE + 1, 16)]
     return [size for size in steps if size < cap] + [cap]
+
+
+def fastest_sizes(times: dict[int, float]) -> list[int]:
+    """times: capture size -> ms of a replay. The sizes to keep, ascending: those that no larger size
+    beats by SPEED_MARGIN and MIN_SAVING_MS (the largest is always kept)."""
+    kept, best_above = [], float("inf")  # the least time of the sizes above
+    for size in sorted(times, reverse=True):
+        time_ms = times[size]
+        if best_above >= min((1 - SPEED_MARGIN) * time_ms, time_ms - MIN_SAVING_MS):
+            kept.append(size)
+        best_above = min(best_above, time_ms)
+    return kept[::-1]
 
 
 class DecodeGraphs:
@@ -145,6 +167,35 @@ class DecodeGraphs:
                         graph.capture_end()
                     self._graphs[size, slot] = graph
         torch.cuda.current_stream(device).wait_stream(stream)
+
+    @torch.inference_mode()
+    def replay_times(self) -> dict[int, float]:
+        """Capture size -> ms of its plain graph over an all-padding batch (GEMMs and elementwise work
+        at that size; no attention), the least of TIMED_REPLAYS after one untimed. Start-up only: it
+        waits for the GPU."""
+        events = {}
+        for size in self.sizes:
+            self._fill_padding(size)
+            graph = self._graphs[size, None]
+            graph.replay()
+            marks = [torch.cuda.Event(enable_timing=True) for _ in range(TIMED_REPLAYS + 1)]
+            marks[0].record()
+            for mark in marks[1:]:
+                graph.replay()
+                mark.record()
+            events[size] = marks
+        torch.cuda.synchronize(self.block_table.device)
+        return {size: min(a.elapsed_time(b) for a, b in zip(marks, marks[1:])) for size, marks in events.items()}
+
+    def keep_sizes(self, sizes: list[int]) -> None:
+        """Only these capture sizes (ascending, the largest among them) replay from now on; the
+        others' graphs go."""
+        if sizes[-1] != self.max_size or not set(sizes) <= set(self.sizes):
+            raise ValueError(f"sizes must be capture sizes ending at {self.max_size}; got {sizes}")
+        for key in [key for key in self._graphs if key[0] not in sizes]:
+            for held in (self._graphs, self._outputs, self._logits, self._argmax):
+                held.pop(key, None)
+        self.sizes = list(sizes)
 
     def load_block_table(self, block_table: torch.Tensor, version: int) -> None:
         """block_table: [num_seqs, num_cols] device, a step's compact table, copied into the

@@ -44,7 +44,7 @@ from pagedlm.ops.jit_watch import compile_watch
 from pagedlm.sample.sampler import SamplerOutput
 from pagedlm.sample.state import SamplingState
 from pagedlm.worker import memory
-from pagedlm.worker.cuda_graphs import DecodeGraphs, capture_sizes, graphs_enabled
+from pagedlm.worker.cuda_graphs import DecodeGraphs, capture_sizes, fastest_sizes, graphs_enabled
 from pagedlm.worker.batch_layout import BatchLayout
 from pagedlm.worker.input_batch import InputBatch
 from pagedlm.worker.kernel_warmup import warm_up_kernels
@@ -166,6 +166,23 @@ class ModelRunner:
                     time.perf_counter() - start, self.graph_bytes / memory.GiB,
                     "none, its size was given" if reserved is None
                     else f"{reserved / memory.GiB:.3f} GiB")
+        self._keep_fastest_graph_sizes()
+
+    def _keep_fastest_graph_sizes(self) -> None:
+        """Batches whose size replays slower than a larger one take the larger graph from now on
+        (cuda_graphs.fastest_sizes), the step buffers' layouts with it."""
+        start = time.perf_counter()
+        times = self.graphs.replay_times()
+        kept = fastest_sizes(times)
+        dropped = [size for size in self.graphs.sizes if size not in kept]
+        self.graphs.keep_sizes(kept)
+        for buffers in (*self._staging, self._inputs):
+            buffers.set_bucket_sizes(self.graphs.sizes)
+        moved = ((size, self.graphs.padded_size(size)) for size in dropped)
+        logger.info("CUDA graphs: replays timed in %.2f s; batch sizes that take a larger graph, measured "
+                    "faster: %s", time.perf_counter() - start,
+                    ", ".join(f"{size} -> {to} ({times[size]:.2f} -> {times[to]:.2f} ms)" for size, to in moved)
+                    or "none")
 
     def _new_graphs(self, kv_caches: list[torch.Tensor]) -> tuple[DecodeGraphs, PiecewiseGraphs | None]:
         """The piecewise graphs first: captured after the decode graphs, they made every batch-1 decode

@@ -138,6 +138,7 @@ class StepBuffers:
         self.num_head_ids = num_head_ids = _align(num_head_ids * 8) // 8  # input_ids starts aligned
         self._max_num_blocks_per_req = max_num_blocks_per_req
         self._bucket_sizes = list(bucket_sizes)
+        self._largest_bucket = self._bucket_sizes[-1] if self._bucket_sizes else None
         largest = _offsets(num_head_ids, self.bucket(max_num_tokens), self.bucket(max_num_reqs),
                            max_num_blocks_per_req)
         self.flat = torch.zeros(largest["block_table"][1], dtype=torch.uint8, device=device,
@@ -158,6 +159,14 @@ class StepBuffers:
         sizes = self._bucket_sizes
         index = bisect.bisect_left(sizes, n)
         return sizes[index] if index < len(sizes) else -(-n // LARGE_BUCKET) * LARGE_BUCKET
+
+    def set_bucket_sizes(self, sizes: Sequence[int]) -> None:
+        """The bucket sizes from now on: ascending, ending at the largest one the buffer was made for
+        (its size and the layouts already made stay valid)."""
+        largest = self._largest_bucket
+        if not sizes or sizes[-1] != largest or list(sizes) != sorted(set(sizes)):
+            raise ValueError(f"bucket sizes must ascend and end at {largest}; got {list(sizes)}")
+        self._bucket_sizes = list(sizes)
 
     def sections(self, num_tokens: int, num_seqs: int) -> Sections:
         """The layout for a step of these (already bucketed) counts."""

@@ -27,7 +27,7 @@ from tiny_hf_models import hf_greedy, random_prompts
 
 from pagedlm import LLM, SamplingParams
 from pagedlm.attention.backend import AttentionMetadata
-from pagedlm.worker.cuda_graphs import MAX_LOGITS_ROWS
+from pagedlm.worker.cuda_graphs import MAX_LOGITS_ROWS, DecodeGraphs
 from pagedlm.worker.model_runner import ModelRunner
 
 pytestmark = pytest.mark.gpu
@@ -178,6 +178,26 @@ def test_fp32_graph_tokens_equal_eager_and_transformers(checkpoints, family):
     _assert_replays_match(graphed, "float32")
 
 
+def test_fp32_a_slow_size_gives_way_to_the_larger_graph(checkpoints, monkeypatch):
+    """The real replay times, with size 4's made the slowest: batches of 3 and 4 sequences replay the
+    8 graph, their padding rows laid out for it; tokens equal transformers'."""
+    folder, hf_model = checkpoints["llama"]
+    replay_times = DecodeGraphs.replay_times
+
+    def slow_4(graphs: DecodeGraphs) -> dict[int, float]:
+        times = replay_times(graphs)
+        assert set(times) == set(graphs.sizes) and all(t > 0 for t in times.values()), times
+        return {**times, 4: 2 * max(times.values()) + 1.0}
+
+    monkeypatch.setattr(DecodeGraphs, "replay_times", slow_4)
+    graphed = _generate(folder, "float32", enforce_eager=False)
+    reference = hf_greedy(hf_model, PROMPTS, max(MAX_TOKENS))
+    assert graphed.tokens == [ref[:num] for ref, num in zip(reference, MAX_TOKENS)]
+    sizes_taken = {check.num_seqs: check.size for check in graphed.replays}
+    assert 4 not in sizes_taken.values() and {sizes_taken.get(3), sizes_taken.get(4)} - {None} == {8}, sizes_taken
+    _assert_replays_match(graphed, "float32")
+
+
 def test_fp32_logprobs_batches_sample_from_graph_logits(checkpoints):
     """Greedy with logprobs: not a plain argmax batch, so the sampler runs on the graph's logits
     (the argmax checks still hold); tokens equal enforce_eager's, logprobs close."""
@@ -209,11 +229,12 @@ def test_kv_sizing_reserves_graph_memory(checkpoints, caplog):
         llm = LLM(str(folder), dtype="bfloat16", skip_tokenizer_init=True, device="cuda",
                   max_model_len=256, max_num_seqs=512, gpu_memory_utilization=0.3)
     runner: ModelRunner = llm.llm_engine.engine_core.model_runner
-    assert len(runner.graphs.sizes) == 51 and runner.graphs.max_size == 512
+    assert runner.graphs.max_size == 512  # 51 captured (the log), the slower ones dropped after timing
     reserved, taken = runner.graph_bytes_reserved, runner.graph_bytes
     assert reserved is not None and 0 < taken <= reserved + (16 << 20), (taken, reserved)
     assert "CUDA graphs (trial capture)" in caplog.text and "left for the KV cache" in caplog.text
     assert "51 pure-decode batch sizes (1..512), piecewise 8 token counts (16..2048), captured in" in caplog.text
+    assert "CUDA graphs: replays timed in" in caplog.text
     outputs = llm.generate(PROMPTS[:3], SamplingParams(temperature=0.0, max_tokens=8,
                                                        ignore_eos=True), use_tqdm=False)
     assert [len(out.outputs[0].token_ids) for out in outputs] == [8, 8, 8]

@@ -16,7 +16,8 @@ from worker_helpers import (VOCAB, MiniScheduler, Req, hf_greedy, make_config, m
                             run_requests, save_tiny_llama)
 
 from pagedlm.sampling_params import SamplingParams
-from pagedlm.worker.cuda_graphs import MAX_LOGITS_ROWS, DecodeGraphs, capture_sizes, graphs_enabled
+from pagedlm.worker.cuda_graphs import (MAX_LOGITS_ROWS, MIN_SAVING_MS, SPEED_MARGIN, DecodeGraphs, capture_sizes,
+                                        fastest_sizes, graphs_enabled)
 
 
 class EagerGraphs(DecodeGraphs):
@@ -48,6 +49,15 @@ def test_capture_sizes():
     assert capture_sizes(6, 8192) == [1, 2, 4, 6]  # capped at max_num_seqs, the cap included
     assert capture_sizes(256, 100) == [1, 2, 4, *range(8, 97, 8), 100]  # and at the token budget
     assert capture_sizes(1, 1) == [1]
+
+
+def test_a_size_gives_way_only_to_a_markedly_faster_larger_one():
+    assert fastest_sizes({1: 1.0, 2: 1.0, 4: 3.0, 8: 2.0}) == [1, 2, 8]  # 4 replays slower than 8
+    assert fastest_sizes({8: 1.0, 16: 1.0 - SPEED_MARGIN / 2}) == [8, 16]  # within the margin
+    assert fastest_sizes({8: 2 * MIN_SAVING_MS, 16: MIN_SAVING_MS / 2}) == [16]  # both margins met
+    assert fastest_sizes({8: MIN_SAVING_MS, 16: MIN_SAVING_MS / 4}) == [8, 16]  # saves too little time
+    assert fastest_sizes({4: 5.0, 8: 4.0, 16: 1.0}) == [16]  # the best of all larger sizes counts
+    assert fastest_sizes({4: 9.0}) == [4]
 
 
 def test_graphs_only_on_cuda_with_triton_unless_eager(tiny):
@@ -144,6 +154,35 @@ def test_padded_decode_greedy_equals_transformers(tiny, max_model_len, async_mod
     # the plain graph where a step copies a block table (here, with rows finishing, most steps; in
     # async mode every one), else staged, from both sets
     assert None in slots and (async_mode or {0, 1} <= set(slots)), slots
+
+
+def test_batches_of_a_slow_size_replay_the_larger_graph(tiny):
+    """Replay times (faked: EagerGraphs runs eagerly) where 4 loses to 8: batches of 3 and 4 sequences
+    are laid out and replayed at 8, in every staging set; tokens equal transformers'."""
+    folder, hf_model = tiny
+    runner, graphs = _graphed_runner(folder)
+    graphs.replay_times = lambda: {1: 1.0, 2: 1.0, 4: 3.0, 8: 2.0}
+    runner._keep_fastest_graph_sizes()
+    assert graphs.sizes == [1, 2, 8] and graphs.padded_size(3) == 8
+    assert {buffers.bucket(3) for buffers in (*runner._staging, runner._inputs)} == {8}
+    assert not any(key[0] == 4 for key in graphs._graphs)
+    replays: list[tuple[int, int]] = []  # (sequences in the batch, replayed size)
+    replay = graphs.replay
+
+    def recorded_replay(size: int, slot: int | None = None) -> torch.Tensor:
+        replays.append((len(runner.input_batch._previous.req_ids), size))
+        return replay(size, slot)
+
+    graphs.replay = recorded_replay
+    specs = [(5, 3), (7, 5), (4, 7), (6, 9)]  # (prompt len, max tokens): 4, 3, 2, 1 sequences decode
+    sched = MiniScheduler(block_size=8, max_num_seqs=8, token_budget=16)
+    for i, (num_prompt, max_tokens) in enumerate(specs):
+        sched.add(Req(f"r{i}", _prompt(num_prompt, 40 + i), max_tokens))
+    done = run_requests(runner, sched, async_mode=True)
+    for i, (num_prompt, max_tokens) in enumerate(specs):
+        assert done[f"r{i}"] == hf_greedy(hf_model, max_tokens, _prompt(num_prompt, 40 + i)), i
+    assert {size for num_seqs, size in replays if num_seqs in (3, 4)} == {8}, replays
+    assert {num_seqs for num_seqs, _ in replays} >= {1, 2, 3, 4}, replays
 
 
 @pytest.mark.parametrize("async_mode", [False, True])

@@ -4,6 +4,7 @@ a decode batch for a CUDA graph."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from pagedlm.worker.step_buffers import StepBuffers
@@ -47,6 +48,17 @@ def test_sections_are_aligned_disjoint_and_bucketed():
         assert capacities["input_ids"] == capacities["input_src"] == num_tokens
         assert capacities["query_start_loc"] == num_seqs + 1 and capacities["sample_rows"] == num_seqs
         assert capacities["block_table"] == num_seqs * 5
+
+
+def test_bucket_sizes_narrow_to_a_subset_ending_at_the_largest():
+    buf = _buffers()
+    buf.set_bucket_sizes([1, 6])
+    assert [buf.bucket(n) for n in (1, 2, 5, 6, 7)] == [1, 6, 6, 6, 256]
+    buf.set_bucket_sizes([1, 2, 4, 6])
+    assert buf.bucket(3) == 4
+    for bad in ([1, 4], [], [4, 2, 6], [2, 2, 6]):
+        with pytest.raises(ValueError, match="end at 6"):
+            buf.set_bucket_sizes(bad)
 
 
 def test_ids_table_is_the_head_then_input_ids():
