@@ -89,7 +89,7 @@ def capture_sizes(max_num_seqs: int, max_num_tokens: int) -> list[int]:
 
 def fastest_sizes(times: dict[int, float]) -> list[int]:
     """times: capture size -> ms of a replay. The sizes to keep, ascending: those that no larger size
-    beats by SPEED_MARGIN and MIN_SAVING_MS (the largest is always kept)."""
+    beats by SPEED_MARGIN and MIN_SAVING_MS (the largest is always kept; the untimed are not here)."""
     kept, best_above = [], float("inf")  # the least time of the sizes above
     for size in sorted(times, reverse=True):
         time_ms = times[size]
@@ -171,10 +171,14 @@ class DecodeGraphs:
     @torch.inference_mode()
     def replay_times(self) -> dict[int, float]:
         """Capture size -> ms of its plain graph over an all-padding batch (GEMMs and elementwise work
-        at that size; no attention), the least of TIMED_REPLAYS after one untimed. Start-up only: it
-        waits for the GPU."""
+        at that size; no attention), the least of TIMED_REPLAYS after one untimed; for the sizes above
+        MAX_LOGITS_ROWS only (the smaller graphs also hold the LM head and its argmax, which a larger one
+        leaves to the runner, and they take as long as reading the weights). Start-up only: it waits
+        for the GPU."""
         events = {}
         for size in self.sizes:
+            if size <= MAX_LOGITS_ROWS:
+                continue
             self._fill_padding(size)
             graph = self._graphs[size, None]
             graph.replay()

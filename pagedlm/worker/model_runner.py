@@ -173,7 +173,8 @@ class ModelRunner:
         (cuda_graphs.fastest_sizes), the step buffers' layouts with it."""
         start = time.perf_counter()
         times = self.graphs.replay_times()
-        kept = fastest_sizes(times)
+        untimed = [size for size in self.graphs.sizes if size not in times]  # the smallest (replay_times)
+        kept = sorted(untimed + fastest_sizes(times))
         dropped = [size for size in self.graphs.sizes if size not in kept]
         self.graphs.keep_sizes(kept)
         for buffers in (*self._staging, self._inputs):

@@ -157,8 +157,9 @@ def test_padded_decode_greedy_equals_transformers(tiny, max_model_len, async_mod
 
 
 def test_batches_of_a_slow_size_replay_the_larger_graph(tiny):
-    """Replay times (faked: EagerGraphs runs eagerly) where 4 loses to 8: batches of 3 and 4 sequences
-    are laid out and replayed at 8, in every staging set; tokens equal transformers'."""
+    """Replay times (faked: EagerGraphs runs eagerly; the real ones skip sizes up to MAX_LOGITS_ROWS)
+    where 4 loses to 8: batches of 3 and 4 sequences are laid out and replayed at 8, in every staging
+    set; tokens equal transformers'."""
     folder, hf_model = tiny
     runner, graphs = _graphed_runner(folder)
     graphs.replay_times = lambda: {1: 1.0, 2: 1.0, 4: 3.0, 8: 2.0}
