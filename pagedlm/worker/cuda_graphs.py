@@ -6,12 +6,15 @@ size's graph is timed over an all-padding batch (replay_times), and a size gives
 that replays markedly faster (fastest_sizes; keep_sizes drops its graphs). cuBLAS's heuristic picks
 a poor kernel at some row counts: llama3-8b's gate_up GEMM takes 298 µs at 448 rows and 171 at 512
 on the H200 (session 16, gemm_rows_scan.py), and T2's decode batches of ~441 sequences ran the 448
-graph. Padding rows cost their GEMM rows and elementwise work, no attention (below). Every graph input is a static
-device buffer: the sections of the runner's device StepBuffers in the layout of that size (a
-decode step of n sequences is laid out at exactly these addresses: step_buffers.py), which the
-host fills and pads before the replay with one copy, and a block table of this module with a
-fixed width (max blocks per sequence), into which load_block_table copies the step's compact
-table when it changed (replays of the same table skip that copy).
+graph. Padding rows cost their GEMM rows and elementwise work, no attention (below). The times
+differ from one capture to the next (run 4: 384 rows 11.5 ms in one process, < 9.9 in another), so a
+restart may keep other sizes.
+
+Every graph input is a static device buffer: the sections of the runner's device StepBuffers in
+the layout of that size (a decode step of n sequences is laid out at exactly these addresses:
+step_buffers.py), which the host fills and pads before the replay with one copy, and a block table
+of this module with a fixed width (max blocks per sequence), into which load_block_table copies the
+step's compact table when it changed (replays of the same table skip that copy).
 
 Each graph first gathers its input ids itself: input_ids[i] = ids_table[input_src[i]], the token
 the row sampled last (still on the device: async scheduling) or the one the host copied.
@@ -69,7 +72,7 @@ STAGED_MAX_SIZE = MAX_LOGITS_ROWS  # graphs up to this size also stage their inp
 # least MIN_SAVING_MS sooner: far enough from the timing noise that a restart keeps the same sizes
 SPEED_MARGIN = 0.1
 MIN_SAVING_MS = 0.05
-TIMED_REPLAYS = 3  # per size; its time is the least of them
+TIMED_ROUNDS = 3  # replays per size; its time is the least of them
 
 
 def graphs_enabled(config: EngineConfig) -> bool:
@@ -171,25 +174,24 @@ class DecodeGraphs:
     @torch.inference_mode()
     def replay_times(self) -> dict[int, float]:
         """Capture size -> ms of its plain graph over an all-padding batch (GEMMs and elementwise work
-        at that size; no attention), the least of TIMED_REPLAYS after one untimed; for the sizes above
+        at that size; no attention), the least of TIMED_ROUNDS replays, one a round over the sizes after
+        an untimed round (rounds: a drift of the clocks touches every size alike); for the sizes above
         MAX_LOGITS_ROWS only (the smaller graphs also hold the LM head and its argmax, which a larger one
         leaves to the runner, and they take as long as reading the weights). Start-up only: it waits
         for the GPU."""
-        events = {}
-        for size in self.sizes:
-            if size <= MAX_LOGITS_ROWS:
-                continue
-            self._fill_padding(size)
-            graph = self._graphs[size, None]
-            graph.replay()
-            marks = [torch.cuda.Event(enable_timing=True) for _ in range(TIMED_REPLAYS + 1)]
-            marks[0].record()
-            for mark in marks[1:]:
-                graph.replay()
-                mark.record()
-            events[size] = marks
+        sizes = [size for size in self.sizes if size > MAX_LOGITS_ROWS]
+        marks: dict[int, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {size: [] for size in sizes}
+        for round_index in range(TIMED_ROUNDS + 1):
+            for size in sizes:
+                self._fill_padding(size)  # the layouts of two sizes overlap
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                self._graphs[size, None].replay()
+                end.record()
+                if round_index:
+                    marks[size].append((start, end))
         torch.cuda.synchronize(self.block_table.device)
-        return {size: min(a.elapsed_time(b) for a, b in zip(marks, marks[1:])) for size, marks in events.items()}
+        return {size: min(start.elapsed_time(end) for start, end in pairs) for size, pairs in marks.items()}
 
     def keep_sizes(self, sizes: list[int]) -> None:
         """Only these capture sizes (ascending, the largest among them) replay from now on; the

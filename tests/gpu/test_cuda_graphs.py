@@ -186,7 +186,8 @@ def test_fp32_a_slow_size_gives_way_to_the_larger_graph(checkpoints, monkeypatch
 
     def slow_4(graphs: DecodeGraphs) -> dict[int, float]:
         times = replay_times(graphs)
-        assert set(times) == set(graphs.sizes) and all(t > 0 for t in times.values()), times
+        timed = {size for size in graphs.sizes if size > MAX_LOGITS_ROWS}  # the others hold the LM head
+        assert set(times) == timed and all(t > 0 for t in times.values()), times
         return {**times, 4: 2 * max(times.values()) + 1.0}
 
     monkeypatch.setattr(DecodeGraphs, "replay_times", slow_4)
