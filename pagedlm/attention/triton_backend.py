@@ -13,6 +13,11 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 
 
+def decode_num_splits(num_seqs: int, kv_cache: torch.Tensor, max_seq_len: int) -> int:
+    """The splits per sequence of a decode-only batch of these host ints (1: the varlen kernel)."""
+    return choose_num_splits(num_seqs, kv_cache.shape[3], max_seq_len, num_sms(kv_cache.device, DEFAULT_NUM_SMS))
+
+
 class TritonAttentionBackend:
     def attend(
         self,
@@ -27,10 +32,7 @@ class TritonAttentionBackend:
         _check_attention(q, kv_cache, meta, sliding_window)
         if meta.num_seqs == 0:
             return torch.empty_like(q) if out is None else out
-        num_splits = 1
-        if meta.max_query_len == 1:
-            num_splits = choose_num_splits(meta.num_seqs, kv_cache.shape[3], meta.max_seq_len,
-                                           num_sms(q.device, DEFAULT_NUM_SMS))
+        num_splits = decode_num_splits(meta.num_seqs, kv_cache, meta.max_seq_len) if meta.max_query_len == 1 else 1
         if num_splits > 1:
             return split_decode_attention(q, kv_cache, meta, scale, sliding_window, num_splits, out=out)
         return varlen_attention(q, kv_cache, meta, scale, sliding_window, out=out)

@@ -1,14 +1,17 @@
 """CUDA graphs of the model forward for pure-decode batches (one query token per sequence).
 
 One graph per capture size, all in one memory pool, captured largest first after a warm-up run
-each. A batch of n sequences replays the smallest size >= n that is kept: after the capture, each
-size's graph is timed over an all-padding batch (replay_times), and a size gives way to a larger one
-that replays markedly faster (fastest_sizes; keep_sizes drops its graphs). cuBLAS's heuristic picks
-a poor kernel at some row counts: llama3-8b's gate_up GEMM takes 298 µs at 448 rows and 171 at 512
-on the H200 (session 16, gemm_rows_scan.py), and T2's decode batches of ~441 sequences ran the 448
-graph. Padding rows cost their GEMM rows and elementwise work, no attention (below). The times
-differ from one capture to the next (run 4: 384 rows 11.5 ms in one process, < 9.9 in another), so a
-restart may keep other sizes.
+each. A batch of n sequences replays the smallest size >= n that is kept (keep_fastest): after the
+capture, each graph above MAX_LOGITS_ROWS rows is timed over an all-padding batch together with the LM
+head the runner then runs on its rows (replay_times), and a size gives way to the next kept larger one
+when that one replays markedly faster (fastest_sizes) and its capture chose the same attention kernel
+(split or not: the all-padding batch attends to nothing, so the timing cannot see that difference).
+cuBLAS's heuristic picks a poor kernel at some row counts: llama3-8b's gate_up GEMM takes 298 µs at
+448 rows and 171 at 512 on the H200 (session 16, gemm_rows_scan.py), and T2's decode batches of ~441
+sequences ran the 448 graph. Padding rows cost their GEMM and LM-head rows and elementwise work; the
+attention skips them (below). The times differ from one capture to the next (session 16 run 4: 384
+rows 11.5 ms in one process, < 9.9 in another), so a restart may keep other sizes and, as bf16 GEMMs
+differ by row count, give other tokens; PAGEDLM_GRAPH_SIZE_TIMING=0 keeps every size.
 
 Every graph input is a static device buffer: the sections of the runner's device StepBuffers in
 the layout of that size (a decode step of n sequences is laid out at exactly these addresses:
@@ -53,26 +56,29 @@ the kernels read the real per-sequence lengths from seq_lens on the device at ea
 from __future__ import annotations
 
 import bisect
+import os
 from collections.abc import Sequence
 
 import torch
 import triton
 
 from pagedlm.attention.backend import AttentionMetadata
+from pagedlm.attention.triton_backend import decode_num_splits
 from pagedlm.config import EngineConfig
 from pagedlm.model.llama import LlamaForCausalLM
 from pagedlm.ops.argmax import greedy_pick
 from pagedlm.ops.stage_in import stage_in
-from pagedlm.worker.step_buffers import Sections, StepBuffers
+from pagedlm.worker.step_buffers import Sections, StepBuffers, check_subset
 
 MAX_CAPTURE_SIZE = 512
 MAX_LOGITS_ROWS = 8  # graphs up to this size compute the logits too (<= 8 x vocab x 4 bytes each)
 STAGED_MAX_SIZE = MAX_LOGITS_ROWS  # graphs up to this size also stage their inputs in (module notes)
-# a size gives way to a larger one that replays in less than (1 - SPEED_MARGIN) of its time and at
-# least MIN_SAVING_MS sooner: far enough from the timing noise that a restart keeps the same sizes
+# a size gives way to the next kept larger one when that replays in less than (1 - SPEED_MARGIN) of its
+# time and at least MIN_SAVING_MS sooner: well above the timing noise (~1%)
 SPEED_MARGIN = 0.1
 MIN_SAVING_MS = 0.05
 TIMED_ROUNDS = 3  # replays per size; its time is the least of them
+SIZE_TIMING = os.environ.get("PAGEDLM_GRAPH_SIZE_TIMING", "1") != "0"  # "0": every captured size is kept
 
 
 def graphs_enabled(config: EngineConfig) -> bool:
@@ -90,15 +96,16 @@ def capture_sizes(max_num_seqs: int, max_num_tokens: int) -> list[int]:
     return [size for size in steps if size < cap] + [cap]
 
 
-def fastest_sizes(times: dict[int, float]) -> list[int]:
-    """times: capture size -> ms of a replay. The sizes to keep, ascending: those that no larger size
-    beats by SPEED_MARGIN and MIN_SAVING_MS (the largest is always kept; the untimed are not here)."""
-    kept, best_above = [], float("inf")  # the least time of the sizes above
+def fastest_sizes(times: dict[int, float], kinds: dict[int, int]) -> list[int]:
+    """times: size -> ms of a replay; kinds: size -> its attention kernel (sizes of one kind lie in
+    one range). The sizes to keep, ascending: a size goes when the next kept larger size of its kind
+    beats it by SPEED_MARGIN and MIN_SAVING_MS (the largest of each kind is kept)."""
+    kept, next_kept = [], {}  # kind -> ms of the smallest size of that kind kept so far
     for size in sorted(times, reverse=True):
-        time_ms = times[size]
-        if best_above >= min((1 - SPEED_MARGIN) * time_ms, time_ms - MIN_SAVING_MS):
+        time_ms, above = times[size], next_kept.get(kinds[size])
+        if above is None or above >= min((1 - SPEED_MARGIN) * time_ms, time_ms - MIN_SAVING_MS):
             kept.append(size)
-        best_above = min(best_above, time_ms)
+            next_kept[kinds[size]] = time_ms
     return kept[::-1]
 
 
@@ -171,33 +178,46 @@ class DecodeGraphs:
                     self._graphs[size, slot] = graph
         torch.cuda.current_stream(device).wait_stream(stream)
 
+    def keep_fastest(self) -> dict[int, tuple[int, float, float]]:
+        """Times the graphs above MAX_LOGITS_ROWS rows (replay_times) and keeps the fastest sizes
+        (fastest_sizes; none go when PAGEDLM_GRAPH_SIZE_TIMING=0). Start-up only: it waits for the
+        GPU. -> each size dropped: (the size its batches now replay, its ms, that size's ms)."""
+        timed = [size for size in self.sizes if size > MAX_LOGITS_ROWS] if SIZE_TIMING else []
+        times = self.replay_times(timed)
+        kinds = {size: decode_num_splits(size, self._kv_caches[0], self._max_model_len) for size in timed}
+        kept = fastest_sizes(times, kinds)
+        dropped = [size for size in timed if size not in kept]
+        self.keep_sizes([size for size in self.sizes if size not in dropped])
+        return {size: (self.padded_size(size), times[size], times[self.padded_size(size)]) for size in dropped}
+
     @torch.inference_mode()
-    def replay_times(self) -> dict[int, float]:
-        """Capture size -> ms of its plain graph over an all-padding batch (GEMMs and elementwise work
-        at that size; no attention), the least of TIMED_ROUNDS replays, one a round over the sizes after
-        an untimed round (rounds: a drift of the clocks touches every size alike); for the sizes above
-        MAX_LOGITS_ROWS only (the smaller graphs also hold the LM head and its argmax, which a larger one
-        leaves to the runner, and they take as long as reading the weights). Start-up only: it waits
-        for the GPU."""
-        sizes = [size for size in self.sizes if size > MAX_LOGITS_ROWS]
+    def replay_times(self, sizes: list[int]) -> dict[int, float]:
+        """Size -> ms of its plain graph over an all-padding batch (GEMMs and elementwise work at that
+        size; no attention) and then the LM head on its rows (as the runner runs it after such a
+        replay); the least of TIMED_ROUNDS, one a round over the sizes, after an untimed round (a drift
+        of the clocks touches every size alike). Sizes up to MAX_LOGITS_ROWS: their graphs also hold
+        the LM head and its argmax."""
+        device = self.block_table.device
+        stream = torch.cuda.current_stream(device)
         marks: dict[int, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {size: [] for size in sizes}
         for round_index in range(TIMED_ROUNDS + 1):
             for size in sizes:
                 self._fill_padding(size)  # the layouts of two sizes overlap
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
+                start.record(stream)
                 self._graphs[size, None].replay()
-                end.record()
+                if size > MAX_LOGITS_ROWS:
+                    self._model.compute_logits(self._outputs[size, None])
+                end.record(stream)
                 if round_index:
                     marks[size].append((start, end))
-        torch.cuda.synchronize(self.block_table.device)
+        torch.cuda.synchronize(device)
         return {size: min(start.elapsed_time(end) for start, end in pairs) for size, pairs in marks.items()}
 
     def keep_sizes(self, sizes: list[int]) -> None:
-        """Only these capture sizes (ascending, the largest among them) replay from now on; the
-        others' graphs go."""
-        if sizes[-1] != self.max_size or not set(sizes) <= set(self.sizes):
-            raise ValueError(f"sizes must be capture sizes ending at {self.max_size}; got {sizes}")
+        """Only these capture sizes (ascending, ending at the largest) replay from now on; the others'
+        graphs go."""
+        check_subset(sizes, self.sizes, "sizes")
         for key in [key for key in self._graphs if key[0] not in sizes]:
             for held in (self._graphs, self._outputs, self._logits, self._argmax):
                 held.pop(key, None)

@@ -3,7 +3,7 @@
 cuBLAS blocks the host until the GPU idles the first time a row count makes it pick a kernel it has
 not run yet in the process (session 10: ~50 ms behind a busy GPU, in almost every prefill step of T1,
 whose sampling-row counts are new each time). So the LM head only runs at the row counts of
-`bucket` (StepBuffers.bucket: the CUDA-graph sizes, then multiples of 256), all run once at
+`bucket` (step_buffers.bucket_size over every CUDA-graph capture size, then multiples of 256), all run once at
 start-up (`warm_up`): a step's sampling rows, or a chunk of its prompt-logprob rows, are copied into
 the first rows of a padded buffer and the LM head runs on bucket(num_rows) of them. Rows past the
 copied ones are stale; their logits are computed and dropped.

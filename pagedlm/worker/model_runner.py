@@ -44,7 +44,7 @@ from pagedlm.ops.jit_watch import compile_watch
 from pagedlm.sample.sampler import SamplerOutput
 from pagedlm.sample.state import SamplingState
 from pagedlm.worker import memory
-from pagedlm.worker.cuda_graphs import DecodeGraphs, capture_sizes, fastest_sizes, graphs_enabled
+from pagedlm.worker.cuda_graphs import DecodeGraphs, capture_sizes, graphs_enabled
 from pagedlm.worker.batch_layout import BatchLayout
 from pagedlm.worker.input_batch import InputBatch
 from pagedlm.worker.kernel_warmup import warm_up_kernels
@@ -53,7 +53,7 @@ from pagedlm.worker.piecewise_graphs import PiecewiseGraphs
 from pagedlm.worker.profile_run import profile_run
 from pagedlm.worker.prompt_logprobs import MAX_ROWS_PER_CHUNK, compute_prompt_logprobs
 from pagedlm.worker.runner_output import AsyncRunnerOutput
-from pagedlm.worker.step_buffers import PrefixViews, Sections, StepBuffers
+from pagedlm.worker.step_buffers import PrefixViews, Sections, StepBuffers, bucket_size
 
 logger = logging.getLogger("pagedlm")
 NUM_STAGING_SETS = 2
@@ -94,6 +94,8 @@ class ModelRunner:
         # the device set's head: last_sampled by row, then one scratch entry per graph row
         # (on host sets: the stage-in header)
         set_layout = dict(bucket_sizes=buckets, num_head_ids=self.max_num_reqs + buckets[-1])
+        # the LM head's row counts: all of them, though the graphs may keep only some (keep_fastest)
+        self._lm_head_bucket = functools.partial(bucket_size, buckets)
         cpu = torch.device("cpu")
         self._staging = [StepBuffers(*sizes, cpu, pin=self.use_cuda, **set_layout)
                          for _ in range(NUM_STAGING_SETS)]
@@ -131,7 +133,7 @@ class ModelRunner:
         # row samples, which runs at its graph size) or a chunk of prompt-logprob rows
         max_rows = max(min(self.max_num_reqs, self.max_num_tokens), min(MAX_ROWS_PER_CHUNK, self.max_num_tokens))
         model = self.config.model
-        self.lm_head = PaddedLMHead(self._inputs.bucket, max_rows, model.hidden_size, model.dtype, self.device)
+        self.lm_head = PaddedLMHead(self._lm_head_bucket, max_rows, model.hidden_size, model.dtype, self.device)
 
     def determine_num_blocks(self) -> int:
         profile_graphs = self._profile_graphs if self.use_cuda_graphs else None
@@ -169,20 +171,15 @@ class ModelRunner:
         self._keep_fastest_graph_sizes()
 
     def _keep_fastest_graph_sizes(self) -> None:
-        """Batches whose size replays slower than a larger one take the larger graph from now on
-        (cuda_graphs.fastest_sizes), the step buffers' layouts with it."""
+        """Batches of a size that replays markedly slower than a larger one take that one from now on
+        (DecodeGraphs.keep_fastest), laid out for it in the step buffers."""
         start = time.perf_counter()
-        times = self.graphs.replay_times()
-        untimed = [size for size in self.graphs.sizes if size not in times]  # the smallest (replay_times)
-        kept = sorted(untimed + fastest_sizes(times))
-        dropped = [size for size in self.graphs.sizes if size not in kept]
-        self.graphs.keep_sizes(kept)
+        moved = self.graphs.keep_fastest()
         for buffers in (*self._staging, self._inputs):
             buffers.set_bucket_sizes(self.graphs.sizes)
-        moved = ((size, self.graphs.padded_size(size)) for size in dropped)
         logger.info("CUDA graphs: replays timed in %.2f s; batch sizes that take a larger graph, measured "
                     "faster: %s", time.perf_counter() - start,
-                    ", ".join(f"{size} -> {to} ({times[size]:.2f} -> {times[to]:.2f} ms)" for size, to in moved)
+                    ", ".join(f"{size} -> {to} ({ms:.2f} -> {to_ms:.2f} ms)" for size, (to, ms, to_ms) in moved.items())
                     or "none")
 
     def _new_graphs(self, kv_caches: list[torch.Tensor]) -> tuple[DecodeGraphs, PiecewiseGraphs | None]:

@@ -53,6 +53,19 @@ _LAST_OF_A, _LAST_OF_B = "seq_lens", "input_src"
 SECTION_ALIGN = 16  # bytes: the head's end and every section (module notes)
 
 
+def bucket_size(sizes: Sequence[int], n: int) -> int:
+    """The smallest of the ascending sizes >= n; above the largest, n rounded up to a multiple of
+    LARGE_BUCKET."""
+    index = bisect.bisect_left(sizes, n)
+    return sizes[index] if index < len(sizes) else -(-n // LARGE_BUCKET) * LARGE_BUCKET
+
+
+def check_subset(sizes: Sequence[int], of: Sequence[int], name: str) -> None:
+    """sizes must be some of `of` (ascending), ascending, unique and ending at its largest."""
+    if not sizes or sizes[-1] != of[-1] or list(sizes) != sorted(set(sizes)) or not set(sizes) <= set(of):
+        raise ValueError(f"{name} must be ascending sizes of {list(of)} ending at {of[-1]}; got {list(sizes)}")
+
+
 def _align(num_bytes: int) -> int:
     return -(-num_bytes // SECTION_ALIGN) * SECTION_ALIGN
 
@@ -137,8 +150,7 @@ class StepBuffers:
         self.max_num_reqs = max_num_reqs
         self.num_head_ids = num_head_ids = _align(num_head_ids * 8) // 8  # input_ids starts aligned
         self._max_num_blocks_per_req = max_num_blocks_per_req
-        self._bucket_sizes = list(bucket_sizes)
-        self._largest_bucket = self._bucket_sizes[-1] if self._bucket_sizes else None
+        self._bucket_sizes = self._made_with = list(bucket_sizes)
         largest = _offsets(num_head_ids, self.bucket(max_num_tokens), self.bucket(max_num_reqs),
                            max_num_blocks_per_req)
         self.flat = torch.zeros(largest["block_table"][1], dtype=torch.uint8, device=device,
@@ -156,16 +168,12 @@ class StepBuffers:
     def bucket(self, n: int) -> int:
         """The smallest bucket size >= n; above the largest, n rounded up to a multiple of
         LARGE_BUCKET (few layouts: each new one costs ~0.1 ms of host per set to lay out)."""
-        sizes = self._bucket_sizes
-        index = bisect.bisect_left(sizes, n)
-        return sizes[index] if index < len(sizes) else -(-n // LARGE_BUCKET) * LARGE_BUCKET
+        return bucket_size(self._bucket_sizes, n)
 
     def set_bucket_sizes(self, sizes: Sequence[int]) -> None:
-        """The bucket sizes from now on: ascending, ending at the largest one the buffer was made for
-        (its size and the layouts already made stay valid)."""
-        largest = self._largest_bucket
-        if not sizes or sizes[-1] != largest or list(sizes) != sorted(set(sizes)):
-            raise ValueError(f"bucket sizes must ascend and end at {largest}; got {list(sizes)}")
+        """The bucket sizes from now on: some of those the buffer was made with, ending at the largest
+        (the buffer's size and the layouts already made stay valid)."""
+        check_subset(sizes, self._made_with, "bucket sizes")
         self._bucket_sizes = list(sizes)
 
     def sections(self, num_tokens: int, num_seqs: int) -> Sections:

@@ -185,9 +185,10 @@ def test_fp32_a_slow_size_gives_way_to_the_larger_graph(checkpoints, monkeypatch
     folder, hf_model = checkpoints["llama"]
     replay_times = DecodeGraphs.replay_times
 
-    def slow_16(graphs: DecodeGraphs) -> dict[int, float]:
-        times = replay_times(graphs)
-        assert set(times) == {16, 24} and all(t > 0 for t in times.values()), times  # the others hold the LM head
+    def slow_16(graphs: DecodeGraphs, sizes: list[int]) -> dict[int, float]:
+        assert sizes == [16, 24], sizes  # the others hold the LM head
+        times = replay_times(graphs, sizes)
+        assert set(times) == {16, 24} and all(t > 0 for t in times.values()), times
         return {**times, 16: 2 * max(times.values()) + 1.0}
 
     monkeypatch.setattr(DecodeGraphs, "replay_times", slow_16)

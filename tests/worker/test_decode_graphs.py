@@ -16,6 +16,7 @@ from worker_helpers import (VOCAB, MiniScheduler, Req, hf_greedy, make_config, m
                             run_requests, save_tiny_llama)
 
 from pagedlm.sampling_params import SamplingParams
+from pagedlm.worker import cuda_graphs
 from pagedlm.worker.cuda_graphs import (MAX_LOGITS_ROWS, MIN_SAVING_MS, SPEED_MARGIN, DecodeGraphs, capture_sizes,
                                         fastest_sizes, graphs_enabled)
 
@@ -51,13 +52,19 @@ def test_capture_sizes():
     assert capture_sizes(1, 1) == [1]
 
 
+def _kept(times: dict[int, float], kinds: dict[int, int] | None = None) -> list[int]:
+    return fastest_sizes(times, kinds or {size: 1 for size in times})  # default: one attention kernel
+
+
 def test_a_size_gives_way_only_to_a_markedly_faster_larger_one():
-    assert fastest_sizes({1: 1.0, 2: 1.0, 4: 3.0, 8: 2.0}) == [1, 2, 8]  # 4 replays slower than 8
-    assert fastest_sizes({8: 1.0, 16: 1.0 - SPEED_MARGIN / 2}) == [8, 16]  # within the margin
-    assert fastest_sizes({8: 2 * MIN_SAVING_MS, 16: MIN_SAVING_MS / 2}) == [16]  # both margins met
-    assert fastest_sizes({8: MIN_SAVING_MS, 16: MIN_SAVING_MS / 4}) == [8, 16]  # saves too little time
-    assert fastest_sizes({4: 5.0, 8: 4.0, 16: 1.0}) == [16]  # the best of all larger sizes counts
-    assert fastest_sizes({4: 9.0}) == [4]
+    assert _kept({16: 1.0, 24: 3.0, 32: 2.0}) == [16, 32]  # 24 replays slower than 32
+    assert _kept({16: 10.0, 24: 10.0 * (1 - SPEED_MARGIN / 2)}) == [16, 24]  # saves 0.5 ms, within the margin
+    assert _kept({16: 2 * MIN_SAVING_MS, 24: MIN_SAVING_MS / 2}) == [24]  # both margins met
+    assert _kept({16: MIN_SAVING_MS, 24: MIN_SAVING_MS / 4}) == [16, 24]  # saves too little time
+    assert _kept({16: 1.12, 24: 1.11, 32: 1.0}) == [16, 24, 32]  # 16 against 24, which it would replay
+    assert _kept({16: 1.12, 24: 1.25, 32: 1.0}) == [32]  # 24 gives way, then 16 to the next kept: 32
+    assert _kept({16: 5.0, 24: 1.0}, kinds={16: 2, 24: 1}) == [16, 24]  # another attention kernel
+    assert _kept({16: 9.0}) == [16] and _kept({}) == []
 
 
 def test_graphs_only_on_cuda_with_triton_unless_eager(tiny):
@@ -71,9 +78,9 @@ def test_graphs_only_on_cuda_with_triton_unless_eager(tiny):
     assert not graphs_enabled(dataclasses.replace(cuda, attention_backend="torch"))
 
 
-def _graphed_runner(folder, max_num_seqs: int = 8, max_model_len: int = 64):
+def _graphed_runner(folder, max_num_seqs: int = 8, max_model_len: int = 64, max_num_batched_tokens: int = 16):
     """A Triton-backend runner (interpreter) whose decode steps replay EagerGraphs."""
-    runner = make_runner(make_config(folder, max_num_seqs=max_num_seqs, max_num_batched_tokens=16,
+    runner = make_runner(make_config(folder, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                      max_model_len=max_model_len, attention_backend="triton"))
     graphs = EagerGraphs(runner.config, runner.model, runner.kv_caches, runner._inputs,
                          runner.input_batch.max_num_blocks_per_req, runner._staging, runner._sampled_cpu)
@@ -157,16 +164,23 @@ def test_padded_decode_greedy_equals_transformers(tiny, max_model_len, async_mod
 
 
 def test_batches_of_a_slow_size_replay_the_larger_graph(tiny):
-    """Replay times (faked: EagerGraphs runs eagerly; the real ones skip sizes up to MAX_LOGITS_ROWS)
-    where 4 loses to 8: batches of 3 and 4 sequences are laid out and replayed at 8, in every staging
-    set; tokens equal transformers'."""
+    """max_num_seqs 24: sizes 1, 2, 4, 8 (untimed: they hold the LM head), 16 and 24, whose replay
+    times (faked: EagerGraphs runs eagerly) make 16 lose to 24: batches of 9 to 16 sequences are laid
+    out and replayed at 24, in every staging set; tokens equal transformers'."""
     folder, hf_model = tiny
-    runner, graphs = _graphed_runner(folder)
-    graphs.replay_times = lambda: {1: 1.0, 2: 1.0, 4: 3.0, 8: 2.0}
+    runner, graphs = _graphed_runner(folder, max_num_seqs=24, max_num_batched_tokens=32)
+    timed: list[list[int]] = []
+
+    def fake_times(sizes: list[int]) -> dict[int, float]:
+        timed.append(sizes)
+        return {16: 3.0, 24: 2.0}
+
+    graphs.replay_times = fake_times
     runner._keep_fastest_graph_sizes()
-    assert graphs.sizes == [1, 2, 8] and graphs.padded_size(3) == 8
-    assert {buffers.bucket(3) for buffers in (*runner._staging, runner._inputs)} == {8}
-    assert not any(key[0] == 4 for key in graphs._graphs)
+    assert timed == [[16, 24]] and graphs.sizes == [1, 2, 4, 8, 24] and graphs.padded_size(9) == 24
+    assert {buffers.bucket(9) for buffers in (*runner._staging, runner._inputs)} == {24}
+    assert not any(key[0] == 16 for key in graphs._graphs)
+    assert runner.lm_head.bucket(9) == 16  # the LM head keeps every row count
     replays: list[tuple[int, int]] = []  # (sequences in the batch, replayed size)
     replay = graphs.replay
 
@@ -175,15 +189,25 @@ def test_batches_of_a_slow_size_replay_the_larger_graph(tiny):
         return replay(size, slot)
 
     graphs.replay = recorded_replay
-    specs = [(5, 3), (7, 5), (4, 7), (6, 9)]  # (prompt len, max tokens): 4, 3, 2, 1 sequences decode
-    sched = MiniScheduler(block_size=8, max_num_seqs=8, token_budget=16)
+    specs = [(3 + i % 4, 2 + i) for i in range(12)]  # (prompt len, max tokens): 12 sequences, then fewer
+    sched = MiniScheduler(block_size=8, max_num_seqs=24, token_budget=32)
     for i, (num_prompt, max_tokens) in enumerate(specs):
         sched.add(Req(f"r{i}", _prompt(num_prompt, 40 + i), max_tokens))
     done = run_requests(runner, sched, async_mode=True)
     for i, (num_prompt, max_tokens) in enumerate(specs):
         assert done[f"r{i}"] == hf_greedy(hf_model, max_tokens, _prompt(num_prompt, 40 + i)), i
-    assert {size for num_seqs, size in replays if num_seqs in (3, 4)} == {8}, replays
-    assert {num_seqs for num_seqs, _ in replays} >= {1, 2, 3, 4}, replays
+    assert {size for num_seqs, size in replays if num_seqs > 8} == {24}, replays
+    assert {size for num_seqs, size in replays if num_seqs <= 8} <= {1, 2, 4, 8}, replays
+    assert {num_seqs for num_seqs, _ in replays} >= {9, 10, 11}, replays
+
+
+def test_size_timing_off_keeps_every_size(tiny, monkeypatch):
+    """PAGEDLM_GRAPH_SIZE_TIMING=0: nothing is timed, every size stays (restarts replay the same)."""
+    runner, graphs = _graphed_runner(tiny[0], max_num_seqs=24, max_num_batched_tokens=32)
+    monkeypatch.setattr(cuda_graphs, "SIZE_TIMING", False)
+    graphs.replay_times = lambda sizes: {size: 3.0 if size == 16 else 2.0 for size in sizes}
+    runner._keep_fastest_graph_sizes()
+    assert graphs.sizes == [1, 2, 4, 8, 16, 24] and runner._inputs.bucket(9) == 16
 
 
 @pytest.mark.parametrize("async_mode", [False, True])
