@@ -7,7 +7,8 @@ Session 16's split-K probe timed llama3-8b's gate_up (28,672 x 4,096) at 280 µs
 (cuda_graphs.capture_sizes) of at least --min-rows rows and each weight of the decoder layer, this
 times y = x @ W.T in bf16 as F.linear runs it, under cuBLAS and cuBLASLt (alternating, median of
 ROUNDS rounds of CALLS calls, CUDA events), then, per size M, the best time at any size M' >= M
-(what padding the rows to M' would cost). Printed per weight: the sizes where padding saves >= 5%.
+(what padding the rows to M' would cost). Printed per weight: the sizes where padding or cuBLASLt
+saves >= 5%.
 Last: a decode step's layer GEMM time summed over the four weights, at each size, as is and padded.
 Small GEMMs (qwen3-0.6b's: 14-15 µs each here) measure the host's launch, not the GPU: time_us starts
 with the GPU idle.

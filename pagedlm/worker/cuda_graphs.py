@@ -5,7 +5,8 @@ each. A batch of n sequences replays the smallest size >= n that is kept (keep_f
 capture, each graph above MAX_LOGITS_ROWS rows is timed over an all-padding batch together with the LM
 head the runner then runs on its rows (replay_times), and a size gives way to the next kept larger one
 when that one replays markedly faster (fastest_sizes) and its capture chose the same attention kernel
-(split or not: the all-padding batch attends to nothing, so the timing cannot see that difference).
+(the same number of decode splits: the all-padding batch attends to nothing, so the timing cannot see
+that difference; the split count never grows with the size, so each count holds one range of sizes).
 cuBLAS's heuristic picks a poor kernel at some row counts: llama3-8b's gate_up GEMM takes 298 µs at
 448 rows and 171 at 512 on the H200 (session 16, gemm_rows_scan.py), and T2's decode batches of ~441
 sequences ran the 448 graph. Padding rows cost their GEMM and LM-head rows and elementwise work; the
@@ -97,9 +98,10 @@ def capture_sizes(max_num_seqs: int, max_num_tokens: int) -> list[int]:
 
 
 def fastest_sizes(times: dict[int, float], kinds: dict[int, int]) -> list[int]:
-    """times: size -> ms of a replay; kinds: size -> its attention kernel (sizes of one kind lie in
-    one range). The sizes to keep, ascending: a size goes when the next kept larger size of its kind
-    beats it by SPEED_MARGIN and MIN_SAVING_MS (the largest of each kind is kept)."""
+    """times: size -> ms of a replay; kinds: size -> its attention kernel, the number of decode splits
+    (sizes of one kind lie in one range). The sizes to keep, ascending: a size goes when the next kept
+    larger size of its kind beats it by SPEED_MARGIN and MIN_SAVING_MS (the largest of each kind is
+    kept)."""
     kept, next_kept = [], {}  # kind -> ms of the smallest size of that kind kept so far
     for size in sorted(times, reverse=True):
         time_ms, above = times[size], next_kept.get(kinds[size])
@@ -148,7 +150,7 @@ class DecodeGraphs:
         return size <= STAGED_MAX_SIZE and bool(self._staging)
 
     def padded_size(self, num_seqs: int) -> int | None:
-        """The smallest capture size >= num_seqs; None when every size is smaller."""
+        """The smallest kept capture size >= num_seqs; None when every size is smaller."""
         index = bisect.bisect_left(self.sizes, num_seqs)
         return self.sizes[index] if index < len(self.sizes) else None
 
@@ -178,16 +180,20 @@ class DecodeGraphs:
                     self._graphs[size, slot] = graph
         torch.cuda.current_stream(device).wait_stream(stream)
 
-    def keep_fastest(self) -> dict[int, tuple[int, float, float]]:
+    def keep_fastest(self) -> dict[int, tuple[int, float, float]] | None:
         """Times the graphs above MAX_LOGITS_ROWS rows (replay_times) and keeps the fastest sizes
-        (fastest_sizes; none go when PAGEDLM_GRAPH_SIZE_TIMING=0). Start-up only: it waits for the
-        GPU. -> each size dropped: (the size its batches now replay, its ms, that size's ms)."""
-        timed = [size for size in self.sizes if size > MAX_LOGITS_ROWS] if SIZE_TIMING else []
+        (fastest_sizes). Start-up only: it waits for the GPU. -> each size dropped: (the size its
+        batches now replay, its ms, that size's ms); None, and nothing timed, when
+        PAGEDLM_GRAPH_SIZE_TIMING=0."""
+        if not SIZE_TIMING:
+            return None
+        timed = [size for size in self.sizes if size > MAX_LOGITS_ROWS]
         times = self.replay_times(timed)
         kinds = {size: decode_num_splits(size, self._kv_caches[0], self._max_model_len) for size in timed}
         kept = fastest_sizes(times, kinds)
         dropped = [size for size in timed if size not in kept]
         self.keep_sizes([size for size in self.sizes if size not in dropped])
+        assert all(kinds[self.padded_size(size)] == kinds[size] for size in dropped), kinds  # one range a kind
         return {size: (self.padded_size(size), times[size], times[self.padded_size(size)]) for size in dropped}
 
     @torch.inference_mode()

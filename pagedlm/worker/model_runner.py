@@ -177,6 +177,9 @@ class ModelRunner:
         moved = self.graphs.keep_fastest()
         for buffers in (*self._staging, self._inputs):
             buffers.set_bucket_sizes(self.graphs.sizes)
+        if moved is None:
+            logger.info("CUDA graphs: every size kept (PAGEDLM_GRAPH_SIZE_TIMING=0)")
+            return
         logger.info("CUDA graphs: replays timed in %.2f s; batch sizes that take a larger graph, measured "
                     "faster: %s", time.perf_counter() - start,
                     ", ".join(f"{size} -> {to} ({ms:.2f} -> {to_ms:.2f} ms)" for size, (to, ms, to_ms) in moved.items())

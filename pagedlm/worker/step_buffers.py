@@ -61,9 +61,10 @@ def bucket_size(sizes: Sequence[int], n: int) -> int:
 
 
 def check_subset(sizes: Sequence[int], of: Sequence[int], name: str) -> None:
-    """sizes must be some of `of` (ascending), ascending, unique and ending at its largest."""
-    if not sizes or sizes[-1] != of[-1] or list(sizes) != sorted(set(sizes)) or not set(sizes) <= set(of):
-        raise ValueError(f"{name} must be ascending sizes of {list(of)} ending at {of[-1]}; got {list(sizes)}")
+    """sizes must be some of `of` (ascending, not empty), ascending, unique and ending at its largest."""
+    largest = of[-1] if of else None
+    if not sizes or sizes[-1] != largest or list(sizes) != sorted(set(sizes)) or not set(sizes) <= set(of):
+        raise ValueError(f"{name} must be ascending sizes of {list(of)} ending at {largest}; got {list(sizes)}")
 
 
 def _align(num_bytes: int) -> int:

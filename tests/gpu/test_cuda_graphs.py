@@ -27,7 +27,7 @@ from tiny_hf_models import hf_greedy, random_prompts
 
 from pagedlm import LLM, SamplingParams
 from pagedlm.attention.backend import AttentionMetadata
-from pagedlm.worker.cuda_graphs import MAX_LOGITS_ROWS, DecodeGraphs
+from pagedlm.worker.cuda_graphs import MAX_LOGITS_ROWS, TIMED_ROUNDS, DecodeGraphs
 from pagedlm.worker.model_runner import ModelRunner
 
 pytestmark = pytest.mark.gpu
@@ -187,7 +187,14 @@ def test_fp32_a_slow_size_gives_way_to_the_larger_graph(checkpoints, monkeypatch
 
     def slow_16(graphs: DecodeGraphs, sizes: list[int]) -> dict[int, float]:
         assert sizes == [16, 24], sizes  # the others hold the LM head
-        times = replay_times(graphs, sizes)
+        logits_rows: list[int] = []  # the timed window holds the LM head the runner runs after a replay
+        compute_logits = graphs._model.compute_logits
+        graphs._model.compute_logits = lambda hidden: logits_rows.append(hidden.shape[0]) or compute_logits(hidden)
+        try:
+            times = replay_times(graphs, sizes)
+        finally:
+            del graphs._model.compute_logits
+        assert sorted(logits_rows) == sorted(sizes * (TIMED_ROUNDS + 1)), logits_rows
         assert set(times) == {16, 24} and all(t > 0 for t in times.values()), times
         return {**times, 16: 2 * max(times.values()) + 1.0}
 
