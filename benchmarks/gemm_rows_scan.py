@@ -6,12 +6,13 @@ Session 16's split-K probe timed llama3-8b's gate_up (28,672 x 4,096) at 280 µs
 167 µs for 512: cuBLAS's heuristic picks a poor kernel at some row counts. For every capture size
 (cuda_graphs.capture_sizes) of at least --min-rows rows and each weight of the decoder layer, this
 times y = x @ W.T in bf16 as F.linear runs it, under cuBLAS and cuBLASLt (alternating, median of
-ROUNDS rounds of CALLS calls, CUDA events), then, per size M, the best time at any size M' >= M
+ROUNDS rounds of CALLS calls), then, per size M, the best time at any size M' >= M
 (what padding the rows to M' would cost). Printed per weight: the sizes where padding or cuBLASLt
 saves >= 5%.
 Last: a decode step's layer GEMM time summed over the four weights, at each size, as is and padded.
-Small GEMMs (qwen3-0.6b's: 14-15 µs each here) measure the host's launch, not the GPU: time_us starts
-with the GPU idle.
+Each time: CALLS calls queued behind a GPU sleep (host_step.queued_gpu_us), so that small GEMMs
+(qwen3-0.6b's) measure the GPU, not the host's launches (session 16's run 2 timed them at 14-15 µs each
+with the GPU idle at the start).
 """
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gemm_backends import time_us, weight_shapes  # noqa: E402
+from gemm_backends import CALLS, weight_shapes  # noqa: E402
+from host_step import queued_gpu_us  # noqa: E402
 from gpu_workloads import MODELS  # noqa: E402
 
 from pagedlm.worker.cuda_graphs import capture_sizes  # noqa: E402
@@ -35,6 +37,7 @@ from pagedlm.worker.cuda_graphs import capture_sizes  # noqa: E402
 BACKENDS = ("cublas", "cublaslt")
 LAYER_WEIGHTS = ("qkv", "o", "gate_up", "down")
 ROUNDS = 3
+QUEUE_SLEEP_CYCLES = 4_000_000  # ~2 ms of GPU sleep: the host queues CALLS launches behind it
 SAVING = 0.05  # report a padded size when it saves at least this fraction
 
 
@@ -49,8 +52,7 @@ def scan_weight(n: int, k: int, sizes: list[int]) -> dict[str, dict[int, float]]
             torch.backends.cuda.preferred_blas_library(backend)
             for m in sizes:
                 x = x_all[:m]
-                F.linear(x, weight)  # the heuristic's first pick and its workspace, untimed
-                samples[backend][m].append(time_us(lambda: F.linear(x, weight)))
+                samples[backend][m].append(queued_gpu_us(lambda _: F.linear(x, weight), CALLS, QUEUE_SLEEP_CYCLES))
     torch.backends.cuda.preferred_blas_library(previous)
     return {b: {m: statistics.median(v) for m, v in per.items()} for b, per in samples.items()}
 

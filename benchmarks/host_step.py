@@ -227,12 +227,13 @@ def _replay_gpu_us(graphs: Any, batch_size: int, num_replays: int = 200) -> floa
     return queued_gpu_us(lambda i: graphs.replay(size), num_replays)
 
 
-def queued_gpu_us(step: Callable[[int], Any], num_steps: int) -> float:
+def queued_gpu_us(step: Callable[[int], Any], num_steps: int, sleep_cycles: int = 100_000_000) -> float:
     """GPU µs of one step(i) (CUDA only): one run first, then num_steps of them queued behind a GPU
-    sleep, so that the host's launch time is hidden, timed by CUDA events."""
+    sleep (long enough for the host to queue them), so that the host's launch time is hidden, timed
+    by CUDA events."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     step(0)
-    torch.cuda._sleep(100_000_000)  # keeps the GPU busy while the host queues the steps
+    torch.cuda._sleep(sleep_cycles)  # keeps the GPU busy while the host queues the steps
     start.record()
     for i in range(num_steps):
         step(i)
