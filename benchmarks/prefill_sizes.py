@@ -1,0 +1,58 @@
+"""GPU: the first token's time against the prompt's length, across the piecewise graphs' sizes.
+
+    python benchmarks/prefill_sizes.py [--model llama3-8b] [--lengths 256,512,513,1024,1025,1100,1536,2048,2049]
+        [--repeats 5] [--engine-args '{"cudagraph_mode": "FULL_DECODE_ONLY"}'] [--json out.json]
+
+A step that replays no decode graph and holds at most 2,048 tokens replays the piecewise graphs of
+the next power of two (piecewise_graphs.py): a 1,100-token prompt runs its GEMMs at 2,048 rows. The
+benchmarks' mixed steps are 16,384 tokens and run eagerly, so none of them measures this; a server
+taking one prompt at a time meets it in every prompt's time to first token. This times
+generate(max_tokens=1) of one prompt of each length (median of --repeats, after a warm-up; prefix
+caching off, as the prompt repeats), with the engine as configured: run it once as is and once with
+cudagraph_mode FULL_DECODE_ONLY (every such step eager) to see what the padding costs against the
+launches it saves. Printed: ms, and µs a prompt token.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from first_token import timed  # noqa: E402
+from gpu_workloads import MODELS, model_dir  # noqa: E402
+
+from pagedlm import LLM  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="llama3-8b", choices=sorted(MODELS))
+    parser.add_argument("--lengths", default="256,512,513,1024,1025,1100,1536,2048,2049")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--engine-args", default="{}", help="JSON dict of extra LLM(...) arguments")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    lengths = [int(v) for v in args.lengths.split(",")]
+    engine_args = json.loads(args.engine_args)
+    vocab = MODELS[args.model]["vocab_size"]
+    with tempfile.TemporaryDirectory() as tmp:
+        llm = LLM(model_dir(args.model, Path(tmp)), load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True,
+                  max_model_len=max(lengths) + 16, **{"enable_prefix_caching": False, **engine_args})
+        timed(llm, [7] * max(lengths), 1, 2)  # warm-up
+        seconds = {n: timed(llm, [(31 * i + 7) % vocab for i in range(n)], 1, args.repeats) for n in lengths}
+    print(f"{args.model} {args.engine_args}: generate(max_tokens=1), median of {args.repeats}")
+    print(f"{'prompt':>7} {'ms':>9} {'µs/token':>9}")
+    for n, s in seconds.items():
+        print(f"{n:>7} {s * 1e3:9.3f} {s * 1e6 / n:9.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"model": args.model, "engine_args": engine_args,
+                                               "seconds": seconds}))
+
+
+if __name__ == "__main__":
+    main()
