@@ -193,8 +193,9 @@ class DecodeGraphs:
         kept = fastest_sizes(times, kinds)
         dropped = [size for size in timed if size not in kept]
         self.keep_sizes([size for size in self.sizes if size not in dropped])
-        assert all(kinds[self.padded_size(size)] == kinds[size] for size in dropped), kinds  # one range a kind
-        return {size: (self.padded_size(size), times[size], times[self.padded_size(size)]) for size in dropped}
+        moved = {size: self.padded_size(size) for size in dropped}
+        assert all(kinds[to] == kinds[size] for size, to in moved.items()), kinds  # one range a kind
+        return {size: (to, times[size], times[to]) for size, to in moved.items()}
 
     @torch.inference_mode()
     def replay_times(self, sizes: list[int]) -> dict[int, float]:
@@ -217,7 +218,7 @@ class DecodeGraphs:
                 end.record(stream)
                 if round_index:
                     marks[size].append((start, end))
-        torch.cuda.synchronize(device)
+        torch.cuda.synchronize(device)  # sync-ok: start-up, the events' times
         return {size: min(start.elapsed_time(end) for start, end in pairs) for size, pairs in marks.items()}
 
     def keep_sizes(self, sizes: list[int]) -> None:
