@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import bisect
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import triton
@@ -109,6 +109,32 @@ def fastest_sizes(times: dict[int, float], kinds: dict[int, int]) -> list[int]:
             kept.append(size)
             next_kept[kinds[size]] = time_ms
     return kept[::-1]
+
+
+def moved_sizes(times: dict[int, float], kept: list[int]) -> dict[int, tuple[int, float, float]]:
+    """times: size -> ms; kept: fastest_sizes(times, ...). Each size not kept -> (the next kept size,
+    which its batches take from now on, its ms, that size's ms)."""
+    return {size: (to, times[size], times[to]) for size in times if size not in kept
+            for to in (kept[bisect.bisect_left(kept, size)],)}
+
+
+@torch.inference_mode()
+def least_times_ms(sizes: list[int], run: Callable[[int], None], device: torch.device) -> dict[int, float]:
+    """Size -> ms of run(size) on the device's current stream, the least of TIMED_ROUNDS: one call a
+    round over the sizes, after an untimed round (a drift of the clocks touches every size alike).
+    Start-up only: it waits for the GPU."""
+    stream = torch.cuda.current_stream(device)
+    marks: dict[int, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {size: [] for size in sizes}
+    for round_index in range(TIMED_ROUNDS + 1):
+        for size in sizes:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            run(size)
+            end.record(stream)
+            if round_index:
+                marks[size].append((start, end))
+    torch.cuda.synchronize(device)  # sync-ok: start-up, the events' times
+    return {size: min(start.elapsed_time(end) for start, end in pairs) for size, pairs in marks.items()}
 
 
 class DecodeGraphs:
@@ -191,35 +217,24 @@ class DecodeGraphs:
         times = self.replay_times(timed)
         kinds = {size: decode_num_splits(size, self._kv_caches[0], self._max_model_len) for size in timed}
         kept = fastest_sizes(times, kinds)
-        dropped = [size for size in timed if size not in kept]
-        self.keep_sizes([size for size in self.sizes if size not in dropped])
-        moved = {size: self.padded_size(size) for size in dropped}
-        assert all(kinds[to] == kinds[size] for size, to in moved.items()), kinds  # one range a kind
-        return {size: (to, times[size], times[to]) for size, to in moved.items()}
+        moved = moved_sizes(times, kept)
+        self.keep_sizes([size for size in self.sizes if size not in moved])
+        assert all(kinds[to] == kinds[size] for size, (to, _, _) in moved.items()), kinds  # one range a kind
+        return moved
 
     @torch.inference_mode()
     def replay_times(self, sizes: list[int]) -> dict[int, float]:
         """Size -> ms of its plain graph over an all-padding batch (GEMMs and elementwise work at that
         size; no attention) and then the LM head on its rows (as the runner runs it after such a
-        replay); the least of TIMED_ROUNDS, one a round over the sizes, after an untimed round (a drift
-        of the clocks touches every size alike). Sizes up to MAX_LOGITS_ROWS: their graphs also hold
-        the LM head and its argmax."""
-        device = self.block_table.device
-        stream = torch.cuda.current_stream(device)
-        marks: dict[int, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {size: [] for size in sizes}
-        for round_index in range(TIMED_ROUNDS + 1):
-            for size in sizes:
-                self._fill_padding(size)  # the layouts of two sizes overlap
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record(stream)
-                self._graphs[size, None].replay()
-                if size > MAX_LOGITS_ROWS:
-                    self._model.compute_logits(self._outputs[size, None])
-                end.record(stream)
-                if round_index:
-                    marks[size].append((start, end))
-        torch.cuda.synchronize(device)  # sync-ok: start-up, the events' times
-        return {size: min(start.elapsed_time(end) for start, end in pairs) for size, pairs in marks.items()}
+        replay), least_times_ms of them. Sizes up to MAX_LOGITS_ROWS: their graphs also hold the LM
+        head and its argmax."""
+        return least_times_ms(sizes, self._padding_replay, self.block_table.device)
+
+    def _padding_replay(self, size: int) -> None:
+        self._fill_padding(size)  # the layouts of two sizes overlap
+        self._graphs[size, None].replay()
+        if size > MAX_LOGITS_ROWS:
+            self._model.compute_logits(self._outputs[size, None])
 
     def keep_sizes(self, sizes: list[int]) -> None:
         """Only these capture sizes (ascending, ending at the largest) replay from now on; the others'

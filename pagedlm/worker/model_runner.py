@@ -172,18 +172,19 @@ class ModelRunner:
 
     def _keep_fastest_graph_sizes(self) -> None:
         """Batches of a size that replays markedly slower than a larger one take that one from now on
-        (DecodeGraphs.keep_fastest), laid out for it in the step buffers."""
+        (DecodeGraphs.keep_fastest), laid out for it in the step buffers; likewise the piecewise
+        graphs' token counts (PiecewiseGraphs.keep_fastest)."""
         start = time.perf_counter()
         moved = self.graphs.keep_fastest()
         for buffers in (*self._staging, self._inputs):
             buffers.set_bucket_sizes(self.graphs.sizes)
+        moved_piecewise = None if self.piecewise is None else self.piecewise.keep_fastest()
         if moved is None:
             logger.info("CUDA graphs: every size kept (PAGEDLM_GRAPH_SIZE_TIMING=0)")
             return
         logger.info("CUDA graphs: replays timed in %.2f s; batch sizes that take a larger graph, measured "
-                    "faster: %s", time.perf_counter() - start,
-                    ", ".join(f"{size} -> {to} ({ms:.2f} -> {to_ms:.2f} ms)" for size, (to, ms, to_ms) in moved.items())
-                    or "none")
+                    "faster: %s; piecewise token counts: %s", time.perf_counter() - start, _moves(moved),
+                    "none captured" if moved_piecewise is None else _moves(moved_piecewise))
 
     def _new_graphs(self, kv_caches: list[torch.Tensor]) -> tuple[DecodeGraphs, PiecewiseGraphs | None]:
         """The piecewise graphs first: captured after the decode graphs, they made every batch-1 decode
@@ -446,6 +447,10 @@ class ModelRunner:
         """The stream the step's work goes to (CUDA only)."""
         return torch.cuda.current_stream(self._device_index)
 
+
+
+def _moves(moved: dict[int, tuple[int, float, float]]) -> str:
+    return ", ".join(f"{size} -> {to} ({ms:.2f} -> {to_ms:.2f} ms)" for size, (to, ms, to_ms) in moved.items()) or "none"
 
 
 def _log_start_up_compiles(first_event: int) -> None:

@@ -16,6 +16,12 @@ window), begins the next graph and returns the static attention output, which th
 reads. The last piece ends with the final norm's output, the hidden states, which stay allocated
 in the pool. The piecewise graphs are captured before the decode graphs (ModelRunner._new_graphs).
 
+Sizes (piecewise_sizes): powers of two up to 128 tokens, then 8 a doubling up to 2,048, so that
+padding above 128 rows costs at most 1/8 of a step's GEMMs. After the capture keep_fastest times
+each size's pieces and drops a size that the next kept larger one replays markedly faster (the rule
+and timing of the decode graphs, cuda_graphs.fastest_sizes: cuBLAS picks a poor kernel at some row
+counts); PAGEDLM_GRAPH_SIZE_TIMING=0 keeps every size.
+
 Inputs: static ids, positions and slots of this module, filled for each replay (rows [n, P) get
 slot -1: prepare_qkv skips their KV write, so a padding row never touches the cache; their other
 values are stale and their output rows are never read: every op inside a piece is row-independent).
@@ -32,19 +38,27 @@ import torch
 
 from pagedlm.attention.backend import AttentionBackend, AttentionMetadata
 from pagedlm.model.llama import LlamaAttention, LlamaForCausalLM
+from pagedlm.worker import cuda_graphs
 
 MIN_PIECEWISE_SIZE = 16
 MAX_PIECEWISE_SIZE = 2048  # tokens; a larger step's GPU time hides its eager launches (module notes)
+FINE_SIZES_FROM = 128  # tokens; above, SIZES_PER_DOUBLING sizes between two powers of two
+SIZES_PER_DOUBLING = 8
 
 
 def piecewise_sizes(max_num_tokens: int) -> list[int]:
-    """Powers of two from MIN_PIECEWISE_SIZE below the cap min(max_num_tokens, MAX_PIECEWISE_SIZE),
-    then the cap."""
+    """Powers of two from MIN_PIECEWISE_SIZE to FINE_SIZES_FROM, then SIZES_PER_DOUBLING evenly spaced
+    sizes a doubling (a step is padded by at most 1/8), below the cap min(max_num_tokens,
+    MAX_PIECEWISE_SIZE); then the cap. Padding costs GPU time in proportion above ~128 rows, where
+    a step's GEMMs stop being bound by their weight reads: with powers of two only, a 1,025-token
+    prompt of llama3-8b took 45.4 ms at 2,048 rows against 24.9 ms eagerly (H200, session 17,
+    benchmarks/prefill_sizes.py); below, a graph's replay is worth more than its padding (a 64-token
+    prompt: 5.9 ms against 14.5 ms of eager launches)."""
     cap = min(max_num_tokens, MAX_PIECEWISE_SIZE)
     sizes, size = [], MIN_PIECEWISE_SIZE
     while size < cap:
         sizes.append(size)
-        size *= 2
+        size += size if size < FINE_SIZES_FROM else (1 << (size.bit_length() - 1)) // SIZES_PER_DOUBLING
     return sizes + [cap]
 
 
@@ -143,6 +157,27 @@ class PiecewiseGraphs:
                         pieces.graphs[-1].capture_end()
                 self._pieces[size] = pieces
         torch.cuda.current_stream(device).wait_stream(stream)
+
+    def keep_fastest(self) -> dict[int, tuple[int, float, float]] | None:
+        """Times each size's pieces over padding rows (GEMMs and elementwise work at that size; no
+        attention) and keeps the fastest sizes (cuda_graphs.fastest_sizes: a size goes when the next
+        kept larger one replays markedly faster, as cuBLAS picks a poor kernel at some row counts).
+        Start-up only: it waits for the GPU. -> each size dropped: (the size its steps now replay, its
+        ms, that size's ms); None, and nothing timed, when PAGEDLM_GRAPH_SIZE_TIMING=0."""
+        if not cuda_graphs.SIZE_TIMING:
+            return None
+        self._slots.fill_(-1)  # no KV write
+        times = cuda_graphs.least_times_ms(self.sizes, self._replay_pieces, self._ids.device)
+        kept = cuda_graphs.fastest_sizes(times, dict.fromkeys(times, 0))  # one kind: attention is not timed
+        moved = cuda_graphs.moved_sizes(times, kept)
+        self.sizes = kept
+        for size in moved:
+            del self._pieces[size]
+        return moved
+
+    def _replay_pieces(self, size: int) -> None:
+        for graph in self._pieces[size].graphs:
+            graph.replay()
 
     def replay(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions: [n] of the step (n = meta.num_tokens <= max_size), its KV slots in

@@ -1,0 +1,6 @@
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1; O=$OUT; L=64,128,256,257,384,512,513,768,1024,1025,1536,2048,2049
+timeout 100 python3 benchmarks/prefill_sizes.py --model llama3-8b --lengths $L --profile-lengths 1025 --profile-dir $O/prof --json $O/pl.json > $O/pl.log 2>&1; grep -v "^INFO" $O/pl.log | tail -16 | cut -c1-400
+timeout 100 python3 benchmarks/prefill_sizes.py --model llama3-8b --lengths $L --profile-lengths 1025 --profile-dir $O/prof_eager --engine-args '{"cudagraph_mode": "FULL_DECODE_ONLY"}' --json $O/pl_eager.json > $O/pl_eager.log 2>&1; grep -v "^INFO" $O/pl_eager.log | tail -16 | cut -c1-400
+timeout 70 python3 benchmarks/prefill_sizes.py --model qwen3-0.6b --profile-lengths 256,512,2049 --profile-dir $O/prof --json $O/pq.json > $O/pq.log 2>&1; grep -v "^INFO" $O/pq.log | tail -14 | cut -c1-400
+timeout 70 python3 benchmarks/prefill_sizes.py --model qwen3-0.6b --profile-lengths 256,2049 --profile-dir $O/prof_eager --engine-args '{"cudagraph_mode": "FULL_DECODE_ONLY"}' --json $O/pq_eager.json > $O/pq_eager.log 2>&1; grep -v "^INFO" $O/pq_eager.log | tail -13 | cut -c1-400
+timeout 120 python3 benchmarks/gpu_workloads.py --workloads L2,L1 --json $O/w.json > $O/w.log 2>&1; grep -E "CUDA graphs: replays" $O/w.log | cut -c1-300; tail -3 $O/w.log | cut -c1-200
