@@ -9,8 +9,9 @@ penalties on, through LLM.generate; or (--sampler-only) the sampler alone on ran
 
 The default model (SmolLM2-135M-Instruct; `--load-format dummy`: its shapes with random
 weights, the same compute), prompts of random token ids, exactly `--output-len` tokens each
-(ignore_eos). Settings: "greedy" (no feature), "random" (temperature 1, nothing else),
-"full" (temperature 0.8, top_p 0.9, repetition 1.1, presence 0.5, frequency 0.5). The settings
+(ignore_eos). Settings: "greedy" (no feature), "random" (temperature 1, nothing else), "top_p"
+(temperature 0.8, top_p 0.9), "top_k" (temperature 0.8, top_k 50), "penalties" (temperature 0.8,
+repetition 1.1, presence 0.5, frequency 0.5), "full" (all of top_p's and penalties'). The settings
 run in turn, `--repeats` rounds after one warm-up; reported: the median output tokens per
 wall-clock second and per second of the process's CPU time, and the share of that CPU time
 spent in the sampler (SamplingState.sample; on the CPU device, the sampler's whole cost).
@@ -40,6 +41,10 @@ from pagedlm.sample import SamplingState  # noqa: E402
 SETTINGS = {
     "greedy": dict(temperature=0.0),
     "random": dict(temperature=1.0, seed=0),
+    "top_p": dict(temperature=0.8, top_p=0.9, seed=0),
+    "top_k": dict(temperature=0.8, top_k=50, seed=0),
+    "penalties": dict(temperature=0.8, repetition_penalty=1.1, presence_penalty=0.5, frequency_penalty=0.5,
+                      seed=0),
     "full": dict(temperature=0.8, top_p=0.9, repetition_penalty=1.1, presence_penalty=0.5,
                  frequency_penalty=0.5, seed=0),
 }

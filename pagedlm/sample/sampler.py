@@ -5,7 +5,9 @@ penalties; greedy rows take the argmax here. Random rows then become unnormalise
 exp((logit - max) / temperature) (in place), min-p, top-k and top-p give one threshold per row
 (filters.py, no sort), and a two-stage Gumbel-max draws from what stays (gumbel.py), with
 counter-based noise (noise.py). On CUDA, a batch without min-p, top-k and top-p skips the probs
-and draws with the same blocks and noise in two Triton kernels (triton_draw.py).
+and draws with the same blocks and noise in two Triton kernels (triton_draw.py); one with top-k or
+top-p finds the threshold in one Triton kernel (triton_threshold.py) instead of filters.py's radix
+select.
 A feature no row of the batch uses is None in the batch and launches nothing.
 """
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pagedlm.sample.filters import TopKTopP, top_k_top_p_threshold, truncate
 from pagedlm.sample.gumbel import gumbel_draw
 from pagedlm.sample.penalties import apply_penalties
 from pagedlm.sample.triton_draw import fused_gumbel_draw
+from pagedlm.sample.triton_threshold import triton_top_k_top_p_threshold
 
 Logprobs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -140,15 +143,20 @@ def _unnormalised_probs(logits: torch.Tensor, temperature: torch.Tensor | None) 
     return logits.exp_()
 
 
+_TRITON_THRESHOLD_DEVICE_TYPES = ("cuda",)  # tests add "cpu" to run it in the Triton interpreter
+
+
 def _truncation_threshold(probs: torch.Tensor, params: RandomParams) -> torch.Tensor | None:
     """[N]: min-p, top-k and top-p keep the ids with probs >= it; None: no row truncates."""
     floor, tktp = params.min_p, params.top_k_top_p  # min-p keeps probs >= min_p
     if tktp is None:
         return floor
+    threshold_of = (triton_top_k_top_p_threshold if probs.device.type in _TRITON_THRESHOLD_DEVICE_TYPES
+                    else top_k_top_p_threshold)
     if tktp.index is None:
-        return top_k_top_p_threshold(probs, floor, tktp)
+        return threshold_of(probs, floor, tktp)
     sub_floor = None if floor is None else floor.index_select(0, tktp.index)
-    threshold = top_k_top_p_threshold(probs.index_select(0, tktp.index), sub_floor, tktp)  # [M]
+    threshold = threshold_of(probs.index_select(0, tktp.index), sub_floor, tktp)  # [M]
     base = probs.new_zeros(probs.shape[0]) if floor is None else floor
     return base.index_copy(0, tktp.index, threshold)
 

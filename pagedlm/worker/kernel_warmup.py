@@ -5,7 +5,8 @@ happens while serving). The capture covers decode batches; these steps add
   attention tile, where very short prompts and the last few tokens of a chunked one land) and a
   longer one (the prefill tile; the profile step has it too, but not with num_gpu_blocks_override,
   which skips the profile),
-- the fused random draw with a temperature and without one,
+- the fused random draw with a temperature and without one, and the truncation threshold's kernel
+  (sample/triton_threshold.py) without a min-p floor and with one,
 - a decode step of each (eager under enforce_eager), the last one over more than
   MIN_KEYS_PER_SPLIT keys: the split-decode kernel, which a decode over a short context never takes
   (with CUDA graphs the capture has launched it already; its prompt then only costs a prefill),
@@ -32,27 +33,29 @@ from pagedlm.worker.input_batch import cdiv
 if TYPE_CHECKING:
     from pagedlm.worker.model_runner import ModelRunner
 
-# (prompt tokens, temperature): 2 tokens take the small tile for every GQA group up to 8; 32 (in
-# chunks of the step budget, if smaller) the prefill tile for every group >= 2; 0.7 draws with a
-# temperature, 1.0 without, 0 is greedy. With piecewise graphs these prompts replay them (the
+# (prompt tokens, sampling): 2 tokens take the small tile for every GQA group up to 8; 32 (in
+# chunks of the step budget, if smaller) the prefill tile for every group >= 2; temperature 0.7 draws
+# with a temperature, 1.0 without, 0 is greedy; top-p, and top-k with min-p, the threshold kernel. With piecewise graphs these prompts replay them (the
 # pieces' kernels compiled at capture; the attention between them runs eagerly and compiles here).
 # Left uncompiled then: the eager 2-8-row GEMV of a prompt_embeds step (which runs eagerly) when
 # max_num_seqs is 1 (no decode graph of 2-8 rows compiled it); jit_watch logs it if it happens.
 # The last prompt's decode step reads more than MIN_KEYS_PER_SPLIT keys: one sequence, long enough
 # to be split (attention.triton_decode.choose_num_splits).
-WARM_UP_REQUESTS = ((2, 0.7), (2, 1.0), (32, 0.0), (MIN_KEYS_PER_SPLIT + 1, 0.0))
+WARM_UP_REQUESTS = ((2, dict(temperature=0.7)), (2, dict(temperature=1.0)), (2, dict(top_p=0.9)),
+                    (2, dict(top_k=2, min_p=0.1)), (32, dict(temperature=0.0)),
+                    (MIN_KEYS_PER_SPLIT + 1, dict(temperature=0.0)))
 
 
 def warm_up_kernels(runner: ModelRunner) -> None:
     """Per request of WARM_UP_REQUESTS: its prompt in chunks of the step budget, one decode step,
     then it leaves. Waits for each step. Then a mixed step, and the fused gate_up GEMM."""
-    for i, (num_prompt, temperature) in enumerate(WARM_UP_REQUESTS):
+    for i, (num_prompt, sampling) in enumerate(WARM_UP_REQUESTS):
         num_prompt = min(num_prompt, runner.config.model.max_model_len - 1)
         num_blocks = cdiv(num_prompt + 1, runner.block_size)
         if NULL_BLOCK_ID + num_blocks >= runner.input_batch.num_kv_blocks:
             continue  # a KV cache this small never holds such a batch either
         req_id = f"_warmup_{i}"
-        params = SamplingParams(temperature=temperature, seed=0, max_tokens=2, ignore_eos=True)
+        params = SamplingParams(**sampling, seed=0, max_tokens=2, ignore_eos=True)
         new = NewRequestData(req_id=req_id, prompt_token_ids=[0] * num_prompt, output_token_ids=[],
                              sampling_params=params,
                              block_ids=list(range(NULL_BLOCK_ID + 1, NULL_BLOCK_ID + 1 + num_blocks)),

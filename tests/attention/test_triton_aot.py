@@ -5,7 +5,8 @@ this compiles for real with Triton's own ptxas. It must run without TRITON_INTER
 subprocess: this file is also that subprocess's script. The host wrappers are called on empty CPU
 tensors with JITFunction.run replaced by a recorder; each recorded launch is then bound, specialised
 and compiled exactly as the runtime would do on an H100/H200 (the same binder and _pack_args).
-Shapes: every dtype x head_dim, with GQA group, block size and sliding window cycled among them.
+Shapes: every dtype x head_dim, with GQA group, block size and sliding window cycled among them, then
+the benchmark models' own (FLAGSHIP_MODELS), whatever that rotation covers.
 """
 from __future__ import annotations
 
@@ -20,8 +21,17 @@ import pytest
 
 TARGET_ARCH = 90
 MAX_SHARED_BYTES = 232448  # opt-in shared memory per block on sm_90
-# launched without PDL: the sampler's draw, the graphs' stage-in, the fused gate_up GEMM (its cuBLAS neighbours lack it)
-NO_PDL_KERNELS = ("block_logmass_kernel", "pick_kernel", "stage_in_kernel", "gate_up_silu_kernel")
+# launched without PDL: the sampler's draw and threshold, the graphs' stage-in, the fused gate_up GEMM (its cuBLAS
+# neighbours lack it)
+NO_PDL_KERNELS = ("block_logmass_kernel", "pick_kernel", "threshold_kernel", "stage_in_kernel",
+                  "gate_up_silu_kernel")
+# The benchmark models' attention, compiled in any case: bf16, head_dim 128, 8 KV heads, the engine's
+# block size (16), no sliding window. name -> (query heads, Qwen3's q/k norm in prepare_qkv)
+FLAGSHIP_MODELS = {"llama3-8b": (32, False), "qwen3-0.6b": (16, True)}
+FLAGSHIP_KV_HEADS = 8
+# per scenario: prepare_qkv; the varlen kernel's prefill tile, short-chunk tile, decode tiles in batch order
+# and in decode_order (a mixed batch's two launches are two of these); the split decode
+SCENARIO_KERNELS = ["decode_split_kernel"] + ["paged_attention_kernel"] * 4 + ["prepare_qkv_kernel"]
 
 
 @pytest.mark.slow
@@ -31,32 +41,59 @@ def test_aot_compile_all_kernels_for_sm90() -> None:
     assert proc.returncode == 0, proc.stderr[-6000:]
     results = json.loads(proc.stdout.splitlines()[-1])
     names = [r["kernel"] for r in results]
-    # prefill tiles, decode tiles in batch order and in decode_order
-    assert names.count("paged_attention_kernel") == 3 * len(attention_scenarios())
+    for scenario in attention_scenarios():
+        kernels = sorted(r["kernel"] for r in results if scenario in r["scenarios"])
+        assert kernels == SCENARIO_KERNELS, (scenario, kernels)
+    check_flagship_compiles(results)
     assert set(names) == {"prepare_qkv_kernel", "paged_attention_kernel", "decode_split_kernel",
                           "rms_norm_kernel", "silu_and_mul_kernel",
                           "block_logmass_kernel", "pick_kernel", "gemv_kernel",
                           "argmax_chunks_kernel", "argmax_pick_kernel", "stage_in_kernel",
-                          "gate_up_silu_kernel"}
+                          "gate_up_silu_kernel", "threshold_kernel"}
     for r in results:
         assert r["cubin_bytes"] > 0, r
         assert r["pdl"] == ("wait, then launch_dependents" if r["kernel"] not in NO_PDL_KERNELS else "none"), r
         assert r["shared"] <= MAX_SHARED_BYTES, r
 
 
-def attention_scenarios() -> list[dict]:
+def attention_scenarios() -> dict[str, dict]:
+    """name -> run_attention_wrappers' arguments: the rotated sample, then FLAGSHIP_MODELS."""
     import torch
 
     combos = itertools.product([torch.float16, torch.bfloat16, torch.float32], [32, 64, 128, 256])
-    return [
-        dict(dtype=dtype, head_dim=head_dim, group=(1, 2, 4, 8, 3)[i % 5], block_size=(16, 32)[i % 2],
-             num_kv_heads=(1, 2, 8)[i % 3], sliding_window=(None, 128)[(i // 2) % 2])
-        for i, (dtype, head_dim) in enumerate(combos)
-    ]
+    scenarios = {}
+    for i, (dtype, head_dim) in enumerate(combos):
+        group = (1, 2, 4, 8, 3)[i % 5]
+        scenarios[f"{str(dtype).removeprefix('torch.')}-d{head_dim}"] = dict(
+            dtype=dtype, head_dim=head_dim, group=group, block_size=(16, 32)[i % 2],
+            num_kv_heads=(1, 2, 8)[i % 3], sliding_window=(None, 128)[(i // 2) % 2], qk_norm=group % 2 == 1)
+    for name, (num_heads, qk_norm) in FLAGSHIP_MODELS.items():
+        scenarios[name] = dict(dtype=torch.bfloat16, head_dim=128, group=num_heads // FLAGSHIP_KV_HEADS,
+                               block_size=16, num_kv_heads=FLAGSHIP_KV_HEADS, sliding_window=None, qk_norm=qk_norm)
+    return scenarios
+
+
+def check_flagship_compiles(results: list[dict]) -> None:
+    """Each benchmark model's kernels were compiled with its own shapes: bf16, its GQA group, head_dim
+    128, block size 16, no window; prepare_qkv with its q/k norm; the varlen kernel's two query tiles
+    and its decode tiles in both orders."""
+    for name, (num_heads, qk_norm) in FLAGSHIP_MODELS.items():
+        compiled = [r for r in results if name in r["scenarios"]]
+        for r in compiled:
+            assert r["signature"]["k_cache_ptr"] == "*bf16", (name, r["kernel"])
+            c = r["constexprs"]
+            if r["kernel"] == "prepare_qkv_kernel":
+                assert (c["HALF"], c["BLOCK_SIZE"], c["QK_NORM"]) == (64, 16, qk_norm), (name, c)
+            else:
+                want = (num_heads // FLAGSHIP_KV_HEADS, 128, 16, False)
+                assert (c["GROUP"], c["HEAD_DIM"], c["BLOCK_SIZE"], c["USE_WINDOW"]) == want, (name, r["kernel"], c)
+        paged = [r["constexprs"] for r in compiled if r["kernel"] == "paged_attention_kernel"]
+        orders = sorted((c["DECODE"], c["ORDERED"]) for c in paged)  # two query tiles: two BLOCK_M
+        assert orders == [(False, False), (False, False), (True, False), (True, True)], (name, paged)
 
 
 def run_attention_wrappers(dtype, head_dim: int, group: int, block_size: int, num_kv_heads: int,
-                           sliding_window: int | None) -> None:
+                           sliding_window: int | None, qk_norm: bool) -> None:
     import torch
 
     from pagedlm.attention.backend import AttentionMetadata
@@ -68,18 +105,24 @@ def run_attention_wrappers(dtype, head_dim: int, group: int, block_size: int, nu
     q = torch.empty(num_tokens, num_kv_heads * group, head_dim, dtype=dtype)
     kv_cache = torch.empty(2, 64, block_size, num_kv_heads, head_dim, dtype=dtype)
     int32 = dict(dtype=torch.int32)
-    qsl, seq_lens = torch.zeros(num_seqs + 1, **int32), torch.zeros(num_seqs, **int32)
-    for max_query_len, decode_order in ((20, None), (1, None), (1, torch.zeros(num_seqs, **int32))):
-        meta = AttentionMetadata(num_tokens, num_seqs, max_query_len, 500, qsl, seq_lens,
-                                 torch.zeros(num_tokens, dtype=torch.int64), torch.zeros(num_seqs, 8, **int32),
-                                 qsl, seq_lens, decode_order)
-        if max_query_len > 1:
-            qkv = torch.empty(num_tokens, (num_kv_heads * (group + 2)) * head_dim, dtype=dtype)
-            weight = torch.empty(head_dim, dtype=dtype)
-            prepare_qkv_triton(qkv, meta.slot_mapping, torch.empty(100, head_dim), (weight, weight) if group % 2
-                               else None, 1e-6, kv_cache, meta.slot_mapping, num_kv_heads * group)
+    qsl, seq_lens = torch.arange(num_seqs + 1, **int32), torch.zeros(num_seqs, **int32)
+    slot_mapping, block_table = torch.zeros(num_tokens, dtype=torch.int64), torch.zeros(num_seqs, 8, **int32)
+
+    def metadata(max_query_len: int, num_decodes: int = 0, ordered: bool = False) -> AttentionMetadata:
+        order = torch.zeros(num_decodes or num_seqs, **int32) if ordered else None
+        return AttentionMetadata(num_tokens, num_seqs, max_query_len, 500, qsl, seq_lens, slot_mapping, block_table,
+                                 qsl, seq_lens, order, num_decodes)
+
+    qkv = torch.empty(num_tokens, (num_kv_heads * (group + 2)) * head_dim, dtype=dtype)
+    weight = torch.empty(head_dim, dtype=dtype)
+    prepare_qkv_triton(qkv, slot_mapping, torch.empty(100, head_dim), (weight, weight) if qk_norm else None, 1e-6,
+                       kv_cache, slot_mapping, num_kv_heads * group)
+    # prefill tiles; short-chunk tiles (2 tokens x group <= 16 rows, as kernel_warmup's short prompt); decode
+    # tiles in batch order and in decode_order; a mixed batch: its leading decode (in decode_order), then tiles
+    for meta in (metadata(20), metadata(2), metadata(1), metadata(1, ordered=True),
+                 metadata(20, num_decodes=1, ordered=True)):
         varlen_attention(q, kv_cache, meta, 0.1, sliding_window)
-    split_decode_attention(q, kv_cache, meta, 0.1, sliding_window, num_splits=5)
+    split_decode_attention(q, kv_cache, metadata(1), 0.1, sliding_window, num_splits=5)
 
 
 def run_op_wrappers() -> None:
@@ -90,7 +133,9 @@ def run_op_wrappers() -> None:
     from pagedlm.ops.gemv import PendingNorm, gemv_triton
     from pagedlm.ops.gate_up_silu import gate_up_silu
     from pagedlm.ops.stage_in import stage_in
+    from pagedlm.sample.filters import TopKTopP
     from pagedlm.sample.triton_draw import fused_gumbel_draw
+    from pagedlm.sample.triton_threshold import triton_top_k_top_p_threshold
 
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         for hidden in (576, 4096):
@@ -131,22 +176,27 @@ def run_op_wrappers() -> None:
     for vocab_size in (151936, 49152, 32000):
         for temperature in (None, torch.empty(256, 6)[:, 1]):  # None and a strided column
             fused_gumbel_draw(torch.empty(256, vocab_size), temperature, torch.empty(256, dtype=torch.int64))
+        for floor in (None, torch.empty(256)):  # top-k / top-p, without and with a min-p floor
+            top_k_top_p = TopKTopP(None, torch.empty(256, dtype=torch.int64), torch.empty(256), 1, False, True)
+            triton_top_k_top_p_threshold(torch.empty(256, vocab_size), floor, top_k_top_p)
 
 
-def record_launches(attention_cases: list[dict], with_ops: bool = False) -> list[tuple]:
-    """Call the host wrappers with kernel launches replaced by a recorder; nothing runs."""
+def record_launches(attention_cases: dict[str, dict], with_ops: bool = False) -> list[tuple]:
+    """Call the host wrappers with kernel launches replaced by a recorder; nothing runs.
+    -> (scenario name, or "ops", kernel, args, kwargs) per launch."""
     from triton.runtime.jit import JITFunction
 
-    launches = []
+    launches, scenario = [], "ops"
 
     def record(self, *args, grid, warmup, **kwargs):
-        launches.append((self, args, kwargs))
+        launches.append((scenario, self, args, kwargs))
 
     original = JITFunction.run
     JITFunction.run = record
     try:
-        for case in attention_cases:
+        for scenario, case in attention_cases.items():  # record() reads the current scenario
             run_attention_wrappers(**case)
+        scenario = "ops"
         if with_ops:
             run_op_wrappers()
     finally:
@@ -181,7 +231,8 @@ def pdl_order(ptx: str) -> str:
 
 
 def main() -> None:
-    """Subprocess entry: compile each distinct recorded launch; print one JSON line of results."""
+    """Subprocess entry: compile each distinct recorded launch; print one JSON line of results, each
+    with the scenarios whose launches it serves."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
@@ -191,22 +242,23 @@ def main() -> None:
 
     target = GPUTarget("cuda", TARGET_ARCH, 32)
     backend = make_backend(target)
-    seen, results = set(), []
+    results: dict[str, dict] = {}  # specialisation key -> result
     pdl.pdl_enabled = lambda device: True  # as on an H200: every kernel with its PDL wait, launched with PDL
     launches = record_launches(attention_scenarios(), with_ops=True)
-    assert all(kwargs.get("launch_pdl") for fn, _, kwargs in launches if fn.__name__ not in NO_PDL_KERNELS)
-    for fn, args, kwargs in launches:
+    assert all(kwargs.get("launch_pdl") for _, fn, _, kwargs in launches if fn.__name__ not in NO_PDL_KERNELS)
+    for scenario, fn, args, kwargs in launches:
         signature, constexprs, attrs, options = specialise(fn, args, kwargs, backend)
         key = repr((fn.__name__, signature, constexprs, attrs, options))
-        if key in seen:
-            continue
-        seen.add(key)
-        source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-        compiled = triton.compile(source, target=target, options=options.__dict__)
-        results.append(dict(kernel=fn.__name__, cubin_bytes=len(compiled.asm.get("cubin", b"")),
-                            shared=compiled.metadata.shared, constexprs=repr(constexprs),
-                            pdl=pdl_order(compiled.asm["ptx"])))
-    print(json.dumps(results))
+        if key not in results:
+            source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+            compiled = triton.compile(source, target=target, options=options.__dict__)
+            results[key] = dict(kernel=fn.__name__, cubin_bytes=len(compiled.asm.get("cubin", b"")),
+                                shared=compiled.metadata.shared, signature=signature,
+                                constexprs={fn.arg_names[path[0]]: value for path, value in constexprs.items()},
+                                pdl=pdl_order(compiled.asm["ptx"]), scenarios=[])
+        if scenario not in results[key]["scenarios"]:
+            results[key]["scenarios"].append(scenario)
+    print(json.dumps(list(results.values()), default=repr))
 
 
 if __name__ == "__main__":

@@ -242,7 +242,7 @@ def test_kv_sizing_reserves_graph_memory(checkpoints, caplog):
     reserved, taken = runner.graph_bytes_reserved, runner.graph_bytes
     assert reserved is not None and 0 < taken <= reserved + (16 << 20), (taken, reserved)
     assert "CUDA graphs (trial capture)" in caplog.text and "left for the KV cache" in caplog.text
-    assert "51 pure-decode batch sizes (1..512), piecewise 8 token counts (16..2048), captured in" in caplog.text
+    assert "51 pure-decode batch sizes (1..512), piecewise 36 token counts (16..2048), captured in" in caplog.text
     assert "CUDA graphs: replays timed in" in caplog.text
     outputs = llm.generate(PROMPTS[:3], SamplingParams(temperature=0.0, max_tokens=8,
                                                        ignore_eos=True), use_tqdm=False)

@@ -1,0 +1,115 @@
+"""The one-kernel threshold (triton_threshold.py) against a sort and the torch radix select; in the
+sampler in place of the torch path. On the CPU the kernel runs in the Triton interpreter; outputs
+start as NaN (tests/conftest.py's nan_poisoned_empty)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_sample_filters import random_probs, reference_threshold
+
+from pagedlm.sample import SamplingState, sampler
+from pagedlm.sample.filters import TopKTopP, top_k_top_p_threshold
+from pagedlm.sample.triton_threshold import triton_top_k_top_p_threshold
+from pagedlm.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.usefixtures("nan_poisoned_empty")
+
+
+def mixed_params(num_rows: int, vocab_size: int, seed: int) -> tuple[torch.Tensor, TopKTopP]:
+    """(floor [M], params): rows with and without min-p, top-k (1, the vocabulary, random) and top-p
+    (1e-30, which keeps the top id; 1: off)."""
+    gen = torch.Generator().manual_seed(seed)
+    top_k = torch.randint(1, min(vocab_size, 300), (num_rows,), generator=gen)
+    top_k[1::3] = 0
+    top_k[2], top_k[4] = 1, vocab_size
+    top_p = torch.rand(num_rows, generator=gen) * 0.9 + 0.05
+    top_p[::4] = 1.0
+    top_p[3] = 1e-30
+    floor = torch.where(torch.arange(num_rows) % 5 == 0, 0.05, 0.0)
+    params = TopKTopP(index=None, top_k=top_k, top_p=top_p, max_top_k=int(top_k.max()),
+                      every_row_top_k=False, any_top_p=True)
+    return floor, params
+
+
+@pytest.mark.parametrize("num_rows, vocab_size", [(40, 1500), (6, 20001)])
+def test_threshold_equals_the_sort_and_the_radix_select(num_rows: int, vocab_size: int) -> None:
+    probs = random_probs(num_rows, vocab_size, seed=num_rows)
+    floor, params = mixed_params(num_rows, vocab_size, seed=vocab_size)
+    got = triton_top_k_top_p_threshold(probs, floor, params)
+    want = reference_threshold(probs, floor, params.top_k, params.top_p)
+    assert torch.equal(got, want), (got - want).abs().max()
+    assert torch.equal(got, top_k_top_p_threshold(probs, floor, params))
+    assert got[3] == 1.0  # top_p 1e-30: the top id only
+    num_kept = (probs >= got[:, None]).sum(dim=-1)
+    assert num_kept[2] == (probs[2] == probs[2].max()).sum()  # top_k 1 keeps the top value's ties
+    cut = (params.top_p < 1) & (params.top_k == 0) & (floor == 0)
+    assert cut.any() and (num_kept[cut] < vocab_size).all()  # top-p cuts where it alone applies
+
+
+def test_threshold_without_a_floor_and_on_a_strided_batch() -> None:
+    """No min-p (the floor argument unread); rows taken from a wider buffer (a row stride > V)."""
+    wide = random_probs(9, 1200, seed=5)
+    probs = wide[:, :1000]
+    probs = probs / probs.amax(dim=-1, keepdim=True)  # the top value 1 again
+    wide[:, :1000] = probs
+    _, params = mixed_params(9, 1000, seed=6)
+    got = triton_top_k_top_p_threshold(wide[:, :1000], None, params)
+    want = reference_threshold(probs, torch.zeros(9), params.top_k, params.top_p)
+    want[(params.top_k == 0) & (params.top_p == 1.0)] = 0.0
+    assert torch.equal(got, want), (got - want).abs().max()
+
+
+def test_sampler_takes_the_triton_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows with top-p, top-k and min-p among plain ones: the kernel is called (on the rows that have
+    top-k or top-p) and the ids equal the torch path's."""
+    num_rows, vocab_size = 6, 700
+    logits = torch.randn(num_rows, vocab_size, generator=torch.Generator().manual_seed(7)) * 3
+    params = [SamplingParams(temperature=0.8, seed=1, top_p=0.9), SamplingParams(temperature=1.0, seed=2),
+              SamplingParams(temperature=0.7, seed=3, top_k=20, min_p=0.05),
+              SamplingParams(temperature=0.0), SamplingParams(temperature=1.2, seed=4, top_k=5, top_p=0.5),
+              SamplingParams(temperature=0.9, seed=5, min_p=0.1)]
+    calls: list[int] = []
+
+    def counted(probs: torch.Tensor, floor: torch.Tensor | None, tktp: TopKTopP) -> torch.Tensor:
+        calls.append(probs.shape[0])
+        return triton_top_k_top_p_threshold(probs, floor, tktp)
+
+    monkeypatch.setattr(sampler, "triton_top_k_top_p_threshold", counted)
+    sampled = []
+    for device_types in (("cuda",), ("cuda", "cpu")):
+        monkeypatch.setattr(sampler, "_TRITON_THRESHOLD_DEVICE_TYPES", device_types)
+        state = SamplingState(num_rows, vocab_size, "cpu", seed=3)
+        for row, p in enumerate(params):
+            state.add_request(row, p, [1, 2], [], eos_token_ids=[0])
+        sampled.append(state.sample(logits.clone(), np.arange(num_rows, dtype=np.int32)).sampled_token_ids)
+    assert calls == [3]  # rows 0, 2 and 4
+    assert torch.equal(sampled[0], sampled[1])
+
+
+@pytest.mark.gpu
+def test_threshold_cuts_where_the_mass_says_on_cuda() -> None:
+    """A decode batch's shape, [256, 151936]: top-k rows equal the sort's k-th value; every top-p
+    cut t meets its definition in float64 within float32 rounding: the mass above t is short of the
+    target, the mass at or above t reaches it."""
+    num_rows, vocab_size = 256, 151936
+    probs = random_probs(num_rows, vocab_size, seed=8)
+    floor, params = mixed_params(num_rows, vocab_size, seed=9)
+    got = triton_top_k_top_p_threshold(probs.cuda(), floor.cuda(),
+                                       TopKTopP(None, params.top_k.cuda(), params.top_p.cuda(),
+                                                params.max_top_k, False, True)).cpu()
+    assert torch.isfinite(got).all()
+    want = reference_threshold(probs, floor, params.top_k, params.top_p)
+    only_k = params.top_p == 1.0
+    assert torch.equal(got[only_k], want[only_k])
+    ranked = probs.double().sort(dim=-1, descending=True).values
+    for row in torch.nonzero(~only_k).flatten().tolist():
+        k = int(params.top_k[row])
+        base = max(float(floor[row]), float(ranked[row, k - 1]) if k > 0 else 0.0)
+        kept = torch.where(ranked[row] >= base, ranked[row], 0.0)
+        target = max(float(params.top_p[row]) * float(kept.sum()), torch.finfo(torch.float32).tiny)
+        t = float(got[row])
+        slack = 1e-5 * float(kept.sum())
+        assert float(kept[ranked[row] > t].sum()) < target + slack, row
+        assert float(kept[ranked[row] >= t].sum()) >= target - slack, row
+        assert t in probs[row], row
