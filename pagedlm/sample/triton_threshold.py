@@ -31,8 +31,8 @@ from pagedlm.sample.filters import TopKTopP
 RADIX_BITS: tl.constexpr = tl.constexpr(4)
 NUM_CANDIDATES: tl.constexpr = tl.constexpr(16)  # 2^RADIX_BITS
 TOP_SHIFT: tl.constexpr = tl.constexpr(26)  # the first pass's bits: [26, 30); 1.0 is 0x3F800000 < 2^30
-BLOCK = 512  # values a program reads at a time: [BLOCK, NUM_CANDIDATES] float32 running sums
-NUM_WARPS = 4
+BLOCK = 1024  # values a program reads at a time: [BLOCK, NUM_CANDIDATES] float32 running sums
+NUM_WARPS = 8
 TINY_F32: tl.constexpr = tl.constexpr(torch.finfo(torch.float32).tiny)  # a top_p that rounds to 0 keeps one id
 
 
@@ -41,9 +41,13 @@ def _sums_at_or_above(row_ptr, vocab_size, found, shift, floor_bits,
                       WEIGHTED: tl.constexpr, BLOCK: tl.constexpr):
     """[NUM_CANDIDATES] float32: for each j, the weight of the row's values whose bits are >= found +
     (j << shift): the value itself (WEIGHTED) or 1, counted only for values whose bits are >=
-    floor_bits."""
+    floor_bits. A value above every candidate adds to all of them (one running sum), one below
+    none; only a block holding a value between the first and the last candidate pays for the
+    per-candidate sums, and after the first pass or two few blocks do."""
     candidates = found + (tl.arange(0, NUM_CANDIDATES) << shift)  # [C] int32
+    window_end = found + (NUM_CANDIDATES << shift)  # <= 2^30 + 2^30 - 1 (found < 2^30, shift 26: found 0)
     sums = tl.zeros([BLOCK, NUM_CANDIDATES], tl.float32)
+    above = tl.zeros([BLOCK], tl.float32)
     for start in range(0, vocab_size, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         in_row = offs < vocab_size
@@ -54,8 +58,12 @@ def _sums_at_or_above(row_ptr, vocab_size, found, shift, floor_bits,
             weights = tl.where(counted, values, 0.0)
         else:
             weights = tl.where(counted, 1.0, 0.0)
-        sums += tl.where(bits[:, None] >= candidates[None, :], weights[:, None], 0.0)
-    return tl.sum(sums, axis=0)
+        above += tl.where(bits >= window_end, weights, 0.0)
+        in_window = counted & (bits >= found) & (bits < window_end)
+        if tl.max(in_window.to(tl.int32)) > 0:
+            window_weights = tl.where(in_window, weights, 0.0)
+            sums += tl.where(bits[:, None] >= candidates[None, :], window_weights[:, None], 0.0)
+    return tl.sum(sums, axis=0) + tl.sum(above, axis=0)
 
 
 @triton.jit
