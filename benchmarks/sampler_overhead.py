@@ -6,6 +6,7 @@ penalties on, through LLM.generate; or (--sampler-only) the sampler alone on ran
         [--max-num-batched-tokens N]
     .venv/bin/python benchmarks/sampler_overhead.py --sampler-only [--num-rows 256]
         [--vocab-size 151936] [--input-len 32] [--output-len 16] [--repeats 5] [--device cuda]
+        [--profile top_p,top_k]
 
 The default model (SmolLM2-135M-Instruct; `--load-format dummy`: its shapes with random
 weights, the same compute), prompts of random token ids, exactly `--output-len` tokens each
@@ -61,6 +62,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--sampler-only", action="store_true", help="time the sampler alone")
+    parser.add_argument("--profile", default="", help="--sampler-only: comma-separated settings to profile a step of")
     parser.add_argument("--num-rows", type=int, default=32, help="--sampler-only: batch rows")
     parser.add_argument("--vocab-size", type=int, default=49152, help="--sampler-only")
     return parser.parse_args()
@@ -128,7 +130,25 @@ def _sampler_step_ms(args: argparse.Namespace, setting: str) -> list[float]:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(1e3 * (clock() - start))
+    if setting in args.profile.split(","):
+        _profile_step(state, work, logits, rows_np, setting)
     return times[2:]
+
+
+def _profile_step(state: SamplingState, work: torch.Tensor, logits: torch.Tensor, rows_np: np.ndarray,
+                  setting: str) -> None:
+    """One more step under torch.profiler: its kernels by device time, and the host's time."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if work.is_cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    work.copy_(logits)
+    with torch.profiler.profile(activities=activities) as prof:
+        state.sample(work, rows_np)
+        if work.is_cuda:
+            torch.cuda.synchronize(work.device)
+    sort_by = "cuda_time_total" if work.is_cuda else "cpu_time_total"
+    print(f"{setting}: one step under torch.profiler")
+    print(prof.key_averages().table(sort_by=sort_by, row_limit=14, max_name_column_width=48))
 
 
 def sampler_only(args: argparse.Namespace) -> None:

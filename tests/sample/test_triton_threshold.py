@@ -60,15 +60,21 @@ def test_threshold_without_a_floor_and_on_a_strided_batch() -> None:
     assert torch.equal(got, want), (got - want).abs().max()
 
 
-def test_sampler_takes_the_triton_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rows with top-p, top-k and min-p among plain ones: the kernel is called (on the rows that have
-    top-k or top-p) and the ids equal the torch path's."""
-    num_rows, vocab_size = 6, 700
-    logits = torch.randn(num_rows, vocab_size, generator=torch.Generator().manual_seed(7)) * 3
-    params = [SamplingParams(temperature=0.8, seed=1, top_p=0.9), SamplingParams(temperature=1.0, seed=2),
+MIXED_ROWS = [SamplingParams(temperature=0.8, seed=1, top_p=0.9), SamplingParams(temperature=1.0, seed=2),
               SamplingParams(temperature=0.7, seed=3, top_k=20, min_p=0.05),
               SamplingParams(temperature=0.0), SamplingParams(temperature=1.2, seed=4, top_k=5, top_p=0.5),
               SamplingParams(temperature=0.9, seed=5, min_p=0.1)]
+EVERY_ROW_TOP_K = [SamplingParams(temperature=0.8, seed=i, top_k=3 + i, top_p=(1.0, 0.6)[i % 2]) for i in range(4)]
+
+
+@pytest.mark.parametrize("params, kernel_rows", [(MIXED_ROWS, [3]), (EVERY_ROW_TOP_K, [])])
+def test_sampler_takes_the_triton_threshold(monkeypatch: pytest.MonkeyPatch, params: list[SamplingParams],
+                                            kernel_rows: list[int]) -> None:
+    """Rows with top-p, top-k and min-p among plain ones: the kernel is called on the rows that have
+    top-k or top-p; where every row has a top-k (<= TOP_K_LIMIT), torch.topk's path instead. The ids
+    equal the torch path's."""
+    num_rows, vocab_size = len(params), 700
+    logits = torch.randn(num_rows, vocab_size, generator=torch.Generator().manual_seed(7)) * 3
     calls: list[int] = []
 
     def counted(probs: torch.Tensor, floor: torch.Tensor | None, tktp: TopKTopP) -> torch.Tensor:
@@ -83,7 +89,7 @@ def test_sampler_takes_the_triton_threshold(monkeypatch: pytest.MonkeyPatch) -> 
         for row, p in enumerate(params):
             state.add_request(row, p, [1, 2], [], eos_token_ids=[0])
         sampled.append(state.sample(logits.clone(), np.arange(num_rows, dtype=np.int32)).sampled_token_ids)
-    assert calls == [3]  # rows 0, 2 and 4
+    assert calls == kernel_rows  # mixed: rows 0, 2 and 4
     assert torch.equal(sampled[0], sampled[1])
 
 

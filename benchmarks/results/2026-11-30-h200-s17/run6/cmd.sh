@@ -1,0 +1,5 @@
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1; O=$OUT; S="benchmarks/sampler_overhead.py --sampler-only --device cuda --repeats 5"
+timeout 60 python3 $S --num-rows 256 --vocab-size 151936 --profile top_p,top_k > $O/profile_256.log 2>&1; grep -E "^\| (top_p|top_k|random) " $O/profile_256.log; grep -E "one step|Self CUDA time|threshold_kernel|gumbel|exp|topk|amax|index|mul|^ +aten" $O/profile_256.log | cut -c1-48,100-190 | head -40
+timeout 60 python3 $S --num-rows 1 --vocab-size 128256 --profile top_p > $O/profile_1.log 2>&1; grep -E "^\| (top_p|top_k|random) " $O/profile_1.log; grep -E "threshold_kernel|Self CUDA time|Self CPU time" $O/profile_1.log | cut -c1-48,100-190
+for v in "512 4" "2048 8" "1024 16" "256 4"; do set -- $v
+timeout 60 python3 -c "import sys, runpy; import pagedlm.sample.triton_threshold as m; m.BLOCK, m.NUM_WARPS = $1, $2; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')" $S --num-rows 256 --vocab-size 151936 --profile top_p > $O/v_$1_$2.log 2>&1; echo "BLOCK $1 warps $2"; grep -E "^\| (top_p|top_k) |threshold_kernel" $O/v_$1_$2.log | cut -c1-48,100-190; done
