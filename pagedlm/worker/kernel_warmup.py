@@ -5,8 +5,9 @@ happens while serving). The capture covers decode batches; these steps add
   attention tile, where very short prompts and the last few tokens of a chunked one land) and a
   longer one (the prefill tile; the profile step has it too, but not with num_gpu_blocks_override,
   which skips the profile),
-- the fused random draw with a temperature and without one, and the truncation threshold's kernel
-  (sample/triton_threshold.py) without a min-p floor and with one,
+- the fused random draw with a temperature and without one, and with top-p (the truncation
+  threshold's search passes, sample/triton_threshold.py); top-k's passes by a direct call (a batch
+  where every row has a top-k takes torch.topk's path, so one request cannot launch them),
 - a decode step of each (eager under enforce_eager), the last one over more than
   MIN_KEYS_PER_SPLIT keys: the split-decode kernel, which a decode over a short context never takes
   (with CUDA graphs the capture has launched it already; its prompt then only costs a prefill),
@@ -22,11 +23,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+
 from pagedlm.attention.triton_decode import MIN_KEYS_PER_SPLIT
 from pagedlm.core.block_pool import NULL_BLOCK_ID
 from pagedlm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from pagedlm.model.llama import LlamaMLP
 from pagedlm.ops import gate_up_silu
+from pagedlm.sample.filters import TopKTopP
+from pagedlm.sample.triton_threshold import triton_top_k_top_p_threshold
 from pagedlm.sampling_params import SamplingParams
 from pagedlm.worker.input_batch import cdiv
 
@@ -35,20 +40,20 @@ if TYPE_CHECKING:
 
 # (prompt tokens, sampling): 2 tokens take the small tile for every GQA group up to 8; 32 (in
 # chunks of the step budget, if smaller) the prefill tile for every group >= 2; temperature 0.7 draws
-# with a temperature, 1.0 without, 0 is greedy; top-p, and top-k with min-p, the threshold kernel. With piecewise graphs these prompts replay them (the
+# with a temperature, 1.0 without, 0 is greedy; top-p, the threshold's search passes. With piecewise graphs these prompts replay them (the
 # pieces' kernels compiled at capture; the attention between them runs eagerly and compiles here).
 # Left uncompiled then: the eager 2-8-row GEMV of a prompt_embeds step (which runs eagerly) when
 # max_num_seqs is 1 (no decode graph of 2-8 rows compiled it); jit_watch logs it if it happens.
 # The last prompt's decode step reads more than MIN_KEYS_PER_SPLIT keys: one sequence, long enough
 # to be split (attention.triton_decode.choose_num_splits).
 WARM_UP_REQUESTS = ((2, dict(temperature=0.7)), (2, dict(temperature=1.0)), (2, dict(top_p=0.9)),
-                    (2, dict(top_k=2, min_p=0.1)), (32, dict(temperature=0.0)),
-                    (MIN_KEYS_PER_SPLIT + 1, dict(temperature=0.0)))
+                    (32, dict(temperature=0.0)), (MIN_KEYS_PER_SPLIT + 1, dict(temperature=0.0)))
 
 
 def warm_up_kernels(runner: ModelRunner) -> None:
     """Per request of WARM_UP_REQUESTS: its prompt in chunks of the step budget, one decode step,
-    then it leaves. Waits for each step. Then a mixed step, and the fused gate_up GEMM."""
+    then it leaves. Waits for each step. Then a mixed step, the fused gate_up GEMM and the threshold's
+    search passes."""
     for i, (num_prompt, sampling) in enumerate(WARM_UP_REQUESTS):
         num_prompt = min(num_prompt, runner.config.model.max_model_len - 1)
         num_blocks = cdiv(num_prompt + 1, runner.block_size)
@@ -68,6 +73,17 @@ def warm_up_kernels(runner: ModelRunner) -> None:
         _finish(runner, {req_id})
     _mixed_step(runner)
     _fused_gate_up(runner)
+    _threshold_passes(runner)
+
+
+def _threshold_passes(runner: ModelRunner) -> None:
+    """Every search pass of the truncation threshold (top-k's and top-p's, first and later) on one
+    row of the vocabulary's size."""
+    device = runner.device
+    params = TopKTopP(index=None, top_k=torch.ones(1, dtype=torch.int64, device=device),
+                      top_p=torch.full((1,), 0.5, device=device), max_top_k=1, every_row_top_k=False,
+                      any_top_p=True)
+    triton_top_k_top_p_threshold(torch.ones(1, runner.config.model.vocab_size, device=device), None, params)
 
 
 def _fused_gate_up(runner: ModelRunner) -> None:
