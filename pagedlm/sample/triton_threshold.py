@@ -1,20 +1,26 @@
-"""min-p, top-k and top-p's threshold (filters.top_k_top_p_threshold) by Triton kernels.
+"""min-p, top-k and top-p's threshold (filters.top_k_top_p_threshold) in one Triton kernel.
 
 The torch path finds each cut by a radix select over the values' bits: per level a histogram
 (index_add_ with float atomics into 2^15 bins a row), cumulative sums and searches, ~10 kernels a
-level (5.2 ms a sampling step with top_p at [256, 151936] on the H200, session 17 run 4). Here the
-same search runs from the top bit down, RADIX_BITS bits a pass: a pass sums, for each of the
-2^RADIX_BITS candidate values (the bits found so far with each pattern of the next RADIX_BITS bits),
-the weight of the values at or above it, and keeps the largest candidate whose sum still reaches
-the target. Seven passes of 4 bits and one of 2 cover a probability's 30 bits (a value in [0, 1]
-orders as its int32 bits). No histogram, no float atomics.
+level. Here one program per row runs the same search from the top bit down, RADIX_BITS bits a pass
+over the row: each pass sums the weight of the values at or above each of the 2^RADIX_BITS
+candidate values (the bits found so far with each pattern of the next RADIX_BITS bits) and keeps
+the largest candidate whose sum still reaches the target. Seven passes of 4 bits and one of 2
+cover a probability's 30 bits; a value in [0, 1] orders as its int32 bits. No histogram, no
+atomics, one launch.
 
-A pass is one launch over (rows, chunks of CHUNK values): each program stores its chunk's sums, and
-the last of a row's programs to finish (ops/counters.last_to_arrive) adds them up in chunk order
-and picks. The first version ran a row in one program, all passes in one launch: latency-bound
-(one block after another, each waiting for its load; 2.3 ms a step at 256 rows, 0.70 ms at one row
-of 128,256, session 17 runs 5-6). Within a pass only blocks holding a value between the first and
-last candidate pay for the per-candidate sums; after the first pass or two few do.
+Measured on the H200 (session 17, runs 4-7, sampler_overhead.py --sampler-only): a sampling step
+with top_p 0.9 takes 3.4-3.8 ms at [256, 151936] against 5.2 with the torch radix select, 1.2 ms at
+[1, 128256] against 1.8; the kernel itself 2.3 ms and 0.70 ms, far from its bytes (8 passes over
+155 MB: ~0.3 ms). At 256 rows the per-candidate sums bound it: a block of 1,024 values skips them
+only when none of its values lies between the first and last candidate, and near the cut of a
+flat distribution most blocks hold one until the fourth pass (BLOCK 256 to 2048, 4 to 16 warps:
+within 15%). At one row one program walks the row's blocks one after another. Splitting each pass
+over (rows, chunks of 4,096), the row's last program summing the chunks (run 7), gave the same 2.46
+ms at 256 rows and 60 µs of kernels at one row, but its eight launches made that step 1.82 ms of
+host time: not kept. Cheaper sums (a weighted histogram in shared memory) would be the next step.
+Where every row has a top-k of at most filters.TOP_K_LIMIT, torch.topk's path is faster (1.8-2.1
+ms against 3.1-3.6) and the sampler keeps it.
 
 Per row, with p = exp((logit - max) / T) in [0, 1] (1 at the top) and the search
 largest(weight, target) = the largest value v with sum(weight of values >= v) >= target (always
@@ -32,15 +38,13 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedlm.ops.counters import last_to_arrive, zeroed_counters
 from pagedlm.sample.filters import TopKTopP
 
-NUM_CANDIDATES: tl.constexpr = tl.constexpr(16)  # 2^RADIX_BITS, RADIX_BITS = 4
-# each pass's lowest bit: bits [26, 30) (1.0 is 0x3F800000 < 2^30), [22, 26), ..., [2, 6), then [0, 2)
-SHIFTS = (26, 22, 18, 14, 10, 6, 2, 0)
-CHUNK = 4096  # values a program of a pass sums: 38 programs a row of 151,936
-BLOCK = 1024  # values it reads at a time: [BLOCK, NUM_CANDIDATES] float32 running sums
-NUM_WARPS = 4
+RADIX_BITS: tl.constexpr = tl.constexpr(4)
+NUM_CANDIDATES: tl.constexpr = tl.constexpr(16)  # 2^RADIX_BITS
+TOP_SHIFT: tl.constexpr = tl.constexpr(26)  # the first pass's bits: [26, 30); 1.0 is 0x3F800000 < 2^30
+BLOCK = 1024  # values a program reads at a time: [BLOCK, NUM_CANDIDATES] float32 running sums
+NUM_WARPS = 8
 TINY_F32: tl.constexpr = tl.constexpr(torch.finfo(torch.float32).tiny)  # a top_p that rounds to 0 keeps one id
 
 
@@ -53,7 +57,7 @@ def _sums_at_or_above(row_ptr, vocab_size, found, shift, floor_bits,
     none; only a block holding a value between the first and the last candidate pays for the
     per-candidate sums, and after the first pass or two few blocks do."""
     candidates = found + (tl.arange(0, NUM_CANDIDATES) << shift)  # [C] int32
-    window_end = found + (NUM_CANDIDATES << shift)  # < 2^31: found is 0 at shift 26, < 2^30 after
+    window_end = found + (NUM_CANDIDATES << shift)  # <= 2^30 + 2^30 - 1 (found < 2^30, shift 26: found 0)
     sums = tl.zeros([BLOCK, NUM_CANDIDATES], tl.float32)
     above = tl.zeros([BLOCK], tl.float32)
     for start in range(0, vocab_size, BLOCK):
@@ -82,79 +86,60 @@ def _pick(sums, target, found, shift):
     return found + (j << shift)
 
 
-@triton.jit(do_not_specialize=["shift"])
-def search_pass_kernel(probs_ptr, stride_row, vocab_size, active_ptr, found_ptr, target_ptr, floor_bits_ptr,
-                       partial_ptr, counters_ptr, shift, WEIGHTED: tl.constexpr, FIRST: tl.constexpr,
-                       CHUNK: tl.constexpr, CHUNKS_PAD: tl.constexpr, BLOCK: tl.constexpr):
-    """Program (row, chunk) of one pass of the search of rows whose active flag is set: the chunk's
-    sums into partial [M, CHUNKS_PAD, NUM_CANDIDATES]; the row's last program then moves found [M]
-    (int32 bits) on by the next bits from shift up. FIRST and WEIGHTED: target [M] holds top_p, and
-    becomes top_p x the whole weight (at least TINY_F32)."""
+@triton.jit
+def _largest_reaching(row_ptr, vocab_size, target, floor_bits, WEIGHTED: tl.constexpr,
+                      IS_FRACTION: tl.constexpr, BLOCK: tl.constexpr):
+    """The bits of the largest value v of the row with sum(weight of values >= v) >= target (the
+    weights of _sums_at_or_above). IS_FRACTION: target is that fraction of the whole weight (at
+    least TINY). Passes over bits [26, 30), [22, 26), ..., [2, 6), then [0, 2)."""
+    found = tl.zeros([], tl.int32)
+    sums = _sums_at_or_above(row_ptr, vocab_size, found, TOP_SHIFT, floor_bits, WEIGHTED, BLOCK)
+    if IS_FRACTION:  # candidate 0 is the value 0: its sum is the whole weight
+        whole = tl.sum(tl.where(tl.arange(0, NUM_CANDIDATES) == 0, sums, 0.0))
+        target = tl.maximum(target * whole, TINY_F32)
+    found = _pick(sums, target, found, TOP_SHIFT)
+    for level in tl.static_range(1, 7):
+        shift = TOP_SHIFT - RADIX_BITS * level
+        sums = _sums_at_or_above(row_ptr, vocab_size, found, shift, floor_bits, WEIGHTED, BLOCK)
+        found = _pick(sums, target, found, shift)
+    sums = _sums_at_or_above(row_ptr, vocab_size, found, 0, floor_bits, WEIGHTED, BLOCK)
+    return _pick(sums, target, found, 0)
+
+
+@triton.jit
+def threshold_kernel(probs_ptr, stride_row, vocab_size, floor_ptr, top_k_ptr, top_p_ptr, out_ptr,
+                     HAS_FLOOR: tl.constexpr, BLOCK: tl.constexpr):
+    """One program per row of probs [M, V] (float32 in [0, 1]): out[row] = its threshold."""
     row = tl.program_id(0)
-    chunk = tl.program_id(1)
-    if tl.load(active_ptr + row) == 0:
-        return
-    found = tl.load(found_ptr + row)
-    first = chunk * CHUNK
-    row_ptr = probs_ptr + row.to(tl.int64) * stride_row + first
-    sums = _sums_at_or_above(row_ptr, tl.minimum(vocab_size - first, CHUNK), found, shift,
-                             tl.load(floor_bits_ptr + row), WEIGHTED, BLOCK)
-    index = tl.arange(0, NUM_CANDIDATES)
-    row_partial = partial_ptr + row.to(tl.int64) * CHUNKS_PAD * NUM_CANDIDATES
-    tl.store(row_partial + chunk * NUM_CANDIDATES + index, sums)
-    num_chunks = tl.num_programs(1)
-    if last_to_arrive(counters_ptr + row, num_chunks):
-        chunks = tl.arange(0, CHUNKS_PAD)
-        parts = tl.load(row_partial + chunks[:, None] * NUM_CANDIDATES + index[None, :],
-                        mask=chunks[:, None] < num_chunks, other=0.0, cache_modifier=".cg")
-        sums = tl.sum(parts, axis=0)  # [C]
-        target = tl.load(target_ptr + row)
-        if FIRST and WEIGHTED:  # candidate 0 is the value 0: its sum is the whole weight
-            target = tl.maximum(target * tl.sum(tl.where(index == 0, sums, 0.0)), TINY_F32)
-            tl.store(target_ptr + row, target)
-        tl.store(found_ptr + row, _pick(sums, target, found, shift))
+    row_ptr = probs_ptr + row.to(tl.int64) * stride_row
+    threshold = tl.zeros([], tl.float32)
+    if HAS_FLOOR:
+        threshold = tl.load(floor_ptr + row)
+    top_k = tl.load(top_k_ptr + row)
+    if top_k > 0:
+        kth = _largest_reaching(row_ptr, vocab_size, top_k.to(tl.float32), 0, False, False, BLOCK)
+        threshold = tl.maximum(threshold, kth.to(tl.float32, bitcast=True))
+    top_p = tl.load(top_p_ptr + row)
+    if top_p < 1.0:
+        floor_bits = threshold.to(tl.int32, bitcast=True)
+        nucleus = _largest_reaching(row_ptr, vocab_size, top_p, floor_bits, True, True, BLOCK)
+        threshold = nucleus.to(tl.float32, bitcast=True)
+    tl.store(out_ptr + row, threshold)
 
 
 def triton_top_k_top_p_threshold(probs: torch.Tensor, floor: torch.Tensor | None,
                                  params: TopKTopP) -> torch.Tensor:
-    """filters.top_k_top_p_threshold by the search passes: probs [M, V] float32 in [0, 1] (top value 1),
-    floor [M] (min-p; None: 0) -> [M]: keep the ids with probs >= it. Per row: the floor; with a
-    top-k (k > 0), the larger of it and the k-th largest value (the largest v with k values >= v);
-    with top-p (p < 1), the largest v whose values >= v, among those at or above that, hold p of
-    their weight."""
+    """filters.top_k_top_p_threshold in one launch: probs [M, V] float32 in [0, 1] (top value 1, unit
+    stride in V), floor [M] (min-p; None: 0) -> [M]: keep the ids with probs >= it."""
     if probs.stride(-1) != 1:
         probs = probs.contiguous()
-    threshold = (torch.zeros(probs.shape[0], device=probs.device) if floor is None
-                 else floor.to(torch.float32, copy=True))  # [M]
-    if probs.shape[0] == 0:
-        return threshold
-    if params.max_top_k > 0:
-        top_k = params.top_k
-        kth = _search(probs, top_k > 0, top_k.to(torch.float32), torch.zeros_like(top_k, dtype=torch.int32),
-                      weighted=False)
-        threshold = torch.where(top_k > 0, torch.maximum(threshold, kth), threshold)
-    if params.any_top_p:
-        top_p = params.top_p.to(torch.float32)
-        nucleus = _search(probs, top_p < 1.0, top_p.clone(), threshold.view(torch.int32), weighted=True)
-        threshold = torch.where(top_p < 1.0, nucleus, threshold)
-    return threshold
-
-
-def _search(probs: torch.Tensor, active: torch.Tensor, target: torch.Tensor, floor_bits: torch.Tensor,
-            weighted: bool) -> torch.Tensor:
-    """[M] float32: on active rows the largest value v of the row with sum(weight of values >= v) >=
-    target (the weight: the value, or 1; only values whose bits are >= floor_bits count; weighted:
-    target is a fraction of the whole weight, consumed); elsewhere 0."""
     num_rows, vocab_size = probs.shape
-    num_chunks = triton.cdiv(vocab_size, CHUNK)
-    chunks_pad = triton.next_power_of_2(num_chunks)
-    found = torch.zeros(num_rows, dtype=torch.int32, device=probs.device)
-    partial = torch.empty(num_rows, chunks_pad, NUM_CANDIDATES.value, device=probs.device)
-    counters = zeroed_counters(probs.device, num_rows)
-    active = active.to(torch.int8)
-    for level, shift in enumerate(SHIFTS):
-        search_pass_kernel[(num_rows, num_chunks)](
-            probs, probs.stride(0), vocab_size, active, found, target, floor_bits.contiguous(), partial, counters,
-            shift, WEIGHTED=weighted, FIRST=level == 0, CHUNK=CHUNK, CHUNKS_PAD=chunks_pad, BLOCK=BLOCK,
-            num_warps=NUM_WARPS)
-    return found.view(torch.float32)
+    out = torch.empty(num_rows, dtype=torch.float32, device=probs.device)
+    if num_rows == 0:
+        return out
+    top_p = params.top_p.to(torch.float32)
+    floor_arg = out if floor is None else floor.to(torch.float32).contiguous()  # unread without a floor
+    threshold_kernel[(num_rows,)](probs, probs.stride(0), vocab_size, floor_arg, params.top_k.contiguous(),
+                                  top_p.contiguous(), out, HAS_FLOOR=floor is not None, BLOCK=BLOCK,
+                                  num_warps=NUM_WARPS)
+    return out

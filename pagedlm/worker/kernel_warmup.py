@@ -5,9 +5,9 @@ happens while serving). The capture covers decode batches; these steps add
   attention tile, where very short prompts and the last few tokens of a chunked one land) and a
   longer one (the prefill tile; the profile step has it too, but not with num_gpu_blocks_override,
   which skips the profile),
-- the fused random draw with a temperature and without one, and with top-p (the truncation
-  threshold's search passes, sample/triton_threshold.py); top-k's passes by a direct call (a batch
-  where every row has a top-k takes torch.topk's path, so one request cannot launch them),
+- the fused random draw with a temperature and without one, and with top-p; the truncation
+  threshold's kernel (sample/triton_threshold.py) without a min-p floor and with one, by direct
+  calls (a batch where every row has a top-k takes torch.topk's path instead),
 - a decode step of each (eager under enforce_eager), the last one over more than
   MIN_KEYS_PER_SPLIT keys: the split-decode kernel, which a decode over a short context never takes
   (with CUDA graphs the capture has launched it already; its prompt then only costs a prefill),
@@ -39,21 +39,22 @@ if TYPE_CHECKING:
     from pagedlm.worker.model_runner import ModelRunner
 
 # (prompt tokens, sampling): 2 tokens take the small tile for every GQA group up to 8; 32 (in
-# chunks of the step budget, if smaller) the prefill tile for every group >= 2; temperature 0.7 draws
-# with a temperature, 1.0 without, 0 is greedy; top-p, the threshold's search passes. With piecewise graphs these prompts replay them (the
-# pieces' kernels compiled at capture; the attention between them runs eagerly and compiles here).
-# Left uncompiled then: the eager 2-8-row GEMV of a prompt_embeds step (which runs eagerly) when
-# max_num_seqs is 1 (no decode graph of 2-8 rows compiled it); jit_watch logs it if it happens.
-# The last prompt's decode step reads more than MIN_KEYS_PER_SPLIT keys: one sequence, long enough
-# to be split (attention.triton_decode.choose_num_splits).
+# chunks of the step budget, if smaller) the prefill tile for every group >= 2; temperature 0.7
+# draws with a temperature, 1.0 without, 0 is greedy; top-p launches the threshold kernel. With
+# piecewise graphs these prompts replay them (the pieces' kernels compiled at capture; the attention
+# between them runs eagerly and compiles here). Left uncompiled then: the eager 2-8-row GEMV of a
+# prompt_embeds step (which runs eagerly) when max_num_seqs is 1 (no decode graph of 2-8 rows
+# compiled it); jit_watch logs it if it happens. The last prompt's decode step reads more than
+# MIN_KEYS_PER_SPLIT keys: one sequence, long enough to be split
+# (attention.triton_decode.choose_num_splits).
 WARM_UP_REQUESTS = ((2, dict(temperature=0.7)), (2, dict(temperature=1.0)), (2, dict(top_p=0.9)),
                     (32, dict(temperature=0.0)), (MIN_KEYS_PER_SPLIT + 1, dict(temperature=0.0)))
 
 
 def warm_up_kernels(runner: ModelRunner) -> None:
     """Per request of WARM_UP_REQUESTS: its prompt in chunks of the step budget, one decode step,
-    then it leaves. Waits for each step. Then a mixed step, the fused gate_up GEMM and the threshold's
-    search passes."""
+    then it leaves. Waits for each step. Then a mixed step, the fused gate_up GEMM and the threshold
+    kernel."""
     for i, (num_prompt, sampling) in enumerate(WARM_UP_REQUESTS):
         num_prompt = min(num_prompt, runner.config.model.max_model_len - 1)
         num_blocks = cdiv(num_prompt + 1, runner.block_size)
@@ -73,17 +74,19 @@ def warm_up_kernels(runner: ModelRunner) -> None:
         _finish(runner, {req_id})
     _mixed_step(runner)
     _fused_gate_up(runner)
-    _threshold_passes(runner)
+    _threshold_kernel(runner)
 
 
-def _threshold_passes(runner: ModelRunner) -> None:
-    """Every search pass of the truncation threshold (top-k's and top-p's, first and later) on one
-    row of the vocabulary's size."""
+def _threshold_kernel(runner: ModelRunner) -> None:
+    """The truncation threshold's kernel on one row of the vocabulary's size, without a min-p floor and
+    with one (a row with min-p and top-p, or in a batch where some row has no top-k)."""
     device = runner.device
     params = TopKTopP(index=None, top_k=torch.ones(1, dtype=torch.int64, device=device),
                       top_p=torch.full((1,), 0.5, device=device), max_top_k=1, every_row_top_k=False,
                       any_top_p=True)
-    triton_top_k_top_p_threshold(torch.ones(1, runner.config.model.vocab_size, device=device), None, params)
+    probs = torch.ones(1, runner.config.model.vocab_size, device=device)
+    for floor in (None, torch.zeros(1, device=device)):
+        triton_top_k_top_p_threshold(probs, floor, params)
 
 
 def _fused_gate_up(runner: ModelRunner) -> None:

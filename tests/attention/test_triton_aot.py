@@ -23,7 +23,7 @@ TARGET_ARCH = 90
 MAX_SHARED_BYTES = 232448  # opt-in shared memory per block on sm_90
 # launched without PDL: the sampler's draw and threshold, the graphs' stage-in, the fused gate_up GEMM (its cuBLAS
 # neighbours lack it)
-NO_PDL_KERNELS = ("block_logmass_kernel", "pick_kernel", "search_pass_kernel", "stage_in_kernel",
+NO_PDL_KERNELS = ("block_logmass_kernel", "pick_kernel", "threshold_kernel", "stage_in_kernel",
                   "gate_up_silu_kernel")
 # The benchmark models' attention, compiled in any case: bf16, head_dim 128, 8 KV heads, the engine's
 # block size (16), no sliding window. name -> (query heads, Qwen3's q/k norm in prepare_qkv)
@@ -49,7 +49,7 @@ def test_aot_compile_all_kernels_for_sm90() -> None:
                           "rms_norm_kernel", "silu_and_mul_kernel",
                           "block_logmass_kernel", "pick_kernel", "gemv_kernel",
                           "argmax_chunks_kernel", "argmax_pick_kernel", "stage_in_kernel",
-                          "gate_up_silu_kernel", "search_pass_kernel"}
+                          "gate_up_silu_kernel", "threshold_kernel"}
     for r in results:
         assert r["cubin_bytes"] > 0, r
         assert r["pdl"] == ("wait, then launch_dependents" if r["kernel"] not in NO_PDL_KERNELS else "none"), r
@@ -176,9 +176,9 @@ def run_op_wrappers() -> None:
     for vocab_size in (151936, 49152, 32000):
         for temperature in (None, torch.empty(256, 6)[:, 1]):  # None and a strided column
             fused_gumbel_draw(torch.empty(256, vocab_size), temperature, torch.empty(256, dtype=torch.int64))
-        # the threshold's search passes, top-k's (counts) and top-p's (weights), the first and later ones
-        top_k_top_p = TopKTopP(None, torch.ones(256, dtype=torch.int64), torch.full((256,), 0.5), 1, False, True)
-        triton_top_k_top_p_threshold(torch.empty(256, vocab_size), None, top_k_top_p)
+        for floor in (None, torch.empty(256)):  # top-k / top-p, without and with a min-p floor
+            top_k_top_p = TopKTopP(None, torch.empty(256, dtype=torch.int64), torch.empty(256), 1, False, True)
+            triton_top_k_top_p_threshold(torch.empty(256, vocab_size), floor, top_k_top_p)
 
 
 def record_launches(attention_cases: dict[str, dict], with_ops: bool = False) -> list[tuple]:

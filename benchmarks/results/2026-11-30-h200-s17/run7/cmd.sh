@@ -1,0 +1,6 @@
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1; O=$OUT; S="benchmarks/sampler_overhead.py --sampler-only --device cuda --repeats 7"
+timeout 120 python3 -m pytest -q -m gpu tests/sample tests/gpu/test_engine_bf16_and_async.py -k "not top1" > $O/pytest_gpu.log 2>&1; tail -1 $O/pytest_gpu.log; grep -E "^(FAILED|ERROR)" $O/pytest_gpu.log | head
+timeout 60 python3 $S --num-rows 256 --vocab-size 151936 --profile top_p > $O/sampler_256.log 2>&1; grep -E "^\| (random|top_p|top_k|full) |search_pass_kernel|Self CUDA" $O/sampler_256.log | cut -c1-48,100-190
+timeout 60 python3 -c "import sys, runpy; from pagedlm.sample import sampler as m; m.TOP_K_LIMIT = 0; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')" $S --num-rows 256 --vocab-size 151936 > $O/sampler_256_topk_kernel.log 2>&1; echo "top-k through the kernel:"; grep -E "^\| top_k " $O/sampler_256_topk_kernel.log
+timeout 60 python3 $S --num-rows 1 --vocab-size 128256 --profile top_p > $O/sampler_1.log 2>&1; grep -E "^\| (random|top_p|top_k|full) |search_pass_kernel|Self CUDA" $O/sampler_1.log | cut -c1-48,100-190
+timeout 60 python3 -m pytest -q -m gpu tests/gpu/test_kernels_gpu.py -k "compile" > $O/pytest_compile.log 2>&1; tail -1 $O/pytest_compile.log
