@@ -148,3 +148,25 @@ def test_warm_up_launches_a_mixed_steps_decode_part(tiny, monkeypatch):
     monkeypatch.setattr(triton_paged, "_launch", spy)
     warm_up_kernels(runner)
     assert (2, 1, None) in launches and (2, 2, 1) in launches, sorted(set(launches))
+
+
+def test_warm_up_launches_the_threshold_kernel_with_and_without_a_floor(tiny, monkeypatch):
+    """Both of the threshold kernel's specialisations (a min-p floor or none) over a row of the
+    vocabulary's size: a batch where every row has a top-k takes torch.topk's path, so no warm-up
+    request could launch the floored one."""
+    from pagedlm.sample import triton_threshold
+    from pagedlm.worker import kernel_warmup
+
+    folder, _ = tiny
+    runner = make_runner(make_config(folder, max_num_seqs=3, max_num_batched_tokens=32))
+    calls = []
+    threshold = triton_threshold.triton_top_k_top_p_threshold
+
+    def recorded(probs, floor, params):
+        calls.append((tuple(probs.shape), floor is None))
+        return threshold(probs, floor, params)
+
+    monkeypatch.setattr(kernel_warmup, "triton_top_k_top_p_threshold", recorded)
+    warm_up_kernels(runner)
+    vocab = runner.config.model.vocab_size
+    assert calls == [((1, vocab), True), ((1, vocab), False)]
