@@ -61,7 +61,11 @@ def top_k_top_p_threshold(probs: torch.Tensor, floor: torch.Tensor | None,
         return threshold
     weights = probs if threshold is None else torch.where(probs >= threshold[:, None], probs, 0.0)
     nucleus = radix_select(probs, weights, params.top_p)
-    return torch.where(params.top_p < 1.0, nucleus, 0.0 if threshold is None else threshold)
+    if threshold is None:
+        return torch.where(params.top_p < 1.0, nucleus, 0.0)
+    # never under min-p or top-k: with top_p within rounding of 1 the search may end below the values
+    # it counted (a level's sums in another order fall a few ulps short of the target)
+    return torch.where(params.top_p < 1.0, torch.maximum(nucleus, threshold), threshold)
 
 
 def radix_select(values: torch.Tensor, weights: torch.Tensor, fraction: torch.Tensor | float,

@@ -5,9 +5,10 @@ penalties; greedy rows take the argmax here. Random rows then become unnormalise
 exp((logit - max) / temperature) (in place), min-p, top-k and top-p give one threshold per row
 (filters.py, no sort), and a two-stage Gumbel-max draws from what stays (gumbel.py), with
 counter-based noise (noise.py). On CUDA, a batch without min-p, top-k and top-p skips the probs
-and draws with the same blocks and noise in two Triton kernels (triton_draw.py); one with top-p (or
-a top-k not on every row) finds the threshold in one Triton kernel (triton_threshold.py) instead of
-filters.py's radix select.
+and draws with the same blocks and noise in two Triton kernels (triton_draw.py); one with top-k
+or top-p (min-p then its floor) finds the threshold in one Triton kernel (triton_threshold.py) instead of filters.py's
+radix select, unless every row has a top-k of at most filters.TOP_K_LIMIT (torch.topk's values
+then give the cuts, faster).
 A feature no row of the batch uses is None in the batch and launches nothing.
 """
 from __future__ import annotations

@@ -5,8 +5,8 @@ The torch path finds each cut by a radix select over the values' bits: per level
 level. Here one program per row runs the same search from the top bit down, RADIX_BITS bits a pass
 over the row: each pass sums the weight of the values at or above each of the 2^RADIX_BITS
 candidate values (the bits found so far with each pattern of the next RADIX_BITS bits) and keeps
-the largest candidate whose sum still reaches the target. Seven passes of 4 bits and one of 2
-cover a probability's 30 bits; a value in [0, 1] orders as its int32 bits. No histogram, no
+the largest candidate whose sum still reaches the target. Seven passes of 4 bits and one of 2 (its
+16 candidates span 4 bits; only the first 4 can reach the target) cover a probability's 30 bits; a value in [0, 1] orders as its int32 bits. No histogram, no
 atomics, one launch.
 
 Measured on the H200 (session 17, runs 4-7, sampler_overhead.py --sampler-only): a sampling step
@@ -80,8 +80,11 @@ def _sums_at_or_above(row_ptr, vocab_size, found, shift, floor_bits,
 
 @triton.jit
 def _pick(sums, target, found, shift):
-    """found with the next bits from shift up: the largest candidate j whose sum reaches the target
-    (j = 0 always does: it did at the level above)."""
+    """found with the next bits from shift up: the largest candidate j whose sum reaches the target.
+    Candidate 0 did at the level above, but each pass sums in another order: with a target within
+    rounding of the whole weight (top_p ~ 1 - 1e-7) it may now fall a few ulps short, so the target
+    is capped at its sum (else j = 0 by default, and the search ran on under a cut it had passed)."""
+    target = tl.minimum(target, tl.sum(tl.where(tl.arange(0, NUM_CANDIDATES) == 0, sums, 0.0)))
     j = tl.max(tl.where(sums >= target, tl.arange(0, NUM_CANDIDATES), 0))
     return found + (j << shift)
 
@@ -123,7 +126,7 @@ def threshold_kernel(probs_ptr, stride_row, vocab_size, floor_ptr, top_k_ptr, to
     if top_p < 1.0:
         floor_bits = threshold.to(tl.int32, bitcast=True)
         nucleus = _largest_reaching(row_ptr, vocab_size, top_p, floor_bits, True, True, BLOCK)
-        threshold = nucleus.to(tl.float32, bitcast=True)
+        threshold = tl.maximum(threshold, nucleus.to(tl.float32, bitcast=True))  # never under min-p or top-k
     tl.store(out_ptr + row, threshold)
 
 
@@ -137,9 +140,15 @@ def triton_top_k_top_p_threshold(probs: torch.Tensor, floor: torch.Tensor | None
     out = torch.empty(num_rows, dtype=torch.float32, device=probs.device)
     if num_rows == 0:
         return out
-    top_p = params.top_p.to(torch.float32)
-    floor_arg = out if floor is None else floor.to(torch.float32).contiguous()  # unread without a floor
-    threshold_kernel[(num_rows,)](probs, probs.stride(0), vocab_size, floor_arg, params.top_k.contiguous(),
-                                  top_p.contiguous(), out, HAS_FLOOR=floor is not None, BLOCK=BLOCK,
+    # fresh copies: a one-row column view of the sampler's parameter table can sit 8 bytes into an
+    # allocation, and Triton specialises pointers on 16-byte alignment (a compile while serving)
+    floor_arg = out if floor is None else _aligned(floor, torch.float32)  # unread without a floor
+    threshold_kernel[(num_rows,)](probs, probs.stride(0), vocab_size, floor_arg, _aligned(params.top_k, torch.int64),
+                                  _aligned(params.top_p, torch.float32), out, HAS_FLOOR=floor is not None, BLOCK=BLOCK,
                                   num_warps=NUM_WARPS)
     return out
+
+
+def _aligned(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[M] values as a new contiguous tensor of dtype (allocations are 16-byte aligned)."""
+    return torch.empty(values.shape, dtype=dtype, device=values.device).copy_(values)

@@ -7,7 +7,8 @@ happens while serving). The capture covers decode batches; these steps add
   which skips the profile),
 - the fused random draw with a temperature and without one, and with top-p; the truncation
   threshold's kernel (sample/triton_threshold.py) without a min-p floor and with one, by direct
-  calls (a batch where every row has a top-k takes torch.topk's path instead),
+  calls (a batch where every row has a top-k of at most filters.TOP_K_LIMIT takes torch.topk's path
+  instead, so a top-k request does not launch it),
 - a decode step of each (eager under enforce_eager), the last one over more than
   MIN_KEYS_PER_SPLIT keys: the split-decode kernel, which a decode over a short context never takes
   (with CUDA graphs the capture has launched it already; its prompt then only costs a prefill),

@@ -47,6 +47,21 @@ def test_threshold_equals_the_sort_and_the_radix_select(num_rows: int, vocab_siz
     assert cut.any() and (num_kept[cut] < vocab_size).all()  # top-p cuts where it alone applies
 
 
+@pytest.mark.parametrize("top_p", [0.9999999, 0.99999994])
+def test_a_top_p_within_rounding_of_one_never_cuts_under_min_p_or_top_k(top_p: float) -> None:
+    """top_p ~ 1 - 1e-7: the target is within rounding of the whole weight, where a pass's sums in
+    another order can fall short of it; the cut must still keep nothing under the floor or the k-th
+    value (a review found it 30x under the k-th value on such rows), in the kernel and the torch path."""
+    num_rows, vocab_size = 48, 8000
+    probs = random_probs(num_rows, vocab_size, seed=11)
+    floor, params = mixed_params(num_rows, vocab_size, seed=12)
+    params.top_p.fill_(top_p)
+    ranked = probs.sort(dim=-1, descending=True).values
+    kth = torch.where(params.top_k > 0, ranked.gather(1, (params.top_k - 1).clamp(min=0)[:, None])[:, 0], 0.0)
+    for got in (triton_top_k_top_p_threshold(probs, floor, params), top_k_top_p_threshold(probs, floor, params)):
+        assert (got >= torch.maximum(floor, kth)).all(), (got - torch.maximum(floor, kth)).min()
+
+
 def test_threshold_without_a_floor_and_on_a_strided_batch() -> None:
     """No min-p (the floor argument unread); rows taken from a wider buffer (a row stride > V)."""
     wide = random_probs(9, 1200, seed=5)
@@ -119,3 +134,26 @@ def test_threshold_cuts_where_the_mass_says_on_cuda() -> None:
         assert float(kept[ranked[row] > t].sum()) < target + slack, row
         assert float(kept[ranked[row] >= t].sum()) >= target - slack, row
         assert t in probs[row], row
+
+
+def test_the_kernel_gets_16_byte_aligned_parameters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-row batch's min-p, top-k and top-p can be column views 4 or 8 bytes into the sampler's
+    parameter tables; Triton specialises pointers on 16-byte alignment, and the warm-up compiled the
+    aligned one: the kernel must get aligned copies (else a compile while serving)."""
+    from pagedlm.sample import triton_threshold
+
+    launched: list[tuple] = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launched.append(args)
+
+    monkeypatch.setattr(triton_threshold, "threshold_kernel", Recorder())
+    floats = torch.rand(1, 4)
+    ints = torch.ones(1, 3, dtype=torch.int64)
+    params = TopKTopP(index=None, top_k=ints[:, 1], top_p=floats[:, 3], max_top_k=1, every_row_top_k=True,
+                      any_top_p=True)
+    assert floats[:, 1].data_ptr() % 16 and ints[:, 1].data_ptr() % 16  # the views are not aligned
+    triton_top_k_top_p_threshold(torch.rand(1, 50), floats[:, 1], params)
+    tensors = [arg for arg in launched[0] if isinstance(arg, torch.Tensor)]
+    assert len(tensors) == 5 and all(t.data_ptr() % 16 == 0 for t in tensors)
