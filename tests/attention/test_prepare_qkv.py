@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from row_errors import row_rel_errors
 
 from pagedlm.attention.prepare_qkv import prepare_qkv, prepare_qkv_torch, prepare_qkv_triton
 from pagedlm.model.layers import RotaryEmbedding
@@ -98,6 +99,8 @@ def test_prepare_qkv_gpu(dtype: torch.dtype, heads: tuple[int, int, int, bool]) 
     if not qk_norm:
         inputs["qk_norm"] = None
     q, cache, q_ref, cache_ref = run_both(inputs, prepare_qkv)
-    rel = lambda a, b: ((a.float() - b.float()).nan_to_num().norm() / b.float().nan_to_num().norm()).item()  # noqa: E731
-    assert rel(q, q_ref) <= 1e-2 and rel(cache, cache_ref) <= 1e-2
-    assert (cache.isnan() == cache_ref.isnan()).all()
+    assert (cache.isnan() == cache_ref.isnan()).all()  # the slots nobody writes stay poisoned in both
+    for out, ref in ((q, q_ref), (cache, cache_ref)):
+        written = ~ref.isnan().any(dim=-1)  # [...]: rows (a token's head)
+        errors = row_rel_errors(out[written], ref[written])  # per row: a whole-tensor norm hides a few wrong ones
+        assert written.sum() >= 4096 and (errors <= 1e-2).all(), errors.max()
