@@ -105,6 +105,19 @@ def test_bench_throughput_runs_and_writes_json(model_dir: Path, tmp_path: Path,
     assert "requests/s" in capsys.readouterr().out
 
 
+def test_bench_latency_runs_and_writes_json(model_dir: Path, tmp_path: Path, capsys: Any) -> None:
+    out_json = tmp_path / "latency.json"
+    main(["bench", "latency", "--model", str(model_dir), *ENGINE_FLAGS, "--batch-size", "2", "--input-len", "8",
+          "--output-len", "4", "--num-iters-warmup", "1", "--num-iters", "3", "--output-json", str(out_json)])
+    results = json.loads(out_json.read_text())
+    assert len(results["latencies"]) == 3 and all(t > 0 for t in results["latencies"])
+    assert results["p10_latency"] <= results["p50_latency"] <= results["p99_latency"]
+    assert 0 < results["fraction_of_hardware_limit"] < 1  # a tiny model on a CPU: far from an H200's limits
+    assert results["compute_floor_seconds"] > 0 and results["memory_floor_seconds"] > 0
+    out = capsys.readouterr().out
+    assert "Latency: mean" in out and "of the hardware limit (FLOPs at 797 TFLOP/s" in out
+
+
 def test_random_dataset_lengths_and_seed() -> None:
     requests = random_requests(np.random.default_rng(0), 50, 64, 20, 10, 0.5)
     assert all(10 <= len(r.prompt_token_ids) <= 30 and 5 <= r.output_len <= 15 for r in requests)

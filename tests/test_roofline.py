@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from pagedlm.bench.roofline import BANDWIDTH_BYTES_S, ModelCost, generation_floor_seconds
+from pagedlm.bench.roofline import BANDWIDTH_BYTES_S, PEAK_FLOPS, ModelCost, generation_floor
 from pagedlm.config import build_model_config
 
 
@@ -25,12 +25,30 @@ def test_llama3_8b_weight_bytes_match_benchmarks_md(tmp_path) -> None:
 
 def test_decode_floor_is_weights_over_bandwidth_for_one_sequence() -> None:
     cost = ModelCost(weight_bytes=10**9, matmul_flops_per_token=1, kv_bytes_per_token=0, attn_flops_per_pair=0)
-    floor = generation_floor_seconds(cost, [16], [100], max_batch=1)
-    assert math.isclose(floor, 100 * 10**9 / BANDWIDTH_BYTES_S)
+    floor = generation_floor(cost, [16], [100], max_batch=1)
+    assert math.isclose(floor.seconds, 100 * 10**9 / BANDWIDTH_BYTES_S)
+    assert math.isclose(floor.memory_seconds, floor.seconds) and math.isclose(floor.compute_seconds, 116 / PEAK_FLOPS)
 
 
 def test_batching_shares_weight_reads() -> None:
     cost = ModelCost(weight_bytes=10**9, matmul_flops_per_token=1, kv_bytes_per_token=0, attn_flops_per_pair=0)
-    alone = generation_floor_seconds(cost, [16] * 4, [100] * 4, max_batch=1)
-    together = generation_floor_seconds(cost, [16] * 4, [100] * 4, max_batch=4)
-    assert math.isclose(alone, 4 * together)
+    alone = generation_floor(cost, [16] * 4, [100] * 4, max_batch=1)
+    together = generation_floor(cost, [16] * 4, [100] * 4, max_batch=4)
+    assert math.isclose(alone.seconds, 4 * together.seconds)
+
+
+def test_the_floor_reports_both_limits() -> None:
+    """A prefill-heavy workload is bound by FLOPs, a long decode by bytes; the JSON fields and the
+    printed line carry both terms and the fraction of the larger."""
+    cost = ModelCost(weight_bytes=10**9, matmul_flops_per_token=10**10, kv_bytes_per_token=0, attn_flops_per_pair=0)
+    prefill = generation_floor(cost, [10**5], [1], max_batch=1)
+    assert prefill.seconds == prefill.compute_seconds > prefill.memory_seconds
+    decode = generation_floor(cost, [1], [1000], max_batch=1)
+    assert decode.seconds == decode.memory_seconds > decode.compute_seconds
+    results = decode.results(2 * decode.seconds)
+    assert results["fraction_of_hardware_limit"] == 0.5
+    assert results["compute_floor_seconds"] == decode.compute_seconds
+    assert results["memory_floor_seconds"] == results["hardware_floor_seconds"] == decode.seconds
+    line = decode.describe(2 * decode.seconds)
+    assert line.startswith("50.0% of the hardware limit (FLOPs at 797 TFLOP/s: ")
+    assert f"bytes at 4.23 TB/s: {decode.memory_seconds * 1e3:.1f} ms)" in line

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from pagedlm.bench.roofline import ModelCost, generation_floor_seconds
+from pagedlm.bench.roofline import HardwareFloor, ModelCost, generation_floor
 from pagedlm.config import EngineArgs
 from pagedlm.sampling_params import SamplingParams
 
@@ -40,20 +40,19 @@ def run_latency(args: argparse.Namespace, engine_args: EngineArgs) -> dict[str, 
         start = time.perf_counter()
         llm.generate(prompts, params, use_tqdm=False)
         latencies.append(time.perf_counter() - start)
-    floor = generation_floor_seconds(ModelCost.of(model_config), [args.input_len] * args.batch_size,
-                                     [args.output_len] * args.batch_size, args.batch_size)
+    floor = generation_floor(ModelCost.of(model_config), [args.input_len] * args.batch_size,
+                             [args.output_len] * args.batch_size, args.batch_size)
     results = summarize_latency(latencies, floor, args.batch_size * args.output_len)
     print(f"Latency: mean {results['avg_latency']:.3f} s, median {results['p50_latency']:.3f} s, "
           f"p99 {results['p99_latency']:.3f} s; {results['output_tokens_per_second']:.1f} output tokens/s; "
-          f"{100 * results['fraction_of_hardware_limit']:.1f}% of the hardware limit "
-          f"({results['hardware_floor_seconds'] * 1e3:.1f} ms)")
+          f"{floor.describe(results['p50_latency'])}")
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump(results, f, indent=2)
     return results
 
 
-def summarize_latency(latencies: list[float], floor_seconds: float, num_output_tokens: int) -> dict[str, Any]:
+def summarize_latency(latencies: list[float], floor: HardwareFloor, num_output_tokens: int) -> dict[str, Any]:
     values = np.asarray(latencies)
     median = float(np.median(values))
     return {
@@ -61,6 +60,5 @@ def summarize_latency(latencies: list[float], floor_seconds: float, num_output_t
         "latencies": latencies,
         **{f"p{p}_latency": float(np.percentile(values, p)) for p in (10, 25, 50, 75, 90, 99)},
         "output_tokens_per_second": num_output_tokens / median,
-        "hardware_floor_seconds": floor_seconds,
-        "fraction_of_hardware_limit": floor_seconds / median,
+        **floor.results(median),
     }

@@ -31,11 +31,34 @@ class ModelCost:
                    attn_flops_per_pair=4 * m.num_layers * q)
 
 
-def generation_floor_seconds(cost: ModelCost, prompt_lens: list[int], output_lens: list[int],
-                             max_batch: int) -> float:
+@dataclass(frozen=True)
+class HardwareFloor:
+    """A workload's time at the limits: its FLOPs at PEAK_FLOPS and its bytes at BANDWIDTH_BYTES_S."""
+
+    compute_seconds: float
+    memory_seconds: float
+
+    @property
+    def seconds(self) -> float:
+        """The larger of the two: the time no engine can beat on this hardware."""
+        return max(self.compute_seconds, self.memory_seconds)
+
+    def results(self, elapsed: float) -> dict[str, float]:
+        """The benchmarks' JSON fields for a run that took `elapsed` seconds."""
+        return {"hardware_floor_seconds": self.seconds, "compute_floor_seconds": self.compute_seconds,
+                "memory_floor_seconds": self.memory_seconds, "fraction_of_hardware_limit": self.seconds / elapsed}
+
+    def describe(self, elapsed: float) -> str:
+        return (f"{100 * self.seconds / elapsed:.1f}% of the hardware limit (FLOPs at {PEAK_FLOPS / 1e12:.0f} "
+                f"TFLOP/s: {self.compute_seconds * 1e3:.1f} ms; bytes at {BANDWIDTH_BYTES_S / 1e12:.2f} TB/s: "
+                f"{self.memory_seconds * 1e3:.1f} ms)")
+
+
+def generation_floor(cost: ModelCost, prompt_lens: list[int], output_lens: list[int],
+                     max_batch: int) -> HardwareFloor:
     """A lower bound on the wall time of generating `output_lens` tokens after `prompt_lens`:
-    FLOPs of every token (attention included) at peak, plus — for the decode steps — the
-    weights read once per step and every sequence's KV read once per step, at full bandwidth.
+    FLOPs of every token (attention included) at peak, and — for the decode steps — the weights
+    read once per step and every sequence's KV read once per step, at full bandwidth.
     Requests run `max_batch` at a time, longest outputs together (the most favourable packing)."""
     flops = 0
     for p, o in zip(prompt_lens, output_lens, strict=True):
@@ -49,4 +72,4 @@ def generation_floor_seconds(cost: ModelCost, prompt_lens: list[int], output_len
         bytes_moved += steps * cost.weight_bytes
         for o, p in group:
             bytes_moved += cost.kv_bytes_per_token * (o * p + o * (o - 1) // 2)
-    return max(flops / PEAK_FLOPS, bytes_moved / BANDWIDTH_BYTES_S)
+    return HardwareFloor(flops / PEAK_FLOPS, bytes_moved / BANDWIDTH_BYTES_S)

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from pagedlm.bench.datasets import BenchRequest, add_dataset_args, sample_requests, warmup_request
-from pagedlm.bench.roofline import ModelCost, generation_floor_seconds
+from pagedlm.bench.roofline import ModelCost, generation_floor
 from pagedlm.config import EngineArgs
 from pagedlm.outputs import RequestOutput
 from pagedlm.sampling_params import SamplingParams
@@ -35,18 +35,17 @@ def run_throughput(args: argparse.Namespace, engine_args: EngineArgs) -> dict[st
     outputs = llm.generate(prompts, params, use_tqdm=args.use_tqdm)
     elapsed = time.perf_counter() - start
     results = summarize(requests, outputs, elapsed)
-    floor = generation_floor_seconds(ModelCost.of(llm.llm_engine.model_config),
-                                     [len(r.prompt_token_ids) for r in requests],
-                                     [r.output_len for r in requests],
-                                     llm.llm_engine.config.scheduler.max_num_seqs)
-    results["hardware_floor_seconds"] = floor
-    results["fraction_of_hardware_limit"] = floor / elapsed
+    floor = generation_floor(ModelCost.of(llm.llm_engine.model_config),
+                             [len(r.prompt_token_ids) for r in requests],
+                             [r.output_len for r in requests],
+                             llm.llm_engine.config.scheduler.max_num_seqs)
+    results.update(floor.results(elapsed))
     print(f"Throughput: {results['requests_per_second']:.2f} requests/s, "
           f"{results['tokens_per_second']:.2f} total tokens/s, "
           f"{results['output_tokens_per_second']:.2f} output tokens/s "
           f"({results['num_requests']} requests in {elapsed:.2f} s, "
           f"{results['total_cached_tokens']} prompt tokens from the prefix cache); "
-          f"{100 * results['fraction_of_hardware_limit']:.1f}% of the hardware limit")
+          f"{floor.describe(elapsed)}")
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump(results, f, indent=2)
