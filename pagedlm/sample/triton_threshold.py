@@ -79,12 +79,18 @@ def _sums_at_or_above(row_ptr, vocab_size, found, shift, floor_bits,
 
 
 @triton.jit
+def _candidate_0(sums):
+    """The sum of candidate 0 (the bits found so far with zeros below): of every value the pass counts."""
+    return tl.sum(tl.where(tl.arange(0, NUM_CANDIDATES) == 0, sums, 0.0))
+
+
+@triton.jit
 def _pick(sums, target, found, shift):
     """found with the next bits from shift up: the largest candidate j whose sum reaches the target.
     Candidate 0 did at the level above, but each pass sums in another order: with a target within
     rounding of the whole weight (top_p ~ 1 - 1e-7) it may now fall a few ulps short, so the target
     is capped at its sum (else j = 0 by default, and the search ran on under a cut it had passed)."""
-    target = tl.minimum(target, tl.sum(tl.where(tl.arange(0, NUM_CANDIDATES) == 0, sums, 0.0)))
+    target = tl.minimum(target, _candidate_0(sums))
     j = tl.max(tl.where(sums >= target, tl.arange(0, NUM_CANDIDATES), 0))
     return found + (j << shift)
 
@@ -98,8 +104,7 @@ def _largest_reaching(row_ptr, vocab_size, target, floor_bits, WEIGHTED: tl.cons
     found = tl.zeros([], tl.int32)
     sums = _sums_at_or_above(row_ptr, vocab_size, found, TOP_SHIFT, floor_bits, WEIGHTED, BLOCK)
     if IS_FRACTION:  # candidate 0 is the value 0: its sum is the whole weight
-        whole = tl.sum(tl.where(tl.arange(0, NUM_CANDIDATES) == 0, sums, 0.0))
-        target = tl.maximum(target * whole, TINY_F32)
+        target = tl.maximum(target * _candidate_0(sums), TINY_F32)
     found = _pick(sums, target, found, TOP_SHIFT)
     for level in tl.static_range(1, 7):
         shift = TOP_SHIFT - RADIX_BITS * level
@@ -109,7 +114,9 @@ def _largest_reaching(row_ptr, vocab_size, target, floor_bits, WEIGHTED: tl.cons
     return _pick(sums, target, found, 0)
 
 
-@triton.jit
+# a one-row batch's min-p is a column of the sampling table, 8 bytes into a row; each parameter is read
+# once per row: no alignment specialisation (one compile for every batch), as triton_draw's temperature
+@triton.jit(do_not_specialize_on_alignment=["floor_ptr", "top_k_ptr", "top_p_ptr"])
 def threshold_kernel(probs_ptr, stride_row, vocab_size, floor_ptr, top_k_ptr, top_p_ptr, out_ptr,
                      HAS_FLOOR: tl.constexpr, BLOCK: tl.constexpr):
     """One program per row of probs [M, V] (float32 in [0, 1]): out[row] = its threshold."""
@@ -140,15 +147,8 @@ def triton_top_k_top_p_threshold(probs: torch.Tensor, floor: torch.Tensor | None
     out = torch.empty(num_rows, dtype=torch.float32, device=probs.device)
     if num_rows == 0:
         return out
-    # fresh copies: a one-row column view of the sampler's parameter table can sit 8 bytes into an
-    # allocation, and Triton specialises pointers on 16-byte alignment (a compile while serving)
-    floor_arg = out if floor is None else _aligned(floor, torch.float32)  # unread without a floor
-    threshold_kernel[(num_rows,)](probs, probs.stride(0), vocab_size, floor_arg, _aligned(params.top_k, torch.int64),
-                                  _aligned(params.top_p, torch.float32), out, HAS_FLOOR=floor is not None, BLOCK=BLOCK,
-                                  num_warps=NUM_WARPS)
+    floor_arg = out if floor is None else floor.to(torch.float32).contiguous()  # unread without a floor
+    threshold_kernel[(num_rows,)](probs, probs.stride(0), vocab_size, floor_arg, params.top_k.contiguous(),
+                                  params.top_p.to(torch.float32).contiguous(), out, HAS_FLOOR=floor is not None,
+                                  BLOCK=BLOCK, num_warps=NUM_WARPS)
     return out
-
-
-def _aligned(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[M] values as a new contiguous tensor of dtype (allocations are 16-byte aligned)."""
-    return torch.empty(values.shape, dtype=dtype, device=values.device).copy_(values)

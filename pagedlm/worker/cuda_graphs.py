@@ -222,7 +222,6 @@ class DecodeGraphs:
         assert all(kinds[to] == kinds[size] for size, (to, _, _) in moved.items()), kinds  # one range a kind
         return moved
 
-    @torch.inference_mode()
     def replay_times(self, sizes: list[int]) -> dict[int, float]:
         """Size -> ms of its plain graph over an all-padding batch (GEMMs and elementwise work at that
         size; no attention) and then the LM head on its rows (as the runner runs it after such a

@@ -33,6 +33,16 @@ def noise_kernel(hash_ptr, gumbel_ptr, keys_ptr, WIDTH: tl.constexpr):
     tl.store(gumbel_ptr + row * WIDTH + index, gumbel_noise_at(key, index))
 
 
+def sampled_ids(params: list[SamplingParams], logits: torch.Tensor) -> torch.Tensor:
+    """[N]: one sampling step on the CPU of logits [N, V] (not modified), row r with params[r] (seed 3,
+    prompt [1, 2], EOS 0)."""
+    num_rows, vocab_size = logits.shape
+    state = SamplingState(num_rows, vocab_size, "cpu", seed=3)
+    for row, p in enumerate(params):
+        state.add_request(row, p, [1, 2], [], eos_token_ids=[0])
+    return state.sample(logits.clone(), np.arange(num_rows, dtype=np.int32)).sampled_token_ids
+
+
 def random_keys(num_rows: int, gen: torch.Generator, device: str = "cpu") -> torch.Tensor:
     """[num_rows] int64 over the whole range, negatives and both extremes included."""
     keys = torch.randint(INT64_MIN, INT64_MAX, (num_rows,), dtype=torch.int64, generator=gen)
@@ -226,11 +236,7 @@ def test_sampling_state_through_the_fused_path(monkeypatch: pytest.MonkeyPatch) 
         sampled = []
         for device_types in (("cuda",), ("cuda", "cpu")):
             monkeypatch.setattr(sampler, "_FUSED_DRAW_DEVICE_TYPES", device_types)
-            state = SamplingState(num_rows, vocab_size, "cpu", seed=3)
-            for row, p in enumerate(params):
-                state.add_request(row, p, [1, 2], [], eos_token_ids=[0])
-            out = state.sample(logits.clone(), np.arange(num_rows, dtype=np.int32))
-            sampled.append(out.sampled_token_ids)
+            sampled.append(sampled_ids(params, logits))
         assert torch.equal(sampled[0], sampled[1])
         assert len(calls) == int(fusable)
         calls.clear()

@@ -3,12 +3,12 @@ sampler in place of the torch path. On the CPU the kernel runs in the Triton int
 start as NaN (tests/conftest.py's nan_poisoned_empty)."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from test_sample_filters import random_probs, reference_threshold
+from test_triton_draw import sampled_ids
 
-from pagedlm.sample import SamplingState, sampler
+from pagedlm.sample import sampler
 from pagedlm.sample.filters import TopKTopP, top_k_top_p_threshold
 from pagedlm.sample.triton_threshold import triton_top_k_top_p_threshold
 from pagedlm.sampling_params import SamplingParams
@@ -100,10 +100,7 @@ def test_sampler_takes_the_triton_threshold(monkeypatch: pytest.MonkeyPatch, par
     sampled = []
     for device_types in (("cuda",), ("cuda", "cpu")):
         monkeypatch.setattr(sampler, "_TRITON_THRESHOLD_DEVICE_TYPES", device_types)
-        state = SamplingState(num_rows, vocab_size, "cpu", seed=3)
-        for row, p in enumerate(params):
-            state.add_request(row, p, [1, 2], [], eos_token_ids=[0])
-        sampled.append(state.sample(logits.clone(), np.arange(num_rows, dtype=np.int32)).sampled_token_ids)
+        sampled.append(sampled_ids(params, logits))
     assert calls == kernel_rows  # mixed: rows 0, 2 and 4
     assert torch.equal(sampled[0], sampled[1])
 
@@ -136,12 +133,16 @@ def test_threshold_cuts_where_the_mass_says_on_cuda() -> None:
         assert t in probs[row], row
 
 
-def test_the_kernel_gets_16_byte_aligned_parameters(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_kernel_takes_unaligned_parameters_without_another_compile(monkeypatch: pytest.MonkeyPatch) -> None:
     """A one-row batch's min-p, top-k and top-p can be column views 4 or 8 bytes into the sampler's
-    parameter tables; Triton specialises pointers on 16-byte alignment, and the warm-up compiled the
-    aligned one: the kernel must get aligned copies (else a compile while serving)."""
+    parameter tables. Triton specialises pointers on 16-byte alignment, and the warm-up compiled the
+    aligned kernel: it must not specialise on these (else a compile while serving), and the views reach
+    it as they are."""
     from pagedlm.sample import triton_threshold
 
+    kernel = triton_threshold.threshold_kernel  # the interpreter keeps the decorator's arguments in kwargs
+    options = kernel.kwargs if hasattr(kernel, "kwargs") else vars(kernel)
+    assert set(options["do_not_specialize_on_alignment"]) == {"floor_ptr", "top_k_ptr", "top_p_ptr"}
     launched: list[tuple] = []
 
     class Recorder:
@@ -153,7 +154,8 @@ def test_the_kernel_gets_16_byte_aligned_parameters(monkeypatch: pytest.MonkeyPa
     ints = torch.ones(1, 3, dtype=torch.int64)
     params = TopKTopP(index=None, top_k=ints[:, 1], top_p=floats[:, 3], max_top_k=1, every_row_top_k=True,
                       any_top_p=True)
-    assert floats[:, 1].data_ptr() % 16 and ints[:, 1].data_ptr() % 16  # the views are not aligned
-    triton_top_k_top_p_threshold(torch.rand(1, 50), floats[:, 1], params)
-    tensors = [arg for arg in launched[0] if isinstance(arg, torch.Tensor)]
-    assert len(tensors) == 5 and all(t.data_ptr() % 16 == 0 for t in tensors)
+    floor = floats[:, 1]
+    assert floor.data_ptr() % 16 and ints[:, 1].data_ptr() % 16  # the views are not aligned
+    triton_top_k_top_p_threshold(torch.rand(1, 50), floor, params)
+    passed = {arg.data_ptr() for arg in launched[0] if isinstance(arg, torch.Tensor)}
+    assert {floor.data_ptr(), ints[:, 1].data_ptr(), floats[:, 3].data_ptr()} <= passed
