@@ -56,7 +56,6 @@ the kernels read the real per-sequence lengths from seq_lens on the device at ea
 """
 from __future__ import annotations
 
-import bisect
 import os
 from collections.abc import Callable, Sequence
 
@@ -69,7 +68,7 @@ from pagedlm.config import EngineConfig
 from pagedlm.model.llama import LlamaForCausalLM
 from pagedlm.ops.argmax import greedy_pick
 from pagedlm.ops.stage_in import stage_in
-from pagedlm.worker.step_buffers import Sections, StepBuffers, check_subset
+from pagedlm.worker.step_buffers import Sections, StepBuffers, check_subset, smallest_at_least
 
 MAX_CAPTURE_SIZE = 512
 MAX_LOGITS_ROWS = 8  # graphs up to this size compute the logits too (<= 8 x vocab x 4 bytes each)
@@ -115,7 +114,7 @@ def moved_sizes(times: dict[int, float], kept: list[int]) -> dict[int, tuple[int
     """times: size -> ms; kept: fastest_sizes(times, ...). Each size not kept -> (the next kept size,
     which its batches take from now on, its ms, that size's ms)."""
     return {size: (to, times[size], times[to]) for size in times if size not in kept
-            for to in (kept[bisect.bisect_left(kept, size)],)}
+            for to in (smallest_at_least(kept, size),)}
 
 
 @torch.inference_mode()
@@ -177,8 +176,7 @@ class DecodeGraphs:
 
     def padded_size(self, num_seqs: int) -> int | None:
         """The smallest kept capture size >= num_seqs; None when every size is smaller."""
-        index = bisect.bisect_left(self.sizes, num_seqs)
-        return self.sizes[index] if index < len(self.sizes) else None
+        return smallest_at_least(self.sizes, num_seqs)
 
     @torch.inference_mode()
     def capture(self, stream: torch.cuda.Stream) -> None:

@@ -29,7 +29,6 @@ The attention reads the step's metadata and writes rows [0, n) of the static out
 """
 from __future__ import annotations
 
-import bisect
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ import torch
 from pagedlm.attention.backend import AttentionBackend, AttentionMetadata
 from pagedlm.model.llama import LlamaAttention, LlamaForCausalLM
 from pagedlm.worker import cuda_graphs
+from pagedlm.worker.step_buffers import smallest_at_least
 
 MIN_PIECEWISE_SIZE = 16
 MAX_PIECEWISE_SIZE = 2048  # tokens; a larger step's GPU time hides its eager launches (module notes)
@@ -135,8 +135,7 @@ class PiecewiseGraphs:
 
     def padded_size(self, num_tokens: int) -> int | None:
         """The smallest size >= num_tokens; None above the largest."""
-        index = bisect.bisect_left(self.sizes, num_tokens)
-        return self.sizes[index] if index < len(self.sizes) else None
+        return smallest_at_least(self.sizes, num_tokens)
 
     @torch.inference_mode()
     def capture(self, stream: torch.cuda.Stream) -> None:

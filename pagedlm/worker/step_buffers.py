@@ -53,11 +53,17 @@ _LAST_OF_A, _LAST_OF_B = "seq_lens", "input_src"
 SECTION_ALIGN = 16  # bytes: the head's end and every section (module notes)
 
 
+def smallest_at_least(sizes: Sequence[int], n: int) -> int | None:
+    """The smallest of the ascending sizes >= n; None when every size is smaller."""
+    index = bisect.bisect_left(sizes, n)
+    return sizes[index] if index < len(sizes) else None
+
+
 def bucket_size(sizes: Sequence[int], n: int) -> int:
     """The smallest of the ascending sizes >= n; above the largest, n rounded up to a multiple of
     LARGE_BUCKET."""
-    index = bisect.bisect_left(sizes, n)
-    return sizes[index] if index < len(sizes) else -(-n // LARGE_BUCKET) * LARGE_BUCKET
+    size = smallest_at_least(sizes, n)
+    return -(-n // LARGE_BUCKET) * LARGE_BUCKET if size is None else size
 
 
 def check_subset(sizes: Sequence[int], of: Sequence[int], name: str) -> None:
