@@ -39,7 +39,8 @@ step's host time (session 7's profile). The argmax is ops/argmax.py's two kernel
 took 26 µs a row of llama3-8b's logits). Hidden states, logits and ids live in the graph's pool,
 valid only until the next replay (of any size: sizes share the pool); the runner reads them right
 after the replay, in stream order. Each size's hidden states stay allocated in the pool (~86 MB
-for llama3-8b's 51 sizes up to 512, which the trial capture counts before the KV cache is sized):
+for llama3-8b's 51 sizes up to 512, ~190 MB for its 67 up to 1,024, which the trial capture counts
+before the KV cache is sized):
 a copy into one shared static buffer cost a kernel a step and broke the PDL chain into the LM head.
 
 Graphs of at most STAGED_MAX_SIZE rows come twice more, one per host staging set: such a graph first
@@ -70,7 +71,7 @@ from pagedlm.ops.argmax import greedy_pick
 from pagedlm.ops.stage_in import stage_in
 from pagedlm.worker.step_buffers import Sections, StepBuffers, check_subset, smallest_at_least
 
-MAX_CAPTURE_SIZE = 512
+MAX_CAPTURE_SIZE = 1024  # the default max_num_seqs
 MAX_LOGITS_ROWS = 8  # graphs up to this size compute the logits too (<= 8 x vocab x 4 bytes each)
 STAGED_MAX_SIZE = MAX_LOGITS_ROWS  # graphs up to this size also stage their inputs in (module notes)
 # a size gives way to the next kept larger one when that replays in less than (1 - SPEED_MARGIN) of its
@@ -89,10 +90,11 @@ def graphs_enabled(config: EngineConfig) -> bool:
 
 
 def capture_sizes(max_num_seqs: int, max_num_tokens: int) -> list[int]:
-    """Ascending: 1, 2, 4, every 8 up to 256, every 16 up to 512; those below the cap
-    min(max_num_seqs, max_num_tokens, 512), then the cap itself (51 sizes for a cap of 512)."""
+    """Ascending: 1, 2, 4, every 8 up to 256, every 16 up to 512, every 32 up to 1,024; those below
+    the cap min(max_num_seqs, max_num_tokens, MAX_CAPTURE_SIZE), then the cap itself (51 sizes for a
+    cap of 512, 67 for 1,024)."""
     cap = min(max_num_seqs, max_num_tokens, MAX_CAPTURE_SIZE)
-    steps = [1, 2, 4, *range(8, 257, 8), *range(272, MAX_CAPTURE_SIZE + 1, 16)]
+    steps = [1, 2, 4, *range(8, 257, 8), *range(272, 513, 16), *range(544, MAX_CAPTURE_SIZE + 1, 32)]
     return [size for size in steps if size < cap] + [cap]
 
 

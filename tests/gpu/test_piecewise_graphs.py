@@ -166,17 +166,17 @@ def test_a_step_above_the_largest_size_runs_eagerly(checkpoints):
 
 
 def test_decode_steps_above_the_largest_decode_graph(checkpoints):
-    """520 two-token prompts: one 1,040-token prefill step, then decode-only steps of 520 sequences
-    (decode graphs stop at 512): piecewise replays of the varlen decode launch, in LPT order."""
+    """1,040 two-token prompts: one 2,080-token prefill step, then decode-only steps of 1,040 sequences
+    (decode graphs stop at 1,024): piecewise replays of the varlen decode launch, in LPT order."""
     folder, _ = checkpoints["llama"]
-    prompts = random_prompts(520, 2, 2, seed=11)
-    args = dict(prompts=prompts, max_tokens=[3] * 520, max_num_seqs=600, max_num_batched_tokens=2048,
+    prompts = random_prompts(1040, 2, 2, seed=11)
+    args = dict(prompts=prompts, max_tokens=[3] * 1040, max_num_seqs=1100, max_num_batched_tokens=4096,
                 num_gpu_blocks_override=2048)
     tokens, checks = _generate(folder, "float32", "FULL_AND_PIECEWISE", **args)
     eager_tokens, _ = _generate(folder, "float32", "FULL_DECODE_ONLY", **args)
     assert tokens == eager_tokens
     decode_checks = [c for c in checks if c.max_query_len == 1]
-    assert len(decode_checks) >= 2 and all(c.num_tokens == 520 and c.size == 576 for c in decode_checks)
+    assert len(decode_checks) >= 2 and all(c.num_tokens == 1040 and c.size == 1152 for c in decode_checks)
     _assert_close(checks, "float32")
 
 

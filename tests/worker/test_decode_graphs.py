@@ -45,8 +45,10 @@ def _prompt(length: int, seed: int) -> list[int]:
 
 def test_capture_sizes():
     sizes = capture_sizes(max_num_seqs=1024, max_num_tokens=16384)
-    assert len(sizes) == 51 and sizes[:6] == [1, 2, 4, 8, 16, 24] and sizes[-1] == 512
-    assert sizes[sizes.index(256) + 1] == 272 and sizes == sorted(set(sizes))
+    assert len(sizes) == 67 and sizes[:6] == [1, 2, 4, 8, 16, 24] and sizes[-1] == 1024  # max_num_seqs
+    assert sizes[sizes.index(256) + 1] == 272 and sizes[sizes.index(512) + 1] == 544
+    assert sizes == sorted(set(sizes))
+    assert capture_sizes(2048, 16384)[-1] == 1024  # the largest graph
     assert capture_sizes(6, 8192) == [1, 2, 4, 6]  # capped at max_num_seqs, the cap included
     assert capture_sizes(256, 100) == [1, 2, 4, *range(8, 97, 8), 100]  # and at the token budget
     assert capture_sizes(1, 1) == [1]

@@ -166,8 +166,8 @@ def test_lm_head_runs_only_at_warmed_row_counts(tiny):
 
 @pytest.mark.parametrize("max_num_seqs, max_num_batched_tokens, num_rows", [
     (64, 20, 20),  # the token budget bounds the sampling rows
-    (600, 2048, 768),  # above the largest graph size (512): a multiple of 256
-    (1024, 700, 768),
+    (1100, 2048, 1280),  # above the largest graph size (1,024): a multiple of 256
+    (1024, 700, 700),  # the token budget caps the graph sizes, the cap one of them
     (4, 600, 512),  # a chunk of prompt-logprob rows (at most 512) outgrows the sampling rows
 ])
 def test_lm_head_buffer_holds_the_largest_step(tiny, max_num_seqs, max_num_batched_tokens, num_rows):
