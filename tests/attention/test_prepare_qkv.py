@@ -35,9 +35,13 @@ def make_inputs(num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: in
     )
 
 
-def run_both(inputs: dict, fused) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(q_fused, cache_fused, q_torch, cache_torch): each path on its own poisoned cache."""
-    torch_inputs = dict(inputs, kv_cache=inputs["kv_cache"].clone())
+def run_both(inputs: dict, fused, reference_dtype: torch.dtype | None = None,
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q_fused, cache_fused, q_torch, cache_torch): each path on its own poisoned cache; the torch
+    path in reference_dtype when given (its inputs are the same values, upcast)."""
+    dtype = reference_dtype or inputs["qkv"].dtype
+    torch_inputs = dict(inputs, qkv=inputs["qkv"].to(dtype), kv_cache=inputs["kv_cache"].to(dtype, copy=True),
+                        qk_norm=None if inputs["qk_norm"] is None else tuple(w.to(dtype) for w in inputs["qk_norm"]))
     q_fused = fused(**inputs)
     q_torch = prepare_qkv_torch(**torch_inputs)
     return q_fused, inputs["kv_cache"], q_torch, torch_inputs["kv_cache"]
@@ -47,6 +51,7 @@ def run_both(inputs: dict, fused) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 @pytest.mark.parametrize("qk_norm", [True, False])
 @pytest.mark.parametrize("heads", [(4, 2, 16), (8, 1, 64), (2, 2, 128)])  # (num_heads, num_kv_heads, head_dim)
 @pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.usefixtures("nan_poisoned_empty")  # q's output starts as NaN (tests/conftest.py)
 def test_triton_matches_torch(dtype: torch.dtype, qk_norm: bool, heads: tuple[int, int, int],
                               block_size: int) -> None:
     num_heads, num_kv_heads, head_dim = heads
@@ -98,7 +103,8 @@ def test_prepare_qkv_gpu(dtype: torch.dtype, heads: tuple[int, int, int, bool]) 
     inputs = make_inputs(4096, num_heads, num_kv_heads, head_dim, 16, dtype, seed=num_heads, device="cuda")
     if not qk_norm:
         inputs["qk_norm"] = None
-    q, cache, q_ref, cache_ref = run_both(inputs, prepare_qkv)
+    q, cache, q_ref, cache_ref = run_both(inputs, prepare_qkv, reference_dtype=torch.float32)
+    assert q_ref.dtype == cache_ref.dtype == torch.float32
     assert (cache.isnan() == cache_ref.isnan()).all()  # the slots nobody writes stay poisoned in both
     for out, ref in ((q, q_ref), (cache, cache_ref)):
         written = ~ref.isnan().any(dim=-1)  # [...]: rows (a token's head)

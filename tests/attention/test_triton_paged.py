@@ -187,6 +187,7 @@ def test_choose_num_splits() -> None:
 
 
 @pytest.mark.parametrize("max_query_len", [1, 3])
+@pytest.mark.usefixtures("nan_poisoned_empty")  # outputs and split partials start as NaN
 def test_backend_attend(monkeypatch: pytest.MonkeyPatch, max_query_len: int) -> None:
     """attend picks the split path exactly for small decode-only batches."""
     import pagedlm.attention.triton_backend as triton_backend
@@ -203,6 +204,7 @@ def test_backend_attend(monkeypatch: pytest.MonkeyPatch, max_query_len: int) -> 
     assert calls == ([2] if max_query_len == 1 else [])
 
 
+@pytest.mark.usefixtures("nan_poisoned_empty")
 def test_backend_matches_torch_reference_backend() -> None:
     """Same batch, same caches, through TorchAttentionBackend and TritonAttentionBackend."""
     from pagedlm.attention.torch_ref import TorchAttentionBackend
