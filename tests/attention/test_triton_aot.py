@@ -5,8 +5,9 @@ this compiles for real with Triton's own ptxas. It must run without TRITON_INTER
 subprocess: this file is also that subprocess's script. The host wrappers are called on empty CPU
 tensors with JITFunction.run replaced by a recorder; each recorded launch is then bound, specialised
 and compiled exactly as the runtime would do on an H100/H200 (the same binder and _pack_args).
-Shapes: every dtype x head_dim, with GQA group, block size and sliding window cycled among them, then
-the benchmark models' own (FLAGSHIP_MODELS), whatever that rotation covers.
+Attention shapes: every pair of values of two parameters (dtype, head_dim, GQA group, block size,
+sliding window, KV heads, q/k norm) in some scenario (the full product would be 1,440 scenarios), then the
+benchmark models' own (FLAGSHIP_MODELS).
 """
 from __future__ import annotations
 
@@ -56,17 +57,36 @@ def test_aot_compile_all_kernels_for_sm90() -> None:
         assert r["shared"] <= MAX_SHARED_BYTES, r
 
 
+def pairwise_cover(values: dict[str, tuple]) -> list[dict]:
+    """Combinations of the values such that every pair of values of two parameters is in one of them
+    (greedy: each next combination covers the most pairs not yet covered; deterministic)."""
+    names = list(values)
+    pairs = lambda combo: {(a, combo[a], b, combo[b]) for a, b in itertools.combinations(names, 2)}  # noqa: E731
+    candidates = [dict(zip(names, combo)) for combo in itertools.product(*values.values())]
+    uncovered = set().union(*(pairs(c) for c in candidates))
+    chosen = []
+    while uncovered:
+        best = max(candidates, key=lambda c: len(pairs(c) & uncovered))
+        chosen.append(best)
+        uncovered -= pairs(best)
+    return chosen
+
+
+ATTENTION_PARAMETERS = {  # what the host code turns into constexprs or specialisations
+    "dtype": ("float16", "bfloat16", "float32"), "head_dim": (32, 64, 128, 256), "group": (1, 2, 3, 4, 8),
+    "block_size": (16, 32), "sliding_window": (None, 128), "num_kv_heads": (1, 2, 8), "qk_norm": (False, True),
+}
+
+
 def attention_scenarios() -> dict[str, dict]:
-    """name -> run_attention_wrappers' arguments: the rotated sample, then FLAGSHIP_MODELS."""
+    """name -> run_attention_wrappers' arguments: every pair of ATTENTION_PARAMETERS' values in some
+    scenario (pairwise_cover), then FLAGSHIP_MODELS."""
     import torch
 
-    combos = itertools.product([torch.float16, torch.bfloat16, torch.float32], [32, 64, 128, 256])
     scenarios = {}
-    for i, (dtype, head_dim) in enumerate(combos):
-        group = (1, 2, 4, 8, 3)[i % 5]
-        scenarios[f"{str(dtype).removeprefix('torch.')}-d{head_dim}"] = dict(
-            dtype=dtype, head_dim=head_dim, group=group, block_size=(16, 32)[i % 2],
-            num_kv_heads=(1, 2, 8)[i % 3], sliding_window=(None, 128)[(i // 2) % 2], qk_norm=group % 2 == 1)
+    for case in pairwise_cover(ATTENTION_PARAMETERS):
+        name = "-".join(f"{key}={value}" for key, value in case.items())
+        scenarios[name] = dict(case, dtype=getattr(torch, case["dtype"]))
     for name, (num_heads, qk_norm) in FLAGSHIP_MODELS.items():
         scenarios[name] = dict(dtype=torch.bfloat16, head_dim=128, group=num_heads // FLAGSHIP_KV_HEADS,
                                block_size=16, num_kv_heads=FLAGSHIP_KV_HEADS, sliding_window=None, qk_norm=qk_norm)
