@@ -102,7 +102,10 @@ def test_bench_throughput_runs_and_writes_json(model_dir: Path, tmp_path: Path,
           "--input-len", "8", "--output-len", "4", "--output-json", str(out_json)])
     results = json.loads(out_json.read_text())
     assert results["num_requests"] == 4 and results["num_output_tokens"] == 16
-    assert "requests/s" in capsys.readouterr().out
+    assert 0 < results["fraction_of_hardware_limit"] < 1  # a tiny model on a CPU: far from an H200's limits
+    assert results["compute_floor_seconds"] > 0 and results["memory_floor_seconds"] > 0
+    out = capsys.readouterr().out
+    assert "requests/s" in out and "of the hardware limit (FLOPs at 797 TFLOP/s" in out
 
 
 def test_bench_latency_runs_and_writes_json(model_dir: Path, tmp_path: Path, capsys: Any) -> None:

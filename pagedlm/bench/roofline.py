@@ -13,7 +13,8 @@ PEAK_FLOPS = 797e12
 @dataclass(frozen=True)
 class ModelCost:
     weight_bytes: int  # every weight read once per forward pass
-    matmul_flops_per_token: int  # 2 x the weights a token multiplies (embedding lookup excluded)
+    layer_flops_per_token: int  # 2 x the decoder layers' weights a token multiplies
+    head_flops_per_row: int  # 2 x the LM head's weights, for each row of logits (a sampled token)
     kv_bytes_per_token: int  # K and V of one token over all layers
     attn_flops_per_pair: int  # FLOPs of one query token against one key, all layers
 
@@ -22,11 +23,10 @@ class ModelCost:
         q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
         per_layer = m.hidden_size * (q + 2 * kv) + q * m.hidden_size + 3 * m.hidden_size * m.intermediate_size
         head = m.vocab_size * m.hidden_size
-        matmul_params = m.num_layers * per_layer + head
-        weight_params = matmul_params + (0 if m.tie_word_embeddings else head)
+        weight_params = m.num_layers * per_layer + head + (0 if m.tie_word_embeddings else head)
         itemsize = m.dtype.itemsize
         return cls(weight_bytes=weight_params * itemsize,
-                   matmul_flops_per_token=2 * matmul_params,
+                   layer_flops_per_token=2 * m.num_layers * per_layer, head_flops_per_row=2 * head,
                    kv_bytes_per_token=2 * m.num_layers * kv * itemsize,
                    attn_flops_per_pair=4 * m.num_layers * q)
 
@@ -57,13 +57,16 @@ class HardwareFloor:
 def generation_floor(cost: ModelCost, prompt_lens: list[int], output_lens: list[int],
                      max_batch: int) -> HardwareFloor:
     """A lower bound on the wall time of generating `output_lens` tokens after `prompt_lens`:
-    FLOPs of every token (attention included) at peak, and — for the decode steps — the weights
-    read once per step and every sequence's KV read once per step, at full bandwidth.
-    Requests run `max_batch` at a time, longest outputs together (the most favourable packing)."""
+    FLOPs at peak — the decoder layers and causal attention for every token the model runs (the
+    prompt and every output but the last), the LM head for each output token's row only — and, for
+    the decode steps, the weights read once per step and every sequence's KV read once per step, at
+    full bandwidth. Requests run `max_batch` at a time, longest outputs together (the most
+    favourable packing)."""
     flops = 0
     for p, o in zip(prompt_lens, output_lens, strict=True):
-        total = p + o
-        flops += total * cost.matmul_flops_per_token + cost.attn_flops_per_pair * total * (total + 1) // 2
+        forward = p + max(o, 1) - 1  # tokens through the layers; token i attends to i + 1 keys
+        flops += (forward * cost.layer_flops_per_token + o * cost.head_flops_per_row
+                  + cost.attn_flops_per_pair * forward * (forward + 1) // 2)
     order = sorted(zip(output_lens, prompt_lens), reverse=True)
     bytes_moved = 0
     for start in range(0, len(order), max_batch):
