@@ -24,7 +24,6 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -32,12 +31,11 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from attention_kernels import HEAD_DIM, make_case, time_ms  # noqa: E402
+from attention_kernels import HEAD_DIM  # noqa: E402
+from prefill_peers import CASES, print_table, prompt_case, sdpa_batched  # noqa: E402
 
 from pagedlm.attention import triton_paged  # noqa: E402
 
-CASES = {"t3-step": (7, 2176), "t0-step": (32, 512), "t2-step": (16, 1000)}  # prefill_peers.py's
-NUM_HEADS, NUM_KV_HEADS = 32, 8
 CONFIGS = [  # BLOCK_M, BLOCK_N, warps, stages, warp-specialized
     (128, 64, 8, 2, False), (128, 64, 8, 3, False), (128, 128, 8, 2, False), (64, 64, 4, 3, False),
     (128, 64, 4, 3, False), (128, 128, 8, 3, False), (128, 64, 8, 3, True), (128, 128, 8, 2, True),
@@ -119,35 +117,16 @@ def fresh_attention(q, k, v, qsl, starts, config, out):
 
 
 def run_case(name: str) -> list[dict]:
-    num_prompts, length = CASES[name]
-    q, kv_cache, meta, (sq, sk, sv), flops = make_case(num_prompts, 0, length, NUM_HEADS, NUM_KV_HEADS)
-    want = F.scaled_dot_product_attention(sq, sk, sv, is_causal=True, enable_gqa=True).transpose(1, 2).reshape(q.shape)
-    k = sk.transpose(1, 2).reshape(-1, NUM_KV_HEADS, HEAD_DIM).contiguous()  # [T, KV, D]
-    v = sv.transpose(1, 2).reshape(-1, NUM_KV_HEADS, HEAD_DIM).contiguous()
-    starts = [i * length for i in range(num_prompts + 1)]
-    rows: list[dict] = []
-    out = torch.empty_like(q)
-
-    def emit(label: str, fn) -> None:
-        out.fill_(float("nan"))
-        try:
-            got = fn()
-            err = (got.float() - want.float()).abs().max().item()
-            ms = time_ms(fn)
-        except Exception as exc:  # a config this Triton or GPU refuses: say so, go on
-            print(json.dumps(dict(case=name, config=label, error=str(exc)[:300])), flush=True)
-            return
-        row = dict(case=name, config=label, ms=ms, tflops=flops / ms / 1e9, err=err)
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-
-    emit("ours (paged)", lambda: triton_paged.varlen_attention(q, kv_cache, meta, HEAD_DIM ** -0.5, None, out=out))
+    case = prompt_case(name)
+    out = torch.empty_like(case.q)
+    case.emit("ours (paged)", lambda: triton_paged.varlen_attention(
+        case.q, case.kv_cache, case.meta, HEAD_DIM ** -0.5, None, out=out), out)
     for config in CONFIGS:
-        emit("fresh {}x{}x{}x{}{}".format(*config[:4], " ws" if config[4] else ""),
-             lambda c=config: fresh_attention(q, k, v, meta.query_start_loc, starts, c, out))
-    emit("sdpa-batched", lambda: F.scaled_dot_product_attention(sq, sk, sv, is_causal=True, enable_gqa=True)
-         .transpose(1, 2).reshape(q.shape))
-    return rows
+        case.emit("fresh {}x{}x{}x{}{}".format(*config[:4], " ws" if config[4] else ""),
+                  lambda c=config: fresh_attention(case.q, case.k, case.v, case.meta.query_start_loc, case.starts,
+                                                   c, out), out)
+    case.emit("sdpa-batched", lambda: sdpa_batched(case))
+    return case.rows
 
 
 def main() -> None:
@@ -159,9 +138,7 @@ def main() -> None:
     rows = [row for name in args.cases.split(",") for row in run_case(name)]
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
-    print(f"\n{'case':8} {'config':24} {'ms':>8} {'TFLOP/s':>8} {'max err':>8}")
-    for row in rows:
-        print(f"{row['case']:8} {row['config']:24} {row['ms']:8.3f} {row['tflops']:8.1f} {row['err']:8.4f}")
+    print_table(rows)
 
 
 if __name__ == "__main__":

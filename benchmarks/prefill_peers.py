@@ -19,6 +19,7 @@ import argparse
 import inspect
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -30,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from attention_kernels import HEAD_DIM, kernel_settings, make_case, time_ms  # noqa: E402
 
 from pagedlm.attention import triton_paged  # noqa: E402
+from pagedlm.attention.backend import AttentionMetadata  # noqa: E402
 
 CASES = {  # name: (prompts, prompt length)
     "t3-step": (7, 2176),  # T3-off: a 16k-token step of 2,048 + 128-token prompts
@@ -69,52 +71,84 @@ def varlen_call():
     return lambda q, k, v, cu, n: varlen_attn(q, k, v, cu, cu, n, n, **causal, **gqa)
 
 
-def run_case(name: str) -> list[dict]:
+@dataclass
+class PromptCase:
+    """One case's inputs (fresh prompts of equal length, no cached context) and its measured rows."""
+    name: str
+    q: torch.Tensor  # [T, H, D]
+    kv_cache: torch.Tensor  # the prompts' keys and values, paged
+    meta: AttentionMetadata
+    sdpa: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # q, k, v [B, H or KV, L, D] contiguous
+    k: torch.Tensor  # [T, KV, D] contiguous
+    v: torch.Tensor
+    starts: list[int]  # each prompt's first token, then T
+    flops: float
+    want: torch.Tensor  # [T, H, D]: SDPA's output
+    rows: list[dict] = field(default_factory=list)
+
+    def emit(self, label: str, fn, out: torch.Tensor | None = None) -> None:
+        """Times fn() after checking it against SDPA (out, where fn writes into it, poisoned with NaN
+        first); a contender this torch, Triton or GPU refuses is printed with its error and left out."""
+        if out is not None:
+            out.fill_(float("nan"))
+        try:
+            got = fn()
+            err = (got.float() - self.want.float()).abs().max().item()
+            ms = time_ms(fn)
+        except Exception as exc:  # a backend this torch or GPU refuses: say so, go on
+            print(json.dumps(dict(case=self.name, config=label, error=str(exc)[:300])), flush=True)
+            return
+        row = dict(case=self.name, config=label, ms=ms, tflops=self.flops / ms / 1e9, err=err)
+        print(json.dumps(row), flush=True)
+        self.rows.append(row)
+
+
+def prompt_case(name: str) -> PromptCase:
     num_prompts, length = CASES[name]
     q, kv_cache, meta, (sq, sk, sv), flops = make_case(num_prompts, 0, length, NUM_HEADS, NUM_KV_HEADS)
     want = F.scaled_dot_product_attention(sq, sk, sv, is_causal=True, enable_gqa=True).transpose(1, 2).reshape(q.shape)
-    k = sk.transpose(1, 2).reshape(-1, NUM_KV_HEADS, HEAD_DIM).contiguous()  # [T, KV, D]
+    k = sk.transpose(1, 2).reshape(-1, NUM_KV_HEADS, HEAD_DIM).contiguous()
     v = sv.transpose(1, 2).reshape(-1, NUM_KV_HEADS, HEAD_DIM).contiguous()
     starts = [i * length for i in range(num_prompts + 1)]
-    cu = meta.query_start_loc
-    rows: list[dict] = []
+    return PromptCase(name, q, kv_cache, meta, (sq, sk, sv), k, v, starts, flops, want)
 
-    def emit(label: str, fn) -> None:
-        try:
-            out = fn()
-            err = (out.float() - want.float()).abs().max().item()
-            ms = time_ms(fn)
-        except Exception as exc:  # a backend this torch or GPU refuses: say so, go on
-            print(json.dumps(dict(case=name, config=label, error=str(exc)[:160])), flush=True)
-            return
-        row = dict(case=name, config=label, ms=ms, tflops=flops / ms / 1e9, err=err)
-        print(json.dumps(row), flush=True)
-        rows.append(row)
 
+def sdpa_batched(case: PromptCase) -> torch.Tensor:
+    sq, sk, sv = case.sdpa
+    return F.scaled_dot_product_attention(sq, sk, sv, is_causal=True, enable_gqa=True).transpose(1, 2).reshape(case.q.shape)
+
+
+def run_case(name: str) -> list[dict]:
+    case = prompt_case(name)
+    q, kv_cache, meta, k, v, starts = case.q, case.kv_cache, case.meta, case.k, case.v, case.starts
     out = torch.empty_like(q)
     for config in TRITON_CONFIGS:
-        out.fill_(float("nan"))  # poisoned before the checked call; the timed calls overwrite it
-
         def ours(config=config):
             with kernel_settings(SETTINGS, config):
                 return triton_paged.varlen_attention(q, kv_cache, meta, HEAD_DIM ** -0.5, None, out=out)
-        emit("triton {}x{}x{}x{}".format(*config), ours)
+        case.emit("triton {}x{}x{}x{}".format(*config), ours, out)
     from torch.nn.attention import SDPBackend
     for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
-        emit(f"sdpa-{backend.name.lower()}", lambda b=backend: sdpa_per_prompt(q, k, v, starts, b))
-    emit("sdpa-batched", lambda: F.scaled_dot_product_attention(sq, sk, sv, is_causal=True, enable_gqa=True)
-         .transpose(1, 2).reshape(q.shape))
+        case.emit(f"sdpa-{backend.name.lower()}", lambda b=backend: sdpa_per_prompt(q, k, v, starts, b))
+    case.emit("sdpa-batched", lambda: sdpa_batched(case))
     varlen = varlen_call()
+    length = starts[1]
     if varlen is not None:
-        emit("varlen", lambda: varlen(q, k, v, cu, length))
+        case.emit("varlen", lambda: varlen(q, k, v, meta.query_start_loc, length))
     token = torch.arange(q.shape[0], device=q.device)  # every token's cache slot, through the table
     pos = token % length
     blocks = meta.block_table.long()[token // length, pos // 16] * 16 + pos % 16
     ms = time_ms(lambda: (kv_cache[0].view(-1, NUM_KV_HEADS, HEAD_DIM).index_select(0, blocks),
                           kv_cache[1].view(-1, NUM_KV_HEADS, HEAD_DIM).index_select(0, blocks)))
     print(json.dumps(dict(case=name, config="gather", ms=ms)), flush=True)
-    rows.append(dict(case=name, config="gather", ms=ms, tflops=float("nan"), err=float("nan")))
-    return rows
+    case.rows.append(dict(case=name, config="gather", ms=ms, tflops=float("nan"), err=float("nan")))
+    return case.rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"\n{'case':8} {'config':24} {'ms':>8} {'TFLOP/s':>8} {'max err':>8}")
+    for row in rows:
+        print(f"{row['case']:8} {row['config']:24} {row['ms']:8.3f} {row['tflops']:8.1f} {row['err']:8.4f}")
 
 
 def main() -> None:
@@ -125,9 +159,7 @@ def main() -> None:
     rows = [row for name in CASES for row in run_case(name)]
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
-    print(f"\n{'case':8} {'config':24} {'ms':>8} {'TFLOP/s':>8} {'max err':>8}")
-    for row in rows:
-        print(f"{row['case']:8} {row['config']:24} {row['ms']:8.3f} {row['tflops']:8.1f} {row['err']:8.4f}")
+    print_table(rows)
 
 
 if __name__ == "__main__":
