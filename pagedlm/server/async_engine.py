@@ -19,9 +19,10 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
-from pagedlm.config import EngineConfig
+from pagedlm.config import EngineArgs, EngineConfig
 from pagedlm.engine.llm_engine import LLMEngine, ProcessedRequest
 from pagedlm.engine.output_processor import core_request_ids
+from pagedlm.model.gguf_loader import one_parse
 from pagedlm.outputs import RequestOutput
 from pagedlm.server import wire
 from pagedlm.server.core_process import run_core
@@ -52,9 +53,13 @@ class AdmissionLimits:
 
 
 class AsyncLLM:
-    def __init__(self, config: EngineConfig, model_name: str, limits: AdmissionLimits,
-                 log_stats_interval_s: float = 5.0) -> None:
-        self.config = config
+    def __init__(self, config: EngineConfig | EngineArgs | None, model_name: str,
+                 limits: AdmissionLimits, log_stats_interval_s: float = 5.0) -> None:
+        """config: an EngineConfig, or the EngineArgs to build it from; then the core process builds
+        its own while start() builds this one (a GGUF file's parse takes seconds, so side by side
+        rather than one after the other), and self.config is None until start()."""
+        self._config_source = config  # what the core process is started with
+        self.config = config if isinstance(config, EngineConfig) else None
         self.limits = limits
         self.metrics = ServerMetrics(model_name)
         self._log_stats_interval_s = log_stats_interval_s
@@ -94,13 +99,17 @@ class AsyncLLM:
     # ---- life cycle ----
 
     async def start(self) -> None:
-        """Starts the core process, loads the tokenizer meanwhile, waits until the core is ready."""
+        """Starts the core process, builds the LLMEngine meanwhile (the tokenizer, and the config
+        from EngineArgs), waits until the core is ready. A bad engine argument raises ValueError
+        here; shutdown() then stops the core."""
         spawn = multiprocessing.get_context("spawn")
         self._proc = spawn.Process(
             target=run_core, name="pagedlm-engine-core", daemon=True,
-            args=(self.config, self._input_addr, self._output_addr, os.getpid()))
+            args=(self._config_source, self._input_addr, self._output_addr, os.getpid()))
         self._proc.start()
-        self.llm_engine = await asyncio.to_thread(LLMEngine, self.config, self.core)
+        # Not in a thread: a signal during start-up (SystemExit) then stops the build at once.
+        self.llm_engine = self._build_llm_engine()
+        self.config = self.llm_engine.config
         msg = await self._recv_or_core_exit()
         if msg is None:
             raise RuntimeError(f"the engine-core process exited with code {self._proc.exitcode} "
@@ -110,6 +119,13 @@ class AsyncLLM:
         self._tasks = [asyncio.create_task(self._output_loop(), name="pagedlm-outputs"),
                        asyncio.create_task(self._watch_core(), name="pagedlm-core-watch"),
                        asyncio.create_task(self._log_loop(), name="pagedlm-log-stats")]
+
+    def _build_llm_engine(self) -> LLMEngine:
+        source = self._config_source
+        if isinstance(source, EngineConfig):
+            return LLMEngine(source, self.core)
+        with one_parse(source.model):  # the config and the tokenizer share one parse of a GGUF file
+            return LLMEngine(source.create_engine_config(), self.core)
 
     async def _recv_or_core_exit(self) -> wire.FromCore | None:
         recv = asyncio.ensure_future(self._output.recv())

@@ -10,16 +10,19 @@ import logging
 import os
 import signal
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from pagedlm.config import EngineConfig
+from pagedlm.config import EngineArgs, EngineConfig
 from pagedlm.core.sched_output import EngineCoreOutput
 from pagedlm.ops.jit_watch import num_compiles_while_serving
 from pagedlm.request import Request
 from pagedlm.server import wire
 from pagedlm.server.metrics import CoreStats
+
+if TYPE_CHECKING:
+    from pagedlm.engine.engine_core import EngineCore
 
 logger = logging.getLogger("pagedlm.server.core")
 
@@ -27,10 +30,9 @@ IDLE_POLL_MS = 500  # when idle, how often to check that the parent is still ali
 SEND_TIMEOUT_MS = 10_000  # a send that cannot be delivered this long: the front end is gone
 
 
-def run_core(config: EngineConfig, input_addr: str, output_addr: str, parent_pid: int) -> None:
+def run_core(source: EngineConfig | EngineArgs, input_addr: str, output_addr: str,
+             parent_pid: int) -> None:
     """Process entry point."""
-    from pagedlm.engine.engine_core import EngineCore
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front end decides when the core stops
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     ctx = zmq.Context()
@@ -41,9 +43,9 @@ def run_core(config: EngineConfig, input_addr: str, output_addr: str, parent_pid
     outputs.connect(output_addr)
     encoder = wire.encoder()
     try:
-        core = EngineCore(config)
+        core = build_core(source)
         outputs.send(encoder.encode(wire.Ready()))
-        CoreLoop(core, config.model.eos_token_ids, inputs, outputs, parent_pid).run()
+        CoreLoop(core, core.config.model.eos_token_ids, inputs, outputs, parent_pid).run()
     except zmq.Again:
         logger.error("engine core: the front end stopped reading; exiting")
     except Exception:  # noqa: BLE001 - the front end must learn why the core died
@@ -53,6 +55,18 @@ def run_core(config: EngineConfig, input_addr: str, output_addr: str, parent_pid
         outputs.close(linger=1000)
         inputs.close(linger=0)
         ctx.term()
+
+
+def build_core(source: EngineConfig | EngineArgs) -> EngineCore:
+    """From EngineArgs the core builds its own config (as the front end does meanwhile, from the
+    same arguments); the config and the weights share one parse of a GGUF file."""
+    from pagedlm.engine.engine_core import EngineCore
+    from pagedlm.model.gguf_loader import one_parse
+
+    if isinstance(source, EngineConfig):
+        return EngineCore(source)
+    with one_parse(source.model):
+        return EngineCore(source.create_engine_config())
 
 
 def core_stats(core: Any) -> CoreStats:

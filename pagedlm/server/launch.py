@@ -11,7 +11,7 @@ from types import FrameType
 
 import uvicorn
 
-from pagedlm.config import EngineConfig
+from pagedlm.config import EngineArgs, default_model_path
 from pagedlm.server.api_server import build_app
 from pagedlm.server.async_engine import AdmissionLimits, AsyncLLM
 from pagedlm.server.serving import ServingContext
@@ -35,16 +35,18 @@ class _Server(uvicorn.Server):
         self._loop.call_soon_threadsafe(self._engine.stop_accepting)
 
 
-def served_model_name(args: argparse.Namespace, config: EngineConfig) -> str:
+def served_model_name(args: argparse.Namespace) -> str:
     if args.served_model_name:
         return args.served_model_name
-    return args.model or Path(config.model.model).name
+    return args.model or Path(default_model_path()).name
 
 
-async def serve(args: argparse.Namespace, config: EngineConfig) -> None:
-    name = served_model_name(args, config)
+async def serve(args: argparse.Namespace, engine_args: EngineArgs) -> None:
+    """The core process starts at once and builds the engine config from `engine_args`, while
+    this process builds the same config (one GGUF parse each instead of one after the other)."""
+    name = served_model_name(args)
     limits = AdmissionLimits(args.max_num_queued_reqs, args.max_num_queued_tokens)
-    engine = AsyncLLM(config, name, limits, args.log_stats_interval)
+    engine = AsyncLLM(engine_args, name, limits, args.log_stats_interval)
     try:
         await engine.start()
         app = build_app(ServingContext(engine, name), args.api_key, args.max_request_body_bytes)
@@ -78,5 +80,4 @@ def run_server(args: argparse.Namespace) -> None:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, exit_during_startup)
-    config = engine_args_from(args).create_engine_config()
-    asyncio.run(serve(args, config))
+    asyncio.run(serve(args, engine_args_from(args)))
