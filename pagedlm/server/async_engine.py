@@ -57,7 +57,8 @@ class AsyncLLM:
                  limits: AdmissionLimits, log_stats_interval_s: float = 5.0) -> None:
         """config: an EngineConfig, or the EngineArgs to build it from; then the core process builds
         its own while start() builds this one (a GGUF file's parse takes seconds, so side by side
-        rather than one after the other), and self.config is None until start()."""
+        rather than one after the other), and self.config is None until start(). None: an engine
+        that is never started (tests of the request bookkeeping)."""
         self._config_source = config  # what the core process is started with
         self.config = config if isinstance(config, EngineConfig) else None
         self.limits = limits
@@ -116,6 +117,7 @@ class AsyncLLM:
                                "while starting (see its log above)")
         if not isinstance(msg, wire.Ready):
             raise RuntimeError(f"the engine core failed to start:\n{msg.error}")
+        check_same_config(msg, self.config)
         self._tasks = [asyncio.create_task(self._output_loop(), name="pagedlm-outputs"),
                        asyncio.create_task(self._watch_core(), name="pagedlm-core-watch"),
                        asyncio.create_task(self._log_loop(), name="pagedlm-log-stats")]
@@ -307,3 +309,11 @@ def _latest(item: RequestOutput | Exception, queue: asyncio.Queue) -> RequestOut
         if item.finished or queue.empty():
             return item
         item = queue.get_nowait()
+
+
+def check_same_config(ready: wire.Ready, config: EngineConfig) -> None:
+    """The core process and this one built their configs from the same arguments; what requests
+    are checked against here must be what the core runs."""
+    mine = wire.Ready.of(config)
+    if ready != mine:
+        raise RuntimeError(f"the engine core's config differs from the server's: {ready} against {mine}")

@@ -44,10 +44,12 @@ def run_core(source: EngineConfig | EngineArgs, input_addr: str, output_addr: st
     encoder = wire.encoder()
     try:
         core = build_core(source)
-        outputs.send(encoder.encode(wire.Ready()))
+        outputs.send(encoder.encode(wire.Ready.of(core.config)))
         CoreLoop(core, core.config.model.eos_token_ids, inputs, outputs, parent_pid).run()
     except zmq.Again:
         logger.error("engine core: the front end stopped reading; exiting")
+    except InvalidEngineArgs as exc:  # the front end, building the same config, reports it: no log here
+        outputs.send(encoder.encode(wire.Dead(error=f"invalid engine arguments: {exc}")))
     except Exception:  # noqa: BLE001 - the front end must learn why the core died
         logger.exception("engine core failed")
         outputs.send(encoder.encode(wire.Dead(error=traceback.format_exc(limit=8))))
@@ -55,6 +57,10 @@ def run_core(source: EngineConfig | EngineArgs, input_addr: str, output_addr: st
         outputs.close(linger=1000)
         inputs.close(linger=0)
         ctx.term()
+
+
+class InvalidEngineArgs(ValueError):
+    """The engine arguments the core was started with do not make a config."""
 
 
 def build_core(source: EngineConfig | EngineArgs) -> EngineCore:
@@ -66,7 +72,11 @@ def build_core(source: EngineConfig | EngineArgs) -> EngineCore:
     if isinstance(source, EngineConfig):
         return EngineCore(source)
     with one_parse(source.model):
-        return EngineCore(source.create_engine_config())
+        try:
+            config = source.create_engine_config()
+        except ValueError as exc:
+            raise InvalidEngineArgs(str(exc)) from exc
+        return EngineCore(config)
 
 
 def core_stats(core: Any) -> CoreStats:

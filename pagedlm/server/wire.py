@@ -5,11 +5,16 @@ Core -> front end: Ready once the model is loaded, CoreOutputs after every step 
 while idle), Dead if the core fails."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import msgspec
 
 from pagedlm.core.sched_output import EngineCoreOutput
 from pagedlm.sampling_params import SamplingParams
 from pagedlm.server.metrics import CoreStats
+
+if TYPE_CHECKING:
+    from pagedlm.config import EngineConfig
 
 
 class AddRequest(msgspec.Struct, tag=True):
@@ -32,7 +37,17 @@ class Shutdown(msgspec.Struct, tag=True):
 
 
 class Ready(msgspec.Struct, tag=True):
-    pass
+    """The core's engine config as the front end's requests depend on it: the front end, which built
+    its own from the same arguments, checks that the two agree."""
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: list[int]
+
+    @classmethod
+    def of(cls, config: EngineConfig) -> Ready:
+        model = config.model
+        return cls(max_model_len=model.max_model_len, vocab_size=model.vocab_size,
+                   eos_token_ids=sorted(model.eos_token_ids))
 
 
 class CoreOutputs(msgspec.Struct, tag=True):

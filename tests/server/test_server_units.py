@@ -261,3 +261,26 @@ def test_developer_messages_render_as_system_and_text_parts_join_by_newline(
     messages = [ChatMessage(role="developer", content=parts), ChatMessage(role="user", content="hi")]
     serving_chat.render_chat(SimpleNamespace(tokenizer=object()), messages)
     assert seen["conversation"] == [{"role": "system", "content": "a\nb"}, {"role": "user", "content": "hi"}]
+
+
+def test_core_reports_bad_engine_arguments_as_invalid(tiny_model_dir) -> None:
+    """The core builds its own config from the arguments; a bad one is InvalidEngineArgs, which it
+    reports without a log of its own (the front end reports the same error from its own build)."""
+    from pagedlm.config import EngineArgs
+    from pagedlm.server.core_process import InvalidEngineArgs, build_core
+
+    with pytest.raises(InvalidEngineArgs, match="attention_backend"):
+        build_core(EngineArgs(model=str(tiny_model_dir), attention_backend="bogus", device="cpu"))
+
+
+def test_front_end_refuses_a_core_with_another_config(tiny_model_dir) -> None:
+    from pagedlm.config import EngineArgs
+    from pagedlm.server.async_engine import check_same_config
+
+    config = EngineArgs(model=str(tiny_model_dir), device="cpu", max_model_len=64).create_engine_config()
+    check_same_config(wire.Ready.of(config), config)  # the same: accepted
+    other = wire.Ready.of(config)
+    other.max_model_len = 32
+    with pytest.raises(RuntimeError, match="config differs"):
+        check_same_config(other, config)
+    assert wire.from_core_decoder().decode(wire.encoder().encode(wire.Ready.of(config))) == wire.Ready.of(config)
