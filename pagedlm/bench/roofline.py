@@ -12,7 +12,8 @@ PEAK_FLOPS = 797e12
 
 @dataclass(frozen=True)
 class ModelCost:
-    weight_bytes: int  # every weight read once per forward pass
+    weight_bytes: int  # what a forward pass reads in full: the layers and the LM head (of an untied
+    # embedding table only the tokens' rows, not counted)
     layer_flops_per_token: int  # 2 x the decoder layers' weights a token multiplies
     head_flops_per_row: int  # 2 x the LM head's weights, for each row of logits (a sampled token)
     kv_bytes_per_token: int  # K and V of one token over all layers
@@ -23,9 +24,8 @@ class ModelCost:
         q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
         per_layer = m.hidden_size * (q + 2 * kv) + q * m.hidden_size + 3 * m.hidden_size * m.intermediate_size
         head = m.vocab_size * m.hidden_size
-        weight_params = m.num_layers * per_layer + head + (0 if m.tie_word_embeddings else head)
         itemsize = m.dtype.itemsize
-        return cls(weight_bytes=weight_params * itemsize,
+        return cls(weight_bytes=(m.num_layers * per_layer + head) * itemsize,
                    layer_flops_per_token=2 * m.num_layers * per_layer, head_flops_per_row=2 * head,
                    kv_bytes_per_token=2 * m.num_layers * kv * itemsize,
                    attn_flops_per_pair=4 * m.num_layers * q)

@@ -37,7 +37,7 @@ def run_throughput(args: argparse.Namespace, engine_args: EngineArgs) -> dict[st
     results = summarize(requests, outputs, elapsed)
     floor = generation_floor(ModelCost.of(llm.llm_engine.model_config),
                              [len(r.prompt_token_ids) for r in requests],
-                             [r.output_len for r in requests],
+                             [len(out.outputs[0].token_ids) for out in outputs],  # as generated (EOS)
                              llm.llm_engine.config.scheduler.max_num_seqs)
     results.update(floor.results(elapsed))
     print(f"Throughput: {results['requests_per_second']:.2f} requests/s, "
