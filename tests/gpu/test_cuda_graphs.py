@@ -229,20 +229,22 @@ def test_bf16_graph_replays_match_eager(checkpoints, family):
     _assert_replays_match(graphed, "bfloat16")
 
 
-def test_kv_sizing_reserves_graph_memory(checkpoints, caplog):
-    """max_num_seqs 512: all 51 sizes; the KV cache sized from gpu_memory_utilization."""
+@pytest.mark.parametrize("max_num_seqs, num_sizes", [(512, 51), (1024, 67)])  # 1,024: the default
+def test_kv_sizing_reserves_graph_memory(checkpoints, caplog, max_num_seqs, num_sizes):
+    """All the capture sizes up to max_num_seqs; the KV cache sized from gpu_memory_utilization."""
     folder, _ = checkpoints["qwen3"]
     gc.collect()
     torch.cuda.empty_cache()
     with caplog.at_level(logging.INFO, logger="pagedlm"):
         llm = LLM(str(folder), dtype="bfloat16", skip_tokenizer_init=True, device="cuda",
-                  max_model_len=256, max_num_seqs=512, gpu_memory_utilization=0.3)
+                  max_model_len=256, max_num_seqs=max_num_seqs, gpu_memory_utilization=0.3)
     runner: ModelRunner = llm.llm_engine.engine_core.model_runner
-    assert runner.graphs.max_size == 512  # 51 captured (the log), the slower ones dropped after timing
+    assert runner.graphs.max_size == max_num_seqs  # all captured (the log), the slower ones dropped after timing
     reserved, taken = runner.graph_bytes_reserved, runner.graph_bytes
     assert reserved is not None and 0 < taken <= reserved + (16 << 20), (taken, reserved)
     assert "CUDA graphs (trial capture)" in caplog.text and "left for the KV cache" in caplog.text
-    assert "51 pure-decode batch sizes (1..512), piecewise 36 token counts (16..2048), captured in" in caplog.text
+    assert (f"{num_sizes} pure-decode batch sizes (1..{max_num_seqs}), piecewise 36 token counts (16..2048), "
+            "captured in") in caplog.text
     assert "CUDA graphs: replays timed in" in caplog.text
     outputs = llm.generate(PROMPTS[:3], SamplingParams(temperature=0.0, max_tokens=8,
                                                        ignore_eos=True), use_tqdm=False)
