@@ -47,10 +47,11 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
 
     @classmethod
-    def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
-        """The config, the tokenizer and the model share one parse of a GGUF file."""
+    def from_engine_args(cls, args: EngineArgs, engine_core: EngineCore | None = None) -> LLMEngine:
+        """The config, the tokenizer and the model (an in-process core's) share one parse of a GGUF
+        file."""
         with one_parse(args.model):
-            return cls(args.create_engine_config())
+            return cls(args.create_engine_config(), engine_core)
 
     def process_request(self, prompt: PromptType, params: SamplingParams) -> ProcessedRequest:
         """Validates and tokenises without touching the engine; raises ValueError."""

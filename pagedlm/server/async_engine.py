@@ -22,7 +22,6 @@ import zmq.asyncio
 from pagedlm.config import EngineArgs, EngineConfig
 from pagedlm.engine.llm_engine import LLMEngine, ProcessedRequest
 from pagedlm.engine.output_processor import core_request_ids
-from pagedlm.model.gguf_loader import one_parse
 from pagedlm.outputs import RequestOutput
 from pagedlm.server import wire
 from pagedlm.server.core_process import run_core
@@ -126,8 +125,7 @@ class AsyncLLM:
         source = self._config_source
         if isinstance(source, EngineConfig):
             return LLMEngine(source, self.core)
-        with one_parse(source.model):  # the config and the tokenizer share one parse of a GGUF file
-            return LLMEngine(source.create_engine_config(), self.core)
+        return LLMEngine.from_engine_args(source, self.core)
 
     async def _recv_or_core_exit(self) -> wire.FromCore | None:
         recv = asyncio.ensure_future(self._output.recv())
