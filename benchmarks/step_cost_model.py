@@ -34,7 +34,7 @@ from scheduler_sim import scheduled_steps  # noqa: E402
 NUM_BLOCKS = 54923  # llama3-8b's KV cache on the H200 (session 13, run 6 log), blocks of 16
 NUM_LAYERS, KV_BYTES_PER_TOKEN = 32, 131072
 LINEAR_FLOPS_PER_TOKEN = 2 * 6.98e9  # the decoder layers' weights, all 32
-# µs per layer of qkv + o + gate_up + down at M rows, cuBLAS (session 11, run 7, gemm_backends.py);
+# µs per layer of qkv + o + gate_up + down at M rows, cuBLAS (session 11, run 7, probes/gemm_backends.py);
 # the first point is the weight read (436 MB at 4.2 TB/s) for M -> 0.
 GEMM_LAYER_US = [(0, 104.0), (256, 220.0), (2176, 1502.0), (8192, 5275.2), (16384, 10647.8)]
 LM_HEAD_BYTES, LM_HEAD_FLOPS_PER_ROW = 128256 * 4096 * 2, 2 * 128256 * 4096

@@ -3,11 +3,11 @@
 Can a Triton GEMM match cuBLAS on the prefill GEMMs, and what would fusing SiLU-and-mul into
 gate_up's epilogue save?
 
-    python benchmarks/gemm_fusion_probe.py [--rows 16384,8192,2048,256] [--shapes qkv,o,gate_up,down]
+    python benchmarks/probes/gemm_fusion_probe.py [--rows 16384,8192,2048,256] [--shapes qkv,o,gate_up,down]
                                            [--rounds 5] [--skip-ws] [--json out.json]
 
 On the H200, everything (4 weights x 4 row counts, 7 configs, plus the fused ones on gate_up):
-    python benchmarks/gemm_fusion_probe.py --json $OUT/gemm_fusion_probe.json
+    python benchmarks/probes/gemm_fusion_probe.py --json $OUT/gemm_fusion_probe.json
 (not yet run on a GPU; estimated 1-3 minutes, mostly the ~14 compiles and the fp32 references).
 
 For each weight of llama3-8b's layer (qkv 6144 x 4096, o 4096 x 4096, gate_up 28672 x 4096,
@@ -62,7 +62,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # benchmarks, repo
+sys.path[:0] = [str(p) for p in Path(__file__).resolve().parents[:3]]  # probes/, benchmarks/, the repo
 
 from gemm_backends import PEAK_TFLOPS, time_us, weight_shapes  # noqa: E402
 from gpu_workloads import MODELS  # noqa: E402

@@ -1,6 +1,6 @@
 """GPU: cuBLAS's time for each decode graph size, and what padding the rows up would save.
 
-    python benchmarks/gemm_rows_scan.py [--models llama3-8b,qwen3-0.6b] [--min-rows 64] [--json out.json]
+    python benchmarks/probes/gemm_rows_scan.py [--models llama3-8b,qwen3-0.6b] [--min-rows 64] [--json out.json]
 
 Session 16's split-K probe timed llama3-8b's gate_up (28,672 x 4,096) at 280 µs for 448 rows and
 167 µs for 512: cuBLAS's heuristic picks a poor kernel at some row counts. For every capture size
@@ -25,8 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[:0] = [str(p) for p in Path(__file__).resolve().parents[:3]]  # probes/, benchmarks/, the repo
 
 from gemm_backends import CALLS, weight_shapes  # noqa: E402
 from host_step import queued_gpu_us  # noqa: E402

@@ -1,7 +1,7 @@
 """GPU: a Triton TMA GEMM against cuBLAS on decode-sized batches (M = 64..512 rows), where cuBLAS
 runs llama3-8b's layer at ~435-520 TFLOP/s (gemm_backends.py, session 11) against ~680 at 16k rows.
 
-    python benchmarks/decode_gemm_probe.py [--model llama3-8b] [--rows 128,256,512] [--split-k-only]
+    python benchmarks/probes/decode_gemm_probe.py [--model llama3-8b] [--rows 128,256,512] [--split-k-only]
         [--json out.json]
 
 y = x @ W.T in bf16 (fp32 accumulation), x and W through host TMA descriptors, output tiles ordered
@@ -28,8 +28,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[:0] = [str(p) for p in Path(__file__).resolve().parents[:3]]  # probes/, benchmarks/, the repo
 
 from gemm_backends import time_us, weight_shapes  # noqa: E402
 from gpu_workloads import MODELS  # noqa: E402

@@ -1,6 +1,6 @@
 """GPU: cuBLAS against cuBLASLt (torch.backends.cuda.preferred_blas_library) on the forward's GEMMs.
 
-    python benchmarks/gemm_backends.py [--model llama3-8b] [--rows 16384,8192,256] [--json out.json]
+    python benchmarks/probes/gemm_backends.py [--model llama3-8b] [--rows 16384,8192,256] [--json out.json]
 
 For each weight of the model's decoder layer (qkv, o, gate_up, down) and the LM head, and each row
 count M, y = x @ W.T in bf16 (as F.linear runs it) under each backend, alternating backends over
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(p) for p in Path(__file__).resolve().parents[:3]]  # probes/, benchmarks/, the repo
 
 from gpu_workloads import MODELS  # noqa: E402
 

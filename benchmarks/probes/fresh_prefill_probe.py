@@ -2,7 +2,7 @@
 its keys and values are contiguous ([T, KV, D], this step's k/v) and loaded through TMA descriptors,
 against our paged kernel (keys gathered through the block table) and cuDNN (SDPA, batched)?
 
-    python benchmarks/fresh_prefill_probe.py [--json out.json]
+    python benchmarks/probes/fresh_prefill_probe.py [--json out.json]
 
 prefill_peers.py (session 15) found our paged kernel at 323 / 191 / 256 TFLOP/s on T3 / T0 / T2 steps
 against cuDNN's 556 / 380 / 447 on contiguous equal-length batches. If a contiguous-K/V Triton kernel
@@ -28,8 +28,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[:0] = [str(p) for p in Path(__file__).resolve().parents[:3]]  # probes/, benchmarks/, the repo
 
 from attention_kernels import HEAD_DIM  # noqa: E402
 from prefill_peers import CASES, print_table, prompt_case, sdpa_batched  # noqa: E402

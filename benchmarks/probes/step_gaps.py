@@ -1,6 +1,6 @@
 """GPU: what a batch-1 decode step costs on the GPU beyond its graph, by the operations around the replay.
 
-    python benchmarks/step_gaps.py [--shape qwen3-0.6b] [--context 384] [--rounds 5]
+    python benchmarks/probes/step_gaps.py [--shape qwen3-0.6b] [--context 384] [--rounds 5]
 
 The engine's own decode graphs (batch 1, dummy weights, bf16) after a prefill of --context tokens. Each
 mode queues 200 steps behind a GPU sleep (the host far ahead, as decode_replay.py) and prints the GPU µs
@@ -26,8 +26,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(p) for p in Path(__file__).resolve().parents[:3]]  # probes/, benchmarks/, the repo
 
 from decode_replay import dummy_llm, fill_decode_batch  # noqa: E402
 from gpu_workloads import MODELS  # noqa: E402

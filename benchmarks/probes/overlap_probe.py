@@ -1,7 +1,7 @@
 """GPU: can a decode step's attention (memory-bound) and its GEMMs (compute-bound) share the GPU?
 The question behind NanoFlow-style nano-batches, asked before building them.
 
-    python benchmarks/overlap_probe.py [--cases t2,t0] [--json out.json]
+    python benchmarks/probes/overlap_probe.py [--cases t2,t0] [--json out.json]
 
 A decode layer of llama3-8b at a batch of B sequences: the Triton paged decode attention over their
 contexts and the layer's four cuBLAS GEMMs at B rows (qkv, o, gate_up, down; bf16, random weights).
@@ -26,8 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[:0] = [str(p) for p in Path(__file__).resolve().parents[:3]]  # probes/, benchmarks/, the repo
 
 from attention_kernels import HEAD_DIM, make_case, time_ms  # noqa: E402
 
