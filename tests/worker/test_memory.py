@@ -18,7 +18,7 @@ def _config(cache: CacheConfig, max_model_len: int = 4096, dtype=torch.float32) 
         num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128, rms_norm_eps=1e-5,
         rope_theta=1e4, rope_scaling=None, tie_word_embeddings=True, attention_bias=False,
         qk_norm=False, sliding_window=None, eos_token_ids=(), tokenizer=None)
-    return EngineConfig(model=model, cache=cache, scheduler=SchedulerConfig(max_model_len=max_model_len),
+    return EngineConfig(model=model, cache=cache, scheduler=SchedulerConfig(),
                         device=torch.device("cpu"))
 
 
