@@ -3,63 +3,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import MISSING, fields
 from typing import Any
 
 from pagedlm.config import EngineArgs
+from pagedlm.logger import configure_logging
 
-_ENGINE_HELP = {
-    "model": "a Hugging Face model folder or a .gguf file (default: SmolLM2-135M-Instruct, GGUF)",
-    "tokenizer": "where the tokenizer lives (default: the model)",
-    "dtype": "auto | float32 | bfloat16 | float16",
-    "load_format": "auto | safetensors | gguf | dummy (random weights)",
-    "max_model_len": "longest sequence, prompt plus output (default: the model's)",
-    "max_num_seqs": "most requests in one batch (default: chosen by device)",
-    "max_num_batched_tokens": "most tokens in one step, prefill chunks included "
-                              "(default: chosen by device)",
-    "block_size": "tokens per KV-cache block",
-    "enable_prefix_caching": "reuse the KV cache of shared prompt prefixes",
-    "gpu_memory_utilization": "share of GPU memory the engine may use",
-    "num_gpu_blocks_override": "number of KV-cache blocks, skipping memory profiling (default: none)",
-    "kv_cache_memory_gib": "KV-cache size in GiB (default: measured on GPU, fixed on CPU)",
-    "skip_tokenizer_init": "no tokenizer: prompts must be token ids",
-    "seed": "random seed (generate and chat also seed each request with it)",
-    "scheduling_policy": "fcfs | priority",
-    "async_scheduling": "plan step N+1 while step N runs (default: on for GPUs)",
-    "enforce_eager": "no CUDA graphs",
-    "attention_backend": "auto | torch | torch_ref | triton",
-    "cudagraph_mode": "FULL_AND_PIECEWISE (decode graphs, piecewise graphs for other steps) | FULL_DECODE_ONLY",
-    "device": "auto | cpu | cuda",
-}
-
-
-def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """One flag per EngineArgs field (`max_num_seqs` → `--max-num-seqs`; booleans get
-    `--x/--no-x`), defaults taken from the dataclass."""
-    group = parser.add_argument_group("engine")
-    for f in fields(EngineArgs):
-        flag = "--" + f.name.replace("_", "-")
-        default = None if f.default is MISSING else f.default
-        description = _ENGINE_HELP.get(f.name, f.name)
-        help_text = description if "(default" in description else f"{description} (default: %(default)s)"
-        type_name = str(f.type)
-        if "bool" in type_name:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
-                               help=help_text)
-        else:
-            group.add_argument(flag, type=_scalar_type(type_name), default=default, help=help_text)
-    return parser
-
-
-def _scalar_type(type_name: str) -> type:
-    for name, kind in (("int", int), ("float", float)):
-        if name in type_name.replace(" ", "").split("|"):
-            return kind
-    return str
-
-
-def engine_args_from(namespace: argparse.Namespace) -> EngineArgs:
-    return EngineArgs(**{f.name: getattr(namespace, f.name) for f in fields(EngineArgs)})
+# Kept while pagedlm/server/cli.py, server/launch.py and tests/server import them from here; they
+# are EngineArgs.add_cli_args and EngineArgs.from_cli_args (next to EngineArgs, no import cycle).
+add_engine_args = EngineArgs.add_cli_args
+engine_args_from = EngineArgs.from_cli_args
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -86,7 +38,7 @@ def _run_generate(args: argparse.Namespace) -> None:
     from pagedlm.llm import LLM
 
     params = sampling_params_from(args)
-    llm = LLM(**vars(engine_args_from(args)))
+    llm = LLM(**vars(EngineArgs.from_cli_args(args)))
     outputs = llm.generate(args.prompts, params, use_tqdm=False)
     for output in outputs:
         print(f"Prompt: {output.prompt!r}")
@@ -99,20 +51,20 @@ def _run_chat(args: argparse.Namespace) -> None:
     from pagedlm.llm import LLM
 
     params = sampling_params_from(args)
-    llm = LLM(**vars(engine_args_from(args)))
+    llm = LLM(**vars(EngineArgs.from_cli_args(args)))
     run_chat_repl(llm, params, sys.stdin, sys.stdout, args.system)
 
 
 def _run_bench_throughput(args: argparse.Namespace) -> None:
     from pagedlm.bench.throughput import run_throughput
 
-    run_throughput(args, engine_args_from(args))
+    run_throughput(args, EngineArgs.from_cli_args(args))
 
 
 def _run_bench_latency(args: argparse.Namespace) -> None:
     from pagedlm.bench.latency import run_latency
 
-    run_latency(args, engine_args_from(args))
+    run_latency(args, EngineArgs.from_cli_args(args))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,13 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     generate = commands.add_parser("generate", help="complete prompts and print the outputs")
     generate.add_argument("prompts", nargs="+", metavar="PROMPT")
-    add_engine_args(generate)
+    EngineArgs.add_cli_args(generate)
     add_sampling_args(generate)
     generate.set_defaults(func=_run_generate)
 
     chat = commands.add_parser("chat", help="interactive chat on stdin (/exit or EOF ends)")
     chat.add_argument("--system", default=None, help="a system message")
-    add_engine_args(chat)
+    EngineArgs.add_cli_args(chat)
     add_sampling_args(chat)
     chat.set_defaults(func=_run_chat)
 
@@ -138,11 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench_commands = bench.add_subparsers(dest="bench_command", required=True)
     throughput = bench_commands.add_parser("throughput", help="offline throughput on a dataset")
     add_throughput_args(throughput)
-    add_engine_args(throughput)
+    EngineArgs.add_cli_args(throughput)
     throughput.set_defaults(func=_run_bench_throughput)
     latency = bench_commands.add_parser("latency", help="latency of one batch, end to end")
     add_latency_args(latency)
-    add_engine_args(latency)
+    EngineArgs.add_cli_args(latency)
     latency.set_defaults(func=_run_bench_latency)
 
     from pagedlm.bench.serve import add_parser as add_bench_serve_parser
@@ -155,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    configure_logging()
     try:
         args.func(args)
     except ValueError as exc:

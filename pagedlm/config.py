@@ -1,13 +1,19 @@
-"""Engine configuration: frozen dataclasses built once from EngineArgs, validated up front."""
+"""Engine configuration: frozen dataclasses built once from EngineArgs, validated up front.
+
+Imports no torch (the planner, core/, reads CacheConfig and SchedulerConfig): torch is imported
+where a device or dtype is resolved."""
 from __future__ import annotations
 
+import argparse
 import importlib.util
-import os
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from pagedlm import envs
+
+if TYPE_CHECKING:
+    import torch
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -16,15 +22,13 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen3ForCausalLM",
 )
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# As vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN: "1" lets max_model_len exceed what the model was trained for
-ALLOW_LONG_MAX_MODEL_LEN = "PAGEDLM_ALLOW_LONG_MAX_MODEL_LEN"
 # vLLM's names: decode graphs for pure-decode steps and piecewise graphs for the others, or decode
 # graphs only (every other step eager). enforce_eager turns both off.
 CUDAGRAPH_MODES = ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
-_DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+_DTYPES = {  # spelling -> name of the torch dtype
+    "float32": "float32", "fp32": "float32", "float": "float32",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float16": "float16", "fp16": "float16", "half": "float16",
 }
 
 
@@ -42,6 +46,8 @@ def default_model_path() -> str:
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
+    import torch
+
     device = str(device)
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -53,13 +59,15 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    import torch
+
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {dtype!r}")
-    return _DTYPES[dtype]
+    return getattr(torch, _DTYPES[dtype])
 
 
 @dataclass(frozen=True)
@@ -92,10 +100,6 @@ class ModelConfig:
     @property
     def gguf_file(self) -> str | None:
         return Path(self.model).name if self.model.endswith(".gguf") else None
-
-    @property
-    def model_dir(self) -> str:
-        return str(Path(self.model).parent) if self.gguf_file else self.model
 
 
 def load_hf_config(model: str) -> Any:
@@ -194,11 +198,11 @@ def _verify_max_model_len(max_model_len: int | None, hf: Any, rope: dict) -> int
         raise ValueError(f"max_model_len must be positive, got {max_model_len}")
     factor = float(rope.get("factor", 1.0)) if rope.get("rope_type") == "linear" else 1.0
     limit = int(max_pos * factor)
-    if max_model_len > limit and os.environ.get(ALLOW_LONG_MAX_MODEL_LEN) != "1":
+    if max_model_len > limit and not envs.PAGEDLM_ALLOW_LONG_MAX_MODEL_LEN:
         scaled = f" x linear RoPE factor {factor:g}" if factor != 1.0 else ""
         raise ValueError(f"max_model_len ({max_model_len}) is greater than the model's maximum, {limit} "
                          f"(max_position_embeddings {max_pos}{scaled} in its config); positions past it may "
-                         f"give wrong outputs. Lower max_model_len, or set {ALLOW_LONG_MAX_MODEL_LEN}=1 to "
+                         f"give wrong outputs. Lower max_model_len, or set PAGEDLM_ALLOW_LONG_MAX_MODEL_LEN=1 to "
                          f"allow it anyway")
     return max_model_len
 
@@ -262,7 +266,6 @@ class CacheConfig:
 class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
-    max_model_len: int = 2048
     policy: str = "fcfs"  # fcfs | priority
     async_scheduling: bool = True
 
@@ -285,6 +288,9 @@ class EngineConfig:
     enforce_eager: bool = False
     attention_backend: str = "auto"  # auto | torch | torch_ref | triton
     cudagraph_mode: str = "FULL_AND_PIECEWISE"  # one of CUDAGRAPH_MODES
+    # Time the captured graph sizes and let a size give way to a larger one that replays faster;
+    # the timings vary by capture, so off keeps every size and restarts replay the same graphs.
+    graph_size_timing: bool = True
 
 
 @dataclass
@@ -310,11 +316,34 @@ class EngineArgs:
     enforce_eager: bool = False
     attention_backend: str = "auto"
     cudagraph_mode: str = "FULL_AND_PIECEWISE"
+    graph_size_timing: bool = True
     device: str = "auto"
 
     @classmethod
     def field_names(cls) -> set[str]:
         return {f.name for f in fields(cls)}
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """One flag per field (`max_num_seqs` -> `--max-num-seqs`; booleans get `--x/--no-x`),
+        defaults taken from the dataclass."""
+        group = parser.add_argument_group("engine")
+        for f in fields(EngineArgs):
+            flag = "--" + f.name.replace("_", "-")
+            default = None if f.default is MISSING else f.default
+            description = _CLI_HELP[f.name]
+            help_text = description if "(default" in description else f"{description} (default: %(default)s)"
+            type_name = str(f.type)
+            if "bool" in type_name:
+                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
+                                   help=help_text)
+            else:
+                group.add_argument(flag, type=_scalar_type(type_name), default=default, help=help_text)
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, namespace: argparse.Namespace) -> EngineArgs:
+        return cls(**{f.name: getattr(namespace, f.name) for f in fields(cls)})
 
     def create_engine_config(self) -> EngineConfig:
         device = resolve_device(self.device)
@@ -324,8 +353,7 @@ class EngineArgs:
         max_num_seqs = _or_default(self.max_num_seqs, 1024 if on_gpu else 256)
         max_batched = _or_default(self.max_num_batched_tokens, 16384 if on_gpu else 2048)
         scheduler = SchedulerConfig(
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched,
-            max_model_len=model.max_model_len, policy=self.scheduling_policy,
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched, policy=self.scheduling_policy,
             async_scheduling=on_gpu if self.async_scheduling is None else self.async_scheduling)
         cache = CacheConfig(
             block_size=self.block_size, gpu_memory_utilization=self.gpu_memory_utilization,
@@ -338,8 +366,45 @@ class EngineArgs:
             raise ValueError(f"cudagraph_mode must be one of {', '.join(CUDAGRAPH_MODES)}; got {self.cudagraph_mode!r}")
         return EngineConfig(model=model, cache=cache, scheduler=scheduler, device=device,
                             seed=self.seed, enforce_eager=self.enforce_eager or not on_gpu,
-                            attention_backend=self.attention_backend, cudagraph_mode=self.cudagraph_mode)
+                            attention_backend=self.attention_backend, cudagraph_mode=self.cudagraph_mode,
+                            graph_size_timing=self.graph_size_timing)
 
 
 def _or_default(value: int | None, default: int) -> int:
     return default if value is None else value
+
+
+def _scalar_type(type_name: str) -> type:
+    for name, kind in (("int", int), ("float", float)):
+        if name in type_name.replace(" ", "").split("|"):
+            return kind
+    return str
+
+
+_CLI_HELP = {  # one line per EngineArgs field
+    "model": "a Hugging Face model folder or a .gguf file (default: SmolLM2-135M-Instruct, GGUF)",
+    "tokenizer": "where the tokenizer lives (default: the model)",
+    "dtype": "auto | float32 | bfloat16 | float16",
+    "load_format": "auto | safetensors | gguf | dummy (random weights)",
+    "max_model_len": "longest sequence, prompt plus output (default: the model's)",
+    "max_num_seqs": "most requests in one batch (default: chosen by device)",
+    "max_num_batched_tokens": "most tokens in one step, prefill chunks included "
+                              "(default: chosen by device)",
+    "block_size": "tokens per KV-cache block",
+    "enable_prefix_caching": "reuse the KV cache of shared prompt prefixes",
+    "gpu_memory_utilization": "share of GPU memory the engine may use",
+    "num_gpu_blocks_override": "number of KV-cache blocks, skipping memory profiling (default: none)",
+    "kv_cache_memory_gib": "KV-cache size in GiB (default: measured on GPU, fixed on CPU)",
+    "skip_tokenizer_init": "no tokenizer: prompts must be token ids",
+    "seed": "random seed (generate and chat also seed each request with it)",
+    "scheduling_policy": "fcfs | priority",
+    "async_scheduling": "plan step N+1 while step N runs (default: on for GPUs)",
+    "enforce_eager": "no CUDA graphs",
+    "attention_backend": "auto | torch | torch_ref | triton",
+    "cudagraph_mode": "FULL_AND_PIECEWISE (decode graphs, piecewise graphs for other steps) | FULL_DECODE_ONLY",
+    "graph_size_timing": "time the captured CUDA graph sizes at start-up; a batch then replays a larger "
+                         "graph where that one is measured faster. The timings vary from one start to "
+                         "the next and bf16 results with the row count, so --no-graph-size-timing keeps "
+                         "every size: restarts replay the same graphs and give the same tokens",
+    "device": "auto | cpu | cuda",
+}

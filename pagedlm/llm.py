@@ -11,6 +11,7 @@ from pagedlm.beam_search import BeamSearchOutput, BeamSearchParams, beam_search
 from pagedlm.config import EngineArgs
 from pagedlm.engine.llm_engine import LLMEngine, ProcessedRequest, PromptType
 from pagedlm.engine.tokenizer import Conversation, apply_chat_template
+from pagedlm.logger import configure_logging
 from pagedlm.outputs import RequestOutput
 from pagedlm.sampling_params import SamplingParams
 
@@ -24,6 +25,7 @@ class LLM:
         if unknown:
             raise TypeError(f"LLM() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
                             f"accepted: {', '.join(sorted(EngineArgs.field_names()))}")
+        configure_logging()
         self.llm_engine = LLMEngine.from_engine_args(EngineArgs(model=model, **engine_args))
         self._request_counter = itertools.count()
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from pagedlm.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
 
 
 class RequestStatus(enum.IntEnum):
@@ -72,11 +74,6 @@ class Request:
     def num_tokens(self) -> int:
         """Tokens whose values the host knows (prompt + received outputs)."""
         return len(self.prompt_token_ids) + len(self.output_token_ids)
-
-    @property
-    def num_tokens_to_compute(self) -> int:
-        """Tokens still to run through the model before the next sample."""
-        return self.num_tokens + self.num_output_placeholders - self.num_computed_tokens
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -15,7 +15,7 @@ from tiny_hf_models import save_tiny_model_with_tokenizer
 
 from pagedlm import LLM, SamplingParams
 from pagedlm.bench.datasets import prefix_repetition_requests, random_requests
-from pagedlm.cli import build_parser, engine_args_from, main
+from pagedlm.cli import build_parser, main
 from pagedlm.config import EngineArgs
 from pagedlm.engine.chat_repl import run_chat_repl
 
@@ -25,7 +25,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=4)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pagedlm.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "pagedlm.cli", *args], capture_output=True, check=False,
                           text=True, timeout=300)
 
 
@@ -47,7 +47,8 @@ def test_generate_help_lists_engine_and_sampling_flags() -> None:
     assert result.returncode == 0, result.stderr
     for flag in ("--model", "--max-num-seqs", "--enable-prefix-caching", "--no-enable-prefix-caching",
                  "--async-scheduling", "--temperature", "--top-p", "--top-k", "--min-p",
-                 "--max-tokens", "--seed", "--ignore-eos", "PROMPT"):
+                 "--max-tokens", "--seed", "--ignore-eos", "--graph-size-timing",
+                 "--no-graph-size-timing", "PROMPT"):
         assert flag in result.stdout, flag
 
 
@@ -62,10 +63,34 @@ def test_bench_throughput_help() -> None:
 def test_engine_flags_round_trip_to_engine_args() -> None:
     args = build_parser().parse_args(["generate", "--max-num-seqs", "3", "--no-enable-prefix-caching",
                                       "--gpu-memory-utilization", "0.5", "--async-scheduling", "x"])
-    engine_args = engine_args_from(args)
+    engine_args = EngineArgs.from_cli_args(args)
     assert engine_args == EngineArgs(max_num_seqs=3, enable_prefix_caching=False,
                                      gpu_memory_utilization=0.5, async_scheduling=True)
-    assert engine_args_from(build_parser().parse_args(["chat"])) == EngineArgs()
+    assert EngineArgs.from_cli_args(build_parser().parse_args(["chat"])) == EngineArgs()
+
+
+def test_graph_size_timing_is_an_engine_argument(model_dir: Path) -> None:
+    """On by default; --no-graph-size-timing reaches the engine config (restarts replay the same
+    graph sizes)."""
+    assert EngineArgs().graph_size_timing
+    args = build_parser().parse_args(["generate", "--model", str(model_dir), "--device", "cpu",
+                                      "--no-graph-size-timing", "x"])
+    engine_args = EngineArgs.from_cli_args(args)
+    assert engine_args.graph_size_timing is False
+    assert engine_args.create_engine_config().graph_size_timing is False
+    assert EngineArgs(model=str(model_dir), device="cpu").create_engine_config().graph_size_timing
+
+
+def test_engine_args_parse_without_the_cli_module() -> None:
+    """EngineArgs carries its own flags, so the server's parser needs nothing of pagedlm.cli."""
+    code = ("import argparse, sys; from pagedlm.config import EngineArgs; "
+            "p = EngineArgs.add_cli_args(argparse.ArgumentParser()); "
+            "a = EngineArgs.from_cli_args(p.parse_args(['--max-num-seqs', '3', '--no-graph-size-timing'])); "
+            "print(a.max_num_seqs, a.graph_size_timing, 'pagedlm.cli' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["3", "False", "False"]
 
 
 def test_generate_prints_each_completion(model_dir: Path, llm: LLM) -> None:

@@ -6,10 +6,12 @@ ModelRunnerOutput comes back: the tokens each sampling request drew this step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from pagedlm.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(slots=True)
@@ -70,9 +72,6 @@ class ModelRunnerOutput:
     logprobs: list[list[Logprobs]] | None = None  # parallel to sampled_token_ids, when asked
     prompt_logprobs: dict[str, list[Logprobs | None]] = field(default_factory=dict)
     step_id: int = 0
-
-
-EMPTY_RUNNER_OUTPUT = ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
 
 
 @dataclass(slots=True)

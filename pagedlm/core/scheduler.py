@@ -1,10 +1,11 @@
 """The scheduler: no prefill or decode phase, only tokens to catch up under a token budget.
 
-Each step, RUNNING requests (in priority order) get `min(num_tokens_to_compute, budget_left)`
-tokens, then WAITING ones are admitted (prefix-cache lookup, then allocation) while the budget,
-`max_num_seqs` and the pool allow. A request whose scheduled tokens reach the end of its
-sequence samples this step and gets a placeholder for the token in flight, so step N+1 may be
-scheduled before step N's tokens are back (async scheduling).
+Each step, RUNNING requests (in priority order) get their tokens still to compute (prompt and
+outputs, known or in flight, less `num_computed_tokens`) up to the budget left, then WAITING ones
+are admitted (prefix-cache lookup, then allocation) while the budget, `max_num_seqs` and the pool
+allow. A request whose scheduled tokens reach the end of its sequence samples this step and gets
+a placeholder for the token in flight, so step N+1 may be scheduled before step N's tokens are
+back (async scheduling).
 
 Order: `running` is sorted by the policy key (fcfs: arrival order; priority: (priority,
 arrival_time, arrival order)), so its last request is the lowest, the one preempted first.

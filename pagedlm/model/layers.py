@@ -5,19 +5,18 @@ created uninitialised (torch.empty, in the model dtype): the loader fills every 
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedlm import ops
+from pagedlm import envs, ops
 from pagedlm.ops import gate_up_silu, gemv
 from pagedlm.ops.gemv import PendingNorm, ResidualSum
 
 # the residual add and the norms folded into the GEMVs around them (see Linear); PAGEDLM_FUSE_NORMS=0
-# keeps them in the norm kernel, for A/B measurements
-FUSE_NORMS = os.environ.get("PAGEDLM_FUSE_NORMS", "1") != "0"
+# keeps them in the norm kernel, for A/B measurements. Read once: Linear.forward runs per layer.
+FUSE_NORMS = envs.PAGEDLM_FUSE_NORMS
 
 
 class Linear(nn.Module):

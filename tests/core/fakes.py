@@ -49,7 +49,7 @@ def make_scheduler(num_blocks: int = 64, block_size: int = 8, max_model_len: int
     """growth_reserve=False: admission by the prompt alone, so small pools preempt (what most tests
     here exercise); the reserve has its own tests."""
     sched_config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                   max_model_len=max_model_len, policy=policy)
+                                   policy=policy)
     cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
     scheduler = Scheduler(sched_config, cache_config, num_blocks, max_model_len)
     scheduler.growth = GrowthEstimate(max_model_len, enabled=growth_reserve)

@@ -253,7 +253,7 @@ def _fuzz_scheduler(rng: random.Random) -> Scheduler:
     max_model_len = 32
     sched_config = SchedulerConfig(max_num_seqs=rng.choice([2, 4, 8]),
                                    max_num_batched_tokens=rng.choice([3, 8, 16, 64]),
-                                   max_model_len=max_model_len, policy="priority")
+                                   policy="priority")
     cache_config = SimpleNamespace(block_size=block_size, enable_prefix_caching=rng.random() < 0.8)
     num_blocks = cdiv(rng.randint(26, 48), block_size) + 1
     sched = Scheduler(sched_config, cache_config, num_blocks, max_model_len)

@@ -250,7 +250,7 @@ def _fuzz_scheduler(rng: random.Random) -> tuple[Scheduler, int]:
     policy = rng.choice(["fcfs", "priority"])
     sched_config = SchedulerConfig(max_num_seqs=rng.choice([1, 2, 3, 8]),
                                    max_num_batched_tokens=rng.choice([1, 2, 3, 5, 8, 16, 64]),
-                                   max_model_len=max_model_len, policy=policy)
+                                   policy=policy)
     cache_config = SimpleNamespace(block_size=block_size, enable_prefix_caching=rng.random() < 0.8)
     sched = Scheduler(sched_config, cache_config, rng.randint(2, 16), max_model_len)
     sched.growth = GrowthEstimate(max_model_len, enabled=rng.random() < 0.5)

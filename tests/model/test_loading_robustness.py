@@ -122,16 +122,14 @@ def test_max_model_len_above_the_models_maximum_is_refused(variant: str, limit: 
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """vLLM refuses a max_model_len past max_position_embeddings (times a linear RoPE factor) unless
     its environment variable allows it; None takes max_position_embeddings."""
-    from pagedlm.config import ALLOW_LONG_MAX_MODEL_LEN
-
     config = LlamaConfig(**SHAPE) if variant == "plain" else VARIANTS[variant]()
     save_tiny_model(config, tmp_path)
     assert config.max_position_embeddings == 64
-    monkeypatch.delenv(ALLOW_LONG_MAX_MODEL_LEN, raising=False)
+    monkeypatch.delenv("PAGEDLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
     assert build_model_config(str(tmp_path), "auto", "float32", CPU, None, True).max_model_len == 64
     assert build_model_config(str(tmp_path), "auto", "float32", CPU, limit, True).max_model_len == limit
     with pytest.raises(ValueError, match=rf"max_model_len \({limit + 1}\) is greater than the model's maximum, "
-                                         rf"{limit} \(max_position_embeddings 64.*{ALLOW_LONG_MAX_MODEL_LEN}=1"):
+                                         rf"{limit} \(max_position_embeddings 64.*PAGEDLM_ALLOW_LONG_MAX_MODEL_LEN=1"):
         build_model_config(str(tmp_path), "auto", "float32", CPU, limit + 1, True)
-    monkeypatch.setenv(ALLOW_LONG_MAX_MODEL_LEN, "1")
+    monkeypatch.setenv("PAGEDLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
     assert build_model_config(str(tmp_path), "auto", "float32", CPU, limit + 1, True).max_model_len == limit + 1

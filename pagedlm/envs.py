@@ -1,0 +1,91 @@
+"""The environment variables pagedlm reads, in one registry (as vLLM's vllm/envs.py): each with
+its default, its parser and what it does. `pagedlm.envs.PAGEDLM_PDL` reads the variable when it
+is accessed; modules that need a value on a hot path read it once, at their import.
+
+Settings that change what the engine computes are engine arguments (EngineArgs), not variables:
+these are switches for A/B measurements, logging and an escape hatch.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+_TRITON_TRUE = ("1", "true", "yes", "on", "y")  # Triton's own rule (its getenv_bool)
+
+
+def _flag(text: str) -> bool:
+    if text.lower() in _TRUE:
+        return True
+    if text.lower() in _FALSE:
+        return False
+    raise ValueError(f"must be one of {', '.join(_TRUE + _FALSE)}")
+
+
+def _triton_flag(text: str) -> bool:
+    """Anything Triton does not read as true is false to Triton, so to us too."""
+    return text.lower() in _TRITON_TRUE
+
+
+def _log_level(text: str) -> str:
+    level = text.upper()
+    if level not in logging.getLevelNamesMapping():
+        raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
+    return level
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    default: str  # also what an empty value means
+    parse: Callable[[str], Any]  # raises ValueError on a value it does not accept
+    doc: str
+
+    def read(self) -> Any:
+        text = os.environ.get(self.name) or self.default
+        try:
+            return self.parse(text)
+        except ValueError as exc:
+            raise ValueError(f"environment variable {self.name}={text!r}: {exc}") from None
+
+
+ENVIRONMENT_VARIABLES = {var.name: var for var in (
+    EnvVar("PAGEDLM_LOGGING_LEVEL", "INFO", _log_level,
+           "level of the `pagedlm` logger (DEBUG, INFO, WARNING, ERROR, CRITICAL)"),
+    EnvVar("PAGEDLM_ALLOW_LONG_MAX_MODEL_LEN", "0", _flag,
+           "1: max_model_len may exceed the model's trained context (as vLLM's "
+           "VLLM_ALLOW_LONG_MAX_MODEL_LEN); outputs past it may be wrong"),
+    EnvVar("PAGEDLM_FUSE_NORMS", "1", _flag,
+           "0: the residual adds and RMSNorms run in the norm kernel instead of being folded into "
+           "the GEMVs around them (for A/B measurements); read at import"),
+    EnvVar("PAGEDLM_PDL", "1", _flag,
+           "0: kernels launch without programmatic dependent launch on sm_90+ (for A/B "
+           "measurements); read at import"),
+    EnvVar("TRITON_INTERPRET", "0", _triton_flag,
+           "Triton's: 1 runs kernels in its interpreter (on the CPU); pagedlm then launches "
+           "without PDL, which the interpreter cannot run; read at import"),
+)}
+
+__doc__ += "\nVariables:\n" + "\n".join(f"  {v.name} (default {v.default}): {v.doc}"
+                                         for v in ENVIRONMENT_VARIABLES.values())
+
+if TYPE_CHECKING:
+    PAGEDLM_LOGGING_LEVEL: str
+    PAGEDLM_ALLOW_LONG_MAX_MODEL_LEN: bool
+    PAGEDLM_FUSE_NORMS: bool
+    PAGEDLM_PDL: bool
+    TRITON_INTERPRET: bool
+
+
+def __getattr__(name: str) -> Any:
+    if name not in ENVIRONMENT_VARIABLES:
+        raise AttributeError(f"module 'pagedlm.envs' has no attribute {name!r}")
+    return ENVIRONMENT_VARIABLES[name].read()
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(ENVIRONMENT_VARIABLES))
