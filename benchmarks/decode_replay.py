@@ -4,7 +4,7 @@
         [--variants base,gsplit,g8x512] [--rounds 7] [--json out.json]
 
 The real model shape (dummy weights, bf16, PDL as the engine runs it). Graphs of up to 8 rows hold
-the LM head too since commit 6a47c94 (session 7's numbers in RESULTS.md, taken before, do not).
+the LM head too since commit 6a47c94 (session 7's numbers in results/2026-11-29/NOTES.md, taken before, do not).
 One generate of --batch-size prompts of --context tokens fills the KV cache; then each variant captures its own
 decode graph (only the batch's size) with its settings applied while capturing, and the variants'
 replays are timed in turn, --rounds times (alternating cancels the drift between processes and

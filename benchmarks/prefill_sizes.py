@@ -7,7 +7,7 @@
 A step that replays no decode graph and holds at most 2,048 tokens replays the piecewise graphs of
 the next size (piecewise_graphs.py): with sizes at powers of two (until session 17) a 1,100-token
 prompt ran its GEMMs at 2,048 rows (llama3-8b: 45.4 ms against 24.9 eagerly; now ~1/8 padding at
-most, 26.8 ms, RESULTS.md session 17). The benchmarks' mixed steps are 16,384 tokens and run eagerly, so none of them measures this; a server
+most, 26.8 ms, results/2026-11-30/NOTES.md, session 17). The benchmarks' mixed steps are 16,384 tokens and run eagerly, so none of them measures this; a server
 taking one prompt at a time meets it in every prompt's time to first token. This times
 generate(max_tokens=1) of one prompt of each length (median of --repeats, after a warm-up; prefix
 caching off, as the prompt repeats), with the engine as configured: run it once as is and once with
