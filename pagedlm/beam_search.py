@@ -15,6 +15,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from pagedlm.errors import InvalidRequest
 from pagedlm.outputs import Logprob
 from pagedlm.sampling_params import MAX_LOGPROBS, SamplingParams
 
@@ -34,12 +35,15 @@ class BeamSearchParams:
     def __post_init__(self) -> None:
         max_width = MAX_LOGPROBS // 2
         if not 1 <= self.beam_width <= max_width:
-            raise ValueError(f"beam_width must be in [1, {max_width}] (each step asks for "
-                             f"2 * beam_width <= {MAX_LOGPROBS} logprobs), got {self.beam_width}")
+            raise InvalidRequest(f"beam_width must be in [1, {max_width}] (each step asks for "
+                                 f"2 * beam_width <= {MAX_LOGPROBS} logprobs), got "
+                                 f"{self.beam_width}", param="beam_width")
         if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+            raise InvalidRequest(f"max_tokens must be at least 1, got {self.max_tokens}",
+                                 param="max_tokens")
         if self.temperature < 0.0:
-            raise ValueError(f"temperature must be non-negative, got {self.temperature}")
+            raise InvalidRequest(f"temperature must be non-negative, got {self.temperature}",
+                                 param="temperature")
 
 
 @dataclass
@@ -96,7 +100,8 @@ def beam_search(llm: LLM, prompts: Sequence[PromptType],
 def _new_instance(llm: LLM, prompt: PromptType, params: BeamSearchParams) -> _Instance:
     processed = llm.llm_engine.process_request(prompt, SamplingParams(max_tokens=params.max_tokens))
     if processed.prompt_embeds is not None:
-        raise ValueError("prompts: beam search needs token ids or text, not prompt_embeds")
+        raise InvalidRequest("prompts: beam search needs token ids or text, not prompt_embeds",
+                             param="prompt_embeds")
     return _Instance(beams=[BeamSearchSequence(tokens=list(processed.prompt_token_ids))],
                      num_steps=processed.max_tokens, cache_salt=processed.cache_salt)
 

@@ -11,6 +11,7 @@ from pagedlm.beam_search import BeamSearchOutput, BeamSearchParams, beam_search
 from pagedlm.config import EngineArgs
 from pagedlm.engine.llm_engine import LLMEngine, ProcessedRequest, PromptType
 from pagedlm.engine.tokenizer import Conversation, apply_chat_template
+from pagedlm.errors import InvalidRequest
 from pagedlm.logger import configure_logging
 from pagedlm.outputs import RequestOutput
 from pagedlm.sampling_params import SamplingParams
@@ -47,13 +48,14 @@ class LLM:
                                   "sampling_params")
         priorities = [0] * len(prompt_list) if priority is None else list(priority)
         if len(priorities) != len(prompt_list):
-            raise ValueError(f"priority: got {len(priorities)} values for {len(prompt_list)} prompts")
+            raise InvalidRequest(f"priority: got {len(priorities)} values for {len(prompt_list)} "
+                                 "prompts", param="priority")
         processed = []
         for index, (prompt, params) in enumerate(zip(prompt_list, params_list)):
             try:
                 processed.append(self.llm_engine.process_request(prompt, params))
-            except ValueError as exc:
-                raise ValueError(f"prompt {index}: {exc}") from exc
+            except InvalidRequest as exc:
+                raise exc.prefixed(f"prompt {index}: ") from exc
         return self._run(processed, priorities, use_tqdm)
 
     def beam_search(self, prompts: PromptType | Sequence[PromptType],
@@ -119,7 +121,8 @@ def _per_prompt(value: Any, num_prompts: int, name: str) -> list[Any]:
     if not isinstance(value, (list, tuple)):
         return [value] * num_prompts
     if len(value) != num_prompts:
-        raise ValueError(f"{name}: got {len(value)} values for {num_prompts} prompts")
+        raise InvalidRequest(f"{name}: got {len(value)} values for {num_prompts} prompts",
+                             param=name)
     return list(value)
 
 

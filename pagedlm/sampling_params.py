@@ -5,6 +5,8 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
+from pagedlm.errors import InvalidRequest
+
 MAX_LOGPROBS = 20
 _INT_FIELDS = ("n", "top_k", "min_tokens")
 _OPTIONAL_INT_FIELDS = ("max_tokens", "logprobs", "prompt_logprobs")
@@ -54,7 +56,8 @@ class SamplingParams:
             try:
                 self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
             except (TypeError, ValueError) as exc:
-                raise ValueError(f"logit_bias must map token ids to numbers: {exc}") from exc
+                raise InvalidRequest(f"logit_bias must map token ids to numbers: {exc}",
+                                     param="logit_bias") from exc
             _check(not any(math.isnan(v) for v in self.logit_bias.values()), "logit_bias",
                    "values must be numbers, got NaN")
         self._validate()
@@ -101,12 +104,14 @@ class SamplingParams:
 
     def check_vocab(self, vocab_size: int) -> None:
         """Token ids in the parameters must exist in the model's vocabulary."""
-        for name, ids in (("stop_token_ids", self.stop_token_ids),
-                          ("allowed_token_ids", self.allowed_token_ids or []),
-                          ("logit_bias", list(self.logit_bias or {})),
-                          ("bad_words_token_ids", [t for word in self.bad_words_token_ids or [] for t in word])):
+        bad_word_ids = [t for word in self.bad_words_token_ids or [] for t in word]
+        for name, param, ids in (
+                ("stop_token_ids", "stop_token_ids", self.stop_token_ids),
+                ("allowed_token_ids", "allowed_token_ids", self.allowed_token_ids or []),
+                ("logit_bias", "logit_bias", list(self.logit_bias or {})),
+                ("bad_words_token_ids", "bad_words", bad_word_ids)):  # derived from bad_words
             bad = [t for t in ids if not 0 <= t < vocab_size]
-            _check(not bad, name, f"token ids must be in [0, {vocab_size}), got {bad[:5]}")
+            _check(not bad, name, f"token ids must be in [0, {vocab_size}), got {bad[:5]}", param)
 
 
 def _is_int(value: object) -> bool:
@@ -114,6 +119,8 @@ def _is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _check(ok: bool, param: str, message: str) -> None:
+def _check(ok: bool, name: str, message: str, param: str | None = None) -> None:
+    """Raises InvalidRequest("<name> <message>") naming `param` (default: `name`), the API's
+    name for the field at fault."""
     if not ok:
-        raise ValueError(f"{param} {message}")
+        raise InvalidRequest(f"{name} {message}", param=param or name)

@@ -95,12 +95,15 @@ class Scheduler:
     # ---- requests in and out ----
 
     def add_request(self, request: Request) -> None:
+        """The request was validated at the engine boundary (LLMEngine.process_request and
+        add_processed_request, which raise InvalidRequest); here that is only asserted."""
         req_id = request.request_id
-        if req_id in self.requests:
-            raise ValueError(f"request_id {req_id!r} is already in use")
-        if not isinstance(request.priority, int) or isinstance(request.priority, bool):
-            raise ValueError(f"priority must be an integer, got {request.priority!r}")
-        self._check_fits(request)
+        # LLMEngine's OutputProcessor refuses a request id in use.
+        assert req_id not in self.requests, f"request_id {req_id!r} is already in use"
+        # LLMEngine.add_processed_request checks the priority.
+        assert isinstance(request.priority, int) and not isinstance(request.priority, bool), \
+            f"priority must be an integer, got {request.priority!r}"
+        self._assert_fits(request)
         if self.config.policy == "priority":
             self._sort_keys[req_id] = (request.priority, request.arrival_time, self._num_added)
         else:
@@ -408,18 +411,16 @@ class Scheduler:
             self.running = [request for request in self.running if not request.is_finished]
             self._running_finished = False
 
-    def _check_fits(self, request: Request) -> None:
+    def _assert_fits(self, request: Request) -> None:
+        """A request can always finish: the engine's fit_context (engine/llm_engine.py) checks
+        the prompt against max_model_len and resolves max_tokens to at least 1; EngineCore's
+        _check_kv_capacity makes the KV cache hold max_model_len - 1 tokens."""
         num_prompt = request.num_prompt_tokens
-        if num_prompt == 0:
-            raise ValueError("prompt_token_ids must not be empty")
-        if num_prompt >= self.max_model_len:
-            raise ValueError(f"prompt_token_ids: {num_prompt} tokens leave no room to generate "
-                             f"within max_model_len={self.max_model_len}")
-        if request.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {request.max_tokens}")
+        assert 0 < num_prompt < self.max_model_len, \
+            f"prompt_token_ids: {num_prompt} tokens, max_model_len={self.max_model_len}"
+        assert request.max_tokens >= 1, f"max_tokens must be at least 1, got {request.max_tokens}"
         # The last sampled token needs no KV.
         num_kv_tokens = min(num_prompt + request.max_tokens, self.max_model_len) - 1
         capacity = self.kv_cache_manager.capacity_tokens
-        if num_kv_tokens > capacity:
-            raise ValueError(f"max_tokens: the request may need KV for {num_kv_tokens} tokens, "
-                             f"more than the KV cache holds ({capacity})")
+        assert num_kv_tokens <= capacity, \
+            f"the request may need KV for {num_kv_tokens} tokens, the cache holds {capacity}"

@@ -12,6 +12,7 @@ from pagedlm.config import EngineArgs, EngineConfig
 from pagedlm.engine.engine_core import EngineCore
 from pagedlm.engine.output_processor import OutputProcessor
 from pagedlm.engine.tokenizer import bad_words_token_ids, encode_prompt, load_tokenizer
+from pagedlm.errors import CONTEXT_LENGTH_EXCEEDED, InvalidRequest
 from pagedlm.model.gguf_loader import one_parse
 from pagedlm.outputs import RequestOutput
 from pagedlm.request import Request
@@ -53,25 +54,21 @@ class LLMEngine:
         with one_parse(args.model):
             return cls(args.create_engine_config(), engine_core)
 
-    def process_request(self, prompt: PromptType, params: SamplingParams) -> ProcessedRequest:
-        """Validates and tokenises without touching the engine; raises ValueError."""
+    def process_request(self, prompt: PromptType, params: SamplingParams, *,
+                        reject_over_context: bool = False) -> ProcessedRequest:
+        """Validates and tokenises without touching the engine; raises InvalidRequest. A
+        max_tokens past max_model_len is cut to the room the prompt leaves (the offline rule), or
+        with `reject_over_context` refused (the OpenAI server's rule)."""
         if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+            raise InvalidRequest("sampling_params must be a SamplingParams, got "
+                                 f"{type(params).__name__}", param="sampling_params")
         text, token_ids, embeds = self._parse_prompt(prompt)
-        num_tokens = len(token_ids)
-        max_model_len = self.model_config.max_model_len
-        if num_tokens == 0:
-            raise ValueError("prompt is empty: at least one token is needed")
-        if num_tokens >= max_model_len:
-            raise ValueError(f"prompt has {num_tokens} tokens but max_model_len is {max_model_len}: "
-                             f"a prompt may have at most {max_model_len - 1} tokens, leaving room "
-                             "for one generated token")
+        max_tokens = fit_context(len(token_ids), params.max_tokens, self.model_config.max_model_len,
+                                 reject_over_context)
         params = self._resolve_params(params)
         if embeds is not None and params.prompt_logprobs is not None:
-            raise ValueError("prompt_logprobs: a prompt_embeds prompt has no prompt token ids "
-                             "to score; leave prompt_logprobs None")
-        room = max_model_len - num_tokens
-        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+            raise InvalidRequest("prompt_logprobs: a prompt_embeds prompt has no prompt token ids "
+                                 "to score; leave prompt_logprobs None", param="prompt_logprobs")
         return ProcessedRequest(text, token_ids, embeds, params, max_tokens, _cache_salt(prompt))
 
     def _parse_prompt(self, prompt: PromptType) -> tuple[str | None, list[int], torch.Tensor | None]:
@@ -80,11 +77,13 @@ class LLMEngine:
         if isinstance(prompt, list):
             return None, self._check_token_ids(prompt), None
         if not isinstance(prompt, dict):
-            raise ValueError("prompt must be a string, a list of token ids or a dict with "
-                             f"'prompt', 'prompt_token_ids' or 'prompt_embeds'; got {type(prompt).__name__}")
+            raise InvalidRequest("prompt must be a string, a list of token ids or a dict with "
+                                 "'prompt', 'prompt_token_ids' or 'prompt_embeds'; got "
+                                 f"{type(prompt).__name__}", param="prompt")
         unknown = set(prompt) - _PROMPT_KEYS
         if unknown:
-            raise ValueError(f"prompt: unknown keys {sorted(unknown)}; allowed: {sorted(_PROMPT_KEYS)}")
+            raise InvalidRequest(f"prompt: unknown keys {sorted(unknown)}; allowed: "
+                                 f"{sorted(_PROMPT_KEYS)}", param="prompt")
         text = prompt.get("prompt")
         if "prompt_embeds" in prompt:
             embeds = self._check_embeds(prompt["prompt_embeds"])
@@ -93,31 +92,33 @@ class LLMEngine:
             return text, self._check_token_ids(prompt["prompt_token_ids"]), None
         if isinstance(text, str):
             return text, self._encode(text), None
-        raise ValueError("prompt: a dict prompt needs 'prompt' (a string), 'prompt_token_ids' "
-                         "or 'prompt_embeds'")
+        raise InvalidRequest("prompt: a dict prompt needs 'prompt' (a string), 'prompt_token_ids' "
+                             "or 'prompt_embeds'", param="prompt")
 
     def _encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
-            raise ValueError("prompt: a text prompt needs a tokenizer, but skip_tokenizer_init=True; "
-                             "give prompt_token_ids instead")
+            raise InvalidRequest("prompt: a text prompt needs a tokenizer, but "
+                                 "skip_tokenizer_init=True; give prompt_token_ids instead",
+                                 param="prompt")
         return encode_prompt(self.tokenizer, text)
 
     def _check_token_ids(self, token_ids: Any) -> list[int]:
         vocab_size = self.model_config.vocab_size
         if not isinstance(token_ids, list) or not all(
                 isinstance(t, int) and not isinstance(t, bool) for t in token_ids):
-            raise ValueError("prompt_token_ids must be a list of integers")
+            raise InvalidRequest("prompt_token_ids must be a list of integers", param="prompt")
         bad = [t for t in token_ids if not 0 <= t < vocab_size]
         if bad:
-            raise ValueError(f"prompt_token_ids must be in [0, vocab_size={vocab_size}), got {bad[:5]}")
+            raise InvalidRequest(f"prompt_token_ids must be in [0, vocab_size={vocab_size}), got "
+                                 f"{bad[:5]}", param="prompt")
         return list(token_ids)
 
     def _check_embeds(self, embeds: Any) -> torch.Tensor:
         hidden_size = self.model_config.hidden_size
         if not isinstance(embeds, torch.Tensor) or embeds.dim() != 2 or embeds.shape[1] != hidden_size:
             shape = tuple(embeds.shape) if isinstance(embeds, torch.Tensor) else type(embeds).__name__
-            raise ValueError(f"prompt_embeds must be a tensor [num_tokens, hidden_size={hidden_size}], "
-                             f"got {shape}")
+            raise InvalidRequest(f"prompt_embeds must be a tensor [num_tokens, "
+                                 f"hidden_size={hidden_size}], got {shape}", param="prompt_embeds")
         return embeds
 
     def _resolve_params(self, params: SamplingParams) -> SamplingParams:
@@ -126,10 +127,12 @@ class LLMEngine:
         params.check_vocab(self.model_config.vocab_size)
         detokenizes = self.tokenizer is not None and params.detokenize
         if params.stop and not detokenizes:
-            raise ValueError("stop: stop strings need detokenisation (a tokenizer and detokenize=True)")
+            raise InvalidRequest("stop: stop strings need detokenisation (a tokenizer and "
+                                 "detokenize=True)", param="stop")
         if params.bad_words:
             if self.tokenizer is None:
-                raise ValueError("bad_words: needs a tokenizer, but skip_tokenizer_init=True")
+                raise InvalidRequest("bad_words: needs a tokenizer, but skip_tokenizer_init=True",
+                                     param="bad_words")
             params.bad_words_token_ids = bad_words_token_ids(self.tokenizer, params.bad_words)
         return params
 
@@ -144,6 +147,7 @@ class LLMEngine:
                               priority: int = 0, arrival_time: float | None = None,
                               final_only: bool = False) -> None:
         """All of a request's samples enter the core, or none (the error is raised)."""
+        _check_priority(priority)
         arrival_time = time.time() if arrival_time is None else arrival_time
         params = processed.params
         prime_ids = [] if processed.prompt_embeds is not None else processed.prompt_token_ids
@@ -189,12 +193,42 @@ class LLMEngine:
         return self.tokenizer
 
 
+def fit_context(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int,
+                reject_over_context: bool = False) -> int:
+    """The request's max_tokens within max_model_len (see process_request). The one check of a
+    prompt's length against the context: the scheduler asserts it."""
+    if num_prompt_tokens == 0:
+        raise InvalidRequest("prompt is empty: at least one token is needed", param="prompt")
+    if num_prompt_tokens >= max_model_len:
+        raise InvalidRequest(
+            f"prompt has {num_prompt_tokens} tokens but max_model_len is {max_model_len}: a "
+            f"prompt may have at most {max_model_len - 1} tokens, leaving room for one "
+            "generated token", param="prompt", code=CONTEXT_LENGTH_EXCEEDED)
+    room = max_model_len - num_prompt_tokens
+    if max_tokens is None:
+        return room
+    if reject_over_context and max_tokens > room:
+        raise InvalidRequest(
+            f"This model's maximum context length is {max_model_len} tokens (max_model_len), "
+            f"but {num_prompt_tokens + max_tokens} tokens were requested ({num_prompt_tokens} "
+            f"in the prompt, {max_tokens} for the completion). Reduce the prompt or max_tokens.",
+            param="max_tokens", code=CONTEXT_LENGTH_EXCEEDED)
+    return min(max_tokens, room)
+
+
 def _cache_salt(prompt: PromptType) -> str | None:
     """A dict prompt's `cache_salt`; None (absent or None) leaves the request unsalted."""
     salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
     if salt is not None and (not isinstance(salt, str) or not salt):
-        raise ValueError(f"cache_salt must be a non-empty string or None, got {salt!r}")
+        raise InvalidRequest(f"cache_salt must be a non-empty string or None, got {salt!r}",
+                             param="cache_salt")
     return salt
+
+
+def _check_priority(priority: Any) -> None:
+    """Checked here, not in the scheduler (it asserts): the priority policy orders by it."""
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise InvalidRequest(f"priority must be an integer, got {priority!r}", param="priority")
 
 
 def _sample_params(params: SamplingParams, index: int) -> SamplingParams:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pagedlm.core.sched_output import EngineCoreOutput, Logprobs
 from pagedlm.engine.detokenizer import IncrementalDetokenizer
 from pagedlm.engine.tokenizer import Tokenizer
+from pagedlm.errors import InvalidRequest
 from pagedlm.outputs import (CompletionOutput, Logprob, PromptLogprobs, RequestMetrics,
                              RequestOutput, SampleLogprobs)
 from pagedlm.sampling_params import SamplingParams
@@ -93,7 +94,7 @@ class OutputProcessor:
         prompt tokens the detokenizer decodes the first output tokens after."""
         core_ids = core_request_ids(request_id, params.n)
         if request_id in self._requests or any(core_id in self._samples for core_id in core_ids):
-            raise ValueError(f"request_id {request_id!r} is already in use")
+            raise InvalidRequest(f"request_id {request_id!r} is already in use", param="request_id")
         samples = [self._new_sample(i, params, prime_token_ids) for i in range(params.n)]
         state = _RequestState(
             request_id=request_id, prompt=prompt, prompt_token_ids=prompt_token_ids,

@@ -12,6 +12,8 @@ from pagedlm.core.block_pool import NULL_BLOCK_ID
 from pagedlm.core.growth import GrowthEstimate
 from pagedlm.core.sched_output import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 from pagedlm.core.scheduler import Scheduler
+from pagedlm.engine.llm_engine import fit_context
+from pagedlm.errors import InvalidRequest
 from pagedlm.request import Request
 from pagedlm.sampling_params import SamplingParams
 
@@ -41,6 +43,17 @@ def make_request(req_id: str, prompt: list[int], max_tokens: int = 8, *, eos: tu
                    sampling_params=SamplingParams(max_tokens=max_tokens, **params),
                    eos_token_ids=frozenset(eos), max_tokens=max_tokens, priority=priority,
                    arrival_time=arrival_time)
+
+
+def engine_request(req_id: str, prompt: list[int], max_tokens: int, max_model_len: int,
+                   **kwargs) -> Request | None:
+    """The request as LLMEngine hands it to the scheduler (max_tokens resolved by the engine's
+    fit_context), or None when the engine refuses the prompt (empty, or no room to generate)."""
+    try:
+        max_tokens = fit_context(len(prompt), max_tokens, max_model_len)
+    except InvalidRequest:
+        return None
+    return make_request(req_id, prompt, max_tokens, **kwargs)
 
 
 def make_scheduler(num_blocks: int = 64, block_size: int = 8, max_model_len: int = 256,

@@ -9,8 +9,9 @@ from pagedlm.core.sched_output import Logprobs, ModelRunnerOutput, SchedulerOutp
 from pagedlm.core.scheduler import Scheduler
 from pagedlm.request import Request, RequestStatus
 
-from .fakes import (VOCAB, FakeRunner, Result, collect, make_request, make_scheduler,
-                    mixing_next_token, position_next_token, reference_output, run_engine)
+from .fakes import (VOCAB, FakeRunner, Result, collect, engine_request, make_request,
+                    make_scheduler, mixing_next_token, position_next_token, reference_output,
+                    run_engine)
 
 
 def _assert_all_free(sched: Scheduler) -> None:
@@ -354,17 +355,21 @@ def test_prompt_embeds_requests_skip_the_prefix_cache():
     assert sched.get_stats().prefix_cache_queries == 20  # "a" only
 
 
-def test_bad_requests_are_rejected():
+def test_requests_the_engine_would_refuse_fail_an_assert():
+    """LLMEngine validates requests (InvalidRequest, tests/engine/test_invalid_request.py); the
+    scheduler asserts what it relies on, and a failed assert leaves no trace of the request."""
     sched = make_scheduler(num_blocks=3, max_model_len=32)  # 16 tokens of KV cache
     sched.add_request(make_request("ok", [1] * 4, max_tokens=13))
-    with pytest.raises(ValueError, match="request_id 'ok' is already in use"):
-        sched.add_request(make_request("ok", [1, 2]))
-    with pytest.raises(ValueError, match="prompt_token_ids must not be empty"):
-        sched.add_request(make_request("empty", []))
-    with pytest.raises(ValueError, match="max_model_len=32"):
-        sched.add_request(make_request("long", [1] * 32))
-    with pytest.raises(ValueError, match="max_tokens: the request may need KV for 17 tokens"):
-        sched.add_request(make_request("big", [1] * 4, max_tokens=14))
+    no_room = make_request("no_room", [1])
+    no_room.max_tokens = 0  # the engine resolves max_tokens to at least 1
+    for bad, fragment in ((make_request("ok", [1, 2]), "request_id 'ok' is already in use"),
+                          (make_request("empty", []), "0 tokens, max_model_len=32"),
+                          (make_request("long", [1] * 32), "32 tokens, max_model_len=32"),
+                          (no_room, "max_tokens must be at least 1"),
+                          (make_request("big", [1] * 4, max_tokens=14), "KV for 17 tokens")):
+        with pytest.raises(AssertionError, match=fragment):
+            sched.add_request(bad)
+    assert list(sched.requests) == ["ok"]
     runner = FakeRunner(8)
     step = sched.schedule()
     with pytest.raises(ValueError, match="runner_output.req_ids"):
@@ -377,7 +382,8 @@ _request_spec = st.tuples(st.integers(0, 1), st.lists(st.integers(0, VOCAB - 1),
 
 
 @settings(max_examples=80, deadline=None)
-@given(specs=st.lists(_request_spec, min_size=1, max_size=6), num_blocks=st.integers(3, 14),
+# 4+ blocks of 8: the KV cache holds max_model_len - 1 = 23 tokens, as EngineCore makes sure.
+@given(specs=st.lists(_request_spec, min_size=1, max_size=6), num_blocks=st.integers(4, 14),
        budget=st.integers(1, 40), max_num_seqs=st.integers(1, 4),
        policy=st.sampled_from(["fcfs", "priority"]),
        depth=st.integers(0, 3), caching=st.booleans(),
@@ -390,8 +396,10 @@ def test_random_workloads_match_the_reference(specs, num_blocks, budget, max_num
     arrivals: dict[int, list[Request]] = {}  # step -> requests that arrive then
     # Made in arrival order, so arrival_time grows with the add order.
     for i, (base, suffix, max_tokens, priority, step) in enumerate(sorted(specs, key=lambda x: x[-1])):
-        request = make_request(f"r{i}", bases[base] + suffix, max_tokens, eos=(3,), priority=priority)
-        arrivals.setdefault(step, []).append(request)
+        request = engine_request(f"r{i}", bases[base] + suffix, max_tokens, sched.max_model_len,
+                                 eos=(3,), priority=priority)
+        if request is not None:
+            arrivals.setdefault(step, []).append(request)
     requests: list[Request] = []
     abort_at = {step: f"r{i}" for step, i in aborts}
     aborted: dict[str, Result] = {}
@@ -399,10 +407,7 @@ def test_random_workloads_match_the_reference(specs, num_blocks, budget, max_num
 
     def add(new_requests: list[Request]) -> None:
         for request in new_requests:
-            try:
-                sched.add_request(request)
-            except ValueError:  # more KV than the pool holds, or no room under max_model_len
-                continue
+            sched.add_request(request)
             requests.append(request)
 
     def on_step(s: Scheduler, so: SchedulerOutput) -> None:

@@ -29,8 +29,8 @@ from pagedlm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagedlm.core.scheduler import Scheduler
 from pagedlm.request import Request, RequestStatus
 
-from .fakes import (VOCAB, FakeRunner, Result, collect, make_request, make_scheduler,
-                    mixing_next_token, reference_output, run_engine)
+from .fakes import (VOCAB, FakeRunner, Result, collect, engine_request, make_request,
+                    make_scheduler, mixing_next_token, reference_output, run_engine)
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 
@@ -131,11 +131,12 @@ def test_engine_reused_request_id_after_abort_gets_its_own_tokens(tiny_llama_dir
 # ---- bug: a priority the policy cannot order leaves a ghost request in the scheduler ----
 
 @pytest.mark.parametrize("priority", [None, "1"])
-def test_unorderable_priority_is_refused_without_a_ghost_request(priority: Any):
+def test_unorderable_priority_fails_the_assert_without_a_ghost_request(priority: Any):
+    """LLMEngine refuses it (InvalidRequest); the scheduler asserts it before taking the request."""
     sched = make_scheduler(policy="priority")
     good = make_request("good", [1, 2, 3], max_tokens=4)
     sched.add_request(good)
-    with pytest.raises(ValueError, match="priority"):
+    with pytest.raises(AssertionError, match="priority"):
         sched.add_request(make_request("bad", [4, 5], max_tokens=4, priority=priority))
     assert set(sched.requests) == {"good"}
     results = run_engine(sched, FakeRunner(8))
@@ -252,7 +253,10 @@ def _fuzz_scheduler(rng: random.Random) -> tuple[Scheduler, int]:
                                    max_num_batched_tokens=rng.choice([1, 2, 3, 5, 8, 16, 64]),
                                    policy=policy)
     cache_config = SimpleNamespace(block_size=block_size, enable_prefix_caching=rng.random() < 0.8)
-    sched = Scheduler(sched_config, cache_config, rng.randint(2, 16), max_model_len)
+    # EngineCore makes sure the KV cache holds max_model_len - 1 tokens (block 0 is reserved).
+    min_blocks = cdiv(max_model_len - 1, block_size) + 1
+    sched = Scheduler(sched_config, cache_config, rng.randint(min_blocks, max(min_blocks, 16)),
+                      max_model_len)
     sched.growth = GrowthEstimate(max_model_len, enabled=rng.random() < 0.5)
     return sched, rng.choice([0, 1, 2])
 
@@ -271,13 +275,11 @@ def _fuzz_one(seed: int) -> None:
     def add() -> None:
         prompt = rng.choice(bases)[:rng.choice([4, 8, rng.randint(0, 12)])]
         prompt += [rng.randrange(3) for _ in range(rng.randint(0, 3))]
-        request = make_request(f"r{next(ids)}", prompt, rng.randint(1, 12), eos=(3,),
-                               priority=rng.randint(0, 2))
-        try:
+        request = engine_request(f"r{next(ids)}", prompt, rng.randint(1, 12), sched.max_model_len,
+                                 eos=(3,), priority=rng.randint(0, 2))
+        if request is not None:
             sched.add_request(request)
-        except ValueError:  # empty prompt, no room under max_model_len, more KV than the pool
-            return
-        added[request.request_id] = request
+            added[request.request_id] = request
 
     def end_one(abort: bool) -> None:
         req_id = rng.choice(sorted(sched.requests))
