@@ -27,20 +27,21 @@ def determine_num_blocks(config: EngineConfig, profile: Callable[[], int], weigh
     """num_gpu_blocks_override wins; then kv_cache_memory_gib (default 2 GiB on CPU); on CUDA
     without either, what the profile leaves of total x gpu_memory_utilization. `profile` runs
     one step of the largest batch and returns the bytes of the KV cache it used itself;
-    `profile_graphs` (when CUDA graphs are on) returns the device bytes the graphs take."""
+    `profile_graphs` (when CUDA graphs are on) returns the device bytes the graphs take. Logs the
+    KV cache's size once."""
     cache = config.cache
     bytes_per_block = kv_cache_bytes_per_block(config.model, cache.block_size)
     if cache.num_gpu_blocks_override is not None:
-        num_blocks = cache.num_gpu_blocks_override
-        logger.info("KV cache: num_gpu_blocks_override=%d", num_blocks)
+        num_blocks, source = cache.num_gpu_blocks_override, "num_gpu_blocks_override"
     elif cache.kv_cache_memory_gib is not None or config.device.type != "cuda":
         gib = cache.kv_cache_memory_gib or DEFAULT_CPU_KV_CACHE_GIB
-        num_blocks = int(gib * GiB) // bytes_per_block
-        logger.info("KV cache: %.2f GiB / %d bytes per block = %d blocks", gib, bytes_per_block,
-                    num_blocks)
+        num_blocks, source = int(gib * GiB) // bytes_per_block, f"a budget of {gib:.2f} GiB"
     else:
         num_blocks = _profiled_num_blocks(config, profile, weights_bytes, bytes_per_block,
                                           profile_graphs)
+        source = "what the memory profile leaves"
+    logger.info("KV cache: %d blocks of %d tokens, %.2f GiB (%d bytes a block): %s", num_blocks,
+                cache.block_size, num_blocks * bytes_per_block / GiB, bytes_per_block, source)
     check_max_model_len_fits(config, num_blocks)
     return num_blocks
 

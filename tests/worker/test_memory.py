@@ -3,6 +3,7 @@ max_model_len does not fit."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import pytest
 import torch
@@ -50,3 +51,18 @@ def test_max_model_len_must_fit():
         determine_num_blocks(config, _never, 0)
     fits = dataclasses.replace(config, model=dataclasses.replace(config.model, max_model_len=160))
     assert determine_num_blocks(fits, _never, 0) == 10
+
+
+@pytest.mark.parametrize("cache, source", [
+    (CacheConfig(num_gpu_blocks_override=300), "num_gpu_blocks_override"),
+    (CacheConfig(kv_cache_memory_gib=0.01), "a budget of 0.01 GiB"),
+    (CacheConfig(), "a budget of 2.00 GiB"),
+])
+def test_the_kv_cache_size_is_logged_once_with_its_source(caplog, cache, source):
+    config = _config(cache)
+    with caplog.at_level(logging.INFO, logger="pagedlm"):
+        num_blocks = determine_num_blocks(config, _never, 0)
+    lines = [record.getMessage() for record in caplog.records if "KV cache" in record.getMessage()]
+    per_block = 2 * 3 * 16 * 2 * 16 * 4  # fp32
+    assert lines == [f"KV cache: {num_blocks} blocks of 16 tokens, {num_blocks * per_block / GiB:.2f} GiB "
+                     f"({per_block} bytes a block): {source}"]
