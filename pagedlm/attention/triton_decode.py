@@ -34,6 +34,7 @@ from pagedlm.attention.triton_paged import (
 )
 from pagedlm.ops import pdl
 from pagedlm.ops.counters import last_to_arrive, zeroed_counters
+from pagedlm.ops.warm_up import WarmUpRequest
 
 DEFAULT_NUM_SMS = 132  # H100/H200; used where no CUDA device can be asked
 MIN_KEYS_PER_SPLIT = 256
@@ -175,6 +176,13 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sm
     by_occupancy = triton.cdiv(2 * num_sms, num_programs)
     by_length = triton.cdiv(max_seq_len, MIN_KEYS_PER_SPLIT)
     return max(1, min(by_occupancy, by_length, MAX_SPLITS))
+
+
+# ops/warm_up.py: its decode step reads more than MIN_KEYS_PER_SPLIT keys of one sequence, so it splits
+WARM_UP_REQUESTS = (
+    WarmUpRequest(MIN_KEYS_PER_SPLIT + 1, "the split decode, which a decode over a short context never "
+                                          "takes (with CUDA graphs the capture launched it already)"),
+)
 
 
 def split_decode_attention(

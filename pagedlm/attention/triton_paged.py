@@ -46,6 +46,7 @@ import triton.language as tl
 from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.ops import pdl
 from pagedlm.ops.triton_compat import patch_interpreter
+from pagedlm.ops.warm_up import WarmUpRequest
 
 patch_interpreter()
 LOG2_E = 1.4426950408889634
@@ -266,6 +267,19 @@ def varlen_block_m(max_query_len: int, group_pad: int) -> int:
     """Rows per tile: 16 when every sequence's queries fit a small tile (decode), else
     PREFILL_BLOCK_M."""
     return max(group_pad, 16 if max_query_len * group_pad <= 16 else PREFILL_BLOCK_M)
+
+
+# the tiles above and the launches of varlen_attention (ops/warm_up.py); with piecewise graphs these
+# prompts replay them, and the attention between the pieces compiles here
+WARM_UP_REQUESTS = (
+    WarmUpRequest(2, "the small tile for every GQA group up to 8 (very short prompts and the last few "
+                     "tokens of a chunked one)"),
+    WarmUpRequest(32, "the prefill tile for every GQA group (the profile step has it too, but not with "
+                      "num_gpu_blocks_override, which skips the profile)"),
+    WarmUpRequest(2, "the decode launch of a mixed step's leading decodes (decode-only steps replay graphs, "
+                     "and where every capture size takes the split decode nothing else launches it)",
+                  mixed_with=2),
+)
 
 
 def cache_strides(kv_cache: torch.Tensor) -> tuple[int, ...]:

@@ -31,6 +31,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from pagedlm.ops.device_info import num_sms
 from pagedlm.ops.triton_compat import patch_interpreter
+from pagedlm.ops.warm_up import WarmUpTarget
 
 patch_interpreter()  # the tile and K loops' bounds are run-time values
 
@@ -91,6 +92,18 @@ def takes_fused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     """Whether x [M, K] and gate_up's weight [2I, K] (no bias) go through gate_up_silu."""
     return (bias is None and x.is_cuda and x.dim() == 2 and x.shape[0] >= MIN_ROWS and x.dtype in DTYPES
             and x.dtype == weight.dtype and _has_tma(x.device) and _tma_aligned(x, weight))
+
+
+def warm_up(target: WarmUpTarget) -> None:
+    """ops/warm_up.py: where a step can hold MIN_ROWS rows, the first gated MLP's gate_up layer once on
+    zeros of MIN_ROWS rows (it takes this GEMM where takes_fused holds): its only launch before serving
+    where num_gpu_blocks_override skips the profile step and FULL_DECODE_ONLY the piecewise capture."""
+    if target.max_num_tokens < MIN_ROWS:
+        return
+    layer = next((module.gate_up_proj for module in target.model.modules() if hasattr(module, "gate_up_proj")),
+                 None)
+    if layer is not None:
+        layer.gated(layer.weight.new_zeros(MIN_ROWS, layer.weight.shape[1]))  # None: not fused
 
 
 def _tma_aligned(x: torch.Tensor, weight: torch.Tensor) -> bool:

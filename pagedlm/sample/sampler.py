@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedlm.ops.warm_up import WarmUpRequest, WarmUpTarget
 from pagedlm.sample.bad_words import BadWords, apply_bad_words
 from pagedlm.sample.filters import TOP_K_LIMIT, TopKTopP, top_k_top_p_threshold, truncate
 from pagedlm.sample.gumbel import gumbel_draw
@@ -136,6 +137,15 @@ def _use_fused_draw(logits: torch.Tensor, params: RandomParams) -> bool:
             and params.top_k_top_p is None)
 
 
+# ops/warm_up.py: the fused draw with a temperature and without one; top-p's threshold kernel (a batch
+# where every row has a top-k of at most TOP_K_LIMIT takes torch.topk's path instead)
+WARM_UP_REQUESTS = (
+    WarmUpRequest(2, "the fused draw with a temperature", temperature=0.7),
+    WarmUpRequest(2, "the fused draw without a temperature", temperature=1.0),
+    WarmUpRequest(2, "the threshold kernel without a min-p floor", temperature=1.0, top_p=0.9),
+)
+
+
 def _unnormalised_probs(logits: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
     """In place: logits [N, V] -> exp((logits - max) / temperature), in [0, 1], 1 at the top."""
     logits.sub_(logits.amax(dim=-1, keepdim=True))
@@ -170,6 +180,19 @@ def _threshold_function(probs: torch.Tensor, tktp: TopKTopP
     if probs.device.type in _TRITON_THRESHOLD_DEVICE_TYPES and not topk_values:
         return triton_top_k_top_p_threshold
     return top_k_top_p_threshold
+
+
+def warm_up_threshold_kernel(target: WarmUpTarget) -> None:
+    """ops/warm_up.py: the threshold kernel on one row of the vocabulary's size, without a min-p floor
+    and with one (a row with min-p and top-p, or in a batch where some row has no top-k: no short
+    warm-up request reaches the floored one)."""
+    device = target.device
+    params = TopKTopP(index=None, top_k=torch.ones(1, dtype=torch.int64, device=device),
+                      top_p=torch.full((1,), 0.5, device=device), max_top_k=1, every_row_top_k=False,
+                      any_top_p=True)
+    probs = torch.ones(1, target.vocab_size, device=device)
+    for floor in (None, torch.zeros(1, device=device)):
+        triton_top_k_top_p_threshold(probs, floor, params)
 
 
 def gather_logprobs(raw_logprobs: torch.Tensor, sampled: torch.Tensor,

@@ -1,12 +1,13 @@
 """CUDA graphs of the model forward for pure-decode batches (one query token per sequence).
 
-One graph per capture size, all in one memory pool, captured largest first after a warm-up run
-each. A batch of n sequences replays the smallest size >= n that is kept (keep_fastest): after the
-capture, each graph above MAX_LOGITS_ROWS rows is timed over an all-padding batch together with the LM
-head the runner then runs on its rows (replay_times), and a size gives way to the next kept larger one
-when that one replays markedly faster (fastest_sizes) and its capture chose the same attention kernel
-(the same number of decode splits: the all-padding batch attends to nothing, so the timing cannot see
-that difference; the split count never grows with the size, so each count holds one range of sizes).
+One graph per capture size (the runner's SizePolicy, sizes.py), all in one memory pool, captured
+largest first after a warm-up run each. A batch of n sequences replays the smallest size >= n that is
+kept (keep_fastest): after the capture, each graph above MAX_LOGITS_ROWS rows is timed over an
+all-padding batch together with the LM head the runner then runs on its rows (replay_times), and a
+size gives way to the next kept larger one when that one replays markedly faster
+(sizes.fastest_sizes) and its capture chose the same attention kernel (the same number of decode
+splits: the all-padding batch attends to nothing, so the timing cannot see that difference; the
+split count never grows with the size, so each count holds one range of sizes).
 cuBLAS's heuristic picks a poor kernel at some row counts: llama3-8b's gate_up GEMM takes 298 µs at
 448 rows and 171 at 512 on the H200 (session 16, gemm_rows_scan.py), and T2's decode batches of ~441
 sequences ran the 448 graph. Padding rows cost their GEMM and LM-head rows and elementwise work; the
@@ -43,7 +44,7 @@ for llama3-8b's 51 sizes up to 512, ~190 MB for its 67 up to 1,024, which the tr
 before the KV cache is sized):
 a copy into one shared static buffer cost a kernel a step and broke the PDL chain into the LM head.
 
-Graphs of at most STAGED_MAX_SIZE rows come twice more, one per host staging set: such a graph first
+Graphs of at most sizes.STAGED_MAX_SIZE rows come twice more, one per host staging set: such a graph first
 copies the step's inputs from that pinned set itself (ops/stage_in.py: a kernel, no copy-engine
 operation) and its argmax also writes the ids into that set's pinned output (the runner's sampled ids),
 so a steady small decode step is one graph launch and an event (replay(size, slot)). The runner takes
@@ -69,15 +70,9 @@ from pagedlm.config import EngineConfig
 from pagedlm.model.llama import LlamaForCausalLM
 from pagedlm.ops.argmax import greedy_pick
 from pagedlm.ops.stage_in import stage_in
-from pagedlm.worker.step_buffers import Sections, StepBuffers, check_subset, smallest_at_least
+from pagedlm.worker.sizes import MAX_LOGITS_ROWS, Moves, SizePolicy
+from pagedlm.worker.step_buffers import StepBuffers
 
-MAX_CAPTURE_SIZE = 1024  # the default max_num_seqs
-MAX_LOGITS_ROWS = 8  # graphs up to this size compute the logits too (<= 8 x vocab x 4 bytes each)
-STAGED_MAX_SIZE = MAX_LOGITS_ROWS  # graphs up to this size also stage their inputs in (module notes)
-# a size gives way to the next kept larger one when that replays in less than (1 - SPEED_MARGIN) of its
-# time and at least MIN_SAVING_MS sooner: well above the timing noise (~1%)
-SPEED_MARGIN = 0.1
-MIN_SAVING_MS = 0.05
 TIMED_ROUNDS = 3  # replays per size; its time is the least of them
 SIZE_TIMING = os.environ.get("PAGEDLM_GRAPH_SIZE_TIMING", "1") != "0"  # "0": every captured size is kept
 
@@ -87,36 +82,6 @@ def graphs_enabled(config: EngineConfig) -> bool:
     the torch reference reads host tensors, which a replay would not refresh."""
     return (config.device.type == "cuda" and not config.enforce_eager
             and config.attention_backend in ("auto", "triton"))
-
-
-def capture_sizes(max_num_seqs: int, max_num_tokens: int) -> list[int]:
-    """Ascending: 1, 2, 4, every 8 up to 256, every 16 up to 512, every 32 up to 1,024; those below
-    the cap min(max_num_seqs, max_num_tokens, MAX_CAPTURE_SIZE), then the cap itself (51 sizes for a
-    cap of 512, 67 for 1,024)."""
-    cap = min(max_num_seqs, max_num_tokens, MAX_CAPTURE_SIZE)
-    steps = [1, 2, 4, *range(8, 257, 8), *range(272, 513, 16), *range(544, MAX_CAPTURE_SIZE + 1, 32)]
-    return [size for size in steps if size < cap] + [cap]
-
-
-def fastest_sizes(times: dict[int, float], kinds: dict[int, int]) -> list[int]:
-    """times: size -> ms of a replay; kinds: size -> its attention kernel, the number of decode splits
-    (sizes of one kind lie in one range). The sizes to keep, ascending: a size goes when the next kept
-    larger size of its kind beats it by SPEED_MARGIN and MIN_SAVING_MS (the largest of each kind is
-    kept)."""
-    kept, next_kept = [], {}  # kind -> ms of the smallest size of that kind kept so far
-    for size in sorted(times, reverse=True):
-        time_ms, above = times[size], next_kept.get(kinds[size])
-        if above is None or above >= min((1 - SPEED_MARGIN) * time_ms, time_ms - MIN_SAVING_MS):
-            kept.append(size)
-            next_kept[kinds[size]] = time_ms
-    return kept[::-1]
-
-
-def moved_sizes(times: dict[int, float], kept: list[int]) -> dict[int, tuple[int, float, float]]:
-    """times: size -> ms; kept: fastest_sizes(times, ...). Each size not kept -> (the next kept size,
-    which its batches take from now on, its ms, that size's ms)."""
-    return {size: (to, times[size], times[to]) for size in times if size not in kept
-            for to in (smallest_at_least(kept, size),)}
 
 
 @torch.inference_mode()
@@ -146,12 +111,12 @@ class DecodeGraphs:
     def __init__(self, config: EngineConfig, model: LlamaForCausalLM,
                  kv_caches: list[torch.Tensor], inputs: StepBuffers,
                  max_num_blocks_per_req: int, staging: Sequence[StepBuffers] = (),
-                 host_ids: Sequence[torch.Tensor] = ()) -> None:
+                 host_ids: Sequence[torch.Tensor] = (), *, sizes: SizePolicy) -> None:
         """staging, host_ids: per host staging set, the set and its pinned int64 output of sampled ids
-        ([>= largest staged size]), for the staged graphs (none when empty)."""
-        self.sizes = capture_sizes(config.scheduler.max_num_seqs,
-                                   config.scheduler.max_num_batched_tokens)
-        self.max_size = self.sizes[-1]
+        ([>= largest staged size]), for the staged graphs (none when empty); sizes: the runner's,
+        whose decode sizes these graphs are (captured, then kept by keep_fastest)."""
+        self._sizes = sizes
+        self.max_size = sizes.max_decode_size
         self._max_model_len = config.model.max_model_len
         self._model = model
         self._kv_caches = kv_caches
@@ -172,13 +137,19 @@ class DecodeGraphs:
         self._logits: dict[tuple[int, int | None], torch.Tensor] = {}
         self._argmax: dict[tuple[int, int | None], torch.Tensor] = {}
 
+    @property
+    def sizes(self) -> list[int]:
+        """The sizes captured and replayed (the policy's decode sizes), ascending."""
+        return self._sizes.decode_sizes
+
+    @property
+    def stages_inputs(self) -> bool:
+        """Whether the graphs up to SizePolicy.is_staged stage their inputs in (staging sets given)."""
+        return bool(self._staging)
+
     def is_staged(self, size: int) -> bool:
         """Whether graphs of this size stage their inputs in (one per staging set)."""
-        return size <= STAGED_MAX_SIZE and bool(self._staging)
-
-    def padded_size(self, num_seqs: int) -> int | None:
-        """The smallest kept capture size >= num_seqs; None when every size is smaller."""
-        return smallest_at_least(self.sizes, num_seqs)
+        return self.stages_inputs and self._sizes.is_staged(size)
 
     @torch.inference_mode()
     def capture(self, stream: torch.cuda.Stream) -> None:
@@ -206,21 +177,21 @@ class DecodeGraphs:
                     self._graphs[size, slot] = graph
         torch.cuda.current_stream(device).wait_stream(stream)
 
-    def keep_fastest(self) -> dict[int, tuple[int, float, float]] | None:
-        """Times the graphs above MAX_LOGITS_ROWS rows (replay_times) and keeps the fastest sizes
-        (fastest_sizes). Start-up only: it waits for the GPU. -> each size dropped: (the size its
-        batches now replay, its ms, that size's ms); None, and nothing timed, when
-        PAGEDLM_GRAPH_SIZE_TIMING=0."""
+    def keep_fastest(self) -> Moves | None:
+        """Times the graphs above MAX_LOGITS_ROWS rows (replay_times); the size policy keeps the
+        fastest sizes (SizePolicy.keep_fastest_decode) and the others' graphs go. Start-up only: it
+        waits for the GPU. -> each size dropped: (the size its batches now replay, its ms, that
+        size's ms); None, and nothing timed, when PAGEDLM_GRAPH_SIZE_TIMING=0."""
         if not SIZE_TIMING:
             return None
         timed = [size for size in self.sizes if size > MAX_LOGITS_ROWS]
         times = self.replay_times(timed)
         kinds = {size: decode_num_splits(size, self._kv_caches[0], self._max_model_len) for size in timed}
-        kept = fastest_sizes(times, kinds)
-        moved = moved_sizes(times, kept)
-        self.keep_sizes([size for size in self.sizes if size not in moved])
-        assert all(kinds[to] == kinds[size] for size, (to, _, _) in moved.items()), kinds  # one range a kind
-        return moved
+        moves = self._sizes.keep_fastest_decode(times, kinds)
+        for key in [key for key in self._graphs if key[0] in moves]:
+            for held in (self._graphs, self._outputs, self._logits, self._argmax):
+                held.pop(key, None)
+        return moves
 
     def replay_times(self, sizes: list[int]) -> dict[int, float]:
         """Size -> ms of its plain graph over an all-padding batch (GEMMs and elementwise work at that
@@ -234,15 +205,6 @@ class DecodeGraphs:
         self._graphs[size, None].replay()
         if size > MAX_LOGITS_ROWS:
             self._model.compute_logits(self._outputs[size, None])
-
-    def keep_sizes(self, sizes: list[int]) -> None:
-        """Only these capture sizes (ascending, ending at the largest) replay from now on; the others'
-        graphs go."""
-        check_subset(sizes, self.sizes, "sizes")
-        for key in [key for key in self._graphs if key[0] not in sizes]:
-            for held in (self._graphs, self._outputs, self._logits, self._argmax):
-                held.pop(key, None)
-        self.sizes = list(sizes)
 
     def load_block_table(self, block_table: torch.Tensor, version: int) -> None:
         """block_table: [num_seqs, num_cols] device, a step's compact table, copied into the
@@ -307,13 +269,5 @@ class DecodeGraphs:
         """Every row of the layout of this size a padding row (see the module notes and
         StepBuffers.pad_decode): input_src names the input_ids entries (token 0), sample_rows
         the scratch entries of last_sampled."""
-        inputs: Sections = self._inputs.sections(size, size)
-        tensors = inputs.tensors
-        for name in ("input_ids", "positions", "query_start_loc", "seq_lens"):
-            tensors[name].zero_()
-        tensors["slot_mapping"].fill_(-1)
-        torch.arange(size, out=tensors["decode_order"])
-        torch.arange(self._inputs.num_head_ids, self._inputs.num_head_ids + size,
-                     out=tensors["input_src"])
-        torch.arange(self._inputs.max_num_reqs, self._inputs.max_num_reqs + size,
-                     out=tensors["sample_rows"])
+        self._inputs.pad_decode(self._inputs.sections(size, size), num_seqs=0, num_samples=0,
+                                seq_sections=True)

@@ -329,7 +329,7 @@ class InputBatch:
         if placeholder_idx.size == num_tokens:
             input_src[:] = ragged.token_rows
             return
-        np.add(buf.arange_np[:num_tokens], buf.num_head_ids, out=input_src)
+        np.add(buf.arange[:num_tokens], buf.num_head_ids, out=input_src)
         input_src[placeholder_idx] = ragged.token_rows[placeholder_idx]
 
     @staticmethod

@@ -13,30 +13,38 @@ current stream: a side copy stream cost the host three more CUDA calls per step 
 wait, the stream switch) for a copy of a few bytes. On a CPU device the same code runs,
 synchronously, without pinning or events.
 
-On CUDA (Triton backend, not enforce_eager) a pure-decode step of at most the largest capture
-size replays a CUDA graph (cuda_graphs.py), and any other step of at most
-piecewise_graphs.MAX_PIECEWISE_SIZE tokens without prompt_embeds the piecewise graphs
-(piecewise_graphs.py: the forward between attention calls; the attention runs eagerly).
-For a decode graph the host pads the batch in the staging set,
+Which graphs a step replays, at which size, and how its inputs get to the device is decided once per
+step, in its StepPlan (step_plan.py); every row count comes from one SizePolicy (sizes.py). On CUDA
+(Triton backend, not enforce_eager) a pure-decode step of at most the largest capture size replays a
+CUDA graph (cuda_graphs.py), and any other step of at most sizes.MAX_PIECEWISE_SIZE tokens without
+prompt_embeds the piecewise graphs (piecewise_graphs.py: the forward between attention calls; the
+attention runs eagerly). For a decode graph the host pads the batch in the staging set,
 the same copy fills the static buffers, and the graph gathers its own input ids; up to
-cuda_graphs.STAGED_MAX_SIZE rows, when the step copies no block table, the graph copies them itself
+sizes.STAGED_MAX_SIZE rows, when the step copies no block table, the graph copies them itself
 from the staging set instead (a kernel reading pinned memory, ops/stage_in.py) and its argmax writes
 the ids into the set's pinned output, so such a step issues no copy-engine operation. Up to
-cuda_graphs.MAX_LOGITS_ROWS rows the graph also computes the logits and their argmax and writes
+sizes.MAX_LOGITS_ROWS rows the graph also computes the logits and their argmax and writes
 that into last_sampled: a batch that samples greedily and needs nothing else (the sampler's
 is_greedy) takes the graph's ids as they are; any other batch is sampled eagerly from the graph's
 logits, above MAX_LOGITS_ROWS rows from the LM head run eagerly on the graph's hidden states.
+
+Outputs write no state: AsyncRunnerOutput.get_output() only reads the step's results. The runner
+records the sampled tokens into their rows (InputBatch.record_sampled) itself, in step order: at each
+execute_model, every output read by then, and before a staging set is reused, its step's output.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
-import logging
 import time
+from collections import deque
+from collections.abc import Iterator
 
 import torch
 
 from pagedlm.attention.backend import AttentionMetadata, get_attention_backend
 from pagedlm.config import EngineConfig
+from pagedlm.core.block_pool import NULL_BLOCK_ID
 from pagedlm.core.sched_output import NewRequestData, SchedulerOutput
 from pagedlm.model.llama import LlamaForCausalLM
 from pagedlm.model.loader import load_model
@@ -44,8 +52,9 @@ from pagedlm.ops.jit_watch import compile_watch
 from pagedlm.sample.sampler import SamplerOutput
 from pagedlm.sample.state import SamplingState
 from pagedlm.worker import memory
-from pagedlm.worker.cuda_graphs import DecodeGraphs, capture_sizes, graphs_enabled
 from pagedlm.worker.batch_layout import BatchLayout
+from pagedlm.worker.cuda_graphs import DecodeGraphs, graphs_enabled
+from pagedlm.worker.dummy_steps import DummySteps
 from pagedlm.worker.input_batch import InputBatch
 from pagedlm.worker.kernel_warmup import warm_up_kernels
 from pagedlm.worker.lm_head import PaddedLMHead, leading
@@ -53,9 +62,11 @@ from pagedlm.worker.piecewise_graphs import PiecewiseGraphs
 from pagedlm.worker.profile_run import profile_run
 from pagedlm.worker.prompt_logprobs import MAX_ROWS_PER_CHUNK, compute_prompt_logprobs
 from pagedlm.worker.runner_output import AsyncRunnerOutput
-from pagedlm.worker.step_buffers import PrefixViews, Sections, StepBuffers, bucket_size
+from pagedlm.worker.sizes import SizePolicy
+from pagedlm.worker.start_up_log import log_graph_sizes_kept, log_graphs_captured, log_start_up_compiles
+from pagedlm.worker.step_buffers import PrefixViews, Sections, StepBuffers
+from pagedlm.worker.step_plan import StepMode, StepPlan, plan_step
 
-logger = logging.getLogger("pagedlm")
 NUM_STAGING_SETS = 2
 
 
@@ -74,6 +85,7 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []  # per layer [2, num_blocks, block_size, Hkv, D]
         self.weights_bytes = 0
         self.use_cuda_graphs = graphs_enabled(config)
+        self.sizes = SizePolicy(self.max_num_reqs, self.max_num_tokens)  # every padded row count
         self.graphs: DecodeGraphs | None = None  # captured by init_kv_cache
         self.piecewise: PiecewiseGraphs | None = None  # likewise, unless cudagraph_mode excludes them
         self.graph_bytes_reserved: int | None = None  # trial capture, before sizing the KV cache
@@ -90,12 +102,10 @@ class ModelRunner:
 
     def _init_buffers(self) -> None:
         sizes = (self.max_num_tokens, self.max_num_reqs, self.input_batch.max_num_blocks_per_req)
-        buckets = capture_sizes(self.max_num_reqs, self.max_num_tokens)  # the graph sizes
         # the device set's head: last_sampled by row, then one scratch entry per graph row
         # (on host sets: the stage-in header)
-        set_layout = dict(bucket_sizes=buckets, num_head_ids=self.max_num_reqs + buckets[-1])
-        # the LM head's row counts: all of them, though the graphs may keep only some (keep_fastest)
-        self._lm_head_bucket = functools.partial(bucket_size, buckets)
+        set_layout = dict(bucket=self.sizes.step_bucket,
+                          num_head_ids=self.max_num_reqs + self.sizes.max_decode_size)
         cpu = torch.device("cpu")
         self._staging = [StepBuffers(*sizes, cpu, pin=self.use_cuda, **set_layout)
                          for _ in range(NUM_STAGING_SETS)]
@@ -109,7 +119,8 @@ class ModelRunner:
                              for _ in range(NUM_STAGING_SETS)]  # [max_num_reqs]
         self._sampled_cpu_views = PrefixViews(dict(enumerate(self._sampled_cpu)))  # by slot
         self._sampled_np = [t.numpy() for t in self._sampled_cpu]  # sync-ok: host, at start-up
-        self._in_flight: list[AsyncRunnerOutput | None] = [None] * NUM_STAGING_SETS
+        self._in_flight: list[AsyncRunnerOutput | None] = [None] * NUM_STAGING_SETS  # by staging set
+        self._unrecorded: deque[AsyncRunnerOutput] = deque()  # launched, in step order, not recorded yet
 
     def _init_streams(self) -> None:
         if not self.use_cuda:
@@ -133,7 +144,8 @@ class ModelRunner:
         # row samples, which runs at its graph size) or a chunk of prompt-logprob rows
         max_rows = max(min(self.max_num_reqs, self.max_num_tokens), min(MAX_ROWS_PER_CHUNK, self.max_num_tokens))
         model = self.config.model
-        self.lm_head = PaddedLMHead(self._lm_head_bucket, max_rows, model.hidden_size, model.dtype, self.device)
+        self.lm_head = PaddedLMHead(self.sizes.lm_head_rows, max_rows, model.hidden_size, model.dtype,
+                                    self.device)
 
     def determine_num_blocks(self) -> int:
         profile_graphs = self._profile_graphs if self.use_cuda_graphs else None
@@ -152,39 +164,49 @@ class ModelRunner:
         if self.use_cuda:
             warm_up_kernels(self)
             self.lm_head.warm_up(self.model.compute_logits)
-            _log_start_up_compiles(self._first_compile)
+            log_start_up_compiles(self._first_compile)
         self.input_batch.forget_previous_step()  # the capture and warm-up wrote the device buffers
+
+    @contextlib.contextmanager
+    def dummy_steps(self, kv_cache_blocks: int | None = None) -> Iterator[DummySteps]:
+        """Steps of made-up requests (dummy_steps.py) for start-up work. kv_cache_blocks: they run on a
+        KV cache of their own of that many blocks (every block theirs; one for all layers), eagerly
+        (the graphs bind the real cache); else on the real KV cache, in the blocks past the null block
+        (no request may exist yet). On exit, even after an error, every request they added leaves, the
+        runner's KV cache and graphs come back and the next step reuses no section of theirs."""
+        saved = self.kv_caches, self.input_batch.num_kv_blocks, self.graphs, self.piecewise
+        first_block, cache_bytes = NULL_BLOCK_ID + 1, 0
+        if kv_cache_blocks is not None:  # one cache for every layer: their values matter to no one
+            cache = self._new_kv_cache(kv_cache_blocks)
+            self.kv_caches = [cache] * self.config.model.num_layers
+            self.input_batch.num_kv_blocks, self.graphs, self.piecewise = kv_cache_blocks, None, None
+            first_block, cache_bytes = 0, cache.numel() * cache.element_size()
+        steps = DummySteps(self, first_block, self.input_batch.num_kv_blocks, cache_bytes)
+        try:
+            yield steps
+        finally:
+            try:
+                steps.finish_all()
+            finally:
+                self.kv_caches, self.input_batch.num_kv_blocks, self.graphs, self.piecewise = saved
+                self.input_batch.forget_previous_step()
 
     def _capture_graphs(self) -> None:
         start = time.perf_counter()
         (self.graphs, self.piecewise), self.graph_bytes = memory.device_bytes_taken(
             self.device, lambda: self._new_graphs(self.kv_caches))
-        reserved = self.graph_bytes_reserved
-        piecewise = ("none" if self.piecewise is None else
-                     f"{len(self.piecewise.sizes)} token counts ({self.piecewise.sizes[0]}..{self.piecewise.max_size})")
-        logger.info("CUDA graphs: %d pure-decode batch sizes (%d..%d), piecewise %s, captured in %.2f s; "
-                    "they take %.3f GiB (reserved before sizing the KV cache: %s)",
-                    len(self.graphs.sizes), self.graphs.sizes[0], self.graphs.max_size, piecewise,
-                    time.perf_counter() - start, self.graph_bytes / memory.GiB,
-                    "none, its size was given" if reserved is None
-                    else f"{reserved / memory.GiB:.3f} GiB")
+        log_graphs_captured(self.graphs, self.piecewise, time.perf_counter() - start, self.graph_bytes,
+                            self.graph_bytes_reserved)
         self._keep_fastest_graph_sizes()
 
     def _keep_fastest_graph_sizes(self) -> None:
         """Batches of a size that replays markedly slower than a larger one take that one from now on
-        (DecodeGraphs.keep_fastest), laid out for it in the step buffers; likewise the piecewise
-        graphs' token counts (PiecewiseGraphs.keep_fastest)."""
+        (DecodeGraphs.keep_fastest), laid out for it in the step buffers (both follow the size
+        policy); likewise the piecewise graphs' token counts (PiecewiseGraphs.keep_fastest)."""
         start = time.perf_counter()
         moved = self.graphs.keep_fastest()
-        for buffers in (*self._staging, self._inputs):
-            buffers.set_bucket_sizes(self.graphs.sizes)
         moved_piecewise = None if self.piecewise is None else self.piecewise.keep_fastest()
-        if moved is None:
-            logger.info("CUDA graphs: every size kept (PAGEDLM_GRAPH_SIZE_TIMING=0)")
-            return
-        logger.info("CUDA graphs: replays timed in %.2f s; batch sizes that take a larger graph, measured "
-                    "faster: %s; piecewise token counts: %s", time.perf_counter() - start, _moves(moved),
-                    "none captured" if moved_piecewise is None else _moves(moved_piecewise))
+        log_graph_sizes_kept(moved, moved_piecewise, time.perf_counter() - start)
 
     def _new_graphs(self, kv_caches: list[torch.Tensor]) -> tuple[DecodeGraphs, PiecewiseGraphs | None]:
         """The piecewise graphs first: captured after the decode graphs, they made every batch-1 decode
@@ -196,14 +218,15 @@ class ModelRunner:
 
     def _new_decode_graphs(self, kv_caches: list[torch.Tensor]) -> DecodeGraphs:
         graphs = DecodeGraphs(self.config, self.model, kv_caches, self._inputs,
-                              self.input_batch.max_num_blocks_per_req, self._staging, self._sampled_cpu)
+                              self.input_batch.max_num_blocks_per_req, self._staging, self._sampled_cpu,
+                              sizes=self.sizes)
         graphs.capture(self._graph_stream)
         return graphs
 
     def _new_piecewise_graphs(self, kv_caches: list[torch.Tensor]) -> PiecewiseGraphs | None:
         if self.config.cudagraph_mode != "FULL_AND_PIECEWISE":
             return None
-        piecewise = PiecewiseGraphs(self.model, self._attn_backend, kv_caches, self.max_num_tokens, self.device)
+        piecewise = PiecewiseGraphs(self.model, self._attn_backend, kv_caches, self.sizes, self.device)
         piecewise.capture(self._graph_stream)
         return piecewise
 
@@ -230,49 +253,58 @@ class ModelRunner:
             return self._execute(sched)
 
     def _execute(self, sched: SchedulerOutput) -> AsyncRunnerOutput:
+        self._record_read_outputs()
         self._update_states(sched)
         if sched.is_empty:
             return AsyncRunnerOutput(sched.step_id)
         slot = self._num_steps % NUM_STAGING_SETS
         self._num_steps += 1
         self._reclaim(slot)
-        staging = self._staging[slot]
-        layout = self.input_batch.prepare(sched, staging)
-        padded_size = self._padded_decode_size(layout)
-        graph_size = 0 if layout.embeds_spans else padded_size
-        staged = staging.sections(layout.bucket_tokens, layout.bucket_seqs)
-        copies_seq_sections = not layout.reuse_seq_sections
-        if padded_size:
-            staging.pad_decode(staged, layout.num_seqs, layout.num_samples, copies_seq_sections)
-        num_table_elems = layout.num_table_elems_to_copy
-        copy_end = staged.copy_end(copies_seq_sections, num_table_elems)
-        # a table is larger than a stage-in reads in one round trip (ops/stage_in.py): one copy then
-        stage_slot = slot if graph_size and self.graphs.is_staged(graph_size) and not num_table_elems else None
-        if stage_slot is None:
-            self._inputs.copy_from(staging, copy_end)
-        else:  # the graph copies them
-            staging.write_stage_header(copy_end)
-        self._table_version += num_table_elems > 0
-        inputs = self._inputs.sections(layout.bucket_tokens, layout.bucket_seqs)
+        plan = self._plan(sched.step_id, slot, self.input_batch.prepare(sched, self._staging[slot]))
+        self._send_inputs(plan)
         try:
-            output = self._launch(slot, sched.step_id, inputs, staged, layout, graph_size, stage_slot)
+            output = self._launch(plan)
         except BaseException:
             if self.use_cuda:  # no event will guard this staging set's copy: wait for it here
                 torch.cuda.current_stream(self._device_index).synchronize()  # sync-ok: a failed step
             self.input_batch.forget_previous_step()  # a staged graph may not have brought the inputs
             raise
         self._in_flight[slot] = output
+        self._unrecorded.append(output)
         return output
 
-    def _launch(self, slot: int, step_id: int, inputs: Sections, staged: Sections, layout: BatchLayout,
-                graph_size: int, stage_slot: int | None) -> AsyncRunnerOutput:
-        """The step's forward, sampling and output copies, queued after its input copy (or, with
-        stage_slot, a graph that copies its inputs itself)."""
-        hidden = self._forward(inputs, staged, layout, graph_size, stage_slot)
-        sample, ids_on_host = self._sample(hidden, inputs, layout, graph_size, stage_slot)
+    def _plan(self, step_id: int, slot: int, layout: BatchLayout) -> StepPlan:
+        """The step's one plan (step_plan.py) over the graphs this runner holds."""
+        graphs = self.graphs
+        return plan_step(step_id, slot, layout,
+                         self._staging[slot].sections(layout.bucket_tokens, layout.bucket_seqs),
+                         self._inputs.sections(layout.bucket_tokens, layout.bucket_seqs), self.sizes,
+                         decode_graphs=graphs is not None,
+                         staged_graphs=graphs is not None and graphs.stages_inputs,
+                         piecewise_graphs=self.piecewise is not None)
+
+    def _send_inputs(self, plan: StepPlan) -> None:
+        """The staging set's padding rows, then its one copy to the device buffers, or for a staged
+        graph the header of the copy that graph makes itself."""
+        layout, staging = plan.layout, self._staging[plan.slot]
+        if plan.pads_decode:
+            staging.pad_decode(plan.staged, layout.num_seqs, layout.num_samples,
+                               seq_sections=not layout.reuse_seq_sections)
+        if plan.mode is StepMode.STAGED_GRAPH:
+            staging.write_stage_header(plan.copy_end)
+        else:
+            self._inputs.copy_from(staging, plan.copy_end)
+        self._table_version += layout.num_table_elems_to_copy > 0
+
+    def _launch(self, plan: StepPlan) -> AsyncRunnerOutput:
+        """The step's forward, sampling and output copies, queued after its input copy (or a staged
+        graph that copies its inputs itself)."""
+        hidden = self._forward(plan)
+        sample, ids_on_host = self._sample(hidden, plan)
+        layout = plan.layout
         prompt_logprobs = None if layout.prompt_logprobs is None else compute_prompt_logprobs(
             layout.prompt_logprobs, hidden, functools.partial(self.lm_head.run, self.model.compute_logits))
-        return self._launch_output(slot, layout, sample, prompt_logprobs, step_id, ids_on_host)
+        return self._launch_output(plan, sample, prompt_logprobs, ids_on_host)
 
     def _update_states(self, sched: SchedulerOutput) -> None:
         for req_id in sched.finished_req_ids:
@@ -312,24 +344,26 @@ class ModelRunner:
 
     def _reclaim(self, slot: int) -> None:
         """Before reusing a staging set and its output buffer: the step that used them is done
-        (normally long since; get_output() waits for its event) and its output was read."""
+        (normally long since; get_output() waits for its event), its output read and recorded."""
         previous = self._in_flight[slot]
         if previous is not None:
             previous.get_output()
             self._in_flight[slot] = None
+        self._record_read_outputs()
 
-    def _padded_decode_size(self, layout: BatchLayout) -> int:
-        """The graph size of a decode-shaped step (one token per sequence) up to the largest capture
-        size: the layout's sequence capacity (StepBuffers buckets by the sizes); else 0. Such a step
-        replays that graph unless it brings prompt_embeds (then it runs eagerly), and its rows past
-        num_seqs are padded either way: a later step may replay a graph over its sequence
-        sections (BatchLayout.reuse_seq_sections)."""
-        if self.graphs is None or layout.num_tokens != layout.num_seqs:
-            return 0
-        return layout.bucket_seqs if layout.bucket_seqs <= self.graphs.max_size else 0
+    def _record_read_outputs(self) -> None:
+        """The sampled tokens of the launched steps whose output was read, oldest first up to the first
+        one not read yet, into their rows (InputBatch.record_sampled): a step's tokens must be recorded
+        before a later step's (each lands at the next position its row does not know yet)."""
+        unrecorded = self._unrecorded
+        while unrecorded and unrecorded[0].is_read:
+            sampled = unrecorded.popleft().sampled()
+            if sampled is not None:
+                self.input_batch.record_sampled(*sampled)
 
-    def _attention_metadata(self, inputs: Sections, staged: Sections, layout: BatchLayout,
-                            block_table: torch.Tensor) -> AttentionMetadata:
+    @staticmethod
+    def _attention_metadata(plan: StepPlan, block_table: torch.Tensor) -> AttentionMetadata:
+        layout, inputs, staged = plan.layout, plan.inputs, plan.staged
         num_tokens, num_seqs = layout.num_tokens, layout.num_seqs
         return AttentionMetadata(
             num_tokens=num_tokens, num_seqs=num_seqs, max_query_len=layout.max_query_len,
@@ -343,23 +377,22 @@ class ModelRunner:
             decode_order=inputs.prefix("decode_order", layout.num_decodes) if layout.num_decodes else None,
             num_decodes=layout.num_decodes)
 
-    def _forward(self, inputs: Sections, staged: Sections, layout: BatchLayout,
-                 graph_size: int, stage_slot: int | None) -> torch.Tensor:
+    def _forward(self, plan: StepPlan) -> torch.Tensor:
         """[num_tokens (graph_size when a decode graph replays), hidden_size]: the model over the batch."""
+        layout, inputs = plan.layout, plan.inputs
         num_tokens, num_seqs, num_cols = layout.num_tokens, layout.num_seqs, layout.num_block_cols
-        if graph_size:
+        if plan.replays_decode_graph:
             graphs = self.graphs
             if graphs.block_table_version != self._table_version:
                 graphs.load_block_table(inputs.prefix("block_table", num_seqs, num_cols),
                                         self._table_version)
-            return graphs.replay(graph_size, stage_slot)
+            return graphs.replay(plan.graph_size, plan.stage_slot)
         input_ids = self._input_ids(inputs, layout)  # [T]
         block_table = inputs.prefix("block_table", num_seqs, num_cols)
-        meta = self._attention_metadata(inputs, staged, layout, block_table)
+        meta = self._attention_metadata(plan, block_table)
         positions = inputs.prefix("positions", num_tokens)  # [T]
-        piecewise = self.piecewise
-        if piecewise is not None and not layout.embeds_spans and num_tokens <= piecewise.max_size:
-            return piecewise.replay(input_ids, positions, meta)
+        if plan.mode is StepMode.PIECEWISE:
+            return self.piecewise.replay(plan.graph_size, input_ids, positions, meta)
         return self.model(input_ids, positions, self.kv_caches, meta,
                           inputs_embeds=self._inputs_embeds(input_ids, layout))
 
@@ -386,48 +419,49 @@ class ModelRunner:
                 source[span.prompt_start:span.prompt_start + span.length]
         return embeds
 
-    def _sample(self, hidden: torch.Tensor, inputs: Sections, layout: BatchLayout, graph_size: int,
-                stage_slot: int | None) -> tuple[SamplerOutput | None, bool]:
+    def _sample(self, hidden: torch.Tensor, plan: StepPlan) -> tuple[SamplerOutput | None, bool]:
         """Each sampling request's token, its id scattered by row into last_sampled (None when no
         request samples this step), and whether the ids are in the slot's pinned output already. A
         greedy batch of a graph that computes the argmax takes the graph's ids ([graph_size]: the rows
         past num_samples are padding), which the graph wrote into last_sampled itself (and, a staged
         graph, into the pinned output)."""
+        layout = plan.layout
         num_samples = layout.num_samples
         if num_samples == 0:
             return None, False
         rows_np = layout.sample_rows_np
-        if graph_size and layout.samples_every_token:  # the graph's rows 0..N-1 sample
-            argmax = self.graphs.argmax(graph_size, stage_slot)
+        if plan.replays_decode_graph and layout.samples_every_token:  # the graph's rows 0..N-1 sample
+            argmax = self.graphs.argmax(plan.graph_size, plan.stage_slot)
             if argmax is not None and self.sampler.is_greedy(rows_np):
                 self.sampler.count_sampled(rows_np)
-                return SamplerOutput(argmax), stage_slot is not None
-        logits = self._logits(hidden, inputs, layout, graph_size, stage_slot)
+                return SamplerOutput(argmax), plan.stage_slot is not None
+        logits = self._logits(hidden, plan)
         sample = self.sampler.sample(logits, rows_np)
-        self._last_sampled.index_copy_(0, inputs.prefix("sample_rows", num_samples),
+        self._last_sampled.index_copy_(0, plan.inputs.prefix("sample_rows", num_samples),
                                        sample.sampled_token_ids)
         return sample, False
 
-    def _logits(self, hidden: torch.Tensor, inputs: Sections, layout: BatchLayout,
-                graph_size: int, stage_slot: int | None) -> torch.Tensor:
+    def _logits(self, hidden: torch.Tensor, plan: StepPlan) -> torch.Tensor:
         """[num_samples, vocab_size] float32: the logits of each sampling request's last token. A replay
         where every row samples takes the graph's own logits where it computes them, else runs the LM
         head on its graph_size hidden rows (a graph size is one of the LM head's row counts); any other
         step goes through the padded LM head (lm_head.py)."""
+        layout = plan.layout
         num_samples = layout.num_samples
-        if graph_size and layout.samples_every_token:  # rows 0..N-1
-            graph_logits = self.graphs.logits(graph_size, stage_slot)
+        if plan.replays_decode_graph and layout.samples_every_token:  # rows 0..N-1
+            graph_logits = self.graphs.logits(plan.graph_size, plan.stage_slot)
             logits = self.model.compute_logits(hidden) if graph_logits is None else graph_logits
             return leading(logits, num_samples)
         if layout.samples_every_token:  # rows 0..N-1: no gather
             return self.lm_head.run(self.model.compute_logits, hidden[:num_samples])
-        return self.lm_head.gathered(self.model.compute_logits, hidden, inputs.prefix("logits_indices", num_samples))
+        return self.lm_head.gathered(self.model.compute_logits, hidden,
+                                     plan.inputs.prefix("logits_indices", num_samples))
 
-    def _launch_output(self, slot: int, layout: BatchLayout, sample: SamplerOutput | None,
-                       prompt_logprobs: tuple[torch.Tensor, ...] | None,
-                       step_id: int, ids_on_host: bool) -> AsyncRunnerOutput:
+    def _launch_output(self, plan: StepPlan, sample: SamplerOutput | None,
+                       prompt_logprobs: tuple[torch.Tensor, ...] | None, ids_on_host: bool) -> AsyncRunnerOutput:
         """The device->host copies of the step's results (the sampled ids' unless a staged graph
         wrote them there), then the step's event (stream order: after all of the step's work)."""
+        slot = plan.slot
         sampled_np = logprobs_cpu = None
         if sample is not None:
             sampled_ids = sample.sampled_token_ids  # [num_samples] ([graph_size]: a graph's)
@@ -440,25 +474,12 @@ class ModelRunner:
         event = self._step_events[slot]
         if event is not None:
             event.record(self._compute_stream())
-        return AsyncRunnerOutput(step_id, layout, sampled_np, logprobs_cpu, event,
-                                 self.input_batch, prompt_logprobs_cpu)
+        return AsyncRunnerOutput(plan.step_id, plan.layout, sampled_np, logprobs_cpu, event,
+                                 prompt_logprobs_cpu)
 
     def _compute_stream(self) -> torch.cuda.Stream:
         """The stream the step's work goes to (CUDA only)."""
         return torch.cuda.current_stream(self._device_index)
-
-
-
-def _moves(moved: dict[int, tuple[int, float, float]]) -> str:
-    return ", ".join(f"{size} -> {to} ({ms:.2f} -> {to_ms:.2f} ms)" for size, (to, ms, to_ms) in moved.items()) or "none"
-
-
-def _log_start_up_compiles(first_event: int) -> None:
-    watch = compile_watch()
-    events = watch.since(first_event)
-    logger.info("Triton: %d kernel specialisations compiled (or loaded from the disk cache) in %.1f s "
-                "at start-up", len(events), sum(e.seconds for e in events))
-    watch.serving()
 
 
 def _to_host(tensors: tuple[torch.Tensor, ...] | None) -> tuple[torch.Tensor, ...] | None:

@@ -16,11 +16,11 @@ window), begins the next graph and returns the static attention output, which th
 reads. The last piece ends with the final norm's output, the hidden states, which stay allocated
 in the pool. The piecewise graphs are captured before the decode graphs (ModelRunner._new_graphs).
 
-Sizes (piecewise_sizes): powers of two up to 128 tokens, then 8 a doubling up to 2,048, so that
-padding above 128 rows costs at most 1/8 of a step's GEMMs. After the capture keep_fastest times
-each size's pieces and drops a size that the next kept larger one replays markedly faster (the rule
-and timing of the decode graphs, cuda_graphs.fastest_sizes: cuBLAS picks a poor kernel at some row
-counts); PAGEDLM_GRAPH_SIZE_TIMING=0 keeps every size.
+Sizes (the runner's SizePolicy, sizes.piecewise_sizes): powers of two up to 128 tokens, then 8 a
+doubling up to 2,048, so that padding above 128 rows costs at most 1/8 of a step's GEMMs. After the
+capture keep_fastest times each size's pieces and drops a size that the next kept larger one replays
+markedly faster (the rule and timing of the decode graphs, sizes.fastest_sizes: cuBLAS picks a poor
+kernel at some row counts); PAGEDLM_GRAPH_SIZE_TIMING=0 keeps every size.
 
 Inputs: static ids, positions and slots of this module, filled for each replay (rows [n, P) get
 slot -1: prepare_qkv skips their KV write, so a padding row never touches the cache; their other
@@ -38,28 +38,7 @@ import torch
 from pagedlm.attention.backend import AttentionBackend, AttentionMetadata
 from pagedlm.model.llama import LlamaAttention, LlamaForCausalLM
 from pagedlm.worker import cuda_graphs
-from pagedlm.worker.step_buffers import smallest_at_least
-
-MIN_PIECEWISE_SIZE = 16
-MAX_PIECEWISE_SIZE = 2048  # tokens; a larger step's GPU time hides its eager launches (module notes)
-FINE_SIZES_FROM = 128  # tokens; above, SIZES_PER_DOUBLING sizes between two powers of two
-SIZES_PER_DOUBLING = 8
-
-
-def piecewise_sizes(max_num_tokens: int) -> list[int]:
-    """Powers of two from MIN_PIECEWISE_SIZE to FINE_SIZES_FROM, then SIZES_PER_DOUBLING evenly spaced
-    sizes a doubling (a step is padded by at most 1/8), below the cap min(max_num_tokens,
-    MAX_PIECEWISE_SIZE); then the cap. Padding costs GPU time in proportion above ~128 rows, where
-    a step's GEMMs stop being bound by their weight reads: with powers of two only, a 1,025-token
-    prompt of llama3-8b took 45.4 ms at 2,048 rows against 24.9 ms eagerly (H200, session 17,
-    benchmarks/prefill_sizes.py); below, a graph's replay is worth more than its padding (a 64-token
-    prompt: 5.9 ms against 14.5 ms of eager launches)."""
-    cap = min(max_num_tokens, MAX_PIECEWISE_SIZE)
-    sizes, size = [], MIN_PIECEWISE_SIZE
-    while size < cap:
-        sizes.append(size)
-        size += size if size < FINE_SIZES_FROM else (1 << (size.bit_length() - 1)) // SIZES_PER_DOUBLING
-    return sizes + [cap]
+from pagedlm.worker.sizes import Moves, SizePolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,12 +89,14 @@ def _alias(t: torch.Tensor) -> torch.Tensor:
 
 
 class PiecewiseGraphs:
-    """capture() once; then replay(...) for a step of at most max_size tokens."""
+    """capture() once; then replay(size, ...) for a step of at most size tokens, size one of `sizes`."""
 
     def __init__(self, model: LlamaForCausalLM, backend: AttentionBackend, kv_caches: list[torch.Tensor],
-                 max_num_tokens: int, device: torch.device) -> None:
-        self.sizes = piecewise_sizes(max_num_tokens)
-        self.max_size = self.sizes[-1]
+                 sizes: SizePolicy, device: torch.device) -> None:
+        """sizes: the runner's, whose piecewise sizes these graphs are (captured, then kept by
+        keep_fastest)."""
+        self._sizes = sizes
+        self.max_size = sizes.max_piecewise_size
         self._model, self._backend, self._kv_caches = model, backend, kv_caches
         config = model.config
         self._ids = torch.zeros(self.max_size, dtype=torch.int64, device=device)  # [P_max]
@@ -133,9 +114,10 @@ class PiecewiseGraphs:
             query_start_loc_cpu=torch.zeros(2, dtype=torch.int32), seq_lens_cpu=torch.zeros(1, dtype=torch.int32))
         self._pieces: dict[int, _Pieces] = {}
 
-    def padded_size(self, num_tokens: int) -> int | None:
-        """The smallest size >= num_tokens; None above the largest."""
-        return smallest_at_least(self.sizes, num_tokens)
+    @property
+    def sizes(self) -> list[int]:
+        """The token counts captured and replayed (the policy's piecewise sizes), ascending."""
+        return self._sizes.piecewise_sizes
 
     @torch.inference_mode()
     def capture(self, stream: torch.cuda.Stream) -> None:
@@ -157,32 +139,32 @@ class PiecewiseGraphs:
                 self._pieces[size] = pieces
         torch.cuda.current_stream(device).wait_stream(stream)
 
-    def keep_fastest(self) -> dict[int, tuple[int, float, float]] | None:
+    def keep_fastest(self) -> Moves | None:
         """Times each size's pieces over padding rows (GEMMs and elementwise work at that size; no
-        attention) and keeps the fastest sizes (cuda_graphs.fastest_sizes: a size goes when the next
-        kept larger one replays markedly faster, as cuBLAS picks a poor kernel at some row counts).
-        Start-up only: it waits for the GPU. -> each size dropped: (the size its steps now replay, its
-        ms, that size's ms); None, and nothing timed, when PAGEDLM_GRAPH_SIZE_TIMING=0."""
+        attention); the size policy keeps the fastest sizes (SizePolicy.keep_fastest_piecewise: a size
+        goes when the next kept larger one replays markedly faster, as cuBLAS picks a poor kernel at
+        some row counts) and the others' pieces go. Start-up only: it waits for the GPU. -> each size
+        dropped: (the size its steps now replay, its ms, that size's ms); None, and nothing timed, when
+        PAGEDLM_GRAPH_SIZE_TIMING=0."""
         if not cuda_graphs.SIZE_TIMING:
             return None
         self._slots.fill_(-1)  # no KV write
         times = cuda_graphs.least_times_ms(self.sizes, self._replay_pieces, self._ids.device)
-        kept = cuda_graphs.fastest_sizes(times, dict.fromkeys(times, 0))  # one kind: attention is not timed
-        moved = cuda_graphs.moved_sizes(times, kept)
-        self.sizes = kept
-        for size in moved:
+        moves = self._sizes.keep_fastest_piecewise(times)
+        for size in moves:
             del self._pieces[size]
-        return moved
+        return moves
 
     def _replay_pieces(self, size: int) -> None:
         for graph in self._pieces[size].graphs:
             graph.replay()
 
-    def replay(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """input_ids, positions: [n] of the step (n = meta.num_tokens <= max_size), its KV slots in
-        meta.slot_mapping -> [n, hidden_size] hidden states, in the pool (valid until the next replay)."""
+    def replay(self, size: int, input_ids: torch.Tensor, positions: torch.Tensor,
+               meta: AttentionMetadata) -> torch.Tensor:
+        """size: the policy's piecewise_size(n); input_ids, positions: [n] of the step (n =
+        meta.num_tokens), its KV slots in meta.slot_mapping -> [n, hidden_size] hidden states, in the
+        pool (valid until the next replay)."""
         n = meta.num_tokens
-        size = self.padded_size(n)
         self._ids[:n].copy_(input_ids)
         self._positions[:n].copy_(positions)
         self._slots[:n].copy_(meta.slot_mapping)

@@ -1,4 +1,5 @@
-"""AsyncRunnerOutput: a launched step whose results come back to the host on demand."""
+"""AsyncRunnerOutput: a launched step whose results come back to the host on demand. Reading them
+changes no state: the runner records the sampled tokens into their rows itself (sampled())."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,7 +7,6 @@ import torch
 
 from pagedlm.core.sched_output import Logprobs, ModelRunnerOutput
 from pagedlm.worker.batch_layout import BatchLayout
-from pagedlm.worker.input_batch import InputBatch
 from pagedlm.worker.prompt_logprobs import logprobs_row, to_logprobs_lists
 
 HostTensors = tuple[torch.Tensor, ...]
@@ -21,7 +21,7 @@ class AsyncRunnerOutput:
                  # are the step's sampled ids
                  sampled_np: np.ndarray | None = None,
                  logprobs_cpu: HostTensors | None = None,
-                 event: torch.cuda.Event | None = None, input_batch: InputBatch | None = None,
+                 event: torch.cuda.Event | None = None,
                  prompt_logprobs_cpu: HostTensors | None = None) -> None:
         self._step_id = step_id
         self._layout = layout
@@ -29,14 +29,27 @@ class AsyncRunnerOutput:
         self._logprobs_cpu = logprobs_cpu
         self._prompt_logprobs_cpu = prompt_logprobs_cpu
         self._event = event
-        self._input_batch = input_batch
         self._result: ModelRunnerOutput | None = None
 
     def get_output(self) -> ModelRunnerOutput:
-        """Idempotent; the first call also records the sampled tokens into their rows."""
+        """The step's results; the first call waits for the step's event. Idempotent."""
         if self._result is None:
             self._result = self._build()
         return self._result
+
+    @property
+    def is_read(self) -> bool:
+        """Whether get_output() was called (the step's host copies are complete)."""
+        return self._result is not None
+
+    def sampled(self) -> tuple[BatchLayout, np.ndarray] | None:
+        """Once read: the step's layout and its sampled ids [num_samples] int64 (host memory, valid
+        until the runner reuses the step's staging set); None when no request sampled."""
+        assert self.is_read, "the output was not read"
+        layout = self._layout
+        if layout is None or layout.num_samples == 0:
+            return None
+        return layout, self._sampled_np[:layout.num_samples]
 
     def _build(self) -> ModelRunnerOutput:
         result = ModelRunnerOutput(req_ids=[], sampled_token_ids=[], step_id=self._step_id)
@@ -51,7 +64,6 @@ class AsyncRunnerOutput:
         if layout.num_samples == 0:
             return result
         token_ids_np = self._sampled_np[:layout.num_samples]  # host memory, copy complete
-        self._input_batch.record_sampled(layout, token_ids_np)
         result.req_ids = layout.sampling_req_ids
         result.sampled_token_ids = [[t] for t in token_ids_np.tolist()]  # sync-ok: host memory
         result.logprobs = self._logprobs()

@@ -28,10 +28,10 @@ another variant while serving; tests/worker/test_kernel_warmup.py caught that on
   [S + 1], decode_order [S], logits_indices [S], sample_rows [S], input_src [T].
 - C, the block table: [num_seqs, num_cols] compact (capacity S x max_num_blocks_per_req).
 
-T and S are the step's token and sequence counts rounded up to a bucket size (the CUDA-graph
-capture sizes; multiples of LARGE_BUCKET above the largest), so the sections of a decode step of
-n sequences lie exactly where the graph of padded size bucket(n) reads them. The offsets of A, B and C depend on
-(T, S) only. A step copies the byte range from the end of the head to the end of A, of B or of C
+T and S are the step's token and sequence counts rounded up to a bucket (sizes.SizePolicy.step_bucket:
+the kept CUDA-graph sizes, then multiples of LARGE_BUCKET), so the sections of a decode step of n
+sequences lie exactly where the graph of padded size bucket(n) reads them. The offsets of A, B and C
+depend on (T, S) only. A step copies the byte range from the end of the head to the end of A, of B or of C
 (so a step that copies the block table copies B as well, which it then writes). Bytes the step did
 not write go over too (e.g. the input_ids of an all-placeholder step): nothing reads them. Rows past
 the real ones of a decode-shaped step's sequence sections are padded (pad_decode) even when the
@@ -39,38 +39,17 @@ step runs eagerly, since a later step of the same rows may replay a graph over t
 """
 from __future__ import annotations
 
-import bisect
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping
 
 import numpy as np
 import torch
 
 _NUMPY = {torch.int32: np.int32, torch.int64: np.int64}
 MAX_CACHED_LAYOUTS = 256  # Sections (and copy ranges) kept per set; the oldest goes past this
-LARGE_BUCKET = 256  # counts above the largest bucket size round up to a multiple of this
 _LAST_OF_A, _LAST_OF_B = "seq_lens", "input_src"
 SECTION_ALIGN = 16  # bytes: the head's end and every section (module notes)
-
-
-def smallest_at_least(sizes: Sequence[int], n: int) -> int | None:
-    """The smallest of the ascending sizes >= n; None when every size is smaller."""
-    index = bisect.bisect_left(sizes, n)
-    return sizes[index] if index < len(sizes) else None
-
-
-def bucket_size(sizes: Sequence[int], n: int) -> int:
-    """The smallest of the ascending sizes >= n; above the largest, n rounded up to a multiple of
-    LARGE_BUCKET."""
-    size = smallest_at_least(sizes, n)
-    return -(-n // LARGE_BUCKET) * LARGE_BUCKET if size is None else size
-
-
-def check_subset(sizes: Sequence[int], of: Sequence[int], name: str) -> None:
-    """sizes must be some of `of` (ascending, not empty), ascending, unique and ending at its largest."""
-    largest = of[-1] if of else None
-    if not sizes or sizes[-1] != largest or list(sizes) != sorted(set(sizes)) or not set(sizes) <= set(of):
-        raise ValueError(f"{name} must be ascending sizes of {list(of)} ending at {largest}; got {list(sizes)}")
+Rows = np.ndarray | torch.Tensor  # a section of a host set (numpy) or of a device set (torch)
 
 
 def _align(num_bytes: int) -> int:
@@ -149,16 +128,17 @@ class Sections:
 
 class StepBuffers:
     """One flat buffer (pinned on the host when CUDA is present) and its Sections per layout.
-    bucket_sizes: ascending sizes that token and sequence counts round up to."""
+    bucket: the capacity a token or sequence count rounds up to (SizePolicy.step_bucket); it may
+    change later (the graph timing) but never beyond what it gives for the largest counts now."""
 
     def __init__(self, max_num_tokens: int, max_num_reqs: int, max_num_blocks_per_req: int,
-                 device: torch.device, pin: bool, bucket_sizes: Sequence[int] = (),
+                 device: torch.device, pin: bool, bucket: Callable[[int], int],
                  num_head_ids: int = 0) -> None:
         self.max_num_reqs = max_num_reqs
         self.num_head_ids = num_head_ids = _align(num_head_ids * 8) // 8  # input_ids starts aligned
         self._max_num_blocks_per_req = max_num_blocks_per_req
-        self._bucket_sizes = self._made_with = list(bucket_sizes)
-        largest = _offsets(num_head_ids, self.bucket(max_num_tokens), self.bucket(max_num_reqs),
+        self.bucket = bucket  # few layouts: each new one costs ~0.1 ms of host per set to lay out
+        largest = _offsets(num_head_ids, bucket(max_num_tokens), bucket(max_num_reqs),
                            max_num_blocks_per_req)
         self.flat = torch.zeros(largest["block_table"][1], dtype=torch.uint8, device=device,
                                 pin_memory=pin)
@@ -169,19 +149,10 @@ class StepBuffers:
         self.words = self.flat[num_head_ids * 8:].view(torch.int32)  # what copy_from and stage-in copy
         self._sections: dict[tuple[int, int], Sections] = {}
         self._ranges: dict[int, torch.Tensor] = {}  # end -> bytes [end of the head, end)
-        self.arange_np = np.arange(max(self.bucket(max_num_tokens), self.bucket(max_num_reqs)),
-                                   dtype=np.int64)  # [largest T or S]
-
-    def bucket(self, n: int) -> int:
-        """The smallest bucket size >= n; above the largest, n rounded up to a multiple of
-        LARGE_BUCKET (few layouts: each new one costs ~0.1 ms of host per set to lay out)."""
-        return bucket_size(self._bucket_sizes, n)
-
-    def set_bucket_sizes(self, sizes: Sequence[int]) -> None:
-        """The bucket sizes from now on: some of those the buffer was made with, ending at the largest
-        (the buffer's size and the layouts already made stay valid)."""
-        check_subset(sizes, self._made_with, "bucket sizes")
-        self._bucket_sizes = list(sizes)
+        num_rows = max(bucket(max_num_tokens), bucket(max_num_reqs))
+        # [largest T or S] int64: numpy on a host set, else a tensor on the set's device
+        self.arange: Rows = (np.arange(num_rows, dtype=np.int64) if on_host
+                             else torch.arange(num_rows, device=self.flat.device))
 
     def sections(self, num_tokens: int, num_seqs: int) -> Sections:
         """The layout for a step of these (already bucketed) counts."""
@@ -218,23 +189,25 @@ class StepBuffers:
 
     def pad_decode(self, sections: Sections, num_seqs: int, num_samples: int,
                    seq_sections: bool) -> None:
-        """Host set: rows [num_seqs, S) of a decode batch (one token per sequence) as padding, for
-        a CUDA graph of S = sections.num_seqs sequences: token 0 (input_src points at its
-        input_ids entry) at position 0, slot -1 (no KV write), seq_len 0 and no query
-        (query_start_loc stays at num_seqs): the attention kernels skip such a sequence; last in
-        decode_order, as the shortest. Sampling entries past num_samples name the head's scratch
-        entries (max_num_reqs + i), where a graph's in-graph write of its argmax ids leaves the
-        padding rows' ids. seq_sections: B is written this step (else the device holds it)."""
+        """Rows [num_seqs, S) of a decode batch (one token per sequence) as padding, for a CUDA graph
+        of S = sections.num_seqs sequences: token 0 (input_src points at its input_ids entry) at
+        position 0, slot -1 (no KV write), seq_len 0 and no query (query_start_loc stays at
+        num_seqs): the attention kernels skip such a sequence; last in decode_order, as the
+        shortest. Sampling entries past num_samples name the head's scratch entries
+        (max_num_reqs + i), where a graph's in-graph write of its argmax ids leaves the padding
+        rows' ids. seq_sections: B is written too (else the device holds it). The host's step
+        (numpy) and the graph capture and timing (all rows padding, num_seqs 0, on the device set)
+        write padding through this one method."""
         pad, size = slice(num_seqs, sections.num_seqs), sections.num_seqs
-        arrays = sections.arrays
-        arrays["input_ids"][pad] = 0
-        arrays["positions"][pad] = 0
-        arrays["slot_mapping"][pad] = -1
-        arrays["seq_lens"][pad] = 0
+        rows: Mapping[str, Rows] = sections.arrays or sections.tensors
+        arange = self.arange
+        rows["input_ids"][pad] = 0
+        rows["positions"][pad] = 0
+        rows["slot_mapping"][pad] = -1
+        rows["seq_lens"][pad] = 0
         if not seq_sections:
             return
-        arange = self.arange_np
-        arrays["query_start_loc"][num_seqs + 1:size + 1] = num_seqs
-        arrays["decode_order"][pad] = arange[pad]
-        np.add(arange[pad], self.num_head_ids, out=arrays["input_src"][pad])
-        np.add(arange[num_samples:size], self.max_num_reqs, out=arrays["sample_rows"][num_samples:size])
+        rows["query_start_loc"][num_seqs:size + 1] = num_seqs  # [num_seqs]: the real rows' end
+        rows["decode_order"][pad] = arange[pad]
+        rows["input_src"][pad] = arange[pad] + self.num_head_ids
+        rows["sample_rows"][num_samples:size] = arange[num_samples:size] + self.max_num_reqs

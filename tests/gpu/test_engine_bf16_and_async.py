@@ -152,10 +152,10 @@ def _record_replays(runner: ModelRunner, run: EngineRun) -> None:
         run.decode_graph_sizes.append(size)
         return decode_replay(size, slot)
 
-    def recorded_piecewise(input_ids: torch.Tensor, positions: torch.Tensor,
+    def recorded_piecewise(size: int, input_ids: torch.Tensor, positions: torch.Tensor,
                            meta: AttentionMetadata) -> torch.Tensor:
         run.mixed_piecewise_steps += meta.max_query_len > 1 and meta.num_decodes > 0
-        return piecewise_replay(input_ids, positions, meta)
+        return piecewise_replay(size, input_ids, positions, meta)
 
     graphs.replay, piecewise.replay = recorded_decode, recorded_piecewise
 

@@ -23,7 +23,7 @@ from tiny_hf_models import hf_greedy, random_prompts
 from pagedlm import LLM, RequestOutput, SamplingParams
 from pagedlm.worker import cuda_graphs
 from pagedlm.worker.model_runner import ModelRunner
-from pagedlm.worker.piecewise_graphs import MAX_PIECEWISE_SIZE
+from pagedlm.worker.sizes import MAX_PIECEWISE_SIZE
 
 pytestmark = pytest.mark.gpu
 
@@ -78,12 +78,12 @@ def _check_each_replay(runner: ModelRunner, checks: list[ReplayCheck]) -> None:
     piecewise = runner.piecewise
     replay = piecewise.replay
 
-    def checked_replay(input_ids, positions, meta):
+    def checked_replay(size, input_ids, positions, meta):
+        assert size == runner.sizes.piecewise_size(meta.num_tokens)
         expected = runner.model(input_ids, positions, runner.kv_caches, meta).clone()
-        size = piecewise.padded_size(meta.num_tokens)
         piecewise._pieces[size].hidden.fill_(float("nan"))
         piecewise._out.fill_(float("nan"))
-        hidden = replay(input_ids, positions, meta)
+        hidden = replay(size, input_ids, positions, meta)
         checks.append(ReplayCheck(meta.num_tokens, size, meta.max_query_len, hidden.clone(), expected))
         return hidden
 

@@ -77,7 +77,9 @@ def test_mixed_batch_layout(folder, async_mode):
     if not async_mode:
         pending1.get_output()
     pending2 = runner.execute_model(step2)
+    num_tokens_before = runner.input_batch.num_tokens_np.tolist()
     out1, out2 = pending1.get_output(), pending2.get_output()
+    assert runner.input_batch.num_tokens_np.tolist() == num_tokens_before  # reading writes no state
     token_b = out1.sampled_token_ids[0][0]
 
     assert runner.input_batch.req_id_to_row == {"B": 0, "A": 1, "C": 2}
@@ -96,6 +98,7 @@ def test_mixed_batch_layout(folder, async_mode):
     torch.testing.assert_close(recorder.logits_inputs[1], got["hidden"][[0, 15]], rtol=0, atol=0)
     assert out1.req_ids == ["B"] and out2.req_ids == ["B", "C"]
     assert recorder.forwards[0]["staging_ptr"] != got["staging_ptr"]  # staging sets alternate
+    runner.execute_model(SchedulerOutput([], [], {}, 0))  # first records the outputs read, in step order
     assert runner.input_batch.token_ids_np[0, 11] == token_b
     assert runner.input_batch.num_tokens_np.tolist()[:3] == [13, 20, 14]
 

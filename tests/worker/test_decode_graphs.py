@@ -17,8 +17,8 @@ from worker_helpers import (VOCAB, MiniScheduler, Req, hf_greedy, make_config, m
 
 from pagedlm.sampling_params import SamplingParams
 from pagedlm.worker import cuda_graphs
-from pagedlm.worker.cuda_graphs import (MAX_LOGITS_ROWS, MIN_SAVING_MS, SPEED_MARGIN, DecodeGraphs, capture_sizes,
-                                        fastest_sizes, graphs_enabled)
+from pagedlm.worker.cuda_graphs import DecodeGraphs, graphs_enabled
+from pagedlm.worker.sizes import MAX_LOGITS_ROWS, MIN_SAVING_MS, SPEED_MARGIN, capture_sizes, fastest_sizes
 
 
 class EagerGraphs(DecodeGraphs):
@@ -85,7 +85,8 @@ def _graphed_runner(folder, max_num_seqs: int = 8, max_model_len: int = 64, max_
     runner = make_runner(make_config(folder, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                      max_model_len=max_model_len, attention_backend="triton"))
     graphs = EagerGraphs(runner.config, runner.model, runner.kv_caches, runner._inputs,
-                         runner.input_batch.max_num_blocks_per_req, runner._staging, runner._sampled_cpu)
+                         runner.input_batch.max_num_blocks_per_req, runner._staging, runner._sampled_cpu,
+                         sizes=runner.sizes)
     graphs.capture()
     runner.graphs = graphs
     return runner, graphs
@@ -97,8 +98,8 @@ def _graphed_runner(folder, max_num_seqs: int = 8, max_model_len: int = 64, max_
 def test_padded_decode_greedy_equals_transformers(tiny, max_model_len, async_mode):
     folder, hf_model = tiny
     runner, graphs = _graphed_runner(folder, max_model_len=max_model_len)
-    assert graphs.sizes == [1, 2, 4, 8] and graphs.padded_size(5) == 8
-    assert graphs.padded_size(9) is None
+    assert graphs.sizes == [1, 2, 4, 8] and runner.sizes.decode_graph_size(5) == 8
+    assert runner.sizes.decode_graph_size(9) is None
     replays: list[tuple[int, int]] = []  # (sequences in the batch, replayed size)
     replay, prepare = graphs.replay, runner.input_batch.prepare
     num_seqs = 0
@@ -158,7 +159,7 @@ def test_padded_decode_greedy_equals_transformers(tiny, max_model_len, async_mod
     for i, (num_prompt, max_tokens) in enumerate(specs):
         assert done[f"r{i}"] == hf_greedy(hf_model, max_tokens, _prompt(num_prompt, i)), i
     assert len(replays) >= 5 and any(num_seqs < size for num_seqs, size in replays)
-    assert all(size == graphs.padded_size(num_seqs) for num_seqs, size in replays)
+    assert all(size == runner.sizes.decode_graph_size(num_seqs) for num_seqs, size in replays)
     assert 0 < num_loads <= len(replays)
     # the plain graph where a step copies a block table (here, with rows finishing, most steps; in
     # async mode every one), else staged, from both sets
@@ -179,7 +180,8 @@ def test_batches_of_a_slow_size_replay_the_larger_graph(tiny):
 
     graphs.replay_times = fake_times
     runner._keep_fastest_graph_sizes()
-    assert timed == [[16, 24]] and graphs.sizes == [1, 2, 4, 8, 24] and graphs.padded_size(9) == 24
+    assert timed == [[16, 24]] and graphs.sizes == [1, 2, 4, 8, 24]
+    assert runner.sizes.decode_graph_size(9) == 24
     assert {buffers.bucket(9) for buffers in (*runner._staging, runner._inputs)} == {24}
     assert not any(key[0] == 16 for key in graphs._graphs)
     assert runner.lm_head.bucket(9) == 16  # the LM head keeps every row count
@@ -259,7 +261,8 @@ def test_small_graphs_compute_logits_and_argmax(tiny):
     input ids gathered from last_sampled (even rows) or copied (odd rows)."""
     runner = make_runner(make_config(tiny[0], max_num_seqs=16, max_num_batched_tokens=16, attention_backend="triton"))
     graphs = EagerGraphs(runner.config, runner.model, runner.kv_caches, runner._inputs,
-                         runner.input_batch.max_num_blocks_per_req, runner._staging, runner._sampled_cpu)
+                         runner.input_batch.max_num_blocks_per_req, runner._staging, runner._sampled_cpu,
+                         sizes=runner.sizes)
     graphs.capture()
     assert graphs.sizes == [1, 2, 4, 8, 16] and MAX_LOGITS_ROWS == 8
     block_size, num_head_ids = runner.config.cache.block_size, runner._inputs.num_head_ids

@@ -17,9 +17,11 @@ def test_warm_up_leaves_no_trace(tiny):
     steps_before = runner._num_steps
     warm_up_kernels(runner)
     max_prompt = runner.config.model.max_model_len - 1
-    # per request: its prompt in chunks of the 32-token budget, then a decode step; then the mixed
-    # step's two (a prefill, then its decode with a new prompt)
-    assert runner._num_steps == steps_before + sum(cdiv(min(n, max_prompt), 32) + 1 for n, _ in WARM_UP_REQUESTS) + 2
+    # per request: its prompt in chunks of the 32-token budget, then a decode step (the mixed one's
+    # with a new prompt)
+    assert any(request.mixed_with for request in WARM_UP_REQUESTS)
+    assert runner._num_steps == steps_before + sum(cdiv(min(request.num_prompt_tokens, max_prompt), 32) + 1
+                                                   for request in WARM_UP_REQUESTS)
     assert runner.input_batch.num_reqs == 0 and runner.input_batch.req_id_to_row == {}
     sched = MiniScheduler(block_size=8, max_num_seqs=3, token_budget=32)
     sched.add(Req("after", random_prompt(7, 60), 4))
@@ -154,8 +156,7 @@ def test_warm_up_launches_the_threshold_kernel_with_and_without_a_floor(tiny, mo
     """Both of the threshold kernel's specialisations (a min-p floor or none) over a row of the
     vocabulary's size: a batch where every row has a top-k takes torch.topk's path, so no warm-up
     request could launch the floored one."""
-    from pagedlm.sample import triton_threshold
-    from pagedlm.worker import kernel_warmup
+    from pagedlm.sample import sampler, triton_threshold
 
     folder, _ = tiny
     runner = make_runner(make_config(folder, max_num_seqs=3, max_num_batched_tokens=32))
@@ -166,7 +167,7 @@ def test_warm_up_launches_the_threshold_kernel_with_and_without_a_floor(tiny, mo
         calls.append((tuple(probs.shape), floor is None))
         return threshold(probs, floor, params)
 
-    monkeypatch.setattr(kernel_warmup, "triton_top_k_top_p_threshold", recorded)
+    monkeypatch.setattr(sampler, "triton_top_k_top_p_threshold", recorded)
     warm_up_kernels(runner)
     vocab = runner.config.model.vocab_size
     assert calls == [((1, vocab), True), ((1, vocab), False)]

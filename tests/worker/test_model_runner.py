@@ -8,7 +8,7 @@ from worker_helpers import (HEAD_DIM, HIDDEN, NUM_KV_HEADS, MiniScheduler, Req, 
                             make_config, make_runner, random_prompt, run_requests)
 
 from pagedlm.sampling_params import SamplingParams
-from pagedlm.worker.cuda_graphs import capture_sizes
+from pagedlm.worker.sizes import capture_sizes
 from pagedlm.worker.model_runner import ModelRunner
 from pagedlm.worker.profile_run import profile_run
 
@@ -124,6 +124,39 @@ def test_profile_run_leaves_no_trace(tiny):
     sched = MiniScheduler(block_size=8, max_num_seqs=3, token_budget=16)
     sched.add(Req("after", random_prompt(7, 50), 3))
     assert run_requests(runner, sched, async_mode=True)["after"] == hf_greedy(hf_model, 3, random_prompt(7, 50))
+
+
+class _Boom(RuntimeError):
+    pass
+
+
+def test_a_failed_profile_step_leaves_the_runner_as_it_was(tiny):
+    """The profile's dummy step raises inside the model: the runner's own KV cache, its block count
+    and its graphs come back, no dummy request stays, and the next request runs (before, profile_run
+    swapped the runner's fields with no try/finally and left its own KV cache in place)."""
+    folder, hf_model = tiny
+    runner = make_runner(make_config(folder, max_num_seqs=3, max_num_batched_tokens=16))
+    kv_caches, graphs = runner.kv_caches, object()
+    runner.graphs = graphs  # stands in for captured graphs: the eager profile step must not see them
+    model = runner.model
+
+    class Failing:
+        def __call__(self, *args, **kwargs):
+            assert runner.graphs is None and runner.kv_caches is not kv_caches  # eager, its own cache
+            raise _Boom("the profile step failed")
+
+        def __getattr__(self, name):
+            return getattr(model, name)
+
+    runner.model = Failing()
+    with pytest.raises(_Boom):
+        profile_run(runner)
+    assert runner.kv_caches is kv_caches and runner.input_batch.num_kv_blocks == 64 and runner.graphs is graphs
+    assert runner.input_batch.num_reqs == 0
+    runner.model, runner.graphs = model, None
+    sched = MiniScheduler(block_size=8, max_num_seqs=3, token_budget=16)
+    sched.add(Req("after", random_prompt(7, 51), 3))
+    assert run_requests(runner, sched, async_mode=True)["after"] == hf_greedy(hf_model, 3, random_prompt(7, 51))
 
 
 def _spy_lm_head_rows(runner) -> list[int]:

@@ -10,8 +10,8 @@ from pagedlm.config import EngineArgs
 from pagedlm.model.llama import LlamaAttention
 from pagedlm.model.loader import load_model
 from pagedlm.worker import cuda_graphs
-from pagedlm.worker.piecewise_graphs import (MAX_PIECEWISE_SIZE, PiecewiseGraphs, _attention_swapped, _Pieces,
-                                             piecewise_sizes)
+from pagedlm.worker.piecewise_graphs import PiecewiseGraphs, _attention_swapped, _Pieces
+from pagedlm.worker.sizes import MAX_PIECEWISE_SIZE, SizePolicy, piecewise_sizes
 
 
 def test_piecewise_sizes():
@@ -32,7 +32,7 @@ def _piecewise_without_capture(tmp_path, sizes: list[int]) -> PiecewiseGraphs:
     save_tiny_llama(tmp_path)
     config = make_config(tmp_path)
     model = load_model(config.model, object(), config.device)
-    piecewise = PiecewiseGraphs(model, object(), [], max(sizes), config.device)
+    piecewise = PiecewiseGraphs(model, object(), [], SizePolicy(4, max(sizes)), config.device)
     assert piecewise.sizes == sizes
     piecewise._pieces = {size: _Pieces([], []) for size in sizes}
     return piecewise
@@ -47,7 +47,8 @@ def test_a_slow_token_count_gives_way_to_the_next_kept_size(tmp_path, monkeypatc
     moved = piecewise.keep_fastest()
     assert moved == {32: (64, 3.0, 2.0)}
     assert piecewise.sizes == [16, 64, 96] and set(piecewise._pieces) == {16, 64, 96}
-    assert piecewise.padded_size(17) == 64 and piecewise.padded_size(65) == 96 and piecewise.max_size == 96
+    policy = piecewise._sizes
+    assert policy.piecewise_size(17) == 64 and policy.piecewise_size(65) == 96 and policy.piecewise_size(97) is None
 
 
 def test_token_count_timing_off_keeps_every_size(tmp_path, monkeypatch):

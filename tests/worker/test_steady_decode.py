@@ -14,6 +14,7 @@ from pagedlm.core.sched_output import NewRequestData, SchedulerOutput
 from pagedlm.sampling_params import SamplingParams
 from pagedlm.worker.batch_layout import leading_decodes
 from pagedlm.worker.input_batch import InputBatch
+from pagedlm.worker.sizes import SizePolicy
 from pagedlm.worker.step_buffers import StepBuffers
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -215,7 +216,8 @@ def test_steady_decode_step_copies_once_each_way(tiny, async_mode):
 def _batch_with_one_request(req_id: str, num_prompt: int = 4) -> tuple[InputBatch, StepBuffers]:
     batch = InputBatch(max_num_reqs=2, max_model_len=32, block_size=8)
     buf = StepBuffers(max_num_tokens=16, max_num_reqs=2, max_num_blocks_per_req=4,
-                      device=torch.device("cpu"), pin=False, num_head_ids=2)
+                      device=torch.device("cpu"), pin=False, bucket=SizePolicy(2, 16).step_bucket,
+                      num_head_ids=2)
     batch.add_request(NewRequestData(req_id, list(range(1, num_prompt + 1)), [], GREEDY, [0], 0),
                       None)
     return batch, buf

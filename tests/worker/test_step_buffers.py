@@ -3,24 +3,28 @@ table (head + input_ids), one copy of a byte range that never touches the head, 
 a decode batch for a CUDA graph."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
 
+from pagedlm.worker.sizes import bucket_size
 from pagedlm.worker.step_buffers import StepBuffers
 
 NUM_REQS, NUM_HEAD_IDS = 6, 10
+BUCKET = functools.partial(bucket_size, [1, 2, 4, 6])
 
 
 def _buffers() -> StepBuffers:
     return StepBuffers(max_num_tokens=32, max_num_reqs=NUM_REQS, max_num_blocks_per_req=5,
-                       device=torch.device("cpu"), pin=False, bucket_sizes=[1, 2, 4, 6],
+                       device=torch.device("cpu"), pin=False, bucket=BUCKET,
                        num_head_ids=NUM_HEAD_IDS)
 
 
 def test_an_odd_head_is_padded_so_input_ids_start_16_byte_aligned():
     buf = StepBuffers(max_num_tokens=32, max_num_reqs=NUM_REQS, max_num_blocks_per_req=5,
-                      device=torch.device("cpu"), pin=False, bucket_sizes=[1, 2, 4, 6], num_head_ids=9)
+                      device=torch.device("cpu"), pin=False, bucket=BUCKET, num_head_ids=9)
     assert buf.num_head_ids == 10 and buf.head.numel() == 10
     for num_tokens, num_seqs in [(1, 1), (7, 2), (32, 6)]:
         for tensor in buf.sections(num_tokens, num_seqs).tensors.values():
@@ -48,17 +52,6 @@ def test_sections_are_aligned_disjoint_and_bucketed():
         assert capacities["input_ids"] == capacities["input_src"] == num_tokens
         assert capacities["query_start_loc"] == num_seqs + 1 and capacities["sample_rows"] == num_seqs
         assert capacities["block_table"] == num_seqs * 5
-
-
-def test_bucket_sizes_narrow_to_a_subset_ending_at_the_largest():
-    buf = _buffers()
-    buf.set_bucket_sizes([1, 6])
-    assert [buf.bucket(n) for n in (1, 2, 5, 6, 7)] == [1, 6, 6, 6, 256]
-    buf.set_bucket_sizes([1, 2, 4, 6])
-    assert buf.bucket(3) == 4
-    for bad in ([1, 4], [], [4, 2, 6], [2, 2, 6], [3, 6]):
-        with pytest.raises(ValueError, match="ending at 6"):
-            buf.set_bucket_sizes(bad)
 
 
 def test_ids_table_is_the_head_then_input_ids():
@@ -99,8 +92,25 @@ def test_pad_decode():
     assert arrays["seq_lens"][2:].tolist() == [0, 0]
     assert arrays["input_src"].tolist() == [99] * 4  # B: the device holds it
     buf.pad_decode(sections, num_seqs=2, num_samples=1, seq_sections=True)
-    assert arrays["query_start_loc"].tolist() == [99, 99, 99, 2, 2]
+    assert arrays["query_start_loc"].tolist() == [99, 99, 2, 2, 2]  # [2]: the real rows' end, as written
     assert arrays["decode_order"].tolist() == [99, 99, 2, 3]
     assert arrays["input_src"].tolist() == [99, 99, NUM_HEAD_IDS + 2, NUM_HEAD_IDS + 3]
     assert arrays["sample_rows"].tolist() == [99, NUM_REQS + 1, NUM_REQS + 2, NUM_REQS + 3]
     assert arrays["input_ids"][:2].tolist() == [99, 99]  # real rows untouched
+
+
+@pytest.mark.gpu
+def test_a_device_set_pads_as_a_host_set():
+    """The graph capture and timing pad the device set (torch) with the method a step pads its host
+    staging set with (numpy): the same bytes, every row padding."""
+    host = _buffers()
+    device = StepBuffers(max_num_tokens=32, max_num_reqs=NUM_REQS, max_num_blocks_per_req=5,
+                         device=torch.device("cuda"), pin=False, bucket=BUCKET, num_head_ids=NUM_HEAD_IDS)
+    for buf in (host, device):
+        buf.flat.fill_(99)
+        buf.pad_decode(buf.sections(6, 6), num_seqs=0, num_samples=0, seq_sections=True)
+    assert device.flat.cpu().equal(host.flat)
+    arrays = host.sections(6, 6).arrays
+    assert arrays["query_start_loc"].tolist() == [0] * 7 and arrays["slot_mapping"].tolist() == [-1] * 6
+    assert arrays["input_src"].tolist() == [NUM_HEAD_IDS + i for i in range(6)]
+    assert arrays["sample_rows"].tolist() == [NUM_REQS + i for i in range(6)]
