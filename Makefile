@@ -1,9 +1,12 @@
-# make run: set up everything and serve the default model (OpenAI API on 127.0.0.1:8000).
+# make run: set up everything and serve the default model (OpenAI API on 127.0.0.1:8000;
+#           make run HOST=0.0.0.0 PORT=8011 to listen elsewhere).
 # make test: set up everything and run the whole test suite.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8000
 
 .PHONY: run test venv clean
 
@@ -21,7 +24,7 @@ venv: $(STAMP)
 
 # The main job: the OpenAI-compatible server on the default model (it logs how to call it).
 run: $(STAMP)
-	$(VENV)/bin/pagedlm serve --host 127.0.0.1 --port 8000
+	$(VENV)/bin/pagedlm serve --host $(HOST) --port $(PORT)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -x --timeout=1800 tests

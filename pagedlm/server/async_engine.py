@@ -3,7 +3,13 @@
 Here: tokenisation and validation (LLMEngine.process_request), detokenisation, stop strings and
 the gathering of parallel samples (the engine's OutputProcessor), admission control, and one
 asyncio queue per request that a background task fills from the core's output socket.
-There: the EngineCore step loop (core_process.py). Messages go over ZeroMQ (ipc sockets)."""
+There: the EngineCore step loop (core_process.py). Messages go over ZeroMQ (ipc sockets).
+
+The core is watched: a process that exits, or that sends no heartbeat for HeartbeatTimeouts.dead_s,
+is declared dead (killed if still there): requests in flight get an error, the core's gauges go to
+0, and wait_until_dead() returns (the server then exits non-zero for its supervisor to restart it).
+Silent for HeartbeatTimeouts.unhealthy_s, it is stalled: /health and new requests get 503 while
+those in flight wait for it."""
 from __future__ import annotations
 
 import asyncio
@@ -12,6 +18,7 @@ import multiprocessing
 import os
 import shutil
 import tempfile
+import time
 import traceback
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,13 +31,16 @@ from pagedlm.engine.llm_engine import LLMEngine, ProcessedRequest
 from pagedlm.engine.output_processor import core_request_ids
 from pagedlm.outputs import RequestOutput
 from pagedlm.server import wire
-from pagedlm.server.core_process import run_core
+from pagedlm.server.core_process import CoreAddresses, run_core
+from pagedlm.server.heartbeat import HeartbeatMonitor, HeartbeatTimeouts
 from pagedlm.server.metrics import ServerMetrics
 from pagedlm.server.remote_core import RemoteCore
 
 logger = logging.getLogger("pagedlm.server")
 
 _CORE_EXIT_TIMEOUT_S = 10.0
+_WATCH_INTERVAL_S = 0.5  # how often the core's process and heartbeat are checked
+_DRAIN_POLL_S = 0.1
 
 
 class EngineDeadError(RuntimeError):
@@ -53,7 +63,8 @@ class AdmissionLimits:
 
 class AsyncLLM:
     def __init__(self, config: EngineConfig | EngineArgs | None, model_name: str,
-                 limits: AdmissionLimits, log_stats_interval_s: float = 5.0) -> None:
+                 limits: AdmissionLimits, log_stats_interval_s: float = 5.0,
+                 heartbeat: HeartbeatTimeouts = HeartbeatTimeouts()) -> None:
         """config: an EngineConfig, or the EngineArgs to build it from; then the core process builds
         its own while start() builds this one (a GGUF file's parse takes seconds, so side by side
         rather than one after the other), and self.config is None until start(). None: an engine
@@ -61,6 +72,7 @@ class AsyncLLM:
         self._config_source = config  # what the core process is started with
         self.config = config if isinstance(config, EngineConfig) else None
         self.limits = limits
+        self.heartbeat_timeouts = heartbeat
         self.metrics = ServerMetrics(model_name)
         self._log_stats_interval_s = log_stats_interval_s
         self._queues: dict[str, asyncio.Queue] = {}
@@ -68,7 +80,11 @@ class AsyncLLM:
         self._core_to_request: dict[str, str] = {}
         self._tasks: list[asyncio.Task] = []
         self.dead_error: str | None = None
-        self.shutting_down = False
+        self._died = asyncio.Event()
+        self.stalled: str | None = None  # why the core counts as stalled, while it does
+        self.shutting_down = False  # no new requests
+        self._ready = False  # the core said Ready: from then on it beats
+        self._stopping = False  # shutdown() began: the core's exit is expected
         self._proc: multiprocessing.process.BaseProcess | None = None  # set by start()
         self._init_sockets()
         self.core = RemoteCore(self._send, self.metrics)
@@ -76,16 +92,17 @@ class AsyncLLM:
 
     def _init_sockets(self) -> None:
         self._ipc_dir = tempfile.mkdtemp(prefix="pagedlm-")
-        self._input_addr = f"ipc://{self._ipc_dir}/input"
-        self._output_addr = f"ipc://{self._ipc_dir}/output"
+        self._addresses = CoreAddresses(*(f"ipc://{self._ipc_dir}/{name}"
+                                          for name in ("input", "output", "heartbeat")))
         self._ctx = zmq.Context()
         self._input = self._ctx.socket(zmq.PUSH)
         self._input.setsockopt(zmq.SNDHWM, 0)
-        self._input.bind(self._input_addr)
+        self._input.bind(self._addresses.input)
+        self._heartbeat = HeartbeatMonitor(self._ctx, self._addresses.heartbeat)
         self._actx = zmq.asyncio.Context()
         self._output = self._actx.socket(zmq.PULL)
         self._output.setsockopt(zmq.RCVHWM, 0)
-        self._output.bind(self._output_addr)
+        self._output.bind(self._addresses.output)
 
     def _send(self, data: bytes) -> None:
         """Never blocks (no send limit); a core that is gone marks the engine dead instead."""
@@ -105,7 +122,7 @@ class AsyncLLM:
         spawn = multiprocessing.get_context("spawn")
         self._proc = spawn.Process(
             target=run_core, name="pagedlm-engine-core", daemon=True,
-            args=(self._config_source, self._input_addr, self._output_addr, os.getpid()))
+            args=(self._config_source, self._addresses, os.getpid()))
         self._proc.start()
         # Not in a thread: a signal during start-up (SystemExit) then stops the build at once.
         self.llm_engine = self._build_llm_engine()
@@ -117,6 +134,8 @@ class AsyncLLM:
         if not isinstance(msg, wire.Ready):
             raise RuntimeError(f"the engine core failed to start:\n{msg.error}")
         check_same_config(msg, self.config)
+        self._heartbeat.restart()
+        self._ready = True
         self._tasks = [asyncio.create_task(self._output_loop(), name="pagedlm-outputs"),
                        asyncio.create_task(self._watch_core(), name="pagedlm-core-watch"),
                        asyncio.create_task(self._log_loop(), name="pagedlm-log-stats")]
@@ -137,36 +156,74 @@ class AsyncLLM:
         return wire.from_core_decoder().decode(recv.result())
 
     def stop_accepting(self) -> None:
-        """New requests get 503; those in flight are aborted (their streams end now)."""
+        """New requests get 503 (and /health); those in flight go on."""
         self.shutting_down = True
-        self.abort_all()
+
+    @property
+    def num_requests_in_flight(self) -> int:
+        return len(self._queues)
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Waits until no request is in flight (True), the core dies, or `timeout_s` passes."""
+        deadline = time.monotonic() + timeout_s
+        while self._queues and self.dead_error is None and time.monotonic() < deadline:
+            await asyncio.sleep(_DRAIN_POLL_S)
+        return not self._queues
+
+    async def wait_until_dead(self) -> str:
+        """Returns (why) once the core has been declared dead."""
+        await self._died.wait()
+        return self.dead_error
 
     async def shutdown(self) -> None:
         """Aborts what is in flight, stops the core process, releases sockets."""
         self.stop_accepting()
+        self.abort_all()
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
-        proc = self._proc
-        if proc is not None and proc.is_alive():
-            if self._tasks:  # ready: it reads its socket
-                self.core.send(wire.Shutdown())
-            else:  # still loading the model
-                proc.terminate()
-            await asyncio.to_thread(proc.join, _CORE_EXIT_TIMEOUT_S)
-            if proc.is_alive():
-                logger.warning("engine core did not stop in %.0f s; killing it", _CORE_EXIT_TIMEOUT_S)
-                proc.kill()
-                await asyncio.to_thread(proc.join)
+        if self._proc is not None:
+            await self._stop_core(self._proc)
+        self._heartbeat.close()
         self._input.close(linger=0)
         self._output.close(linger=0)
         self._ctx.term()
         self._actx.term()
         shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
+    def kill_core(self) -> None:
+        """Ends the core process at once (a signal while the server stops)."""
+        if self._proc is not None and self._proc.is_alive():
+            self._proc.kill()
+
+    async def _stop_core(self, proc: multiprocessing.process.BaseProcess) -> None:
+        """A ready, live core is asked to stop; one still loading, or dead, is killed (it ignores
+        SIGTERM)."""
+        if not proc.is_alive():
+            return
+        if self._ready and self.dead_error is None:
+            self.core.send(wire.Shutdown())
+            await asyncio.to_thread(proc.join, _CORE_EXIT_TIMEOUT_S)
+            if proc.is_alive():
+                logger.warning("engine core did not stop in %.0f s; killing it", _CORE_EXIT_TIMEOUT_S)
+        proc.kill()
+        await asyncio.to_thread(proc.join)
+
+    @property
+    def health_problem(self) -> str | None:
+        """Why /health should answer 503, or None."""
+        self._check_core()
+        if self.dead_error is not None:
+            return f"the engine core died: {self.dead_error}"
+        if self.stalled is not None:
+            return self.stalled
+        if self.shutting_down:
+            return "the server is shutting down"
+        return None
+
     @property
     def is_healthy(self) -> bool:
-        self._check_process()
-        return self.dead_error is None
+        return self.health_problem is None
 
     # ---- requests ----
 
@@ -176,6 +233,8 @@ class AsyncLLM:
         self.check_alive()
         if self.shutting_down:
             raise Overloaded("the server is shutting down")
+        if self.stalled is not None:
+            raise Overloaded(f"{self.stalled}; retry later")
         for cap, name, current, new in (
                 (self.limits.max_num_queued_reqs, "max_num_queued_reqs", self.core.num_in_flight,
                  num_requests),
@@ -191,15 +250,34 @@ class AsyncLLM:
                                  f"{name}={cap}; retry later")
 
     def check_alive(self) -> None:
-        self._check_process()
+        self._check_core()
         if self.dead_error is not None:
             raise EngineDeadError(f"the engine core died: {self.dead_error}")
 
-    def _check_process(self) -> None:
-        if self._proc is None:  # not started
-            return
-        if self.dead_error is None and not self.shutting_down and not self._proc.is_alive():
+    def _check_core(self) -> None:
+        """Declares the core dead when its process has exited or it has been silent too long;
+        stalled while it has been silent a while."""
+        if self._proc is None or self.dead_error is not None or self._stopping:
+            return  # not started, already dead, or its exit is expected
+        if not self._proc.is_alive():
             self._on_core_dead(f"the process exited with code {self._proc.exitcode}")
+        elif self._ready:
+            self._check_heartbeat(self._heartbeat.silent_s())
+
+    def _check_heartbeat(self, silent_s: float) -> None:
+        timeouts = self.heartbeat_timeouts
+        if silent_s >= timeouts.dead_s:
+            self._on_core_dead(f"no heartbeat for {silent_s:.1f} s (--stall-timeout "
+                               f"{timeouts.dead_s:g}): the process is stopped or hung; killed")
+        elif silent_s >= timeouts.unhealthy_s:
+            if self.stalled is None:
+                logger.warning("engine core: no heartbeat for %.1f s (--heartbeat-timeout %g): "
+                               "/health and new requests get 503 until it beats again; declared "
+                               "dead after %g s", silent_s, timeouts.unhealthy_s, timeouts.dead_s)
+            self.stalled = f"the engine core has sent no heartbeat for {silent_s:.1f} s"
+        elif self.stalled is not None:
+            logger.info("engine core: beating again; healthy")
+            self.stalled = None
 
     def add_request(self, request_id: str, processed: ProcessedRequest, priority: int = 0,
                     final_only: bool = False) -> None:
@@ -255,6 +333,8 @@ class AsyncLLM:
             self._on_message(decoder.decode(await self._output.recv()))
 
     def _on_message(self, msg: wire.CoreOutputs | wire.Dead) -> None:
+        if self.dead_error is not None:  # sent before it was declared dead: news no longer
+            return
         if isinstance(msg, wire.Dead):
             self._on_core_dead(msg.error)
             return
@@ -280,18 +360,23 @@ class AsyncLLM:
                 queue.put_nowait(output)
 
     async def _watch_core(self) -> None:
-        while self.dead_error is None and not self.shutting_down:
-            await asyncio.sleep(0.5)
-            self._check_process()
+        while self.dead_error is None:
+            await asyncio.sleep(_WATCH_INTERVAL_S)
+            self._check_core()
 
     def _on_core_dead(self, error: str) -> None:
-        """Logs the whole story; clients get its last line."""
+        """Logs the whole story; clients get its last line. A process still there (stalled) is
+        killed: nothing it would send is wanted, and it holds the accelerator."""
         if self.dead_error is not None:
             return
         logger.error("engine core died: %s", error)
         self.dead_error = error.strip().splitlines()[-1]
+        self.stalled = None
+        self.metrics.clear_core_state()
+        self.kill_core()
         for queue in self._queues.values():
             queue.put_nowait(EngineDeadError(f"the engine core died: {self.dead_error}"))
+        self._died.set()
 
     async def _log_loop(self) -> None:
         while True:

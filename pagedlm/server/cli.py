@@ -4,13 +4,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from pagedlm.config import EngineArgs
+from pagedlm.server.heartbeat import HeartbeatTimeouts
+
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+# Under Kubernetes' default grace period (30 s) with room for the core's exit.
+DEFAULT_SHUTDOWN_TIMEOUT_S = 20.0
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Adds `serve` to `pagedlm`'s subcommands; imports nothing of the server until it runs."""
-    from pagedlm.cli import add_engine_args
-
+    """Adds `serve` to `pagedlm`'s subcommands; imports nothing heavy of the server (FastAPI,
+    uvicorn, torch) until it runs: only the heartbeat's defaults, with zmq."""
     parser = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server",
                                    description="Serve a model over OpenAI's HTTP API.")
     parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
@@ -31,11 +35,22 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                             "over it: 503 (default: no limit)")
     group.add_argument("--max-request-body-bytes", type=_positive, default=DEFAULT_MAX_BODY_BYTES,
                        help=f"larger bodies get 413 (default: {DEFAULT_MAX_BODY_BYTES})")
+    group.add_argument("--shutdown-timeout", type=_seconds, default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+                       help="on SIGTERM/SIGINT: new requests get 503 while those in flight run "
+                            "for up to this many seconds, then the rest are aborted; 0: abort at "
+                            "once. A second signal exits at once "
+                            f"(default: {DEFAULT_SHUTDOWN_TIMEOUT_S:g})")
+    group.add_argument("--heartbeat-timeout", type=_seconds, default=HeartbeatTimeouts.unhealthy_s,
+                       help="seconds without a heartbeat from the engine core before /health and "
+                            "new requests get 503 (default: %(default)g)")
+    group.add_argument("--stall-timeout", type=_seconds, default=HeartbeatTimeouts.dead_s,
+                       help="seconds without a heartbeat before the engine core is declared dead: "
+                            "the server then exits 1, as when the core dies (default: %(default)g)")
     group.add_argument("--log-stats-interval", type=float, default=5.0,
                        help="seconds between two stats log lines (default: 5)")
     group.add_argument("--uvicorn-log-level", default="info",
                        choices=["critical", "error", "warning", "info", "debug", "trace"])
-    add_engine_args(parser)
+    EngineArgs.add_cli_args(parser)
     parser.set_defaults(func=run_serve)
     return parser
 
@@ -44,6 +59,13 @@ def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text}")
     return value
 
 

@@ -3,22 +3,30 @@ EngineCore while it has work, send each step's outputs and the scheduler's stats
 
 The process never waits on the front end while it has work: inputs are drained without
 waiting, outputs are queued without limit. Idle, it waits for inputs. Either way it stops when
-the front end is gone (its parent changed, or a send could not be delivered for a while)."""
+the front end is gone (its parent changed, or a send could not be delivered for a while). Once
+ready it beats (heartbeat.py) until it stops.
+
+It ignores SIGINT and SIGTERM: the front end alone decides when it stops (a Shutdown message, or
+SIGKILL). A supervisor that signals the whole process group (systemd's default KillMode, Ctrl-C in
+a terminal) must not end the core while the front end drains the requests in flight."""
 from __future__ import annotations
 
 import logging
 import os
 import signal
 import traceback
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from pagedlm.config import EngineArgs, EngineConfig
 from pagedlm.core.sched_output import EngineCoreOutput
+from pagedlm.logger import configure_logging
 from pagedlm.ops.jit_watch import num_compiles_while_serving
 from pagedlm.request import Request
 from pagedlm.server import wire
+from pagedlm.server.heartbeat import HeartbeatSender
 from pagedlm.server.metrics import CoreStats
 
 if TYPE_CHECKING:
@@ -30,20 +38,31 @@ IDLE_POLL_MS = 500  # when idle, how often to check that the parent is still ali
 SEND_TIMEOUT_MS = 10_000  # a send that cannot be delivered this long: the front end is gone
 
 
-def run_core(source: EngineConfig | EngineArgs, input_addr: str, output_addr: str,
-             parent_pid: int) -> None:
+@dataclass(frozen=True)
+class CoreAddresses:
+    """The ZeroMQ addresses the front end binds and the core connects to."""
+
+    input: str
+    output: str
+    heartbeat: str
+
+
+def run_core(source: EngineConfig | EngineArgs, addresses: CoreAddresses, parent_pid: int) -> None:
     """Process entry point."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front end decides when the core stops
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    configure_logging()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)  # see the module's docstring
     ctx = zmq.Context()
     inputs, outputs = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     outputs.setsockopt(zmq.SNDHWM, 0)
     outputs.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
-    inputs.connect(input_addr)
-    outputs.connect(output_addr)
+    inputs.connect(addresses.input)
+    outputs.connect(addresses.output)
+    heartbeat = HeartbeatSender(ctx, addresses.heartbeat)
     encoder = wire.encoder()
     try:
         core = build_core(source)
+        heartbeat.start()
         outputs.send(encoder.encode(wire.Ready.of(core.config)))
         CoreLoop(core, core.config.model.eos_token_ids, inputs, outputs, parent_pid).run()
     except zmq.Again:
@@ -54,6 +73,7 @@ def run_core(source: EngineConfig | EngineArgs, input_addr: str, output_addr: st
         logger.exception("engine core failed")
         outputs.send(encoder.encode(wire.Dead(error=traceback.format_exc(limit=8))))
     finally:
+        heartbeat.stop()
         outputs.close(linger=1000)
         inputs.close(linger=0)
         ctx.term()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
@@ -139,6 +139,12 @@ class ServerMetrics:
             if now > before:
                 self._m(counter).inc(now - before)
         self._last = stats
+
+    def clear_core_state(self) -> None:
+        """The core is dead: its running/waiting requests and KV blocks are gone (the counters
+        keep what it did)."""
+        self.update_core_stats(replace(self._last, num_running=0, num_waiting=0,
+                                       kv_cache_usage=0.0))
 
     def observe_token_gap(self, seconds: float, num_new_tokens: int) -> None:
         """A batch of output tokens that came `seconds` after the previous one (not the first)."""

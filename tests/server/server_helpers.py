@@ -2,16 +2,19 @@
 reading its metrics, stopping it."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from pagedlm.config import default_model_path
@@ -51,6 +54,31 @@ class ServerProcess:
                 found = True
         assert found, f"metric {name} {labels} not in /metrics:\n{text}"
         return total
+
+    def core_process(self) -> psutil.Process:
+        """The engine-core process: the front end's child that multiprocessing spawned (the
+        other child is multiprocessing's resource tracker)."""
+        cores = [child for child in psutil.Process(self.proc.pid).children()
+                 if "spawn_main" in " ".join(child.cmdline())]
+        assert len(cores) == 1, f"engine-core processes: {cores}"
+        return cores[0]
+
+    def family(self) -> list[psutil.Process]:
+        """The front end and every process below it."""
+        front_end = psutil.Process(self.proc.pid)
+        return [front_end, *front_end.children(recursive=True)]
+
+    def wait_for_idle(self, timeout_s: float = 5.0) -> None:
+        """No running or waiting request and no KV block in use, within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state = [self.metric("pagedlm:num_requests_running"),
+                     self.metric("pagedlm:num_requests_waiting"),
+                     self.metric("pagedlm:kv_cache_usage_perc")]
+            if state == [0.0, 0.0, 0.0]:
+                return
+            assert time.monotonic() < deadline, f"not idle after {timeout_s} s: {state}"
+            time.sleep(0.2)
 
     def stop(self, timeout_s: float = 60) -> int:
         if self.proc.poll() is None:
@@ -92,3 +120,42 @@ def start_server(args: list[str], log_path: Path, api_key: str | None = None) ->
 def tiny_server_args(model_dir: Path, *extra: str) -> list[str]:
     return [str(model_dir), "--tokenizer", default_model_path(), "--kv-cache-memory-gib", "0.05",
             *extra]
+
+
+class StreamInBackground(threading.Thread):
+    """A streamed POST read on a thread: the payloads of its `data:` lines, in order."""
+
+    def __init__(self, server: ServerProcess, path: str, body: dict,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(daemon=True)
+        self._args = (server.url(path), {**body, "stream": True}, headers or {})
+        self.status: int | None = None
+        self.payloads: list[str] = []
+        self.failure: Exception | None = None  # the connection broke
+        self.start()
+
+    def run(self) -> None:
+        url, body, headers = self._args
+        try:
+            with httpx.stream("POST", url, json=body, headers=headers, timeout=120) as response:
+                self.status = response.status_code
+                for line in response.iter_lines():
+                    if line.startswith("data: "):
+                        self.payloads.append(line[len("data: "):])
+        except httpx.HTTPError as exc:
+            self.failure = exc
+
+    def wait_for_events(self, num_events: int, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.payloads) < num_events:
+            assert self.is_alive(), f"the stream ended after {self.payloads}"
+            assert time.monotonic() < deadline, f"{num_events} events not there in {timeout_s} s"
+            time.sleep(0.01)
+
+    def result(self, timeout_s: float = 120) -> list[dict]:
+        """The JSON events, once the stream has ended with [DONE]."""
+        self.join(timeout_s)
+        assert not self.is_alive(), f"the stream did not end in {timeout_s} s"
+        assert self.failure is None and self.status == 200, (self.status, self.failure)
+        assert self.payloads and self.payloads[-1] == "[DONE]", self.payloads[-3:]
+        return [json.loads(p) for p in self.payloads[:-1]]

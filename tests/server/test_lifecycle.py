@@ -1,6 +1,8 @@
 """Admission control (503 with Retry-After, the refusal counter), abort on disconnect (the KV
-cache is freed), and SIGTERM during a stream (exit 0, no process left). One tiny-model server
-with --max-num-queued-reqs 2; the SIGTERM test runs last and stops it."""
+cache is freed), the access log, and the shutdown: SIGTERM drains (new requests 503, those in
+flight finish, exit 0, no process left), a second signal exits at once, --shutdown-timeout aborts
+what is left. One tiny-model server with --max-num-queued-reqs 2; the drain test runs last and
+stops it; the other shutdown tests have servers of their own."""
 from __future__ import annotations
 
 import asyncio
@@ -12,11 +14,14 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from server_helpers import ServerProcess, start_server, tiny_server_args
+from server_helpers import ServerProcess, StreamInBackground, start_server, tiny_server_args
 
 pytestmark = pytest.mark.slow
 
 LONG = {"prompt": "Tell me everything.", "max_tokens": 300, "ignore_eos": True, "temperature": 0}
+# Nearly the tiny model's whole context (512): from 1.5 s to 30 s of generation on a busy 2-core CPU.
+LONGEST = {**LONG, "max_tokens": 490, "stream_options": {"include_usage": True}}
+DRAINED = {**LONGEST, "max_tokens": 60}  # well within the default --shutdown-timeout (20 s)
 
 
 @pytest.fixture(scope="module")
@@ -27,17 +32,18 @@ def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     server.stop()
 
 
-def wait_for_idle(server: ServerProcess, timeout_s: float = 5.0) -> None:
-    """No running or waiting request and no KV block in use, within `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        state = [server.metric("pagedlm:num_requests_running"),
-                 server.metric("pagedlm:num_requests_waiting"),
-                 server.metric("pagedlm:kv_cache_usage_perc")]
-        if state == [0.0, 0.0, 0.0]:
-            return
-        assert time.monotonic() < deadline, f"not idle after {timeout_s} s: {state}"
-        time.sleep(0.2)
+def wait_for_health(server: ServerProcess, status: int, timeout_s: float = 10.0) -> float:
+    """Polls /health until it answers `status`; the seconds that took."""
+    start = time.monotonic()
+    while (answer := httpx.get(server.url("/health"), timeout=5).status_code) != status:
+        assert time.monotonic() - start < timeout_s, f"/health still {answer} after {timeout_s} s"
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def assert_gone(family: list[psutil.Process], timeout_s: float = 10.0) -> None:
+    gone, alive = psutil.wait_procs(family, timeout=timeout_s)
+    assert not alive, f"left behind: {alive}"
 
 
 def test_admission_control_refuses_over_the_cap(server: ServerProcess) -> None:
@@ -60,7 +66,7 @@ def test_admission_control_refuses_over_the_cap(server: ServerProcess) -> None:
         assert response.json()["usage"]["completion_tokens"] == 300
     rejected = server.metric("pagedlm:num_requests_rejected_total") - rejected_before
     assert rejected == len(refused)
-    wait_for_idle(server)
+    server.wait_for_idle()
 
 
 def test_n_counts_against_the_cap(server: ServerProcess) -> None:
@@ -80,7 +86,7 @@ def test_dropped_stream_is_aborted(server: ServerProcess) -> None:
                 assert server.metric("pagedlm:num_requests_running") == 1
                 assert server.metric("pagedlm:kv_cache_usage_perc") > 0
                 break  # leaving the iterator closes the connection mid-stream
-    wait_for_idle(server)
+    server.wait_for_idle()
     assert server.metric("pagedlm:request_success_total", finished_reason="abort") == aborted_before + 1
 
 
@@ -90,7 +96,7 @@ def test_abandoned_request_is_aborted(server: ServerProcess) -> None:
     machine 300 tokens once took just under a second)."""
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.url("/v1/completions"), json={**LONG, "max_tokens": 490}, timeout=0.3)
-    wait_for_idle(server)
+    server.wait_for_idle()
 
 
 def test_engine_core_exits_when_the_front_end_is_killed(tiny_model_dir: Path,
@@ -109,18 +115,71 @@ def test_engine_core_exits_when_the_front_end_is_killed(tiny_model_dir: Path,
     assert not alive, f"left behind: {alive}"
 
 
-def test_sigterm_during_a_stream_exits_cleanly(server: ServerProcess) -> None:
-    process = psutil.Process(server.proc.pid)
-    family = [process, *process.children(recursive=True)]
+def test_health_and_metrics_polls_stay_out_of_the_access_log(server: ServerProcess) -> None:
+    for path in ("/health", "/metrics", "/health?probe=1"):
+        assert httpx.get(server.url(path), timeout=10).status_code == 200
+    httpx.get(server.url("/v1/models"), timeout=10)
+    time.sleep(0.5)  # the log is written by another process
+    log = server.log()
+    assert '"GET /v1/models HTTP/1.1" 200' in log  # the access log is on
+    assert '"GET /health' not in log and '"GET /metrics' not in log, log[-2000:]
+
+
+def test_sigterm_drains_the_streams_in_flight_then_exits_0(server: ServerProcess) -> None:
+    """Runs last: it stops the module's server. The core is stopped (SIGSTOP) while the drain's
+    refusals are checked, so that the stream is surely still in flight however fast it runs."""
+    family = server.family()
     assert len(family) >= 2  # the front end and the engine-core process
-    with httpx.stream("POST", server.url("/v1/completions"), json={**LONG, "stream": True},
-                      timeout=60) as response:
-        lines = response.iter_lines()
-        assert next(line for line in lines if line.startswith("data: "))
+    stream = StreamInBackground(server, "/v1/completions", DRAINED)
+    stream.wait_for_events(3)
+    core = server.core_process()
+    core.suspend()
+    try:
         server.proc.send_signal(signal.SIGTERM)
-        rest = [line for line in lines if line.startswith("data: ")]
-    assert rest[-1] == "data: [DONE]"
-    assert "shutting down" in rest[-2]
+        wait_for_health(server, 503)
+        refused = httpx.post(server.url("/v1/completions"), json={**LONG, "max_tokens": 1},
+                             timeout=10)
+    finally:
+        core.resume()
+    assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
+    events = stream.result()
+    assert "error" not in events[-2], events[-2]
+    assert events[-1].get("usage", {}).get("completion_tokens") == DRAINED["max_tokens"], events[-2:]
     assert server.proc.wait(30) == 0
-    gone, alive = psutil.wait_procs(family, timeout=10)
-    assert not alive, f"left behind: {alive}"
+    assert_gone(family)
+    assert "SIGTERM: draining" in server.log()
+
+
+def test_a_second_signal_exits_at_once(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The core is stopped (SIGSTOP) so that the stream cannot finish: only the second signal
+    (SIGINT, as a second Ctrl-C) ends the drain, well before --shutdown-timeout."""
+    other = start_server(tiny_server_args(tiny_model_dir, "--shutdown-timeout", "60"),
+                         tmp_path / "server.log")
+    family = other.family()
+    stream = StreamInBackground(other, "/v1/completions", LONGEST)
+    stream.wait_for_events(3)
+    other.core_process().suspend()
+    other.proc.send_signal(signal.SIGTERM)
+    wait_for_health(other, 503)
+    other.proc.send_signal(signal.SIGINT)
+    sent_at = time.monotonic()
+    assert other.proc.wait(30) == 0
+    assert time.monotonic() - sent_at < 3
+    assert_gone(family)
+    stream.join(10)
+    assert not stream.is_alive()  # ended (its error event is sent if the loop gets to it)
+
+
+def test_the_shutdown_timeout_aborts_what_is_left(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """One sequence at a time: of three long streams the last cannot finish within 1 s."""
+    other = start_server(tiny_server_args(tiny_model_dir, "--shutdown-timeout", "1",
+                                          "--max-num-seqs", "1"), tmp_path / "server.log")
+    streams = [StreamInBackground(other, "/v1/completions", LONGEST) for _ in range(3)]
+    streams[0].wait_for_events(3)
+    other.proc.send_signal(signal.SIGTERM)
+    sent_at = time.monotonic()
+    assert other.proc.wait(30) == 0
+    assert 1 <= time.monotonic() - sent_at < 8
+    last_events = [stream.result(10)[-1] for stream in streams]
+    assert "shutting down" in last_events[-1]["error"]["message"], last_events
+    assert "--shutdown-timeout passed: aborting the" in other.log()
