@@ -80,6 +80,14 @@ class ServerProcess:
             assert time.monotonic() < deadline, f"not idle after {timeout_s} s: {state}"
             time.sleep(0.2)
 
+    def wait_for_health(self, status: int, timeout_s: float = 10.0) -> float:
+        """Polls /health until it answers `status`; the seconds that took."""
+        start = time.monotonic()
+        while (answer := httpx.get(self.url("/health"), timeout=5).status_code) != status:
+            assert time.monotonic() - start < timeout_s, f"/health still {answer} after {timeout_s} s"
+            time.sleep(0.05)
+        return time.monotonic() - start
+
     def stop(self, timeout_s: float = 60) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -88,6 +96,11 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             raise
+
+
+def assert_gone(processes: list[psutil.Process], timeout_s: float = 10.0) -> None:
+    _, alive = psutil.wait_procs(processes, timeout=timeout_s)
+    assert not alive, f"left behind: {alive}"
 
 
 def free_port() -> int:

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import zmq
@@ -27,7 +28,7 @@ def engine() -> Iterator[AsyncLLM]:
     asyncio.run(engine.shutdown())
 
 
-def test_the_monitor_sees_beats_and_their_absence(tmp_path) -> None:  # noqa: ANN001
+def test_the_monitor_sees_beats_and_their_absence(tmp_path: Path) -> None:
     ctx = zmq.Context()
     addr = f"ipc://{tmp_path}/heartbeat"
     monitor = HeartbeatMonitor(ctx, addr)

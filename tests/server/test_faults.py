@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from server_helpers import ServerProcess, StreamInBackground, start_server, tiny_server_args
+from server_helpers import (ServerProcess, StreamInBackground, assert_gone, start_server,
+                            tiny_server_args)
 
 pytestmark = pytest.mark.slow
 
@@ -34,18 +35,13 @@ def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     server.stop()
 
 
-def health(server: ServerProcess) -> int:
-    return httpx.get(server.url("/health"), timeout=5).status_code
-
-
 def assert_exits_1_failing_its_streams(server: ServerProcess, family: list[psutil.Process],
                                        streams: list[StreamInBackground], within_s: float,
                                        why: str) -> None:
     start = time.monotonic()
     assert server.proc.wait(within_s + 30) == 1
     assert time.monotonic() - start < within_s, "the server took too long to exit"
-    gone, alive = psutil.wait_procs(family, timeout=10)
-    assert not alive, f"left behind: {alive}"
+    assert_gone(family)
     for stream in streams:
         error = stream.result(10)[-1]["error"]
         assert error["code"] == "engine_dead" and why in error["message"], error
@@ -58,21 +54,15 @@ def test_a_stopped_core_is_unhealthy_until_it_runs_again(server: ServerProcess) 
     core = server.core_process()
     core.suspend()
     try:
-        stopped_at = time.monotonic()
-        while health(server) == 200:
-            assert time.monotonic() - stopped_at < HEARTBEAT_TIMEOUT_S + 2, "/health still 200"
-            time.sleep(0.05)
-        assert time.monotonic() - stopped_at >= HEARTBEAT_TIMEOUT_S - 0.5
+        # the last beat came up to one interval (0.5 s) before the stop
+        assert server.wait_for_health(503, HEARTBEAT_TIMEOUT_S + 2) >= HEARTBEAT_TIMEOUT_S - 0.5
         refused = httpx.post(server.url("/v1/completions"), json={"prompt": "Hi", "max_tokens": 1},
                              timeout=10)
         assert refused.status_code == 503, refused.text
         assert "no heartbeat" in refused.json()["error"]["message"]
     finally:
         core.resume()
-    resumed_at = time.monotonic()
-    while health(server) != 200:
-        assert time.monotonic() - resumed_at < 3, "/health not 200 again after SIGCONT"
-        time.sleep(0.05)
+    server.wait_for_health(200, timeout_s=3)
     events = stream.result()
     assert events[-1].get("usage", {}).get("completion_tokens") == SHORTER["max_tokens"], events[-2:]
     assert "error" not in events[-2]

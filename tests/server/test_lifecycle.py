@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from server_helpers import ServerProcess, StreamInBackground, start_server, tiny_server_args
+from server_helpers import (ServerProcess, StreamInBackground, assert_gone, start_server,
+                            tiny_server_args)
 
 pytestmark = pytest.mark.slow
 
@@ -30,20 +31,6 @@ def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     server = start_server(tiny_server_args(tiny_model_dir, "--max-num-queued-reqs", "2"), log_path)
     yield server
     server.stop()
-
-
-def wait_for_health(server: ServerProcess, status: int, timeout_s: float = 10.0) -> float:
-    """Polls /health until it answers `status`; the seconds that took."""
-    start = time.monotonic()
-    while (answer := httpx.get(server.url("/health"), timeout=5).status_code) != status:
-        assert time.monotonic() - start < timeout_s, f"/health still {answer} after {timeout_s} s"
-        time.sleep(0.05)
-    return time.monotonic() - start
-
-
-def assert_gone(family: list[psutil.Process], timeout_s: float = 10.0) -> None:
-    gone, alive = psutil.wait_procs(family, timeout=timeout_s)
-    assert not alive, f"left behind: {alive}"
 
 
 def test_admission_control_refuses_over_the_cap(server: ServerProcess) -> None:
@@ -111,8 +98,7 @@ def test_engine_core_exits_when_the_front_end_is_killed(tiny_model_dir: Path,
         assert next(line for line in lines if line.startswith("data: "))
         front_end.kill()
     other.proc.wait(10)
-    gone, alive = psutil.wait_procs(children, timeout=5)  # sooner than the generation ends
-    assert not alive, f"left behind: {alive}"
+    assert_gone(children, timeout_s=5)  # sooner than the generation ends
 
 
 def test_health_and_metrics_polls_stay_out_of_the_access_log(server: ServerProcess) -> None:
@@ -136,7 +122,7 @@ def test_sigterm_drains_the_streams_in_flight_then_exits_0(server: ServerProcess
     core.suspend()
     try:
         server.proc.send_signal(signal.SIGTERM)
-        wait_for_health(server, 503)
+        server.wait_for_health(503)
         refused = httpx.post(server.url("/v1/completions"), json={**LONG, "max_tokens": 1},
                              timeout=10)
     finally:
@@ -160,7 +146,7 @@ def test_a_second_signal_exits_at_once(tiny_model_dir: Path, tmp_path: Path) -> 
     stream.wait_for_events(3)
     other.core_process().suspend()
     other.proc.send_signal(signal.SIGTERM)
-    wait_for_health(other, 503)
+    other.wait_for_health(503)
     other.proc.send_signal(signal.SIGINT)
     sent_at = time.monotonic()
     assert other.proc.wait(30) == 0
