@@ -14,10 +14,13 @@ resets the counter to 0: no other program of this launch touches it again, and t
 the stream touches counters only after its PDL wait, when this one has ended, so every launch (and
 every CUDA graph replay) starts from zeros.
 
-Before its PDL wait each program reads step inputs only (pagedlm/ops/pdl.py, rule 1): its sequence's
-query_start_loc and seq_len and its first tile's block-table entries. Every key and value is read
-after the wait: prepare_qkv, the kernel before, writes this step's keys, and not only the sequence's
-own newest one (another sequence of the step may fill a block this one takes as a prefix-cache hit).
+Before its PDL wait each program reads its split's first tile of keys and values, all but the
+newest key (which prepare_qkv, the kernel before, writes in this step): the other keys were written
+by earlier steps (pagedlm/ops/pdl.py, rule 1). At batch 1 a split is one tile up to 32 x 64 keys,
+so the wait then only holds back q, the newest key and the math. Reading that tile after the wait
+instead cost a batch-1 decode step ~19 us of 656 on qwen3-0.6b (L2 -2.8%) and ~34 of 4,119 on
+llama3-8b (L1 -0.8%) (H200, 2026-12-01): so the scheduler keeps a one-token query off a block that
+another sequence fills in the same step (core/kv_cache_manager.py), a constraint of its output.
 
 The counter protocol and its memory ordering: pagedlm.ops.counters.last_to_arrive; the merge
 reads the partials with the .cg cache modifier, as it asks.
@@ -109,18 +112,26 @@ def decode_split_kernel(
     kv_lo, kv_hi, num_live = split_key_range(seq_len, window, num_splits, split, BLOCK_N, USE_WINDOW)
     offs_d = tl.arange(0, HEAD_DIM)
     table_row = block_table_ptr + seq.to(tl.int64) * stride_bt
-    # The split's first tile of keys [kv_lo, first_hi): its block-table entries (step inputs) before
-    # the wait, its keys and values after it (module notes). Empty (every mask false) for a padding
-    # sequence or a split with no keys.
+    # The split's first tile of keys [kv_lo, first_hi), read before the wait except the newest key
+    # (position seq_len - 1), which prepare_qkv writes in this step: the cache's other keys come
+    # from earlier steps. Empty (every mask false) for a padding sequence or a split with no keys.
     first_hi = tl.minimum(kv_lo + BLOCK_N, kv_hi)
-    _, in_first, k_offs, v_offs = key_tile_offsets(
+    offs_n, in_first, k_offs, v_offs = key_tile_offsets(
         kv_lo, first_hi, table_row, kv_head, stride_kc_blk, stride_kc_slot, stride_kc_h,
         stride_vc_blk, stride_vc_slot, stride_vc_h, BLOCK_N, BLOCK_SIZE, True)
+    older = in_first & (offs_n < seq_len - 1)
+    k = tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=older[None, :], other=0.0)
+    v = tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :], mask=older[:, None], other=0.0)
+    # above: step inputs and keys of earlier steps (a one-token query never shares a block another
+    # sequence fills in this step: kv_cache_manager); below: q and the newest key, from prepare_qkv
     pdl.wait_for_producers(PDL)
     if not has_query or split >= num_live:  # no keys: stores nothing, does not count
         return
-    k = tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=in_first[None, :], other=0.0)
-    v = tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :], mask=in_first[:, None], other=0.0)
+    newest = in_first & (offs_n == seq_len - 1)  # in the last live split's first tile, or a later one
+    k = tl.where(newest[None, :], tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=newest[None, :],
+                                          other=0.0), k)
+    v = tl.where(newest[:, None], tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :], mask=newest[:, None],
+                                          other=0.0), v)
 
     rows = tl.arange(0, BLOCK_M)
     heads = kv_head * GROUP + rows  # [BLOCK_M]

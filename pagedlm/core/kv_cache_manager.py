@@ -5,9 +5,16 @@ A request's `block_hashes` is a hash chain over its FULL blocks of known tokens:
 with the request's `cache_salt` as block 0's extra keys, so equal hashes mean equal prefixes of
 requests with equal salts. A block is registered in the prefix cache once it is full
 of known tokens and its KV is scheduled (KV writes run in step order, so a later step, or a
-later sequence in the same step, may read it: every attention kernel reads the KV cache only
-after the step's KV writes). Requests with `prompt_embeds` are never cached or looked up; requests
-with `prompt_logprobs` are cached but never look up.
+later sequence in the same step, may read it). Requests with `prompt_embeds` are never cached
+or looked up; requests with `prompt_logprobs` are cached but never look up.
+
+One exception to "a later sequence in the same step may read it": the split decode reads a
+sequence's earlier keys before its PDL wait (attention/triton_decode.py), i.e. possibly before this
+step's KV writes, and it runs in decode-only steps (one query token per sequence). So a request
+that will compute one token takes no hit on a block registered in the same step by an allocation
+of one token (`get_computed_blocks` with the step's token budget; the scheduler calls `begin_step`
+at each step's start): it recomputes from there. A block filled by a longer query is safe to hit:
+its step is not decode-only.
 """
 from __future__ import annotations
 
@@ -31,6 +38,7 @@ class KVCacheManager:
         self.num_cached_blocks: dict[str, int] = {}  # leading blocks of a request registered so far
         self.prefix_cache_queries = 0  # tokens looked up, counted when the lookup is allocated
         self.prefix_cache_hits = 0  # tokens found
+        self._registered_this_step: set[int] = set()  # block ids
 
     @property
     def usage(self) -> float:
@@ -44,9 +52,9 @@ class KVCacheManager:
         return self.req_to_blocks.get(req_id, [])
 
     def get_computed_blocks(self, request: Request, token_budget: int | None = None) -> tuple[list[int], int]:
-        """Longest cached prefix of full blocks, leaving at least one token to compute. Returns (block
-        ids, number of tokens they hold). Nothing is taken yet. token_budget: unused (the scheduler
-        still passes it; it goes with that call)."""
+        """Longest cached prefix of full blocks, leaving at least one token to compute; with the step's
+        token_budget, none from a block this step writes if the request would then compute one token
+        (module notes). Returns (block ids, number of tokens they hold). Nothing is taken yet."""
         if not self._cacheable(request) or request.sampling_params.prompt_logprobs is not None:
             return [], 0  # prompt logprobs need every prompt position computed
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
@@ -57,11 +65,22 @@ class KVCacheManager:
             if block_id is None:
                 break
             hit_blocks.append(block_id)
+        num_new = request.num_tokens - len(hit_blocks) * self.block_size
+        if token_budget is not None and min(num_new, token_budget) == 1:
+            hit_blocks = self._settled_prefix(hit_blocks)
         return hit_blocks, len(hit_blocks) * self.block_size
 
     def begin_step(self) -> None:
-        """Nothing: the planner keeps no per-step state (the scheduler still calls it; it goes with
-        that call)."""
+        """A new step's scheduling starts: blocks registered so far have their KV written by now."""
+        self._registered_this_step.clear()
+
+    def _settled_prefix(self, hit_blocks: list[int]) -> list[int]:
+        """The leading blocks of a prefix hit up to the first one a one-token allocation registered
+        in this step (whose KV this step writes)."""
+        for i, block_id in enumerate(hit_blocks):
+            if block_id in self._registered_this_step:
+                return hit_blocks[:i]
+        return hit_blocks
 
     def allocate_slots(self, request: Request, num_new_tokens: int, computed_blocks: list[int] | None = None,
                        num_reserved_blocks: int = 0) -> list[int] | None:
@@ -74,7 +93,7 @@ class KVCacheManager:
         if held is not None and not computed_blocks:  # the common decode step: often no new block
             num_total_tokens = request.num_computed_tokens + num_new_tokens
             if num_total_tokens <= len(held) * self.block_size:
-                self._cache_full_blocks(request, num_total_tokens)
+                self._cache_full_blocks(request, num_total_tokens, num_new_tokens == 1)
                 return []
         computed_blocks = computed_blocks or []
         is_first = held is None
@@ -92,7 +111,7 @@ class KVCacheManager:
             self._count_lookup(request, len(computed_blocks))
             self.num_cached_blocks[req_id] = len(computed_blocks)
         self.req_to_blocks.setdefault(req_id, []).extend(computed_blocks + new_blocks)
-        self._cache_full_blocks(request, num_total_tokens)
+        self._cache_full_blocks(request, num_total_tokens, num_new_tokens == 1)
         return new_blocks
 
     def num_blocks_to_take(self, request: Request, num_new_tokens: int, computed_blocks: list[int]) -> int:
@@ -121,8 +140,10 @@ class KVCacheManager:
             self.prefix_cache_queries += request.num_tokens
             self.prefix_cache_hits += num_hit_blocks * self.block_size
 
-    def _cache_full_blocks(self, request: Request, num_total_tokens: int) -> None:
-        """Registers blocks that are full of known tokens once this allocation is computed."""
+    def _cache_full_blocks(self, request: Request, num_total_tokens: int, one_token: bool) -> None:
+        """Registers blocks that are full of known tokens once this allocation is computed; with
+        one_token (the allocation computes a single token, so its step may be decode-only), also
+        as registered in this step."""
         if not self._cacheable(request):
             return
         req_id = request.request_id
@@ -134,6 +155,8 @@ class KVCacheManager:
         block_ids = self.req_to_blocks[req_id]
         for i in range(start, num_full):
             self.pool.cache_block(block_ids[i], request.block_hashes[i])
+            if one_token:
+                self._registered_this_step.add(block_ids[i])
         self.num_cached_blocks[req_id] = num_full
 
     def _hash_full_blocks(self, request: Request, num_blocks: int) -> None:

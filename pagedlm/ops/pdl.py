@@ -8,8 +8,9 @@ become resident as the previous kernel winds down and do the work that needs not
 
 The rule every kernel launched with PDL keeps (`wait_for_producers` is where it switches):
 1. Before the wait it only reads, and only data that the kernel just before it does not write:
-   weights and the step's inputs (copied in before the step's first kernel); never the KV cache,
-   which prepare_qkv writes in every step. So a caller of the
+   weights, the step's inputs (copied in before the step's first kernel), and, in the split decode,
+   KV that earlier steps wrote (core/kv_cache_manager.py keeps a one-token query off blocks that
+   another sequence fills in the same step). So a caller of the
    attention or prepare_qkv wrappers must not produce their metadata (query_start_loc, seq_lens,
    block_table, positions, slot_mapping) with the kernel it launches right before them.
 2. At the wait (griddepcontrol.wait) it blocks until the previous kernel has finished and its

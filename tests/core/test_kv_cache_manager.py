@@ -10,10 +10,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from pagedlm.core.block_pool import NULL_BLOCK_ID
 from pagedlm.core.kv_cache_manager import KVCacheManager, cdiv
-from pagedlm.core.sched_output import ModelRunnerOutput
 from pagedlm.request import Request
 
-from .fakes import make_request, make_scheduler
+from .fakes import make_request
 
 BLOCK_SIZE = 4
 PREFIXES = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 9, 9], [5, 5, 5, 5, 5, 5, 5, 5]]
@@ -225,21 +224,3 @@ def test_no_caching(case: str):
         assert _computed(kv, request) == []
         kv.free(request)
     assert not kv.pool.cached and kv.prefix_cache_queries == 0
-
-
-def test_a_one_token_query_hits_a_block_a_one_token_allocation_fills_in_its_step():
-    """Through the scheduler: 'a' computes the last token of its 16-token prompt alone, which fills
-    and registers its second block in that step; 'b' (a's prompt + 1), admitted in that step, hits
-    both blocks and computes one token: in the decode-only step that follows from it, the split
-    decode reads keys only after its PDL wait, when this step's KV writes are done. Before, the
-    planner kept 'b' off that block (a hit on the first block only, 9 tokens to compute)."""
-    sched = make_scheduler(block_size=8, max_num_batched_tokens=15)
-    prompt = list(range(16))
-    sched.add_request(make_request("a", prompt, max_tokens=4))
-    first = sched.schedule()
-    assert first.num_scheduled_tokens == {"a": 15}
-    sched.update_from_output(first, ModelRunnerOutput([], []))
-    sched.add_request(make_request("b", prompt + [99], max_tokens=2))
-    second = sched.schedule()
-    assert second.num_scheduled_tokens == {"a": 1, "b": 1}
-    assert [new.num_computed_tokens for new in second.new_reqs] == [16]
