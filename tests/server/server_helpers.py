@@ -35,6 +35,12 @@ class ServerProcess:
     proc: subprocess.Popen
     base_url: str
     log_path: Path
+    api_key: str | None = None
+
+    @property
+    def auth(self) -> dict[str, str]:
+        """The header every route but /health needs when the server has an API key."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def url(self, path: str) -> str:
         return self.base_url + path
@@ -44,7 +50,7 @@ class ServerProcess:
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of a metric's samples (whose labels include `labels`) in /metrics."""
-        text = httpx.get(self.url("/metrics"), timeout=10).text
+        text = httpx.get(self.url("/metrics"), headers=self.auth, timeout=10).text
         total, found = 0.0, False
         for line in text.splitlines():
             if line.startswith("#") or not (line.startswith(name + "{") or line.startswith(name + " ")):
@@ -109,13 +115,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(args: list[str], log_path: Path, api_key: str | None = None) -> ServerProcess:
+def start_server(args: list[str], log_path: Path) -> ServerProcess:
     port = free_port()
+    api_key = args[args.index("--api-key") + 1] if "--api-key" in args else None
     cmd = [sys.executable, "-c", _LAUNCHER, "serve", *args, "--port", str(port),
            "--log-stats-interval", "2"]
     log = log_path.open("w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    server = ServerProcess(proc, f"http://127.0.0.1:{port}", log_path)
+    server = ServerProcess(proc, f"http://127.0.0.1:{port}", log_path, api_key)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -56,7 +56,7 @@ def sse_events(server: ServerProcess, path: str, body: dict) -> list[dict]:
 
 def metric_samples(server: ServerProcess) -> dict[str, Metric]:
     """/metrics through prometheus_client's own parser: family name -> family."""
-    text = httpx.get(server.url("/metrics"), timeout=10).text
+    text = httpx.get(server.url("/metrics"), headers=AUTH, timeout=10).text
     return {family.name: family for family in text_string_to_metric_families(text)}
 
 
@@ -147,7 +147,8 @@ def test_chat_logprob_bytes_are_the_token_bytes(client: openai.OpenAI, model: st
     that holds part of a character reports U+FFFD's bytes [239, 191, 189] instead of its own.
     OpenAI's `bytes` exists for exactly these tokens (to rebuild characters split over tokens).
     Token 173 of SmolLM2's byte-level vocabulary is the lone byte 0xE2 (a 3-byte lead)."""
-    detokenized = httpx.post(server.url("/detokenize"), json={"tokens": [173]}).json()["prompt"]
+    detokenized = httpx.post(server.url("/detokenize"), json={"tokens": [173]},
+                             headers=AUTH).json()["prompt"]
     assert detokenized == "\ufffd"  # on its own, an incomplete character
     result = client.chat.completions.create(model=model, messages=CHAT, max_tokens=1,
                                             logprobs=True, logit_bias={"173": 100})
