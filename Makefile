@@ -5,8 +5,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
-HOST ?= 127.0.0.1
-PORT ?= 8000
+# Set on the command line only (make run PORT=8011): a HOST or PORT in the environment is ignored.
+HOST := 127.0.0.1
+PORT := 8000
 
 .PHONY: run test venv clean
 
