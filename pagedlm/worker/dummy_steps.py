@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class _Request:
-    new: NewRequestData  # until its first step, then None
+    new: NewRequestData | None  # until its first step, then None
     num_prompt_tokens: int
     block_ids: list[int]
     num_computed: int = 0
