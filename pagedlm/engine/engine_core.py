@@ -8,15 +8,12 @@ produce the same tokens.
 from __future__ import annotations
 
 import gc
-import logging
 from collections import deque
 from typing import Any
 
 from pagedlm.config import EngineConfig
 from pagedlm.core.sched_output import EngineCoreOutput, SchedulerOutput
 from pagedlm.request import Request, RequestStatus
-
-logger = logging.getLogger("pagedlm")
 
 _MAX_STEPS_IN_FLIGHT = 2
 
@@ -43,9 +40,7 @@ class EngineCore:
 
         self.model_runner = ModelRunner(self.config)
         self.model_runner.load_model()
-        self.num_blocks = self.model_runner.determine_num_blocks()
-        logger.info("KV cache: %d blocks of %d tokens", self.num_blocks,
-                    self.config.cache.block_size)
+        self.num_blocks = self.model_runner.determine_num_blocks()  # logs the KV cache's size
 
     def _init_scheduler(self) -> None:
         from pagedlm.core.scheduler import Scheduler
