@@ -47,7 +47,7 @@ def _run_generate(args: argparse.Namespace) -> None:
 
 
 def _run_chat(args: argparse.Namespace) -> None:
-    from pagedlm.engine.chat_repl import run_chat_repl
+    from pagedlm.chat_repl import run_chat_repl
     from pagedlm.llm import LLM
 
     params = sampling_params_from(args)

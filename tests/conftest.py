@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -54,3 +55,13 @@ def sentencepiece_tokenizer() -> Any:
     import tiny_hf_models
 
     return tiny_hf_models.sentencepiece_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_with_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama with the byte-level tokenizer (and a chat template) in its folder."""
+    import tiny_hf_models
+
+    folder = tmp_path_factory.mktemp("tiny_llama_tokenizer")
+    tiny_hf_models.save_tiny_model_with_tokenizer(folder)
+    return folder

@@ -11,13 +11,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tiny_hf_models import save_tiny_model_with_tokenizer
 
 from pagedlm import LLM, SamplingParams
 from pagedlm.bench.datasets import prefix_repetition_requests, random_requests
 from pagedlm.cli import build_parser, main
 from pagedlm.config import EngineArgs
-from pagedlm.engine.chat_repl import run_chat_repl
+from pagedlm.chat_repl import run_chat_repl
 
 ENGINE_FLAGS = ["--dtype", "float32", "--device", "cpu", "--num-gpu-blocks-override", "64",
                 "--max-model-len", "128"]
@@ -30,10 +29,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny_llama_tok")
-    save_tiny_model_with_tokenizer(folder)
-    return folder
+def model_dir(tiny_llama_with_tokenizer_dir: Path) -> Path:
+    return tiny_llama_with_tokenizer_dir
 
 
 @pytest.fixture(scope="module")

@@ -22,11 +22,3 @@ def tiny_llm(tiny_llama_dir: Path) -> Any:
 
     return LLM(str(tiny_llama_dir), skip_tokenizer_init=True, dtype="float32", max_model_len=64,
                num_gpu_blocks_override=64, device="cpu")
-
-
-@pytest.fixture(scope="session")
-def tiny_llama_with_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny Llama with the byte-level tokenizer (and a chat template) in its folder."""
-    folder = tmp_path_factory.mktemp("tiny_llama_tokenizer")
-    tiny_hf_models.save_tiny_model_with_tokenizer(folder)
-    return folder

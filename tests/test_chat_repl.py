@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pagedlm import LLM, SamplingParams
-from pagedlm.engine.chat_repl import LEAVE_HINT, STOPPED, run_chat_repl
+from pagedlm.chat_repl import LEAVE_HINT, STOPPED, run_chat_repl
 
 LONG_REPLY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 CTRL_C = object()  # in a scripted stdin: Ctrl-C while the prompt waits
