@@ -12,12 +12,9 @@ from pagedlm import envs
 from pagedlm.logger import configure_logging
 
 PACKAGE = Path(envs.__file__).parent
-# Files that read the environment themselves, and why. The worker files are to read envs.py
-# (ops/pdl.py: PAGEDLM_PDL, TRITON_INTERPRET) or an engine argument (cuda_graphs.py: graph_size_timing).
+# Files that read the environment themselves, and why.
 OWN_READS = {
     "bench/serve.py": "OPENAI_API_KEY, the OpenAI clients' convention, as the --api-key default",
-    "ops/pdl.py": "pending: envs.PAGEDLM_PDL and envs.TRITON_INTERPRET",
-    "worker/cuda_graphs.py": "pending: EngineConfig.graph_size_timing",
 }
 
 

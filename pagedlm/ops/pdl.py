@@ -28,15 +28,16 @@ Off on CPU, on ROCm and under the Triton interpreter (the constexpr compiles the
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from pagedlm import envs
+
 MIN_CAPABILITY = 9  # griddepcontrol: sm_90 and later
-ENABLED_BY_ENV = os.environ.get("PAGEDLM_PDL", "1") != "0"  # read once: launch_args runs at every launch
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+ENABLED_BY_ENV = envs.PAGEDLM_PDL  # read once: launch_args runs at every launch
+INTERPRETED = envs.TRITON_INTERPRET
 
 
 @functools.lru_cache(maxsize=None)

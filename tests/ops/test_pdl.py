@@ -3,6 +3,10 @@ wait before they read their producer's output is checked in their sm_90 PTX
 (tests/attention/test_triton_aot.py) and on the GPU (tests/gpu/test_kernels_gpu.py)."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -24,3 +28,13 @@ def test_off_under_the_interpreter_even_for_cuda_tensors(monkeypatch: pytest.Mon
     assert pdl.pdl_enabled(torch.device("cuda", 0))
     monkeypatch.setattr(pdl, "ENABLED_BY_ENV", False)  # PAGEDLM_PDL=0
     assert not pdl.pdl_enabled(torch.device("cuda", 0))
+
+
+def test_the_switches_are_read_through_the_registry() -> None:
+    """PAGEDLM_PDL and TRITON_INTERPRET as pagedlm/envs.py parses them ("off" is off; "true" is
+    Triton's true), read once, at import."""
+    code = "from pagedlm.ops import pdl; print(pdl.ENABLED_BY_ENV, pdl.INTERPRETED)"
+    env = {**os.environ, "PAGEDLM_PDL": "off", "TRITON_INTERPRET": "true"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                            timeout=120, check=True)
+    assert result.stdout.split() == ["False", "True"]
