@@ -13,7 +13,7 @@ cuBLAS's heuristic picks a poor kernel at some row counts: llama3-8b's gate_up G
 sequences ran the 448 graph. Padding rows cost their GEMM and LM-head rows and elementwise work; the
 attention skips them (below). The times differ from one capture to the next (session 16 run 4: 384
 rows 11.5 ms in one process, < 9.9 in another), so a restart may keep other sizes and, as bf16 GEMMs
-differ by row count, give other tokens; PAGEDLM_GRAPH_SIZE_TIMING=0 keeps every size.
+differ by row count, give other tokens; --no-graph-size-timing keeps every size.
 
 Every graph input is a static device buffer: the sections of the runner's device StepBuffers in
 the layout of that size (a decode step of n sequences is laid out at exactly these addresses:
@@ -58,7 +58,6 @@ the kernels read the real per-sequence lengths from seq_lens on the device at ea
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 
 import torch
@@ -74,7 +73,6 @@ from pagedlm.worker.sizes import MAX_LOGITS_ROWS, Moves, SizePolicy
 from pagedlm.worker.step_buffers import StepBuffers
 
 TIMED_ROUNDS = 3  # replays per size; its time is the least of them
-SIZE_TIMING = os.environ.get("PAGEDLM_GRAPH_SIZE_TIMING", "1") != "0"  # "0": every captured size is kept
 
 
 def graphs_enabled(config: EngineConfig) -> bool:
@@ -177,13 +175,11 @@ class DecodeGraphs:
                     self._graphs[size, slot] = graph
         torch.cuda.current_stream(device).wait_stream(stream)
 
-    def keep_fastest(self) -> Moves | None:
+    def keep_fastest(self) -> Moves:
         """Times the graphs above MAX_LOGITS_ROWS rows (replay_times); the size policy keeps the
         fastest sizes (SizePolicy.keep_fastest_decode) and the others' graphs go. Start-up only: it
         waits for the GPU. -> each size dropped: (the size its batches now replay, its ms, that
-        size's ms); None, and nothing timed, when PAGEDLM_GRAPH_SIZE_TIMING=0."""
-        if not SIZE_TIMING:
-            return None
+        size's ms)."""
         timed = [size for size in self.sizes if size > MAX_LOGITS_ROWS]
         times = self.replay_times(timed)
         kinds = {size: decode_num_splits(size, self._kv_caches[0], self._max_model_len) for size in timed}

@@ -63,7 +63,8 @@ from pagedlm.worker.profile_run import profile_run
 from pagedlm.worker.prompt_logprobs import MAX_ROWS_PER_CHUNK, compute_prompt_logprobs
 from pagedlm.worker.runner_output import AsyncRunnerOutput
 from pagedlm.worker.sizes import SizePolicy
-from pagedlm.worker.start_up_log import log_graph_sizes_kept, log_graphs_captured, log_start_up_compiles
+from pagedlm.worker.start_up_log import (log_every_size_kept, log_graph_sizes_kept, log_graphs_captured,
+                                        log_start_up_compiles)
 from pagedlm.worker.step_buffers import PrefixViews, Sections, StepBuffers
 from pagedlm.worker.step_plan import StepMode, StepPlan, plan_step
 
@@ -202,7 +203,11 @@ class ModelRunner:
     def _keep_fastest_graph_sizes(self) -> None:
         """Batches of a size that replays markedly slower than a larger one take that one from now on
         (DecodeGraphs.keep_fastest), laid out for it in the step buffers (both follow the size
-        policy); likewise the piecewise graphs' token counts (PiecewiseGraphs.keep_fastest)."""
+        policy); likewise the piecewise graphs' token counts (PiecewiseGraphs.keep_fastest). With the
+        engine argument graph_size_timing off, nothing is timed and every size stays."""
+        if not self.config.graph_size_timing:
+            log_every_size_kept()
+            return
         start = time.perf_counter()
         moved = self.graphs.keep_fastest()
         moved_piecewise = None if self.piecewise is None else self.piecewise.keep_fastest()

@@ -20,7 +20,7 @@ Sizes (the runner's SizePolicy, sizes.piecewise_sizes): powers of two up to 128 
 doubling up to 2,048, so that padding above 128 rows costs at most 1/8 of a step's GEMMs. After the
 capture keep_fastest times each size's pieces and drops a size that the next kept larger one replays
 markedly faster (the rule and timing of the decode graphs, sizes.fastest_sizes: cuBLAS picks a poor
-kernel at some row counts); PAGEDLM_GRAPH_SIZE_TIMING=0 keeps every size.
+kernel at some row counts); --no-graph-size-timing keeps every size.
 
 Inputs: static ids, positions and slots of this module, filled for each replay (rows [n, P) get
 slot -1: prepare_qkv skips their KV write, so a padding row never touches the cache; their other
@@ -139,15 +139,12 @@ class PiecewiseGraphs:
                 self._pieces[size] = pieces
         torch.cuda.current_stream(device).wait_stream(stream)
 
-    def keep_fastest(self) -> Moves | None:
+    def keep_fastest(self) -> Moves:
         """Times each size's pieces over padding rows (GEMMs and elementwise work at that size; no
         attention); the size policy keeps the fastest sizes (SizePolicy.keep_fastest_piecewise: a size
         goes when the next kept larger one replays markedly faster, as cuBLAS picks a poor kernel at
         some row counts) and the others' pieces go. Start-up only: it waits for the GPU. -> each size
-        dropped: (the size its steps now replay, its ms, that size's ms); None, and nothing timed, when
-        PAGEDLM_GRAPH_SIZE_TIMING=0."""
-        if not cuda_graphs.SIZE_TIMING:
-            return None
+        dropped: (the size its steps now replay, its ms, that size's ms)."""
         self._slots.fill_(-1)  # no KV write
         times = cuda_graphs.least_times_ms(self.sizes, self._replay_pieces, self._ids.device)
         moves = self._sizes.keep_fastest_piecewise(times)

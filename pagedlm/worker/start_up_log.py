@@ -24,12 +24,13 @@ def log_graphs_captured(graphs: DecodeGraphs, piecewise: PiecewiseGraphs | None,
                 "none, its size was given" if reserved_bytes is None else f"{reserved_bytes / GiB:.3f} GiB")
 
 
-def log_graph_sizes_kept(moved: Moves | None, moved_piecewise: Moves | None, seconds: float) -> None:
-    """moved: the decode sizes the timing dropped (None: not timed); moved_piecewise: the piecewise
-    graphs' (None: none captured)."""
-    if moved is None:
-        logger.info("CUDA graphs: every size kept (PAGEDLM_GRAPH_SIZE_TIMING=0)")
-        return
+def log_every_size_kept() -> None:
+    logger.info("CUDA graphs: every size kept (--no-graph-size-timing)")
+
+
+def log_graph_sizes_kept(moved: Moves, moved_piecewise: Moves | None, seconds: float) -> None:
+    """moved: the decode sizes the timing dropped; moved_piecewise: the piecewise graphs' (None: none
+    captured)."""
     logger.info("CUDA graphs: replays timed in %.2f s; batch sizes that take a larger graph, measured "
                 "faster: %s; piecewise token counts: %s", seconds, _moves(moved),
                 "none captured" if moved_piecewise is None else _moves(moved_piecewise))

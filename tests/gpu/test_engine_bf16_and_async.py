@@ -35,7 +35,6 @@ from transformers import AutoModelForCausalLM
 from pagedlm import LLM, SamplingParams
 from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.core.sched_output import SchedulerOutput
-from pagedlm.worker import cuda_graphs
 from pagedlm.worker.model_runner import ModelRunner
 
 pytestmark = pytest.mark.gpu
@@ -122,9 +121,10 @@ class EngineRun:
     mixed_piecewise_steps: int = 0  # piecewise replays of prefill chunks beside decodes
 
 
-def run_engine(folder: Path, device: str, dtype: str, async_scheduling: bool) -> EngineRun:
+def run_engine(folder: Path, device: str, dtype: str, async_scheduling: bool,
+               graph_size_timing: bool = True) -> EngineRun:
     llm = LLM(str(folder), dtype=dtype, device=device, async_scheduling=async_scheduling,
-              **{**SMALL_ENGINE, "max_num_batched_tokens": 32})
+              graph_size_timing=graph_size_timing, **{**SMALL_ENGINE, "max_num_batched_tokens": 32})
     core = llm.llm_engine.engine_core
     run = EngineRun(tokens=[], steps=[])
     schedule = core.scheduler.schedule
@@ -171,14 +171,13 @@ def assert_async_changes_nothing(sync: EngineRun, async_: EngineRun) -> None:
     assert differ >= num_sampled // 2, differ  # they really sampled
 
 
-def test_bf16_outputs_equal_with_async_scheduling_on_and_off(checkpoints, monkeypatch):
+def test_bf16_outputs_equal_with_async_scheduling_on_and_off(checkpoints):
     # Every captured size kept in both engines: the start-up timing may drop a size in one engine
     # and not the other, and bf16 GEMMs at another padded row count may give other tokens
     # (cuda_graphs.py's docstring). Then a difference can only come from async scheduling.
-    monkeypatch.setattr(cuda_graphs, "SIZE_TIMING", False)
     folder, _ = checkpoints["llama"]
-    sync = run_engine(folder, "cuda", "bfloat16", async_scheduling=False)
-    async_ = run_engine(folder, "cuda", "bfloat16", async_scheduling=True)
+    sync = run_engine(folder, "cuda", "bfloat16", async_scheduling=False, graph_size_timing=False)
+    async_ = run_engine(folder, "cuda", "bfloat16", async_scheduling=True, graph_size_timing=False)
     assert_async_changes_nothing(sync, async_)
     for run in (sync, async_):
         assert len(set(run.decode_graph_sizes)) >= 3, run.decode_graph_sizes

@@ -80,10 +80,12 @@ def test_graphs_only_on_cuda_with_triton_unless_eager(tiny):
     assert not graphs_enabled(dataclasses.replace(cuda, attention_backend="torch"))
 
 
-def _graphed_runner(folder, max_num_seqs: int = 8, max_model_len: int = 64, max_num_batched_tokens: int = 16):
+def _graphed_runner(folder, max_num_seqs: int = 8, max_model_len: int = 64, max_num_batched_tokens: int = 16,
+                    graph_size_timing: bool = True):
     """A Triton-backend runner (interpreter) whose decode steps replay EagerGraphs."""
     runner = make_runner(make_config(folder, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                     max_model_len=max_model_len, attention_backend="triton"))
+                                     max_model_len=max_model_len, attention_backend="triton",
+                                     graph_size_timing=graph_size_timing))
     graphs = EagerGraphs(runner.config, runner.model, runner.kv_caches, runner._inputs,
                          runner.input_batch.max_num_blocks_per_req, runner._staging, runner._sampled_cpu,
                          sizes=runner.sizes)
@@ -221,13 +223,17 @@ def test_a_size_gives_way_only_within_its_number_of_decode_splits(tiny, monkeypa
     assert sorted(asked) == [(16, 64), (24, 64)] and graphs.sizes == [1, 2, 4, 8, 16, 24]
 
 
-def test_size_timing_off_keeps_every_size(tiny, monkeypatch):
-    """PAGEDLM_GRAPH_SIZE_TIMING=0: nothing is timed, every size stays (restarts replay the same)."""
-    runner, graphs = _graphed_runner(tiny[0], max_num_seqs=24, max_num_batched_tokens=32)
-    monkeypatch.setattr(cuda_graphs, "SIZE_TIMING", False)
-    graphs.replay_times = lambda sizes: {size: 3.0 if size == 16 else 2.0 for size in sizes}
-    runner._keep_fastest_graph_sizes()
+def test_size_timing_off_keeps_every_size(tiny, caplog):
+    """graph_size_timing off (--no-graph-size-timing): neither the decode graphs nor the piecewise
+    graphs are timed, every size stays (restarts replay the same), and the log says why."""
+    runner, graphs = _graphed_runner(tiny[0], max_num_seqs=24, max_num_batched_tokens=32,
+                                     graph_size_timing=False)
+    graphs.replay_times = lambda sizes: pytest.fail("decode graphs timed with graph_size_timing off")
+    runner.piecewise = SimpleNamespace(keep_fastest=lambda: pytest.fail("pieces timed with graph_size_timing off"))
+    with caplog.at_level("INFO", logger="pagedlm"):
+        runner._keep_fastest_graph_sizes()
     assert graphs.sizes == [1, 2, 4, 8, 16, 24] and runner._inputs.bucket(9) == 16
+    assert "CUDA graphs: every size kept (--no-graph-size-timing)" in caplog.text
 
 
 @pytest.mark.parametrize("async_mode", [False, True])

@@ -51,13 +51,6 @@ def test_a_slow_token_count_gives_way_to_the_next_kept_size(tmp_path, monkeypatc
     assert policy.piecewise_size(17) == 64 and policy.piecewise_size(65) == 96 and policy.piecewise_size(97) is None
 
 
-def test_token_count_timing_off_keeps_every_size(tmp_path, monkeypatch):
-    piecewise = _piecewise_without_capture(tmp_path, [16, 32, 64, 96])
-    monkeypatch.setattr(cuda_graphs, "SIZE_TIMING", False)
-    monkeypatch.setattr(cuda_graphs, "least_times_ms", lambda *args: pytest.fail("timed with timing off"))
-    assert piecewise.keep_fastest() is None and piecewise.sizes == [16, 32, 64, 96]
-
-
 def test_cudagraph_mode_is_checked(tmp_path):
     save_tiny_llama(tmp_path)
     args = dict(model=str(tmp_path), device="cpu", skip_tokenizer_init=True)

@@ -41,13 +41,14 @@ def save_tiny_llama(folder: Path, seed: int = 0) -> torch.nn.Module:
 def make_config(folder: Path, *, max_num_seqs: int = 4, max_num_batched_tokens: int = 16,
                 block_size: int = 8, num_blocks: int | None = 64, max_model_len: int = 64,
                 device: str = "cpu", attention_backend: str = "torch",
-                gpu_memory_utilization: float = 0.9) -> EngineConfig:
+                gpu_memory_utilization: float = 0.9, graph_size_timing: bool = True) -> EngineConfig:
     return EngineArgs(model=str(folder), load_format="safetensors", dtype="float32", device=device,
                       max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                       max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
                       num_gpu_blocks_override=num_blocks, skip_tokenizer_init=True,
                       attention_backend=attention_backend,
-                      gpu_memory_utilization=gpu_memory_utilization).create_engine_config()
+                      gpu_memory_utilization=gpu_memory_utilization,
+                      graph_size_timing=graph_size_timing).create_engine_config()
 
 
 def make_runner(config: EngineConfig) -> ModelRunner:
