@@ -13,7 +13,7 @@ A feature no row of the batch uses is None in the batch and launches nothing.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +27,9 @@ from pagedlm.sample.triton_draw import fused_gumbel_draw
 from pagedlm.sample.triton_threshold import triton_top_k_top_p_threshold
 
 Logprobs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+# Device types the Triton kernels (the fused draw, the threshold) serve; elsewhere the torch paths.
+# Tests pass ("cpu",) too: the kernels then run in the Triton interpreter.
+TRITON_DEVICE_TYPES = frozenset({"cuda"})
 
 
 @dataclass(slots=True)
@@ -81,11 +84,12 @@ class SamplingBatch:
     random: RandomParams | None = None  # None: every row is greedy
 
 
-def sample_batch(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+def sample_batch(logits: torch.Tensor, batch: SamplingBatch,
+                 triton_device_types: Collection[str] = TRITON_DEVICE_TYPES) -> SamplerOutput:
     """logits [N, V] float32, modified in place."""
     raw_logprobs = None if batch.num_logprobs is None else logits.log_softmax(dim=-1)  # [N, V]
     logits = process_logits(logits, batch)
-    sampled = draw(logits, batch.random)
+    sampled = draw(logits, batch.random, triton_device_types)
     if raw_logprobs is None:
         return SamplerOutput(sampled)
     return SamplerOutput(sampled, gather_logprobs(raw_logprobs, sampled, batch.num_logprobs))
@@ -110,16 +114,18 @@ def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     return logits
 
 
-def draw(logits: torch.Tensor, params: RandomParams | None) -> torch.Tensor:
+def draw(logits: torch.Tensor, params: RandomParams | None,
+         triton_device_types: Collection[str] = TRITON_DEVICE_TYPES) -> torch.Tensor:
     """Processed logits [N, V] (the torch path modifies them) -> sampled token ids [N] int64."""
     if params is None:
         return logits.argmax(dim=-1)
     greedy_ids = None if params.is_greedy is None else logits.argmax(dim=-1)  # [N]
-    if _use_fused_draw(logits, params):
+    triton = logits.device.type in triton_device_types
+    if triton and _fused_draw_serves(params):
         random_ids = fused_gumbel_draw(logits, params.temperature, params.noise_keys)  # [N]
     else:
         probs = _unnormalised_probs(logits, params.temperature)  # [N, V], the same memory
-        threshold = _truncation_threshold(probs, params)  # [N]
+        threshold = _truncation_threshold(probs, params, triton)  # [N]
         if threshold is not None:
             truncate(probs, threshold)
         random_ids = gumbel_draw(probs, params.noise_keys)  # [N]
@@ -128,13 +134,9 @@ def draw(logits: torch.Tensor, params: RandomParams | None) -> torch.Tensor:
     return torch.where(params.is_greedy, greedy_ids, random_ids)
 
 
-_FUSED_DRAW_DEVICE_TYPES = ("cuda",)  # tests add "cpu" to run it in the Triton interpreter
-
-
-def _use_fused_draw(logits: torch.Tensor, params: RandomParams) -> bool:
+def _fused_draw_serves(params: RandomParams) -> bool:
     """The fused Triton draw (one read of the logits) serves batches without min-p, top-k or top-p."""
-    return (logits.device.type in _FUSED_DRAW_DEVICE_TYPES and params.min_p is None
-            and params.top_k_top_p is None)
+    return params.min_p is None and params.top_k_top_p is None
 
 
 # ops/warm_up.py: the fused draw with a temperature and without one; top-p's threshold kernel (a batch
@@ -154,15 +156,13 @@ def _unnormalised_probs(logits: torch.Tensor, temperature: torch.Tensor | None) 
     return logits.exp_()
 
 
-_TRITON_THRESHOLD_DEVICE_TYPES = ("cuda",)  # tests add "cpu" to run it in the Triton interpreter
-
-
-def _truncation_threshold(probs: torch.Tensor, params: RandomParams) -> torch.Tensor | None:
-    """[N]: min-p, top-k and top-p keep the ids with probs >= it; None: no row truncates."""
+def _truncation_threshold(probs: torch.Tensor, params: RandomParams, triton: bool) -> torch.Tensor | None:
+    """[N]: min-p, top-k and top-p keep the ids with probs >= it; None: no row truncates. triton:
+    whether the threshold kernel serves probs' device."""
     floor, tktp = params.min_p, params.top_k_top_p  # min-p keeps probs >= min_p
     if tktp is None:
         return floor
-    threshold_of = _threshold_function(probs, tktp)
+    threshold_of = _threshold_function(tktp, triton)
     if tktp.index is None:
         return threshold_of(probs, floor, tktp)
     sub_floor = None if floor is None else floor.index_select(0, tktp.index)
@@ -171,13 +171,13 @@ def _truncation_threshold(probs: torch.Tensor, params: RandomParams) -> torch.Te
     return base.index_copy(0, tktp.index, threshold)
 
 
-def _threshold_function(probs: torch.Tensor, tktp: TopKTopP
+def _threshold_function(tktp: TopKTopP, triton: bool
                         ) -> Callable[[torch.Tensor, torch.Tensor | None, TopKTopP], torch.Tensor]:
-    """The Triton kernel (triton_threshold.py) on CUDA, except where every row has a top-k of at most
-    TOP_K_LIMIT: torch.topk's values then give the cuts faster (H200, [256, 151936], top_k 50: a
-    2.09 ms sampling step against 3.1 with the kernel, session 17 runs 4-6)."""
+    """The Triton kernel (triton_threshold.py) where it serves the device, except where every row has
+    a top-k of at most TOP_K_LIMIT: torch.topk's values then give the cuts faster (measured:
+    benchmarks/RESULTS.md, "Measured choices")."""
     topk_values = tktp.every_row_top_k and 0 < tktp.max_top_k <= TOP_K_LIMIT
-    if probs.device.type in _TRITON_THRESHOLD_DEVICE_TYPES and not topk_values:
+    if triton and not topk_values:
         return triton_top_k_top_p_threshold
     return top_k_top_p_threshold
 

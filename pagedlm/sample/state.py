@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import random
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 import torch
@@ -18,8 +18,8 @@ from pagedlm.sample.bad_words import BadWordsTables
 from pagedlm.sample.filters import TopKTopP
 from pagedlm.sample.noise import MASK64, row_keys_np
 from pagedlm.sample.penalties import PenaltyTables
-from pagedlm.sample.sampler import (Penalties, RandomParams, SamplerOutput, SamplingBatch,
-                                    TokenLists, sample_batch)
+from pagedlm.sample.sampler import (TRITON_DEVICE_TYPES, Penalties, RandomParams, SamplerOutput,
+                                    SamplingBatch, TokenLists, sample_batch)
 from pagedlm.sample.tables import MirroredTable, PaddedRows, upload
 from pagedlm.sampling_params import SamplingParams
 
@@ -57,7 +57,8 @@ class SamplingState:
     request is read once, at add_request."""
 
     def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device | str,
-                 seed: int) -> None:
+                 seed: int, triton_device_types: Collection[str] = TRITON_DEVICE_TYPES) -> None:
+        """triton_device_types: the device types the sampler's Triton kernels serve (sampler.py)."""
         if max_num_reqs < 1:
             raise ValueError(f"max_num_reqs must be at least 1, got {max_num_reqs}")
         if vocab_size < 1:
@@ -65,6 +66,7 @@ class SamplingState:
         self.max_num_reqs = max_num_reqs
         self.vocab_size = vocab_size
         self.device = torch.device(device)
+        self._triton_device_types = triton_device_types
         self._rng = random.Random(seed)  # seeds of requests that bring none
         self._init_host_rows()
         self._init_tables()
@@ -176,7 +178,7 @@ class SamplingState:
             self._num_sampled_np[rows_np] += 1
             return SamplerOutput(logits.argmax(dim=-1))
         batch = self.make_batch(rows_np)
-        output = sample_batch(logits.float(), batch)
+        output = sample_batch(logits.float(), batch, self._triton_device_types)
         self._num_sampled_np[rows_np] += 1
         sampled = output.sampled_token_ids  # [N]
         pen = batch.penalties

@@ -38,7 +38,10 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedlm.ops.triton_compat import patch_interpreter
 from pagedlm.sample.filters import TopKTopP
+
+patch_interpreter()  # the block loops' bounds are run-time values
 
 RADIX_BITS: tl.constexpr = tl.constexpr(4)
 NUM_CANDIDATES: tl.constexpr = tl.constexpr(16)  # 2^RADIX_BITS

@@ -33,11 +33,12 @@ def noise_kernel(hash_ptr, gumbel_ptr, keys_ptr, WIDTH: tl.constexpr):
     tl.store(gumbel_ptr + row * WIDTH + index, gumbel_noise_at(key, index))
 
 
-def sampled_ids(params: list[SamplingParams], logits: torch.Tensor) -> torch.Tensor:
+def sampled_ids(params: list[SamplingParams], logits: torch.Tensor,
+                triton_device_types: tuple[str, ...] = ("cuda",)) -> torch.Tensor:
     """[N]: one sampling step on the CPU of logits [N, V] (not modified), row r with params[r] (seed 3,
-    prompt [1, 2], EOS 0)."""
+    prompt [1, 2], EOS 0); triton_device_types ("cuda", "cpu"): the Triton kernels in the interpreter."""
     num_rows, vocab_size = logits.shape
-    state = SamplingState(num_rows, vocab_size, "cpu", seed=3)
+    state = SamplingState(num_rows, vocab_size, "cpu", seed=3, triton_device_types=triton_device_types)
     for row, p in enumerate(params):
         state.add_request(row, p, [1, 2], [], eos_token_ids=[0])
     return state.sample(logits.clone(), np.arange(num_rows, dtype=np.int32)).sampled_token_ids
@@ -218,7 +219,7 @@ def test_distribution_matches_softmax_over_temperature() -> None:
 
 def test_sampling_state_through_the_fused_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """Greedy, min_tokens and temperature rows through SamplingState: the fused path (forced on the
-    CPU) draws what the torch path draws; a batch with top-p keeps the torch path."""
+    CPU) draws what the torch path draws; a batch with top-p takes no fused draw."""
     vocab_size, num_rows = 90, 5
     logits = torch.randn(num_rows, vocab_size, generator=torch.Generator().manual_seed(11)) * 2
     plain = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=1),
@@ -235,8 +236,7 @@ def test_sampling_state_through_the_fused_path(monkeypatch: pytest.MonkeyPatch) 
     for params, fusable in ((plain, True), (top_p, False)):
         sampled = []
         for device_types in (("cuda",), ("cuda", "cpu")):
-            monkeypatch.setattr(sampler, "_FUSED_DRAW_DEVICE_TYPES", device_types)
-            sampled.append(sampled_ids(params, logits))
+            sampled.append(sampled_ids(params, logits, device_types))
         assert torch.equal(sampled[0], sampled[1])
         assert len(calls) == int(fusable)
         calls.clear()

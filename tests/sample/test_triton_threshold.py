@@ -99,8 +99,7 @@ def test_sampler_takes_the_triton_threshold(monkeypatch: pytest.MonkeyPatch, par
     monkeypatch.setattr(sampler, "triton_top_k_top_p_threshold", counted)
     sampled = []
     for device_types in (("cuda",), ("cuda", "cpu")):
-        monkeypatch.setattr(sampler, "_TRITON_THRESHOLD_DEVICE_TYPES", device_types)
-        sampled.append(sampled_ids(params, logits))
+        sampled.append(sampled_ids(params, logits, device_types))
     assert calls == kernel_rows  # mixed: rows 0, 2 and 4
     assert torch.equal(sampled[0], sampled[1])
 
