@@ -57,10 +57,12 @@ class BadWordsTables:
                 output_token_ids: Sequence[int]) -> bool:
         """Store the row's words and its output history; returns whether it has any word."""
         words = [list(word) for word in words]
-        bad = [w for w in words if not w or not all(0 <= t < self.vocab_size for t in w)]
-        if bad:
-            raise ValueError(f"bad_words_token_ids must be non-empty lists of token ids in "
-                             f"[0, {self.vocab_size}), got {bad[:3]}")
+        empty = [w for w in words if not w]
+        if empty:
+            raise ValueError(f"bad_words_token_ids must be non-empty lists of token ids, got {words[:3]}")
+        assert all(0 <= t < self.vocab_size for w in words for t in w), (
+            f"bad_words_token_ids {words[:3]} outside [0, {self.vocab_size}) (checked at the engine "
+            "boundary: SamplingParams.check_vocab)")
         self.num_words_np[row] = len(words)
         if not words:
             return False

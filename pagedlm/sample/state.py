@@ -102,7 +102,8 @@ class SamplingState:
             raise ValueError(f"row must be in [0, {self.max_num_reqs}), got {row}")
         if self._active_np[row]:
             raise ValueError(f"row {row} already holds a request; remove_request it first")
-        params.check_vocab(self.vocab_size)
+        # the params' token ids lie in the vocabulary: SamplingParams.check_vocab at the engine
+        # boundary (LLMEngine._resolve_params)
         bad_eos = [t for t in eos_token_ids if not 0 <= t < self.vocab_size]
         if bad_eos:
             raise ValueError(f"eos_token_ids must be in [0, {self.vocab_size}), got {bad_eos[:5]}")

@@ -104,9 +104,9 @@ class InputBatch:
     def _check_new(self, new: NewRequestData, num_tokens: int) -> None:
         if new.req_id in self.req_id_to_row:
             raise ValueError(f"new_reqs: request {new.req_id} is already on the worker")
-        if num_tokens > self.max_model_len:
-            raise ValueError(f"request {new.req_id}: {num_tokens} tokens exceed "
-                             f"max_model_len={self.max_model_len}")
+        assert num_tokens <= self.max_model_len, (
+            f"request {new.req_id}: {num_tokens} tokens exceed max_model_len={self.max_model_len} "
+            "(checked at the engine boundary: llm_engine.fit_context)")
         if not self._free_rows:
             raise ValueError(f"request {new.req_id}: all max_num_seqs={self.max_num_reqs} rows "
                              "are taken")
@@ -253,12 +253,12 @@ class InputBatch:
                       num_computed + num_scheduled, rows[token_req], positions)
 
     def _check_lengths(self, req_ids: list[str], rows: np.ndarray, seq_lens: np.ndarray) -> int:
-        """The longest sequence, after checking every one fits max_model_len and its blocks."""
+        """The longest sequence, after checking every one fits its blocks (and max_model_len, which
+        llm_engine.fit_context ensures at the engine boundary)."""
         max_seq_len = int(seq_lens.max())
-        if max_seq_len > self.max_model_len:
-            b = int(np.argmax(seq_lens > self.max_model_len))
-            raise ValueError(f"request {req_ids[b]}: sequence length {seq_lens[b]} exceeds "
-                             f"max_model_len={self.max_model_len}")
+        assert max_seq_len <= self.max_model_len, (
+            f"sequence length {max_seq_len} exceeds max_model_len={self.max_model_len} "
+            "(checked at the engine boundary: llm_engine.fit_context)")
         short = seq_lens > self.num_blocks_np.take(rows) * self.block_size  # [B]
         if np.count_nonzero(short):
             b = int(np.argmax(short))

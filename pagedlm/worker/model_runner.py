@@ -341,10 +341,9 @@ class ModelRunner:
         if embeds is None:
             return None
         expected = (len(new.prompt_token_ids), self.config.model.hidden_size)
-        if tuple(embeds.shape) != expected:
-            raise ValueError(f"prompt_embeds of request {new.req_id} must have shape "
-                             f"[num_prompt_tokens, hidden_size] = {list(expected)}, "
-                             f"got {list(embeds.shape)}")
+        assert tuple(embeds.shape) == expected, (
+            f"prompt_embeds of request {new.req_id}: shape {list(embeds.shape)}, not [num_prompt_tokens, "
+            f"hidden_size] = {list(expected)} (checked at the engine boundary: LLMEngine._check_embeds)")
         return embeds.to(device=self.device, dtype=self.config.model.dtype, non_blocking=True)
 
     def _reclaim(self, slot: int) -> None:

@@ -140,8 +140,6 @@ def test_bad_input_raises_value_error_naming_the_parameter() -> None:
     state = SamplingState(2, VOCAB_SIZE, "cpu", seed=0)
     with pytest.raises(ValueError, match="row must be in"):
         state.add_request(2, SamplingParams(), [1], [])
-    with pytest.raises(ValueError, match="logit_bias"):
-        state.add_request(0, SamplingParams(logit_bias={VOCAB_SIZE: 1.0}), [1], [])
     with pytest.raises(ValueError, match="eos_token_ids"):
         state.add_request(0, SamplingParams(), [1], [], eos_token_ids=[-1])
     state.add_request(0, SamplingParams(), [1], [])

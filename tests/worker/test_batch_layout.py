@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from worker_helpers import HIDDEN, VOCAB, make_config, make_runner, save_tiny_llama
+from worker_helpers import VOCAB, make_config, make_runner, save_tiny_llama
 
 from pagedlm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from pagedlm.sampling_params import SamplingParams
@@ -181,15 +181,11 @@ def test_bad_schedules_raise(folder):
                                    {"O": 4}, 4)
     with pytest.raises(ValueError, match=r"num_blocks=16"):
         runner.execute_model(out_of_range)
-    bad_embeds = NewRequestData("E", _prompt(4, 7), [], GREEDY, [1], 0,
-                                prompt_embeds=torch.zeros(5, HIDDEN))
-    with pytest.raises(ValueError, match="prompt_embeds"):
-        runner.execute_model(SchedulerOutput([bad_embeds], [], {"E": 4}, 4))
-    # the sampler refuses the parameters: the request must not keep its row
+    # the sampler refuses the parameters (an empty bad word): the request must not keep its row
     num_reqs = runner.input_batch.num_reqs
-    bad_params = NewRequestData("V", _prompt(4, 9), [], SamplingParams(stop_token_ids=[VOCAB + 5]),
+    bad_params = NewRequestData("V", _prompt(4, 9), [], SamplingParams(bad_words_token_ids=[[]]),
                                 [3], 0)
-    with pytest.raises(ValueError, match="stop_token_ids"):
+    with pytest.raises(ValueError, match="bad_words_token_ids"):
         runner.execute_model(SchedulerOutput([bad_params], [], {"V": 4}, 4))
     assert runner.input_batch.num_reqs == num_reqs and "V" not in runner.input_batch.req_id_to_row
     # a position past the known tokens that no earlier step is sampling
