@@ -2,6 +2,14 @@
 
 SchedulerOutput goes down: new requests in full, requests already on the worker as diffs.
 ModelRunnerOutput comes back: the tokens each sampling request drew this step.
+
+A constraint of the contract, from a kernel: in a step where every request computes one token, no
+request reads a KV block that another request of the same step fills. The split-decode kernel
+(attention/triton_decode.py) reads earlier keys before its PDL wait, so possibly before this step's
+KV writes (moving the read after the wait cost L2 2.8%: benchmarks/RESULTS.md, "Measured
+choices"). KVCacheManager keeps a one-token query off blocks registered in the same step by a
+one-token allocation (get_computed_blocks with the step's token_budget; the scheduler calls
+begin_step at each step's start).
 """
 from __future__ import annotations
 
