@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import functools
+import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +45,94 @@ def apply_chat_template(tokenizer: Tokenizer, conversation: Conversation,
                         chat_template_kwargs: dict[str, Any] | None = None) -> tuple[str, list[int]]:
     """The templated text and its token ids; the template already holds the special tokens,
     so they are not added a second time."""
+    text = render_chat_template(tokenizer, conversation, chat_template_kwargs)
+    return text, list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def render_chat_template(tokenizer: Tokenizer, conversation: Conversation,
+                         chat_template_kwargs: dict[str, Any] | None = None) -> str:
+    """The conversation through the tokenizer's chat template, as text."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("messages: the tokenizer has no chat template; use generate() instead")
     if not isinstance(conversation, list) or not all(isinstance(m, dict) for m in conversation):
         raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts "
                          "or a list of such lists")
     kwargs = {"add_generation_prompt": True, **(chat_template_kwargs or {}), "tokenize": False}
-    text = tokenizer.apply_chat_template(conversation, **kwargs)
-    return text, list(tokenizer.encode(text, add_special_tokens=False))
+    return tokenizer.apply_chat_template(conversation, **kwargs)
+
+
+# What may come before the vocabulary without dropping or merging characters of the text:
+# normalizers, pre-tokenizers (by their JSON type) and the splitting behaviours they may have.
+_KEEPING_NORMALIZERS = {"Prepend", "Replace", "Sequence"}
+_KEEPING_PRE_TOKENIZERS = {"ByteLevel", "Metaspace", "Split", "Digits", "Punctuation", "Sequence"}
+
+
+@dataclass(frozen=True)
+class TokenCountBound:
+    """A lower bound on a text's token count, found without tokenizing it: each token covers at
+    most `max_chars` characters of the text, and every character but the `dropped` ones (which
+    the vocabulary has no token for) lands in some token."""
+
+    max_chars: int
+    dropped: frozenset[str]
+
+    def min_tokens(self, text: str) -> int:
+        kept = len(text) - sum(text.count(char) for char in self.dropped)
+        return -(-kept // self.max_chars)
+
+
+def token_count_bound(tokenizer: Tokenizer) -> TokenCountBound | None:
+    """The tokenizer's TokenCountBound, or None where none holds: a normalizer that may shrink
+    the text, a pre-tokenizer or added token that drops characters (whitespace splitting,
+    stripping), an unknown token that swallows a run, a model other than BPE. A token's
+    vocabulary string is at least as long as the text it covers (a byte-level string has one
+    character per byte, a byte-fallback `<0x..>` stands for one byte)."""
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    vocab = tokenizer.backend_tokenizer.get_vocab(with_added_tokens=True)
+    dropped = _dropped_characters(spec, vocab)
+    keeps_characters = (
+        spec["model"]["type"] == "BPE" and dropped is not None
+        and _keeps(spec.get("normalizer"), _KEEPING_NORMALIZERS, "normalizers")
+        and _keeps(spec.get("pre_tokenizer"), _KEEPING_PRE_TOKENIZERS, "pretokenizers")
+        and not any(t.get("lstrip") or t.get("rstrip") for t in spec.get("added_tokens", [])))
+    if not keeps_characters:
+        return None
+    return TokenCountBound(max(len(piece) for piece in vocab), dropped)
+
+
+def _dropped_characters(spec: dict[str, Any], vocab: dict[str, int]) -> frozenset[str] | None:
+    """The characters a BPE model covers by no token; None where they are not a known set.
+    Outside its vocabulary a character becomes byte-fallback tokens, or one unknown token, or
+    (byte-level) its bytes' characters, of which those not in the vocabulary are dropped."""
+    model = spec["model"]
+    if model.get("byte_fallback") or (model.get("unk_token") and not model.get("fuse_unk")):
+        return frozenset()
+    if not _has_byte_level(spec.get("pre_tokenizer")):
+        return None
+    missing = {byte for char, byte in _byte_decoder().items() if char not in vocab}
+    if any(0x80 <= byte < 0xC0 for byte in missing):  # continuation bytes: no simple set
+        return None
+    # A character of several bytes keeps its continuation bytes; one of one byte is dropped.
+    return frozenset(chr(byte) for byte in missing if byte < 0x80)
+
+
+def _has_byte_level(pre_tokenizer: dict[str, Any] | None) -> bool:
+    if pre_tokenizer is None:
+        return False
+    return pre_tokenizer["type"] == "ByteLevel" or any(
+        _has_byte_level(child) for child in pre_tokenizer.get("pretokenizers", []))
+
+
+def _keeps(component: dict[str, Any] | None, keeping: set[str], children: str) -> bool:
+    """Whether a normalizer / pre-tokenizer (JSON) keeps every character of its input."""
+    if component is None:
+        return True
+    if component["type"] not in keeping or component.get("behavior") == "Removed":
+        return False
+    if component["type"] == "Replace":  # may only replace a string by one at least as long
+        pattern = component["pattern"].get("String")
+        return pattern is not None and len(component["content"]) >= len(pattern)
+    return all(_keeps(child, keeping, children) for child in component.get(children, []))
 
 
 def bad_words_token_ids(tokenizer: Tokenizer, bad_words: list[str]) -> list[list[int]]:

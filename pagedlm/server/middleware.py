@@ -1,11 +1,12 @@
-"""Checks that run before any route: the API key (for /v1 routes), the request-body size
-limit, and the X-Request-Id header echoed on the response; and the catch-all that turns an
-unexpected exception into a 500 in OpenAI's shape. Plain ASGI, so streaming and disconnect
-detection pass through untouched."""
+"""Checks that run before any route: the API key (on every route but /health), the
+request-body size limit, and the X-Request-Id header echoed on the response; and the catch-all
+that turns an unexpected exception into a 500 in OpenAI's shape. Plain ASGI, so streaming and
+disconnect detection pass through untouched."""
 from __future__ import annotations
 
 import hmac
 import json
+import logging
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -13,11 +14,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pagedlm.server.serving import internal_error
 
+logger = logging.getLogger("pagedlm.server")
+
+OPEN_PATHS = frozenset({"/health"})  # for probes that hold no key
+
 
 class GuardMiddleware:
     def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int) -> None:
         self.app = app
-        self.api_key = api_key
+        self.api_key = None if api_key is None else api_key.encode()
         self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -30,22 +35,27 @@ class GuardMiddleware:
             send = _echo_request_id(send, request_id)
         error = self._check(scope["path"], headers)
         if error is not None:
+            logger.info("%d %s %s: %s", error[0], scope["method"], scope["path"], error[1])
             await _send_error(send, *error)
             return
         await self.app(scope, self._limit_body(receive), send)
 
     def _check(self, path: str, headers: dict[bytes, bytes]) -> tuple[int, str, str, str] | None:
         """(status, message, type, code) of a refused request, or None."""
-        if self.api_key is not None and path.startswith("/v1"):
-            given = headers.get(b"authorization", b"")
-            if not hmac.compare_digest(given, f"Bearer {self.api_key}".encode()):
-                return (401, "Incorrect or missing API key: send the header "
-                        "'Authorization: Bearer <key>'", "authentication_error", "invalid_api_key")
+        if self.api_key is not None and path not in OPEN_PATHS and not self._authorized(headers):
+            return (401, "Incorrect or missing API key: send the header "
+                    "'Authorization: Bearer <key>'", "authentication_error", "invalid_api_key")
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             return (413, _too_large(self.max_body_bytes), "invalid_request_error",
                     "request_too_large")
         return None
+
+    def _authorized(self, headers: dict[bytes, bytes]) -> bool:
+        """`Authorization: Bearer <key>`; the scheme's case does not matter (RFC 7235), the key
+        is compared in constant time."""
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(b" "), self.api_key)
 
     def _limit_body(self, receive: Receive) -> Receive:
         """Counts a body sent without (or with a false) Content-Length."""

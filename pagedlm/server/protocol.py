@@ -1,38 +1,123 @@
 """OpenAI's request and response bodies (plus vLLM's extras) as pydantic models.
 
 Requests forbid unknown fields: a parameter the server does not implement is refused with 400
-naming it, never silently ignored. Floats must be finite."""
+naming it, never silently ignored. Types are strict, as OpenAI's schema states them: an integer
+or boolean field takes no string, float or boolean in its place (`"5"`, `true`), a float field
+takes integers but no strings. Floats must be finite; strings must be valid Unicode (no lone
+surrogates such as JSON's "\\ud800")."""
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo,
+                      field_validator, model_serializer)
+from pydantic_core import PydanticCustomError
 
 from pagedlm.sampling_params import MAX_LOGPROBS, SamplingParams
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_N = 128  # OpenAI's limit on choices per request
+MAX_TEMPERATURE = 2.0  # OpenAI's
+MAX_PROMPTS = 2048  # prompts in one completions request (a list of texts or of token-id lists)
+# Every output token is checked against every stop string (the detokenizer), and a stream holds
+# back the longest one's length in characters: both stay small.
+MAX_STOPS = 16
+MAX_STOP_CHARS = 256
+
+
+def _surrogate_path(value: Any) -> str | None:
+    """Where a lone surrogate is in a validated field value: "" for the value itself, ".3" for
+    its item 3, ".<key>" for a dict key; None where there is none. Nested request models check
+    their own fields."""
+    if isinstance(value, str):
+        return None if value.isascii() or _encodes(value) else ""
+    if isinstance(value, dict):
+        if any(_surrogate_path(key) is not None for key in value):
+            return ".<key>"
+        value = list(value.values())
+    # Validated lists are homogeneous (list[int], list[str], list[list[int]], ...): a list whose
+    # first item is not a string or a list holds none.
+    if isinstance(value, list) and value and isinstance(value[0], (str, list)):
+        for index, item in enumerate(value):
+            inner = _surrogate_path(item)
+            if inner is not None:
+                return f".{index}{inner}"
+    return None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # only a lone surrogate cannot be encoded
+        return False
+    return True
 
 
 class RequestBase(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+    @field_validator("*")
+    @classmethod
+    def _valid_unicode(cls, value: Any) -> Any:
+        """The tokenizer and UTF-8 cannot carry a lone surrogate: a 400 naming the field."""
+        path = _surrogate_path(value)
+        if path is not None:
+            raise PydanticCustomError(
+                "lone_surrogate", "{where}a lone surrogate (such as \"\\ud800\"): strings must "
+                "be valid Unicode", {"where": f"item {path[1:]}: " if path else ""})
+        return value
+
+
+def _string_or_list(value: Any) -> str | None:
+    return "string" if isinstance(value, str) else "list" if isinstance(value, list) else None
+
+
+def _prompt_shape(value: Any) -> str | None:
+    """A list prompt by its first item: texts, token-id lists or (also when empty) token ids."""
+    if not isinstance(value, list):
+        return _string_or_list(value)
+    first = value[0] if value else None
+    return "texts" if isinstance(first, str) else "token_id_lists" if isinstance(first, list) \
+        else "token_ids"
+
+
+def _by_shape(shape: Any, expected: str) -> Discriminator:
+    """A union that picks its member by the value's JSON shape, so that an error is that
+    member's alone (a smart union reports every member's, the first one unrelated)."""
+    return Discriminator(shape, custom_error_type="wrong_shape",
+                         custom_error_message=f"must be {expected}")
+
+
+TokenIds = Annotated[list[int], Field(fail_fast=True)]  # fail fast: one error, not millions
+Batch = Field(max_length=MAX_PROMPTS, fail_fast=True)
+Prompt = Annotated[
+    Annotated[str, Tag("string")] | Annotated[list[str], Batch, Tag("texts")]
+    | Annotated[TokenIds, Tag("token_ids")] | Annotated[list[TokenIds], Batch, Tag("token_id_lists")],
+    _by_shape(_prompt_shape, "a string, a list of strings, a list of token ids or a list of "
+              "token-id lists")]
+StopString = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
+Stop = Annotated[
+    Annotated[StopString, Tag("string")]
+    | Annotated[list[StopString], Field(max_length=MAX_STOPS), Tag("list")],
+    _by_shape(_string_or_list, "a string or a list of strings")]
 
 
 class StreamOptions(RequestBase):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage in every chunk (with include_usage)
 
 
 class SamplingFields(RequestBase):
     """What both generation endpoints accept: OpenAI's parameters and vLLM's extras."""
 
     model: str | None = None
-    temperature: float | None = Field(None, ge=0.0)
+    temperature: float | None = Field(None, ge=0.0, le=MAX_TEMPERATURE)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
+    stop: Stop | None = None
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX - MAX_N)  # sample i uses seed + i
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
@@ -44,7 +129,7 @@ class SamplingFields(RequestBase):
     repetition_penalty: float | None = Field(None, gt=0.0)
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0, le=INT64_MAX)
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: TokenIds | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     priority: int = Field(0, ge=INT64_MIN, le=INT64_MAX)
@@ -54,6 +139,11 @@ class SamplingFields(RequestBase):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage in every chunk: vLLM's continuous_usage_stats, which needs include_usage."""
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
     def to_sampling_params(self, max_tokens: int, logprobs: int | None,
                            vocab_size: int) -> SamplingParams:
@@ -86,7 +176,7 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: Prompt
     suffix: str | None = None
     max_tokens: int | None = Field(16, ge=1, le=INT64_MAX)
     echo: bool = False
@@ -98,10 +188,25 @@ class TextPart(RequestBase):
     text: str
 
 
+Content = Annotated[Annotated[str, Tag("string")] | Annotated[list[TextPart], Tag("list")],
+                    _by_shape(_string_or_list, "a string or a list of text parts")]
+
+
 class ChatMessage(RequestBase):
     role: Literal["system", "developer", "user", "assistant"]  # developer: OpenAI's newer system
-    content: str | list[TextPart] | None = None
+    content: Content | None = Field(None, validate_default=True)
     name: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content_unless_assistant(cls, content: Content | None,
+                                  info: ValidationInfo) -> Content | None:
+        """OpenAI: only an assistant message (one with tool calls) may leave its content out."""
+        role = info.data.get("role")
+        if content is None and role not in (None, "assistant"):
+            raise PydanticCustomError("missing", "a {role} message needs content: a string or a "
+                                      "list of text parts", {"role": role})
+        return content
 
     def text(self) -> str:
         """The content; text parts joined by newlines, as vLLM joins them."""
@@ -131,21 +236,10 @@ class TokenizeRequest(RequestBase):
 
 class DetokenizeRequest(RequestBase):
     model: str | None = None
-    tokens: list[int]
+    tokens: TokenIds
 
 
 # ---- responses --------------------------------------------------------------------------
-
-
-class ErrorInfo(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorInfo
 
 
 class PromptTokensDetails(BaseModel):
@@ -222,6 +316,11 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _only_what_changed(self, handler: Any) -> dict[str, Any]:
+        """A delta names only what it brings, as OpenAI's do (the final one may be {})."""
+        return {key: value for key, value in handler(self).items() if value is not None}
 
 
 class ChatStreamChoice(BaseModel):

@@ -8,7 +8,6 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,10 +15,12 @@ from fastapi import Request
 from pydantic import BaseModel
 
 from pagedlm.engine.llm_engine import ProcessedRequest
+from pagedlm.engine.tokenizer import TokenCountBound, Tokenizer, token_count_bound
 from pagedlm.outputs import CompletionOutput, RequestOutput
 from pagedlm.sampling_params import SamplingParams
 from pagedlm.server.async_engine import AsyncLLM, EngineDeadError, Overloaded, RequestAborted
 from pagedlm.server.protocol import PromptTokensDetails, SamplingFields, UsageInfo
+from pagedlm.server.tokenizer_pool import TokenizerPool
 
 logger = logging.getLogger("pagedlm.server")
 
@@ -73,16 +74,17 @@ def bad_request(exc: ValueError, fields: type[BaseModel], prompt_param: str = "p
 
 @dataclass
 class ServingContext:
-    engine: AsyncLLM
+    engine: AsyncLLM  # started
     model_name: str
-    # Tokenisation and chat templates run here, off the event loop: a huge prompt must not
-    # stall the streams in flight. One thread: a fast tokenizer is not safe to share.
-    tokenizer_pool: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="pagedlm-tokenize"))
+    # Parsing, chat templates and tokenisation run here, off the event loop.
+    pool: TokenizerPool = field(init=False)
+    # Refuses a text too long for max_model_len before it is tokenized (None: no bound holds).
+    token_bound: TokenCountBound | None = field(init=False)
 
-    async def run_blocking(self, fn: Any, *args: Any) -> Any:
-        """fn(*args) on the tokenizer thread, awaited."""
-        return await asyncio.get_running_loop().run_in_executor(self.tokenizer_pool, fn, *args)
+    def __post_init__(self) -> None:
+        tokenizer = self.tokenizer
+        self.pool = TokenizerPool(tokenizer)
+        self.token_bound = None if tokenizer is None else token_count_bound(tokenizer)
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
@@ -119,10 +121,31 @@ def build_params(ctx: ServingContext, body: SamplingFields, max_tokens: int | No
         raise bad_request(exc, type(body)) from None
 
 
-def process_prompt(ctx: ServingContext, prompt: Any, params: SamplingParams,
-                   requested_max_tokens: int | None, body: SamplingFields,
+def tokenize_within_context(ctx: ServingContext, tokenizer: Tokenizer | None, text: str,
+                            param: str, add_special_tokens: bool = True) -> list[int]:
+    """The text's token ids (on a pool thread, with its tokenizer); a text whose length alone
+    rules out max_model_len is refused before it is tokenized, so its size bounds no work."""
+    if tokenizer is None:
+        raise APIError(400, f"{param}: text needs a tokenizer, but the server skips it "
+                       "(--skip-tokenizer-init); send token ids", param=param)
+    min_tokens = 0 if ctx.token_bound is None else ctx.token_bound.min_tokens(text)
+    if min_tokens >= ctx.max_model_len:
+        raise APIError(
+            400, f"This model's maximum context length is {ctx.max_model_len} tokens "
+            f"(max_model_len), but the {param} has {len(text)} characters: at least {min_tokens} "
+            f"tokens (a token holds at most {ctx.token_bound.max_chars} characters). Reduce the "
+            f"{param}.", param=param, code="context_length_exceeded")
+    return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+
+def process_prompt(tokenizer: Tokenizer | None, ctx: ServingContext, prompt: Any,
+                   params: SamplingParams, requested_max_tokens: int | None, body: SamplingFields,
                    prompt_param: str = "prompt") -> ProcessedRequest:
-    """Tokenises and validates one prompt; a prompt plus max_tokens over the context is a 400."""
+    """Tokenises (a text, on a pool thread with its tokenizer) and validates one prompt: a
+    string, token ids, or a prompt dict; a prompt plus max_tokens over the context is a 400."""
+    if isinstance(prompt, str):
+        prompt = {"prompt": prompt, "prompt_token_ids": tokenize_within_context(
+            ctx, tokenizer, prompt, prompt_param)}
     prompt = _salted_prompt(prompt, body.cache_salt)
     try:
         processed = ctx.engine.llm_engine.process_request(prompt, params)
@@ -142,13 +165,11 @@ def process_prompt(ctx: ServingContext, prompt: Any, params: SamplingParams,
 
 
 def _salted_prompt(prompt: Any, cache_salt: str | None) -> Any:
-    """The prompt (a string, token ids or a prompt dict) as a prompt dict carrying the body's
-    cache_salt, as vLLM puts it into the engine prompt; unchanged without one."""
+    """The prompt (token ids or a prompt dict) as a prompt dict carrying the body's cache_salt,
+    as vLLM puts it into the engine prompt; unchanged without one."""
     if cache_salt is None:
         return prompt
-    if isinstance(prompt, str):
-        prompt = {"prompt": prompt}
-    elif isinstance(prompt, list):
+    if isinstance(prompt, list):
         prompt = {"prompt_token_ids": prompt}
     return {**prompt, "cache_salt": cache_salt}
 
@@ -177,8 +198,8 @@ class Generation:
     def __init__(self, ctx: ServingContext, raw: Request, request_id: str,
                  processed: list[ProcessedRequest], body: SamplingFields) -> None:
         self._engine = ctx.engine
-        unique = f"{request_id}-{next(_request_counter)}"  # callers may reuse request ids
-        self._ids = [f"{unique}-{i}" for i in range(len(processed))]
+        self._name = f"{request_id}-{next(_request_counter)}"  # callers may reuse request ids
+        self._ids = [f"{self._name}-{i}" for i in range(len(processed))]
         for engine_id, prompt in zip(self._ids, processed):
             self._engine.add_request(engine_id, prompt, body.priority, final_only=not body.stream)
         self._queue: asyncio.Queue = asyncio.Queue()
@@ -197,6 +218,7 @@ class Generation:
     async def _watch(self, raw: Request) -> None:
         while (await raw.receive())["type"] != "http.disconnect":
             pass
+        logger.info("request %s aborted: the client disconnected", self._name)
         self._abort()
         self._queue.put_nowait((-1, ClientDisconnected()))
 
@@ -257,8 +279,9 @@ def usage(outputs: list[RequestOutput | None]) -> UsageInfo:
 
 
 def sse(payload: BaseModel | dict[str, Any]) -> str:
-    data = payload.model_dump_json(exclude_none=True) if isinstance(payload, BaseModel) \
-        else json.dumps(payload)
+    """An event; a model's None fields are sent as null (OpenAI's chunks carry
+    `finish_reason: null` until the last one)."""
+    data = payload.model_dump_json() if isinstance(payload, BaseModel) else json.dumps(payload)
     return f"data: {data}\n\n"
 
 

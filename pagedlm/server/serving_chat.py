@@ -9,8 +9,10 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from pagedlm.engine.tokenizer import apply_chat_template, token_bytes
+from pagedlm.engine.llm_engine import ProcessedRequest
+from pagedlm.engine.tokenizer import Tokenizer, render_chat_template, token_bytes
 from pagedlm.outputs import CompletionOutput, RequestOutput, SampleLogprobs
+from pagedlm.sampling_params import SamplingParams
 from pagedlm.server.protocol import (ChatChoice, ChatChoiceLogprobs, ChatCompletionChunk,
                                      ChatCompletionRequest, ChatCompletionResponse, ChatLogprob,
                                      ChatMessage, ChatMessageOut, ChatStreamChoice, DeltaMessage,
@@ -18,7 +20,7 @@ from pagedlm.server.protocol import (ChatChoice, ChatChoiceLogprobs, ChatComplet
 from pagedlm.server.serving import (GENERATION_ERRORS, SSE_DONE, APIError, Delta, DeltaTracker,
                                     Generation, ServingContext, admit, build_params,
                                     generation_error, new_request_id, process_prompt, sse,
-                                    stream_error_event, usage)
+                                    stream_error_event, tokenize_within_context, usage)
 
 
 async def create_chat_completion(ctx: ServingContext, body: ChatCompletionRequest,
@@ -28,9 +30,7 @@ async def create_chat_completion(ctx: ServingContext, body: ChatCompletionReques
         raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
     max_tokens = body.max_completion_tokens or body.max_tokens
     params = build_params(ctx, body, max_tokens, (body.top_logprobs or 0) if body.logprobs else None)
-    prompt = await ctx.run_blocking(render_chat, ctx, body.messages)
-    processed = await ctx.run_blocking(process_prompt, ctx, prompt, params, max_tokens, body,
-                                       "messages")
+    processed = await ctx.pool.run_with_tokenizer(_process_chat, ctx, body, params, max_tokens)
     admit(ctx, [processed], body.n)
     request_id = new_request_id(raw, body)
     writer = _ChatWriter(ctx, body, f"chatcmpl-{request_id}")
@@ -46,17 +46,31 @@ async def create_chat_completion(ctx: ServingContext, body: ChatCompletionReques
     return JSONResponse(writer.response(final).model_dump())
 
 
-def render_chat(ctx: ServingContext, messages: list[ChatMessage]) -> dict[str, Any]:
-    """The conversation through the chat template, as a prompt for process_request."""
+def _process_chat(tokenizer: Tokenizer | None, ctx: ServingContext, body: ChatCompletionRequest,
+                  params: SamplingParams, max_tokens: int | None) -> ProcessedRequest:
+    prompt = tokenize_chat(tokenizer, ctx, body.messages)
+    return process_prompt(tokenizer, ctx, prompt, params, max_tokens, body, "messages")
+
+
+def tokenize_chat(tokenizer: Tokenizer | None, ctx: ServingContext,
+                  messages: list[ChatMessage]) -> dict[str, Any]:
+    """The conversation through the chat template, as a prompt for process_request (on a pool
+    thread, with its tokenizer)."""
+    text = render_chat(tokenizer, messages)
+    # the template holds the special tokens already
+    token_ids = tokenize_within_context(ctx, tokenizer, text, "messages", add_special_tokens=False)
+    return {"prompt": text, "prompt_token_ids": token_ids}
+
+
+def render_chat(tokenizer: Tokenizer | None, messages: list[ChatMessage]) -> str:
     conversation = [{"role": m.template_role(), "content": m.text(), **({"name": m.name} if m.name else {})}
                     for m in messages]
-    if ctx.tokenizer is None:
+    if tokenizer is None:
         raise APIError(400, "messages: chat needs a tokenizer (the server skips it)", param="messages")
     try:
-        text, token_ids = apply_chat_template(ctx.tokenizer, conversation)
+        return render_chat_template(tokenizer, conversation)
     except Exception as exc:  # noqa: BLE001 - a template may raise anything on odd input
         raise APIError(400, f"messages: the chat template failed: {exc}", param="messages") from None
-    return {"prompt": text, "prompt_token_ids": token_ids}
 
 
 class _ChatWriter:
@@ -91,7 +105,8 @@ class _ChatWriter:
                     delta = tracker.delta(choice.index, choice)
                     if delta is not None:
                         # one event per choice update, as OpenAI sends them
-                        yield "".join(sse(self._chunk([update]))
+                        usage_info = usage([final]) if self.body.continuous_usage else None
+                        yield "".join(sse(self._chunk([update], usage_info))
                                       for update in self._stream_choices(choice, delta))
             if self.body.include_usage:
                 yield sse(self._chunk([], usage([final])))

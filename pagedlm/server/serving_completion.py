@@ -10,7 +10,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from pagedlm.engine.llm_engine import ProcessedRequest
+from pagedlm.engine.tokenizer import Tokenizer
 from pagedlm.outputs import CompletionOutput, RequestOutput, SampleLogprobs
+from pagedlm.sampling_params import SamplingParams
 from pagedlm.server.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest,
                                      CompletionResponse)
 from pagedlm.server.serving import (GENERATION_ERRORS, SSE_DONE, APIError, Delta, DeltaTracker,
@@ -27,8 +29,7 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: R
         raise APIError(400, "logprobs together with echo (prompt logprobs) is not supported yet",
                        param="logprobs")
     params = build_params(ctx, body, body.max_tokens, body.logprobs)
-    processed = [await ctx.run_blocking(process_prompt, ctx, p, params, body.max_tokens, body)
-                 for p in _prompt_list(body.prompt)]
+    processed = await ctx.pool.run_with_tokenizer(_process_prompts, ctx, body, params)
     admit(ctx, processed, body.n)
     request_id = new_request_id(raw, body)
     writer = _CompletionWriter(ctx, body, f"cmpl-{request_id}", processed)
@@ -42,6 +43,12 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: R
     except GENERATION_ERRORS as exc:
         raise generation_error(exc) from None
     return JSONResponse(writer.response(finals).model_dump())
+
+
+def _process_prompts(tokenizer: Tokenizer | None, ctx: ServingContext, body: CompletionRequest,
+                     params: SamplingParams) -> list[ProcessedRequest]:
+    return [process_prompt(tokenizer, ctx, prompt, params, body.max_tokens, body)
+            for prompt in _prompt_list(body.prompt)]
 
 
 def _prompt_list(prompt: str | list[str] | list[int] | list[list[int]]) -> list[Any]:
@@ -93,7 +100,8 @@ class _CompletionWriter:
                 for choice in output.outputs:
                     delta = tracker.delta(prompt_index * self.body.n + choice.index, choice)
                     if delta is not None:
-                        yield sse(self._chunk([self._choice(prompt_index, choice, delta)]))
+                        yield sse(self._chunk([self._choice(prompt_index, choice, delta)],
+                                              usage(finals) if self.body.continuous_usage else None))
             if self.body.include_usage:
                 yield sse(self._chunk([], usage(finals)))
         except Exception as exc:  # noqa: BLE001 - an error event, not a cut-off stream

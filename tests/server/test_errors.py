@@ -6,6 +6,8 @@ import httpx
 import pytest
 from server_helpers import API_KEY, ServerProcess
 
+from pagedlm.server.protocol import MAX_STOP_CHARS, MAX_STOPS
+
 pytestmark = pytest.mark.slow
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -44,6 +46,25 @@ def assert_error(response: httpx.Response, status: int, *fragments: str,
     ({"suffix": "tail"}, "suffix", "not supported"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "stream=true"),
     ({"best_of": 2}, "best_of", "unrecognized or unsupported parameter"),
+    # strict types: what OpenAI's schema calls an integer or a boolean takes nothing else
+    ({"max_tokens": True}, "max_tokens", "valid integer"),
+    ({"max_tokens": "5"}, "max_tokens", "valid integer"),
+    ({"max_tokens": 5.0}, "max_tokens", "valid integer"),
+    ({"n": "2"}, "n", "valid integer"),
+    ({"stream": "yes"}, "stream", "valid boolean"),
+    ({"stream": 1}, "stream", "valid boolean"),
+    ({"echo": "true"}, "echo", "valid boolean"),
+    ({"logprobs": "yes"}, "logprobs", "valid integer"),
+    ({"logprobs": True}, "logprobs", "valid integer"),
+    ({"temperature": "0.5"}, "temperature", "valid number"),
+    ({"temperature": 2.5}, "temperature", "less than or equal to 2"),
+    ({"stop": "x" * (MAX_STOP_CHARS + 1)}, "stop", f"at most {MAX_STOP_CHARS} characters"),
+    ({"stop": ["x"] * (MAX_STOPS + 1)}, "stop", f"at most {MAX_STOPS} items"),
+    ({"stop": 5}, "stop", "must be a string or a list of strings"),
+    ({"prompt": [[1]] * 2049}, "prompt", "at most 2048 items"),
+    ({"prompt": [1, "a"]}, "prompt", "prompt.token_ids.1: Input should be a valid integer"),
+    ({"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options",
+     "valid boolean"),
     ({"echo": True, "logprobs": 1}, "logprobs", "not supported"),
     ({"prompt": ""}, "prompt", "empty"),
     ({"prompt": []}, "prompt", "empty"),
@@ -61,6 +82,13 @@ def test_completion_parameter_errors(http: httpx.Client, extra: dict, param: str
     ({"top_logprobs": 2}, "top_logprobs", "logprobs=true"),
     ({"tools": []}, "tools", "unrecognized or unsupported parameter"),
     ({"max_completion_tokens": -1}, "max_completion_tokens", "greater than or equal to 1"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages",
+     "messages.0.content: a user message needs content"),
+    ({"messages": [{"role": "system"}]}, "messages", "a system message needs content"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages",
+     "must be a string or a list of text parts"),
+    ({"logprobs": "yes"}, "logprobs", "valid boolean"),
+    ({"top_logprobs": True, "logprobs": True}, "top_logprobs", "valid integer"),
 ])
 def test_chat_parameter_errors(http: httpx.Client, extra: dict, param: str, fragment: str) -> None:
     body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, **extra}
@@ -99,14 +127,75 @@ def test_unknown_model_is_404(http: httpx.Client) -> None:
         assert error["code"] == "model_not_found"
 
 
-def test_api_key_is_required_on_v1(default_server: ServerProcess) -> None:
-    missing = httpx.get(default_server.url("/v1/models"))
-    error = assert_error(missing, 401, "API key")
-    assert error["type"] == "authentication_error"
-    wrong = httpx.post(default_server.url("/v1/completions"), json={"prompt": "Hi"},
-                       headers={"Authorization": "Bearer wrong"})
-    assert_error(wrong, 401, "API key")
-    assert httpx.get(default_server.url("/health")).status_code == 200  # outside /v1: open
+def test_assistant_content_may_be_null(http: httpx.Client) -> None:
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None},
+                {"role": "user", "content": "Hi again"}]
+    response = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1})
+    assert response.status_code == 200, response.text
+
+
+# Every route but /health: the service routes and the docs too (the schema tells an attacker
+# what to send; /metrics and /tokenize give away load and prompts' sizes).
+KEYED_ROUTES = [("GET", "/v1/models", None), ("GET", "/v1/models/anything", None),
+                ("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 1}),
+                ("POST", "/v1/chat/completions",
+                 {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}),
+                ("POST", "/tokenize", {"prompt": "Hi"}), ("POST", "/detokenize", {"tokens": [1]}),
+                ("GET", "/metrics", None), ("GET", "/docs", None), ("GET", "/redoc", None),
+                ("GET", "/openapi.json", None), ("GET", "/version", None),
+                ("GET", "/no-such-route", None)]
+
+
+@pytest.mark.parametrize("method, path, body", KEYED_ROUTES, ids=[r[1] for r in KEYED_ROUTES])
+def test_api_key_covers_every_route_but_health(default_server: ServerProcess, method: str,
+                                               path: str, body: dict | None) -> None:
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY},
+                    {"Authorization": f"Basic {API_KEY}"},
+                    {"Authorization": f"Bearer {API_KEY}x"}):
+        response = httpx.request(method, default_server.url(path), json=body, headers=headers,
+                                 timeout=120)
+        error = assert_error(response, 401, "API key")
+        assert (error["type"], error["code"]) == ("authentication_error", "invalid_api_key")
+    # RFC 7235: the scheme is case-insensitive
+    for scheme in ("Bearer", "bearer", "BEARER"):
+        response = httpx.request(method, default_server.url(path), json=body, timeout=120,
+                                 headers={"Authorization": f"{scheme} {API_KEY}"})
+        assert response.status_code != 401, (scheme, response.text)
+
+
+def test_health_needs_no_key(default_server: ServerProcess) -> None:
+    assert httpx.get(default_server.url("/health")).status_code == 200
+
+
+SURROGATE = "\\ud800"  # JSON's escape of a lone surrogate, spelled out in the raw body
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", '{"prompt": "Hi %s"}', "prompt"),
+    ("/v1/completions", '{"prompt": ["Hi", "%s"]}', "prompt"),
+    ("/v1/completions", '{"prompt": "Hi", "stop": "%s"}', "stop"),
+    ("/v1/completions", '{"prompt": "Hi", "stop": ["a", "%s"]}', "stop"),
+    ("/v1/completions", '{"prompt": "Hi", "cache_salt": "%s"}', "cache_salt"),
+    ("/v1/completions", '{"prompt": "Hi", "model": "%s"}', "model"),
+    ("/v1/completions", '{"prompt": "Hi", "user": "%s"}', "user"),
+    ("/v1/completions", '{"prompt": "Hi", "logit_bias": {"%s": 1}}', "logit_bias"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "%s"}]}', "messages"),
+    ("/v1/chat/completions",
+     '{"messages": [{"role": "user", "content": [{"type": "text", "text": "%s"}]}]}', "messages"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "Hi", "name": "%s"}]}',
+     "messages"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "Hi"}], "stop": "%s"}',
+     "stop"),
+    ("/tokenize", '{"prompt": "%s"}', "prompt"),
+    ("/tokenize", '{"messages": [{"role": "user", "content": "%s"}]}', "messages"),
+    ("/detokenize", '{"tokens": [1], "model": "%s"}', "model"),
+])
+def test_lone_surrogate_is_a_400_naming_the_field(http: httpx.Client, path: str, body: str,
+                                                  param: str) -> None:
+    data = (body % SURROGATE).encode()
+    response = http.post(path, content=data, headers={"Content-Type": "application/json"})
+    error = assert_error(response, 400, param=param)
+    assert "surrogate" in error["message"] or "unicode" in error["message"], error
 
 
 def test_body_over_the_limit_is_413(http: httpx.Client) -> None:

@@ -1,9 +1,10 @@
 """The official `openai` client against the live server on the default model: completions, chat,
-streaming, n=2, stop strings, max_tokens, usage (with prefix-cache hits), logprobs, and 32
-concurrent greedy requests equal to the same requests sent alone."""
+streaming, n=2, stop strings, max_tokens, usage (with prefix-cache hits), logprobs, models, the
+API key, and 32 concurrent greedy requests equal to the same requests sent alone."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import openai
@@ -13,6 +14,7 @@ from server_helpers import API_KEY, ServerProcess
 pytestmark = pytest.mark.slow
 
 FRANCE = "The capital of France is"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +27,23 @@ def model(client: openai.OpenAI) -> str:
     models = client.models.list().data
     assert len(models) == 1 and models[0].id == "SmolLM2-135M-Instruct.Q4_1.gguf"
     return models[0].id
+
+
+def test_models_show_the_served_name_and_one_model_by_id(client: openai.OpenAI, model: str) -> None:
+    card = client.models.list().data[0]
+    assert card.model_extra["root"] == model  # not the model file's path on the server's disk
+    assert client.models.retrieve(model).id == model
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.models.retrieve("gpt-17")
+    assert caught.value.body["code"] == "model_not_found" and "gpt-17" in caught.value.message
+
+
+def test_a_wrong_key_is_an_authentication_error(default_server: ServerProcess, model: str) -> None:
+    wrong = openai.OpenAI(base_url=default_server.url("/v1"), api_key="wrong", max_retries=0)
+    for call in (wrong.models.list, lambda: wrong.completions.create(model=model, prompt="Hi")):
+        with pytest.raises(openai.AuthenticationError) as caught:
+            call()
+        assert caught.value.body["type"] == "authentication_error"
 
 
 def greedy_completion(client: openai.OpenAI, model: str, prompt: str, max_tokens: int = 8) -> str:
@@ -91,10 +110,54 @@ def test_chat_stream_equals_whole(client: openai.OpenAI, model: str) -> None:
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
+@pytest.mark.parametrize("create", ["completions", "chat"])
+def test_continuous_usage_stats_put_usage_in_every_chunk(client: openai.OpenAI, model: str,
+                                                         create: str) -> None:
+    """vLLM's stream_options.continuous_usage_stats (guidellm sends it on every stream)."""
+    params = dict(model=model, max_tokens=4, temperature=0, stream=True,
+                  extra_body={"ignore_eos": True},
+                  stream_options={"include_usage": True, "continuous_usage_stats": True})
+    if create == "completions":
+        chunks = list(client.completions.create(prompt=FRANCE, **params))
+    else:
+        chunks = list(client.chat.completions.create(
+            messages=[{"role": "user", "content": "Hi"}], **params))
+    assert all(c.usage is not None for c in chunks)
+    completion = [c.usage.completion_tokens for c in chunks]
+    assert completion == sorted(completion) and completion[-1] == 4
+    assert len({c.usage.prompt_tokens for c in chunks}) == 1
+    assert all(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens
+               for c in chunks)
+    assert chunks[-1].choices == []  # the usage chunk still ends the stream
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": FRANCE}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
+], ids=["completions", "chat"])
+def test_stream_chunks_carry_finish_reason_null_until_the_last(default_server: ServerProcess,
+                                                               path: str, body: dict) -> None:
+    """As OpenAI's: every choice of a chunk has finish_reason (and logprobs), null until its
+    end; a chat delta names only what it brings."""
+    request = {**body, "max_tokens": 4, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", default_server.url(path), json=request, headers=AUTH,
+                      timeout=120) as response:
+        assert response.status_code == 200, response.read()
+        lines = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    choices = [choice for line in lines[:-1] for choice in json.loads(line)["choices"]]
+    assert [c["finish_reason"] for c in choices][-1] == "length"
+    assert all(c["finish_reason"] is None and "logprobs" in c for c in choices[:-1]), choices
+    if path == "/v1/chat/completions":
+        assert choices[0]["delta"] == {"role": "assistant", "content": ""}
+        assert all(set(c["delta"]) <= {"content"} for c in choices[1:]), choices
+
+
 def test_n2_gives_two_seeded_samples(client: openai.OpenAI, model: str,
                                      default_server: ServerProcess) -> None:
     prompt = "My favourite animal is"
-    num_prompt = httpx.post(default_server.url("/tokenize"), json={"prompt": prompt}).json()["count"]
+    num_prompt = httpx.post(default_server.url("/tokenize"), json={"prompt": prompt},
+                            headers=AUTH).json()["count"]
 
     def sample() -> list[str]:
         result = client.completions.create(model=model, prompt=prompt, max_tokens=4, n=2,
@@ -170,7 +233,8 @@ def test_echo_and_token_id_prompts(client: openai.OpenAI, model: str,
                                        echo=True)
     plain = greedy_completion(client, model, FRANCE, max_tokens=2)
     assert echoed.choices[0].text == FRANCE + plain
-    token_ids = httpx.post(default_server.url("/tokenize"), json={"prompt": FRANCE}).json()["tokens"]
+    token_ids = httpx.post(default_server.url("/tokenize"), json={"prompt": FRANCE},
+                           headers=AUTH).json()["tokens"]
     batch = client.completions.create(model=model, prompt=[token_ids, token_ids], max_tokens=2,
                                       temperature=0)
     assert [c.index for c in batch.choices] == [0, 1]

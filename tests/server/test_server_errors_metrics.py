@@ -1,8 +1,9 @@
-"""Unexpected exceptions and /metrics, with the `openai` client over loopback. The server runs
-in this process (uvicorn on a thread, the engine core in its own process as in `pagedlm serve`,
-on the tiny random Llama) so a test can monkeypatch what a handler calls: an exception in a
-handler is a 500 in OpenAI's error shape (logged with its traceback), one in a stream is an
-error event and [DONE], and the engine serves the next request. /metrics has no `*_created`
+"""Unexpected exceptions, logs and /metrics, with the `openai` client over loopback. The server
+runs in this process (uvicorn on a thread, the engine core in its own process as in `pagedlm
+serve`, on the tiny random Llama) so a test can monkeypatch what a handler calls and read what
+it logs: an exception in a handler is a 500 in OpenAI's error shape (logged with its traceback),
+one in a stream is an error event and [DONE], and the engine serves the next request; every 4xx
+and every client disconnect is logged at INFO with its reason. /metrics has no `*_created`
 series and every other series of the registry."""
 from __future__ import annotations
 
@@ -116,11 +117,14 @@ def server_log() -> Iterator[RecordList]:
     """What the server logs to `pagedlm.server` during the test."""
     handler = RecordList()
     logger = logging.getLogger("pagedlm.server")
+    level = logger.level
+    logger.setLevel(logging.INFO)  # as `pagedlm serve` logs (no entry point configured this one)
     logger.addHandler(handler)
     try:
         yield handler
     finally:
         logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def raise_on_call(number: int, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -190,7 +194,7 @@ def test_the_500_echoes_the_request_id(server: ServerThread,
 
 def aborted(server: ServerThread) -> float:
     """Requests finished by an abort, from /metrics."""
-    text = httpx.get(server.base_url + "/metrics", timeout=10).text
+    text = httpx.get(server.base_url + "/metrics", headers=AUTH, timeout=10).text
     return sum(s.value for family in text_string_to_metric_families(text)
                for s in family.samples
                if s.name == "pagedlm:request_success_total" and s.labels["finished_reason"] == "abort")
@@ -247,6 +251,41 @@ def test_validation_error_is_still_a_400(client: openai.OpenAI) -> None:
     assert error["type"] == "invalid_request_error" and error["param"] == "temperature"
 
 
+def info_messages(log: RecordList) -> list[str]:
+    return [r.getMessage() for r in log.records if r.levelno == logging.INFO]
+
+
+@pytest.mark.parametrize("path, body, headers, logged", [
+    ("/v1/completions", {"prompt": "Hi", "temperature": -1}, AUTH,
+     "400 POST /v1/completions: temperature: Input should be greater than or equal to 0"),
+    ("/v1/chat/completions", {"messages": CHAT, "model": "gpt-17"}, AUTH,
+     "404 POST /v1/chat/completions: The model `gpt-17` does not exist."),
+    ("/tokenize", {"prompt": "Hi"}, {}, "401 POST /tokenize: Incorrect or missing API key"),
+], ids=["400", "404", "401"])
+def test_each_4xx_is_logged_at_info_with_its_reason(server: ServerThread, server_log: RecordList,
+                                                     path: str, body: dict, headers: dict,
+                                                     logged: str) -> None:
+    response = httpx.post(server.base_url + path, json=body, headers=headers, timeout=60)
+    assert 400 <= response.status_code < 500
+    assert any(message.startswith(logged) for message in info_messages(server_log)), \
+        info_messages(server_log)
+
+
+def test_a_disconnect_is_logged_at_info(server: ServerThread, server_log: RecordList) -> None:
+    request = {"prompt": "Hello", "max_tokens": 400, "ignore_eos": True, "stream": True,
+               "request_id": "dropped-7"}
+    with httpx.stream("POST", server.base_url + "/v1/completions", json=request, headers=AUTH,
+                      timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                break  # closes the connection mid-stream
+    deadline = time.monotonic() + 10
+    while not any("dropped-7" in m and "client disconnected" in m
+                  for m in info_messages(server_log)):
+        assert time.monotonic() < deadline, info_messages(server_log)
+        time.sleep(0.1)
+
+
 def series(text: str) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
     return {(s.name, tuple(sorted(s.labels.items())))
             for family in text_string_to_metric_families(text) for s in family.samples}
@@ -255,7 +294,7 @@ def series(text: str) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
 def test_metrics_have_no_created_series_and_keep_the_rest(client: openai.OpenAI,
                                                           server: ServerThread) -> None:
     assert_serves(client)  # every histogram has observations
-    served = httpx.get(server.base_url + "/metrics", timeout=10).text
+    served = httpx.get(server.base_url + "/metrics", headers=AUTH, timeout=10).text
     assert "_created" not in served
     everything = generate_latest(server.engine.metrics.registry).decode()
     created = {s for s in series(everything) if s[0].endswith("_created")}

@@ -6,7 +6,6 @@ import asyncio
 import os
 import threading
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import pytest
 import zmq
@@ -16,13 +15,13 @@ from pagedlm.outputs import CompletionOutput
 from pagedlm.request import Request
 from pagedlm.sampling_params import SamplingParams
 from pagedlm.server import serving_chat, wire
-from pagedlm.server.api_server import validation_api_error
+from pagedlm.server.api_server import parse_json, validation_api_error
 from pagedlm.server.async_engine import AdmissionLimits, AsyncLLM, EngineDeadError, Overloaded
 from pagedlm.server.core_process import CoreLoop
 from pagedlm.server.metrics import ServerMetrics
 from pagedlm.server.protocol import ChatMessage, CompletionRequest, TextPart
 from pagedlm.server.remote_core import RemoteCore
-from pagedlm.server.serving import DeltaTracker
+from pagedlm.server.serving import APIError, DeltaTracker
 
 
 def test_wire_round_trip_keeps_every_field() -> None:
@@ -223,16 +222,29 @@ def test_delta_tracker_hands_out_only_what_is_new() -> None:
 
 
 def test_validation_errors_name_the_parameter() -> None:
-    extra = validation_api_error([{"type": "extra_forbidden", "loc": ("body", "best_of"),
+    extra = validation_api_error([{"type": "extra_forbidden", "loc": ("best_of",),
                                    "msg": "Extra inputs are not permitted"}])
     assert (extra.status, extra.param) == (400, "best_of")
     assert extra.message == "best_of: unrecognized or unsupported parameter"
-    nested = validation_api_error([{"type": "literal_error", "loc": ("body", "messages", 0, "role"),
+    nested = validation_api_error([{"type": "literal_error", "loc": ("messages", 0, "role"),
                                     "msg": "Input should be 'user'"}])
     assert (nested.param, nested.message) == ("messages", "messages.0.role: Input should be 'user'")
-    broken = validation_api_error([{"type": "json_invalid", "loc": ("body", 3), "msg": "JSON",
-                                    "ctx": {"error": "Expecting value"}}])
-    assert broken.param is None and "not valid JSON: Expecting value" in broken.message
+    # an unknown key holding a lone surrogate: the message must still encode as UTF-8
+    odd = validation_api_error([{"type": "extra_forbidden", "loc": ("x\ud800",), "msg": "Extra"}])
+    assert odd.message == "x\\ud800: unrecognized or unsupported parameter"
+    odd.message.encode("utf-8")
+
+
+@pytest.mark.parametrize("data, fragment", [
+    (b"{not json", "not valid JSON: Expecting property name"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    (b'{"prompt": "\xff"}', "not valid JSON"),  # not UTF-8
+    (b"[]", "valid dictionary"),
+])
+def test_a_body_that_is_no_json_object_is_a_400(data: bytes, fragment: str) -> None:
+    with pytest.raises(APIError) as caught:
+        parse_json(CompletionRequest, data)
+    assert caught.value.status == 400 and fragment in caught.value.message
 
 
 def test_request_to_sampling_params() -> None:
@@ -252,14 +264,14 @@ def test_developer_messages_render_as_system_and_text_parts_join_by_newline(
     text parts is one text, joined by newlines as vLLM joins them."""
     seen = {}
 
-    def fake_template(tokenizer: object, conversation: list[dict]) -> tuple[str, list[int]]:
+    def fake_template(tokenizer: object, conversation: list[dict]) -> str:
         seen["conversation"] = conversation
-        return "text", [1]
+        return "text"
 
-    monkeypatch.setattr(serving_chat, "apply_chat_template", fake_template)
+    monkeypatch.setattr(serving_chat, "render_chat_template", fake_template)
     parts = [TextPart(type="text", text="a"), TextPart(type="text", text="b")]
     messages = [ChatMessage(role="developer", content=parts), ChatMessage(role="user", content="hi")]
-    serving_chat.render_chat(SimpleNamespace(tokenizer=object()), messages)
+    serving_chat.render_chat(object(), messages)
     assert seen["conversation"] == [{"role": "system", "content": "a\nb"}, {"role": "user", "content": "hi"}]
 
 

@@ -1,0 +1,46 @@
+"""The threads that take a request's CPU work off the event loop: JSON parsing and validation,
+chat templates, tokenisation. The event loop then only moves bytes and outputs, so one large
+request never stalls the streams in flight or /health."""
+from __future__ import annotations
+
+import asyncio
+import copy
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from pagedlm.engine.tokenizer import Tokenizer
+
+T = TypeVar("T")
+
+# Enough that a few large requests (a chat template over 100k messages renders for seconds)
+# leave threads for the small ones. Tokenisation releases the GIL (the tokenizers library
+# encodes in Rust) and runs in parallel; the Python work interleaves.
+NUM_THREADS = 8
+
+
+class TokenizerPool:
+    def __init__(self, tokenizer: Tokenizer | None, num_threads: int = NUM_THREADS) -> None:
+        self._tokenizer = tokenizer
+        self._local = threading.local()
+        self._executor = ThreadPoolExecutor(num_threads, thread_name_prefix="pagedlm-tokenize",
+                                            initializer=self._init_thread)
+
+    def _init_thread(self) -> None:
+        # A copy per thread: a Hugging Face fast tokenizer is not safe to share between threads
+        # (its Rust object is borrowed mutably when truncation or padding is set: "Already
+        # borrowed").
+        self._local.tokenizer = copy.deepcopy(self._tokenizer)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args) on a pool thread, awaited."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def run_with_tokenizer(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(tokenizer, *args) on a pool thread with that thread's copy of the tokenizer."""
+        return await self.run(self._call_with_tokenizer, fn, args)
+
+    def _call_with_tokenizer(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        return fn(self._local.tokenizer, *args)
+
