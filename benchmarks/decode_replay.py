@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_workloads import MODELS  # noqa: E402
-from host_step import _replay_gpu_us  # noqa: E402
+from host_step import replay_gpu_us  # noqa: E402
 from pagedlm import LLM, SamplingParams  # noqa: E402
 from pagedlm.attention import triton_backend, triton_decode  # noqa: E402
 from pagedlm.model import llama  # noqa: E402
@@ -188,7 +188,7 @@ def fill_decode_batch(llm: LLM, batch_size: int, context: int) -> int:
     prompts = [[rng.randrange(100, 30000) for _ in range(context)] for _ in range(batch_size)]
     llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
     runner = llm.llm_engine.engine_core.model_runner
-    size = runner.graphs.padded_size(batch_size)
+    size = runner.sizes.decode_graph_size(batch_size)
     seq_lens = runner._inputs.sections(size, size).tensors["seq_lens"]  # the graphs' layout
     if not bool((seq_lens == context + 1).all()):
         raise RuntimeError(f"the last step was not one decode of the whole batch: seq_lens {seq_lens.tolist()}")
@@ -223,7 +223,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for variant in variants:
                 runner._last_sampled.copy_(first_ids)
-                times[variant].append(_replay_gpu_us(graphs[variant], args.batch_size))
+                times[variant].append(replay_gpu_us(graphs[variant], size))
                 outputs.setdefault(variant, graphs[variant]._outputs[size, None][:args.batch_size].float().clone())
     first = outputs[variants[0]]
     rows = [dict(variant=v, us=statistics.median(times[v]), min_us=min(times[v]), max_us=max(times[v]),

@@ -57,7 +57,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pagedlm import LLM, SamplingParams  # noqa: E402
-from pagedlm.worker.cuda_graphs import MAX_LOGITS_ROWS, DecodeGraphs  # noqa: E402
+from pagedlm.worker.cuda_graphs import DecodeGraphs  # noqa: E402
+from pagedlm.worker.sizes import MAX_LOGITS_ROWS  # noqa: E402
 
 TINY_QWEN3 = {
     "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 64,
@@ -219,11 +220,9 @@ def _event_wait_us(llm: LLM, prompts: list[list[int]], args: argparse.Namespace)
     return seconds / args.output_len * 1e6, waited / args.output_len * 1e6
 
 
-def _replay_gpu_us(graphs: Any, batch_size: int, num_replays: int = 200) -> float:
-    """GPU µs of one replay of the decode graph for batch_size sequences (CUDA only), over
-    the static buffers and block table as the last step left them (a finished run: its KV is
-    not read again)."""
-    size = graphs.padded_size(batch_size)
+def replay_gpu_us(graphs: DecodeGraphs, size: int, num_replays: int = 200) -> float:
+    """GPU µs of one replay of the decode graph of that size (CUDA only), over the static buffers and
+    block table as the last step left them (a finished run: its KV is not read again)."""
     return queued_gpu_us(lambda i: graphs.replay(size), num_replays)
 
 
@@ -250,7 +249,7 @@ def _run_batch(args: argparse.Namespace, batch_size: int, folder: Path) -> dict[
     runner = llm.llm_engine.engine_core.model_runner
     if args.graphs:
         runner.graphs = HostGraphs(runner.config, runner.model, runner.kv_caches, runner._inputs,
-                                   runner.input_batch.max_num_blocks_per_req)
+                                   runner.input_batch.max_num_blocks_per_req, sizes=runner.sizes)
         runner.graphs.capture()
     full_s = _min_time(llm, prompts, args)
     runner.model = ForwardStub(runner.model, runner.max_num_tokens)
@@ -261,7 +260,7 @@ def _run_batch(args: argparse.Namespace, batch_size: int, folder: Path) -> dict[
     # had fewer rows than batch_size, and the larger graph would read another layout's sections.
     on_cuda = runner.graphs is not None and not args.graphs and not args.ragged
     if on_cuda:
-        replay_us = _replay_gpu_us(runner.graphs, batch_size)
+        replay_us = replay_gpu_us(runner.graphs, runner.sizes.decode_graph_size(batch_size))
         print(f"batch {batch_size}: one decode-graph replay takes {replay_us:.1f} µs of GPU time")
     if args.count_ops:
         ops_per_step, counts = _count_ops(llm, prompts, args)

@@ -4,7 +4,7 @@
 
 Session 16's split-K probe timed llama3-8b's gate_up (28,672 x 4,096) at 280 µs for 448 rows and
 167 µs for 512: cuBLAS's heuristic picks a poor kernel at some row counts. For every capture size
-(cuda_graphs.capture_sizes) of at least --min-rows rows and each weight of the decoder layer, this
+(sizes.capture_sizes) of at least --min-rows rows and each weight of the decoder layer, this
 times y = x @ W.T in bf16 as F.linear runs it, under cuBLAS and cuBLASLt (alternating, median of
 ROUNDS rounds of CALLS calls), then, per size M, the best time at any size M' >= M
 (what padding the rows to M' would cost). Printed per weight: the sizes where padding or cuBLASLt
@@ -31,7 +31,7 @@ from gemm_backends import CALLS, weight_shapes  # noqa: E402
 from host_step import queued_gpu_us  # noqa: E402
 from gpu_workloads import MODELS  # noqa: E402
 
-from pagedlm.worker.cuda_graphs import capture_sizes  # noqa: E402
+from pagedlm.worker.sizes import capture_sizes  # noqa: E402
 
 BACKENDS = ("cublas", "cublaslt")
 LAYER_WEIGHTS = ("qkv", "o", "gate_up", "down")
