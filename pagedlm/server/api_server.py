@@ -9,7 +9,6 @@ from __future__ import annotations
 import gc
 import importlib.metadata
 import json
-import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,11 +27,10 @@ from pagedlm.server.middleware import GuardMiddleware, InternalErrorMiddleware
 from pagedlm.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                      DetokenizeResponse, ModelCard, ModelList, TokenizeRequest,
                                      TokenizeResponse)
-from pagedlm.server.serving import APIError, ServingContext, tokenize_within_context
+from pagedlm.server.serving import (APIError, ServingContext, log_refusal,
+                                    tokenize_within_context)
 from pagedlm.server.serving_chat import create_chat_completion, tokenize_chat
 from pagedlm.server.serving_completion import create_completion
-
-logger = logging.getLogger("pagedlm.server")
 
 Body = TypeVar("Body", bound=BaseModel)
 REQUEST_BODIES = (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest)
@@ -59,7 +57,7 @@ def _version() -> str:
 
 def _error_response(error: APIError, request: Request) -> JSONResponse:
     if error.status < 500:
-        logger.info("%d %s %s: %s", error.status, request.method, request.url.path, error.message)
+        log_refusal(error.status, request.method, request.url.path, error.message)
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 

@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import hmac
 import json
-import logging
 from typing import Any
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pagedlm.server.serving import internal_error
-
-logger = logging.getLogger("pagedlm.server")
+from pagedlm.server.serving import internal_error, log_refusal
 
 OPEN_PATHS = frozenset({"/health"})  # for probes that hold no key
 
@@ -35,7 +32,7 @@ class GuardMiddleware:
             send = _echo_request_id(send, request_id)
         error = self._check(scope["path"], headers)
         if error is not None:
-            logger.info("%d %s %s: %s", error[0], scope["method"], scope["path"], error[1])
+            log_refusal(error[0], scope["method"], scope["path"], error[1])
             await _send_error(send, *error)
             return
         await self.app(scope, self._limit_body(receive), send)

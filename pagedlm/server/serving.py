@@ -62,6 +62,15 @@ def internal_error(exc: Exception, where: str) -> APIError:
                     code="internal_server_error")
 
 
+def log_refusal(status: int, method: str, path: str, message: str) -> None:
+    """A 4xx at INFO with its reason, on one line whatever the client put in it."""
+    logger.info("%d %s %s: %s", status, method, _one_line(path), _one_line(message))
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def bad_request(exc: ValueError, fields: type[BaseModel], prompt_param: str = "prompt") -> APIError:
     """A ValueError from validation; its first word names the parameter when it is a field
     (`prompt...` words name the prompt: `prompt` or `messages`)."""

@@ -261,7 +261,9 @@ def info_messages(log: RecordList) -> list[str]:
     ("/v1/chat/completions", {"messages": CHAT, "model": "gpt-17"}, AUTH,
      "404 POST /v1/chat/completions: The model `gpt-17` does not exist."),
     ("/tokenize", {"prompt": "Hi"}, {}, "401 POST /tokenize: Incorrect or missing API key"),
-], ids=["400", "404", "401"])
+    ("/v1/completions", {"prompt": "Hi", "model": "x\nINFO forged line"}, AUTH,
+     "404 POST /v1/completions: The model `x\\nINFO forged line` does not exist."),
+], ids=["400", "404", "401", "one line"])
 def test_each_4xx_is_logged_at_info_with_its_reason(server: ServerThread, server_log: RecordList,
                                                      path: str, body: dict, headers: dict,
                                                      logged: str) -> None:
