@@ -17,10 +17,10 @@ every CUDA graph replay) starts from zeros.
 Before its PDL wait each program reads its split's first tile of keys and values, all but the
 newest key (which prepare_qkv, the kernel before, writes in this step): the other keys were written
 by earlier steps (pagedlm/ops/pdl.py, rule 1). At batch 1 a split is one tile up to 32 x 64 keys,
-so the wait then only holds back q, the newest key and the math. Reading that tile after the wait
-instead cost a batch-1 decode step ~19 us of 656 on qwen3-0.6b (L2 -2.8%) and ~34 of 4,119 on
-llama3-8b (L1 -0.8%) (H200, 2026-12-01): so the scheduler keeps a one-token query off a block that
-another sequence fills in the same step (core/kv_cache_manager.py), a constraint of its output.
+so the wait then only holds back q, the newest key and the math (reading the tile after the wait
+was measured slower: benchmarks/RESULTS.md, "Measured choices"). So the scheduler keeps a one-token
+query off a block that another sequence fills in the same step (core/kv_cache_manager.py), a
+constraint of its output (core/sched_output.py).
 
 The counter protocol and its memory ordering: pagedlm.ops.counters.last_to_arrive; the merge
 reads the partials with the .cg cache modifier, as it asks.
@@ -45,9 +45,7 @@ MAX_SPLITS = 32
 SPLIT_BLOCK_N = 64  # keys per tile; at batch 1 also per split (MIN_KEYS_PER_SPLIT spreads them wider)
 SPLIT_NUM_WARPS = 4
 # A one-tile split (batch 1 up to 32 x 64 keys) skips the loop, so its stages cost nothing there; longer
-# splits are pipelined (benchmarks/decode_replay.py, qwen3-0.6b batch 1, stages 1 / 2 / 3: 639.8 / 644.5 /
-# 646.6 µs a step at 384 keys, 1,299.8 / 1,234.5 / 1,261.7 at 16,000). Before the skip, the empty loop's
-# prologue cost 3 stages 81 µs a step at 384 keys against 1 stage.
+# splits are pipelined, 2 stages fastest at long contexts (benchmarks/RESULTS.md, "Measured choices").
 SPLIT_NUM_STAGES = 2
 
 

@@ -18,9 +18,8 @@ A mixed batch whose first meta.num_decodes sequences have one query token each t
 those sequences as a decode batch, then sequences [first_seq = num_decodes, num_seqs) with the
 search, from tile_base = first_seq // BLOCK_Q + first_seq (first_seq's first tile, as qsl[first_seq]
 = first_seq). In one launch each decode would take a whole query tile (BLOCK_M rows, of which only a
-group's heads of one token are real) and the prefill tiles' grid order (below). H200, session 9
-(attention_kernels.py --mixed): a T1-like mixed step's attention 0.270 -> 0.249 ms, a T3-like one
-1.370 -> 1.330.
+group's heads of one token are real) and the prefill tiles' grid order (below); measured:
+benchmarks/RESULTS.md, "Measured choices".
 
 Decode launch order (ORDERED): a few decode tiles fill an SM's shared memory, so the SMs take the
 programs in launch order, a few at a time, and a ragged batch ends when its last-started long sequence does
@@ -32,8 +31,7 @@ Decode grid order: a decode batch's grid is (KV heads, sequences), and CUDA star
 x-fastest, so a sequence's heads run together (its blocks read whole, 2 KB a slot) and LPT order holds
 over the whole launch. With (sequences, KV heads), as prefill tiles keep (neighbouring tiles of a head
 share its keys in L2), a decode batch ran head by head: 256-byte rows of each block, and LPT order
-only within a head's pass. H200, session 9 (attention_kernels.py --decode, KV TB/s): T1's decode shape
-3.70 -> 3.82, T2's 4.21 -> 4.29; T1 end to end 24,230 -> 25,336 output tok/s.
+only within a head's pass (measured: benchmarks/RESULTS.md, "Measured choices").
 
 Decode-only batches too small to fill the GPU take the flash-decoding path in triton_decode.py.
 """
@@ -250,10 +248,9 @@ def kernel_constexprs(
     )
 
 
-# Decode tiles (head_dim <= 128, 2-byte KV; `attention_kernels.py --decode`, KV-cache TB/s on T1 / T2 decode
-# shapes, H200): session 3: 128 keys, 3 stages, full tiles unmasked then a masked last one, 3.62 / 4.07
-# against 3.40 / 3.81 with 64 keys; session 7 (two calls): 64 keys, 2 stages, one masked loop 3.79-3.87 /
-# 4.24-4.32 against 3.70-3.77 / 4.12-4.21 for session 3's tiles in the same runs (32 keys: 3.97 / 3.99).
+# Decode tiles (head_dim <= 128, 2-byte KV): 64 keys, 2 stages, one masked loop read the KV cache fastest
+# on T1's and T2's decode shapes (benchmarks/attention_kernels.py --decode; benchmarks/RESULTS.md,
+# "Measured choices").
 DECODE_BLOCK_N = 64
 DECODE_NUM_WARPS = 4
 DECODE_NUM_STAGES = 2

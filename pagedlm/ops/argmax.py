@@ -1,11 +1,10 @@
 """The greedy pick of a few rows of logits: each row's argmax over the vocabulary (ties to the
 first index, as torch.argmax), returned and also written into a token table at given entries.
 
-For the CUDA graphs of small decode batches (cuda_graphs.MAX_LOGITS_ROWS rows at most), which pick
-their greedy tokens and write them into last_sampled. torch.argmax reduces a row in one block: on
-the H200 it took 26 µs for one row of llama3-8b's 128,256 logits, 8.6 µs for qwen3-0.6b's 151,936
-(session 9, benchmarks/results/2026-11-30-h200-s9/run3/argmax_probe.py), then index_copy_ wrote
-the table. Here two kernels take 3-4 µs: NUM_CHUNKS programs a row each reduce an interleaved
+For the CUDA graphs of small decode batches (sizes.MAX_LOGITS_ROWS rows at most), which pick
+their greedy tokens and write them into last_sampled. torch.argmax reduces a row in one block, several
+times slower on a vocabulary-sized row (benchmarks/RESULTS.md, "Measured choices"), and index_copy_
+then writes the table. Here two kernels: NUM_CHUNKS programs a row each reduce an interleaved
 share of the row (blocks chunk, chunk + NUM_CHUNKS, ...) to its max and that max's first index;
 one program a row reduces those and writes the id twice (three times with host_ids: pinned host memory,
 which the CUDA graphs of ops/stage_in.py's steps read their ids from without a copy). NaN counts as
@@ -25,7 +24,7 @@ from pagedlm.ops.triton_compat import patch_interpreter
 patch_interpreter()  # the chunk loop's start is a program-id tensor
 
 BLOCK = 512  # logits a program reads at a time
-MAX_CHUNKS = 128  # programs a row (the probe: 128 x 512 fastest of 32/64/128 chunks)
+MAX_CHUNKS = 128  # programs a row (128 x 512 measured fastest of 32/64/128 chunks)
 
 
 @triton.jit

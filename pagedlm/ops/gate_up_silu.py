@@ -1,20 +1,17 @@
 """The gated MLP's first half for prefill-sized batches: silu(x @ W_gate.T) * (x @ W_up.T) in one GEMM.
 
 W is gate_up_proj's weight [2I, K] (gate rows, then up rows). Without this, cuBLAS writes gate_up's
-[M, 2I] output and silu_and_mul reads it back and writes [M, I]: on llama3-8b's 16k-token prefill
-steps that kernel took ~300 µs of a ~6 ms GEMM, 0.78 s of T3-off's 33 s (session 9's profile). Here
-each output tile [BM, BH] loads its gate rows and the matching up rows of W with one TMA load (W viewed
-[2, I, K]: two tiles stacked [2 * BH, BK]), so one dot of width 2 * BH accumulates [gate | up] and the x
-tile is read once; the epilogue writes silu(gate) * up, computed in float32 and rounded once. (Two dots of
-width BH, one per half, read each x tile from shared memory twice: that first version lost 7% on T0 and
-T3-off end to end, session 14 run 7.)
+[M, 2I] output and silu_and_mul reads it back and writes [M, I], a visible part of a long prefill
+step. Here each output tile [BM, BH] loads its gate rows and the matching up rows of W with one TMA
+load (W viewed [2, I, K]: two tiles stacked [2 * BH, BK]), so one dot of width 2 * BH accumulates
+[gate | up] and the x tile is read once (two dots of width BH, one per half, read it from shared
+memory twice and lost end to end); the epilogue writes silu(gate) * up, computed in float32 and
+rounded once.
 
 The GEMM is persistent (one program per SM, each looping over output tiles in grouped order, so that
 GROUP_M row tiles share each weight tile through L2) and loads and stores through host-side TMA
-descriptors (Hopper). Measured on the H200 (benchmarks/gemm_fusion_probe.py, session 14 runs 6 and 8,
-llama3-8b's gate_up): 0.945x the time of cuBLAS gate_up + silu_and_mul at 16,384 rows, 0.973x at 2,048
-(1.035x cuBLAS's gate_up alone at both); end to end (run 8, one process each) T0 llama3-8b 7,177 against
-7,065 output tok/s without it, T3-off 1,963 against 1,925.
+descriptors (Hopper). Measured against cuBLAS + silu_and_mul (benchmarks/probes/gemm_fusion_probe.py)
+and end to end: benchmarks/RESULTS.md, "Measured choices".
 
 Used by layers.Linear for 16-bit inputs of at least MIN_ROWS rows on a device with TMA (sm_90+);
 below that cuBLAS + silu_and_mul (or the GEMV, whose prologue does the activation) stay. Under the
@@ -35,7 +32,7 @@ from pagedlm.ops.warm_up import WarmUpTarget
 
 patch_interpreter()  # the tile and K loops' bounds are run-time values
 
-MIN_ROWS = 2048  # measured at 2,048 and 16,384 rows (module notes); smaller batches keep cuBLAS
+MIN_ROWS = 2048  # measured at 2,048 and 16,384 rows (RESULTS.md); smaller batches keep cuBLAS
 BLOCK_M, BLOCK_H, BLOCK_K = 128, 128, 64  # an output tile [BM, BH]: a dot of x [BM, BK] by W [2 * BH, BK]
 NUM_STAGES, NUM_WARPS = 3, 8  # the probe's fastest config (128 x 256 x 64, 3 stages, 8 warps)
 GROUP_M = 8

@@ -31,51 +31,34 @@ from pagedlm.ops.triton_compat import patch_interpreter
 
 patch_interpreter()
 
+# Every rule below is a measured choice (H200; benchmarks/gemv_bench.py, decode_replay.py): the
+# numbers are in benchmarks/RESULTS.md, "Measured choices".
 MAX_M = 8
-# The H200 measurement (benchmarks/gemv_bench.py, 2026-11-29, RESULTS.md): the kernel beats cuBLAS on
-# narrow outputs, where cuBLAS launches too few CTAs (qwen3-0.6b o_proj N=1024 K=2048, M=1: 5.0 vs
-# 12.5 µs; down_proj + silu 6.4 vs 7.7), and, without PDL, lost a little on wide ones (llama3-8b).
+# Narrow outputs: cuBLAS launches too few CTAs there, the kernel wins at up to MAX_M rows.
 MAX_GEMV_N = 2048
-# With PDL (session 5, gemv_bench.py --sweep at M=1, graph replays) the FMA tiles also win or tie on
-# wide outputs while K <= 4096: every qwen3-0.6b matrix (qkv 4.2 vs 5.0 µs, gate_up 5.3 vs 5.9),
-# llama3-8b's qkv (14.2 vs 15.3), o (12.0 vs 12.5 at split 2), gate_up (58.6 vs 57.6) and both LM
-# heads (4.4-4.5 vs 4.0-4.2 TB/s); they lost on llama3-8b's down_proj (K=14336: 34.7 vs 32.6 µs
-# with its SiLU) until session 12's multi-warp tiles (STREAM_WARPS).
-# At M >= 2 the tl.dot tiles lose to cuBLAS on wide outputs (session 3), so this is for M = 1 only.
+# At one row (with PDL) the FMA tiles also win or tie on wide outputs up to this K; at two rows or
+# more the tl.dot tiles lose to cuBLAS on wide outputs, so wide ones take it at one row only.
 MAX_FMA_K = 16384
 ACTS = (None, "silu_and_mul")
 MIN_DOT_ROWS = 16  # tl.dot needs every dimension >= 16: x is padded to 16 rows on the dot path
 TARGET_WARPS = 1024  # split K until about this many warps (~8 per SM on a 132-SM H200)
-# ... and until a program streams at most this many BLOCK_K chunks (the tl.dot tiles; measured on the FMA
-# tiles before session 12, llama3-8b at M=1: qkv 18.4 -> 14.2 µs,
-# gate_up 67.9 -> 58.6 with 4 chunks per program instead of 16), unless that launches more than
-# MAX_PROGRAMS programs (an LM head of 16,032 row blocks streams at 4.5 TB/s unsplit)
+# ... and until a program streams at most this many BLOCK_K chunks (the tl.dot tiles), unless that
+# launches more than MAX_PROGRAMS programs (an LM head of 16,032 row blocks streams well unsplit)
 MAX_CHUNKS_PER_SLICE = 4
 MAX_PROGRAMS = 16384
-# Session 7 (benchmarks/decode_replay.py, qwen3-0.6b batch 1, graph replay with PDL, one process): slices
-# of one 4 x 1024 tile, read whole before the PDL wait, took the decode step from 829.8 to 717.4 µs
-# (8 x 512 tiles: 795.6; 8 x 256: 837.6). A weight that fits the GPU's registers a few times over is
-# then read while the kernel before runs; larger ones (llama3-8b, LM heads) stream.
+# A weight that fits the GPU's registers a few times over is read whole, in one-tile slices,
+# before the PDL wait, while the kernel before runs; larger ones (llama3-8b, LM heads) stream.
 PRELOAD_MAX_BYTES = 16 << 20
 PRELOAD_BLOCK_N = 4
 PRELOAD_BLOCK_K = 1024
-# Session 12 (decode_replay.py, batch 1, one process; RESULTS.md, runs 1-4): a program of several warps
-# that holds all of K for its rows beats K slices of one warp each, whose partials the last slice sums
-# after a counter (a store, an atomic and a load after the wait: ~1.1 µs; a kernel boundary costs
-# 0.6-0.9 µs). qwen3-0.6b: o_proj (K = 2048) in 8 x 2048 tiles and down_proj (K = 3072) in 4 x 4096, 4
-# warps a program, took the step from 722.6 to 659.2 µs (o_proj alone: 2 x 2048 over 2 warps -4.8%,
-# 8 x 2048 over 4 -4.5%, 4 x 2048 over 2 -1.7%; down_proj alone 4 x 4096 -4.0%, 2 x 4096 and 8 x 4096
-# 1-2% behind). Weights with K <= PRELOAD_BLOCK_K keep one-warp tiles: qkv in 4 x 1024 over 2 warps
-# tied (within the +-1.8% that two captures of one graph differ by, run 6), gate_up's lost 6.5%.
+# A program of several warps holding all of K for its rows beats K slices of one warp each, whose
+# partials the last slice sums after a counter (a store, an atomic and a load after the wait). Weights
+# with K <= PRELOAD_BLOCK_K keep one-warp tiles (several warps tied or lost there).
 WHOLE_K_MAX = 4096
 WHOLE_K_WARPS = 4
 WHOLE_K_TILE_BYTES = 32 << 10  # a program's tile: 8 x 2048 or 4 x 4096 in 16 bits
-# Streamed weights (above PRELOAD_MAX_BYTES), whole K a program too (llama3-8b): down_proj (K = 14,336;
-# was cuBLAS, with the SiLU and norm kernels) in 8 x 2048 tiles over 8 warps took the graph from 4,288
-# to 4,184 µs, 8 x 1024 over 4 the same; then qkv in 8 x 1024 over 4 warps -0.7%, gate_up -1.0% (16 x
-# 1024 -0.6%, 32 x 1024 over 8 warps +28%), the LM head -0.1%, o_proj -0.1%: within the noise one by
-# one, but one rule instead of three. Before, these streamed 8 or 16 x 256 one-warp tiles, K split
-# until TARGET_WARPS; L1 end to end 240.2 -> 242.0 tok/s (runs 3, 5).
+# Streamed weights (above PRELOAD_MAX_BYTES) hold whole K a program too: one rule for all of them
+# (llama3-8b's down_proj gains, its other weights are within the noise).
 STREAM_BLOCK_N = 8
 STREAM_BLOCK_K = 1024
 STREAM_WARPS = 4
@@ -138,7 +121,7 @@ def prefer_gemv(num_rows: int, n: int, k: int) -> bool:
 
 @functools.lru_cache(maxsize=None)  # pure, and called at every eager launch
 def default_config(num_rows: int, n: int, k: int, dtype: torch.dtype) -> GemvConfig:
-    """A rule from host ints, from the H200 measurements above and below.
+    """A rule from host ints, from the measurements above.
     Larger M (not fp32): tl.dot on 64 weight rows (wgmma m64n16 on Hopper; FMA at M=2 measured
     1.5-2.5x slower than at M=1), K split until about TARGET_WARPS.
     M = 1 or fp32: FMA, whole 16-byte vectors per lane (the warps side by side along K), each program

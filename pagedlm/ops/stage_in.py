@@ -1,14 +1,12 @@
 """Stage-in: a kernel copies a step's inputs from a pinned host staging set into the device set, for
 the CUDA graphs of small decode batches, which launch it as their first node.
 
-Why: a batch-1 step that copies its inputs with cudaMemcpyAsync and its sampled id back the same way
-left the GPU idle ~20 µs between two graph replays (L2: 668.5 µs a step against 645.8 µs for the graph
-alone, session 14 run 1): each copy is a copy-engine operation on the compute stream, with the
-hand-overs between the engines around it. A kernel reads pinned host memory directly (unified
-addressing: the host pointer is a device pointer), so the graph reads its inputs itself and the
-step needs no copy-engine operation (the graph's argmax writes the sampled ids to pinned memory too:
-ops/argmax.py). With it L2's step took 656.5-657.3 µs against 667.2-667.9 (session 14, run 3; that
-version staged the steps that add a block too, 1 in 16 at batch 1, which now take the plain graph).
+Why: a step that copies its inputs with cudaMemcpyAsync (and its sampled id back the same way) leaves
+the GPU idle between two graph replays: each copy is a copy-engine operation on the compute stream,
+with the hand-overs between the engines around it. A kernel reads pinned host memory directly
+(unified addressing: the host pointer is a device pointer), so the graph reads its inputs itself and
+the step needs no copy-engine operation (the graph's argmax writes the sampled ids to pinned memory
+too: ops/argmax.py). Measured on L2: benchmarks/RESULTS.md, "Measured choices".
 
 The header (int64, in the staging set's head, written by the host before the launch) is the number of
 int32 words to copy, from the end of the head on, as StepBuffers.copy_from copies bytes. The first
@@ -17,8 +15,7 @@ header, one round trip over the bus; any later ones in a loop, a round trip each
 only steps that copy no block table (a batch of 8 at a 32k context brings 64 KB of table: a copy then
 costs far less than ~128 round trips). Host memory is read with the .cv cache modifier (fetch again,
 cached system-memory lines count as stale): the host rewrites a staging set every other step, so no
-line cached by an earlier read may be used. Version 1 read a 4 KB first block with volatile loads:
-~7 µs a step, a loss (run 2).
+line cached by an earlier read may be used (volatile loads of a 4 KB first block were slower).
 
 Launched without PDL: it writes the buffers the previous step's kernels read, so it starts after
 they have all finished, and every PDL kernel of the graph starts two or more launches after it

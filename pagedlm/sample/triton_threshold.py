@@ -9,18 +9,13 @@ the largest candidate whose sum still reaches the target. Seven passes of 4 bits
 16 candidates span 4 bits; only the first 4 can reach the target) cover a probability's 30 bits; a value in [0, 1] orders as its int32 bits. No histogram, no
 atomics, one launch.
 
-Measured on the H200 (session 17, runs 4-7, sampler_overhead.py --sampler-only): a sampling step
-with top_p 0.9 takes 3.4-3.8 ms at [256, 151936] against 5.2 with the torch radix select, 1.2 ms at
-[1, 128256] against 1.8; the kernel itself 2.3 ms and 0.70 ms, far from its bytes (8 passes over
-155 MB: ~0.3 ms). At 256 rows the per-candidate sums bound it: a block of 1,024 values skips them
-only when none of its values lies between the first and last candidate, and near the cut of a
-flat distribution most blocks hold one until the fourth pass (BLOCK 256 to 2048, 4 to 16 warps:
-within 15%). At one row one program walks the row's blocks one after another. Splitting each pass
-over (rows, chunks of 4,096), the row's last program summing the chunks (run 7), gave the same 2.46
-ms at 256 rows and 60 µs of kernels at one row, but its eight launches made that step 1.82 ms of
-host time: not kept. Cheaper sums (a weighted histogram in shared memory) would be the next step.
-Where every row has a top-k of at most filters.TOP_K_LIMIT, torch.topk's path is faster (1.8-2.1
-ms against 3.1-3.6) and the sampler keeps it.
+The kernel is far from its bytes: at many rows the per-candidate sums bound it (a block of 1,024
+values skips them only when none of its values lies between the first and last candidate, and near
+the cut of a flat distribution most blocks hold one until the fourth pass); at one row one program
+walks the row's blocks one after another. Cheaper sums (a weighted histogram in shared memory) would
+be the next step. Where every row has a top-k of at most filters.TOP_K_LIMIT, torch.topk's path is
+faster and the sampler keeps it. Measured against the torch radix select, and the split passes
+tried and not kept: benchmarks/RESULTS.md, "Measured choices".
 
 Per row, with p = exp((logit - max) / T) in [0, 1] (1 at the top) and the search
 largest(weight, target) = the largest value v with sum(weight of values >= v) >= target (always

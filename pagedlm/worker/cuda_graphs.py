@@ -8,12 +8,12 @@ size gives way to the next kept larger one when that one replays markedly faster
 (sizes.fastest_sizes) and its capture chose the same attention kernel (the same number of decode
 splits: the all-padding batch attends to nothing, so the timing cannot see that difference; the
 split count never grows with the size, so each count holds one range of sizes).
-cuBLAS's heuristic picks a poor kernel at some row counts: llama3-8b's gate_up GEMM takes 298 µs at
-448 rows and 171 at 512 on the H200 (session 16, gemm_rows_scan.py), and T2's decode batches of ~441
-sequences ran the 448 graph. Padding rows cost their GEMM and LM-head rows and elementwise work; the
-attention skips them (below). The times differ from one capture to the next (session 16 run 4: 384
-rows 11.5 ms in one process, < 9.9 in another), so a restart may keep other sizes and, as bf16 GEMMs
-differ by row count, give other tokens; --no-graph-size-timing keeps every size.
+cuBLAS's heuristic picks a poor kernel at some row counts (llama3-8b's gate_up GEMM at 448 rows is
+much slower than at 512: benchmarks/probes/gemm_rows_scan.py), and a workload's decode batches may
+sit just below such a size. Padding rows cost their GEMM and LM-head rows and elementwise work; the
+attention skips them (below). The times differ from one capture to the next, so a restart may keep
+other sizes and, as bf16 GEMMs differ by row count, give other tokens; --no-graph-size-timing keeps
+every size. Measured: benchmarks/RESULTS.md, "Measured choices".
 
 Every graph input is a static device buffer: the sections of the runner's device StepBuffers in
 the layout of that size (a decode step of n sequences is laid out at exactly these addresses:
@@ -36,8 +36,8 @@ padding rows, and rows past the step's samples, at scratch entries past the real
 a small greedy decode step launches no LM head, no argmax and no scatter of its own: the runner
 takes the graph's ids when the batch samples greedily and nothing else; otherwise its sampler's
 ids overwrite last_sampled after the replay. The host's launch of those ops was most of a batch-1
-step's host time (session 7's profile). The argmax is ops/argmax.py's two kernels (torch.argmax
-took 26 µs a row of llama3-8b's logits). Hidden states, logits and ids live in the graph's pool,
+step's host time. The argmax is ops/argmax.py's two kernels (faster than torch.argmax on a
+vocabulary-sized row). Hidden states, logits and ids live in the graph's pool,
 valid only until the next replay (of any size: sizes share the pool); the runner reads them right
 after the replay, in stream order. Each size's hidden states stay allocated in the pool (~86 MB
 for llama3-8b's 51 sizes up to 512, ~190 MB for its 67 up to 1,024, which the trial capture counts

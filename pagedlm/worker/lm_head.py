@@ -1,12 +1,13 @@
 """The LM head at a fixed set of row counts.
 
 cuBLAS blocks the host until the GPU idles the first time a row count makes it pick a kernel it has
-not run yet in the process (session 10: ~50 ms behind a busy GPU, in almost every prefill step of T1,
-whose sampling-row counts are new each time). So the LM head only runs at the row counts of
-`bucket` (step_buffers.bucket_size over every CUDA-graph capture size, then multiples of 256), all run once at
-start-up (`warm_up`): a step's sampling rows, or a chunk of its prompt-logprob rows, are copied into
-the first rows of a padded buffer and the LM head runs on bucket(num_rows) of them. Rows past the
-copied ones are stale; their logits are computed and dropped.
+not run yet in the process (tens of ms behind a busy GPU, in almost every prefill step of a workload
+whose sampling-row counts are new each time: benchmarks/RESULTS.md, "Measured choices"). So the LM
+head only runs at the row counts of `bucket` (SizePolicy.lm_head_rows: every CUDA-graph capture size,
+then multiples of sizes.LARGE_BUCKET), all run once at start-up (`warm_up`): a step's sampling rows,
+or a chunk of its prompt-logprob rows, are copied into the first rows of a padded buffer and the LM
+head runs on bucket(num_rows) of them. Rows past the copied ones are stale; their logits are
+computed and dropped.
 """
 from __future__ import annotations
 

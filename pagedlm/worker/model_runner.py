@@ -129,7 +129,7 @@ class ModelRunner:
             self._step_events = [None] * NUM_STAGING_SETS
             return
         # events record on a stream named explicitly: Event.record() asks torch.cuda.current_stream(),
-        # a chain of device-index lookups that cost the host ~10 µs each time (session 7's profile)
+        # a chain of device-index lookups that cost the host ~10 µs each time (a host profile)
         self._device_index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         self._graph_stream = torch.cuda.Stream(self.device)  # warm-up and capture, trial and real
         # per staging set: recorded after all of a step's work, its output copies last
@@ -215,9 +215,8 @@ class ModelRunner:
 
     def _new_graphs(self, kv_caches: list[torch.Tensor]) -> tuple[DecodeGraphs, PiecewiseGraphs | None]:
         """The piecewise graphs first: captured after the decode graphs, they made every batch-1 decode
-        step ~2.7% slower (L2: 677-680 µs a step in three processes against 659-669 with this order or
-        without them; session 13, runs 2-4), though the decode graphs are the same. Likely where their
-        memory lands: one of four identical captures in one process replays 1.8% slower (run 7)."""
+        step slower though the decode graphs are the same, likely from where their memory lands
+        (benchmarks/RESULTS.md, "Measured choices")."""
         piecewise = self._new_piecewise_graphs(kv_caches)
         return self._new_decode_graphs(kv_caches), piecewise
 

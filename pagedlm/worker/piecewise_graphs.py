@@ -4,10 +4,10 @@ call. Everything between two attention calls (norms, GEMMs, RoPE and the KV-cach
 is one graph per padded token count; the attention runs eagerly between them with the step's own
 metadata, so any mix of prompts and decodes takes the same pieces (vLLM's piecewise graphs).
 
-Why: an eager forward is ~10 launches a layer, each through Python, torch and Triton's launcher:
-a 128-token prompt of qwen3-0.6b took 22.9 ms of host time on the H200 machine for 1.1 ms of GPU
-work (benchmarks/first_token.py, session 13), 6% of L2's run. Replaying 29 pieces and launching
-28 attentions costs the host a few hundred µs.
+Why: an eager forward is ~10 launches a layer, each through Python, torch and Triton's launcher, so
+a short prompt of a small model costs the host many times its GPU time (benchmarks/first_token.py;
+benchmarks/RESULTS.md, "Measured choices"). Replaying 29 pieces and launching 28 attentions costs
+the host a few hundred µs.
 
 Capture (per size P, largest first, all in one memory pool, after a warm-up run of that size):
 every layer's attention backend is swapped for a _Cutter, which ends the graph being captured,

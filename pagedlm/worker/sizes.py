@@ -61,10 +61,8 @@ def piecewise_sizes(max_num_tokens: int) -> list[int]:
     """Powers of two from MIN_PIECEWISE_SIZE to FINE_SIZES_FROM, then SIZES_PER_DOUBLING evenly spaced
     sizes a doubling (a step is padded by at most 1/8), below the cap min(max_num_tokens,
     MAX_PIECEWISE_SIZE); then the cap. Padding costs GPU time in proportion above ~128 rows, where
-    a step's GEMMs stop being bound by their weight reads: with powers of two only, a 1,025-token
-    prompt of llama3-8b took 45.4 ms at 2,048 rows against 24.9 ms eagerly (H200, session 17,
-    benchmarks/prefill_sizes.py); below, a graph's replay is worth more than its padding (a 64-token
-    prompt: 5.9 ms against 14.5 ms of eager launches)."""
+    a step's GEMMs stop being bound by their weight reads; below, a graph's replay is worth more than
+    its padding (benchmarks/prefill_sizes.py; benchmarks/RESULTS.md, "Measured choices")."""
     cap = min(max_num_tokens, MAX_PIECEWISE_SIZE)
     sizes, size = [], MIN_PIECEWISE_SIZE
     while size < cap:
