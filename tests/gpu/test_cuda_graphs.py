@@ -173,7 +173,7 @@ def test_fp32_graph_tokens_equal_eager_and_transformers(checkpoints, family):
     assert graphed.num_argmax_checks >= 5 and graphed.num_graph_ids_taken >= 5, vars(graphed)
     # Staged graphs take only steps that copy no block table; here most small steps bring one (a
     # request finished and the rows moved, or a sequence crossed into a new 16-token block): 2 of
-    # 10 on the H200 (session 15, run 1). The CPU test counts them exactly on a steady decode.
+    # 10 on the H200. The CPU test counts them exactly on a steady decode.
     assert graphed.num_staged >= 2, vars(graphed)
     _assert_replays_match(graphed, "float32")
 

@@ -6,9 +6,8 @@ against itself with async scheduling on and off.
   bf16; at each generated position pagedlm's token is compared with float32's argmax. No exact
   match: these tiny random models have near-ties below bf16's resolution (over 460 positions the
   median top-2 gap is 0.22 of the row's logit std, the 10% quantile 0.03 std), and transformers'
-  own bf16 forward misses float32's argmax at 3-6.5% of positions (CPU). On the H200 (session 17,
-  run 4) one of llama's 256 positions took a token 0.30 std below transformers-bf16's max, past a
-  fixed 0.25-std margin. So the bar is transformers' own bf16: pagedlm's agreement with float32
+  own bf16 forward misses float32's argmax at 3-6.5% of positions (CPU). On the H200 one of llama's
+  256 positions took a token 0.30 std below transformers-bf16's max, past a fixed 0.25-std margin. So the bar is transformers' own bf16: pagedlm's agreement with float32
   at least theirs minus AGREEMENT_SLACK, and every disagreement a near-tie in float32 (within
   NEAR_TIE_STDS of the max). A wrong token is typically several std below the max.
 - Async scheduling changes nothing: greedy and seeded random requests (temperature, top-k,

@@ -203,7 +203,7 @@ def test_logits_come_out_of_the_gemm_in_float32() -> None:
 
 # qwen3-0.6b's layer shapes (weights read whole before the wait), and llama3-8b's (streamed 8 x 1024 tiles
 # over 4 warps, all of K a program, down_proj's K = 14,336 included). Neither splits K at one row
-# (tests/ops/test_gemv_one_row_review.py runs a split one on the GPU).
+# (tests/ops/test_gemv_one_row_rule.py runs a split one on the GPU).
 LAYER_SHAPES = {"qwen3-0.6b": (1024, 16, 8, 3072, 4), "llama3-8b": (4096, 32, 8, 14336, 2)}
 
 

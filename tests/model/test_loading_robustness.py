@@ -1,4 +1,4 @@
-"""Model loading and the offline API on bad or unusual input (a review in session 11). Config
+"""Model loading and the offline API on bad or unusual input. Config
 variants not covered by test_hf_parity (linear RoPE, Qwen2 layers mixing sliding and full attention)
 match transformers; bad input (an unknown device, an extra checkpoint tensor, a GGUF tensor type the
 dequantiser lacks, chat_template_kwargs overriding a template argument) gets a ValueError naming the

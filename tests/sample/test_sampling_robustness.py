@@ -1,7 +1,7 @@
-"""Sampling and decoding features on the CPU, from a review in session 11 (after
-tests/worker/test_pipeline_robustness.py): each test names the defect it pins (BUG: it failed on the
-code as reviewed, for the reason given) or the path no other test covered (PATH: it passes, and the
-source mutation named in it makes it fail)."""
+"""Sampling and decoding features on the CPU (as tests/worker/test_pipeline_robustness.py for the
+pipeline): each test names the defect it pins (BUG: it failed before the fix, for the reason given)
+or the path no other test covered (PATH: it passes, and the source mutation named in it makes it
+fail)."""
 from __future__ import annotations
 
 import math

@@ -51,7 +51,7 @@ def test_threshold_equals_the_sort_and_the_radix_select(num_rows: int, vocab_siz
 def test_a_top_p_within_rounding_of_one_never_cuts_under_min_p_or_top_k(top_p: float) -> None:
     """top_p ~ 1 - 1e-7: the target is within rounding of the whole weight, where a pass's sums in
     another order can fall short of it; the cut must still keep nothing under the floor or the k-th
-    value (a review found it 30x under the k-th value on such rows), in the kernel and the torch path."""
+    value (it once fell 30x under the k-th value on such rows), in the kernel and the torch path."""
     num_rows, vocab_size = 48, 8000
     probs = random_probs(num_rows, vocab_size, seed=11)
     floor, params = mixed_params(num_rows, vocab_size, seed=12)

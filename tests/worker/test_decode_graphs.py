@@ -374,7 +374,7 @@ def test_replay_after_an_eager_decode_step_sees_padding(tiny, first_block):
     runs eagerly (embeds); the next step reuses its sequence sections and replays the graph of 4 for 3
     sequences, so the eager step must have padded them too. Unpadded, the stale input_src, sample_rows,
     decode_order and query_start_loc showed at the replay (first_block 5: input_src out of the ids
-    table, an IndexError here, a device-side assert on CUDA; found by a review)."""
+    table, an IndexError here, a device-side assert on CUDA)."""
     folder, hf_model = tiny
     runner, graphs = _graphed_runner(folder, max_num_seqs=4)
     replay, num_head_ids = graphs.replay, runner._inputs.num_head_ids

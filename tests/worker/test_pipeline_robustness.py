@@ -1,6 +1,6 @@
 """The per-step pipeline (worker, engine core, sampling state) on the CPU, through the real
-Scheduler and EngineCore (async scheduling on and off), from a review in session 11: each test names
-the defect it pinned (BUG: it failed before the fix) or the path no other test covered (PATH)."""
+Scheduler and EngineCore (async scheduling on and off): each test names the defect it pinned (BUG:
+it failed before the fix) or the path no other test covered (PATH)."""
 from __future__ import annotations
 
 from pathlib import Path

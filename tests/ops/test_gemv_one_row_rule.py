@@ -1,4 +1,4 @@
-"""Review of the batch-1 GEMV rule (ca26be2..HEAD): `default_config` at one row gives each program all of
+"""The batch-1 GEMV rule: `default_config` at one row gives each program all of
 K for its rows (several warps side by side along K), streams weights above PRELOAD_MAX_BYTES in 8 x 1024
 tiles over 4 warps (K split only for narrow outputs), and MAX_FMA_K = 16384 sends llama3-8b's down_proj
 to the GEMV. Each branch of the rule runs in the Triton interpreter (tests/ops/conftest.py poisons every
@@ -178,8 +178,8 @@ KS = (1, 7, 64, 100, 128, 255, 256, 257, 512, 1000, 1024, 1025, 2048, 2049, 3000
       8192, 14336, 16384, 16385, 28672, 65536)
 # Weight elements per thread of a program's tile. The rule's preloaded and whole-K tiles hold 256 bytes a
 # thread (16-bit: 4 x 1024 over 1 warp, 8 x 2048 or 4 x 4096 over 4 warps: 128 elements, 128 fp32 registers
-# once converted for the FMA), twice the streamed tiles' 8 x 1024 over 4 warps (64): the measured choice of
-# session 12, not a bound of 64 (see the review report).
+# once converted for the FMA), twice the streamed tiles' 8 x 1024 over 4 warps (64): a measured choice
+# (benchmarks/RESULTS.md, "Measured choices"), not a bound of 64.
 MAX_TILE_ELEMENTS_PER_THREAD = 128
 
 
