@@ -14,6 +14,7 @@ from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, Validati
                       field_validator, model_serializer)
 from pydantic_core import PydanticCustomError
 
+from pagedlm.errors import InvalidRequest
 from pagedlm.sampling_params import MAX_LOGPROBS, SamplingParams
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -147,7 +148,7 @@ class SamplingFields(RequestBase):
 
     def to_sampling_params(self, max_tokens: int, logprobs: int | None,
                            vocab_size: int) -> SamplingParams:
-        """Raises ValueError naming the parameter when a value is out of range."""
+        """Raises InvalidRequest naming the parameter when a value is out of range."""
         top_k = self.top_k or 0
         return SamplingParams(
             n=self.n, temperature=1.0 if self.temperature is None else self.temperature,
@@ -168,10 +169,12 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
     try:
         parsed = {int(token): value for token, value in bias.items()}
     except ValueError:
-        raise ValueError("logit_bias keys must be token ids (integers as strings)") from None
+        raise InvalidRequest("logit_bias keys must be token ids (integers as strings)",
+                             param="logit_bias") from None
     bad = [v for v in parsed.values() if not -100.0 <= v <= 100.0]
     if bad:
-        raise ValueError(f"logit_bias values must be in [-100, 100], got {bad[0]}")
+        raise InvalidRequest(f"logit_bias values must be in [-100, 100], got {bad[0]}",
+                             param="logit_bias")
     return parsed
 
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from pagedlm.engine.llm_engine import ProcessedRequest
 from pagedlm.engine.tokenizer import TokenCountBound, Tokenizer, token_count_bound
+from pagedlm.errors import CONTEXT_LENGTH_EXCEEDED, InvalidRequest
 from pagedlm.outputs import CompletionOutput, RequestOutput
 from pagedlm.sampling_params import SamplingParams
 from pagedlm.server.async_engine import AsyncLLM, EngineDeadError, Overloaded, RequestAborted
@@ -71,14 +72,13 @@ def _one_line(text: str) -> str:
     return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
-def bad_request(exc: ValueError, fields: type[BaseModel], prompt_param: str = "prompt") -> APIError:
-    """A ValueError from validation; its first word names the parameter when it is a field
-    (`prompt...` words name the prompt: `prompt` or `messages`)."""
-    message = str(exc)
-    first = message.split(" ", 1)[0].rstrip(":")
-    if first.startswith("prompt"):
-        return APIError(400, message, param=prompt_param)
-    return APIError(400, message, param=first if first in fields.model_fields else None)
+def bad_request(exc: ValueError, prompt_param: str = "prompt") -> APIError:
+    """A refused request as a 400 with the parameter and code the engine's InvalidRequest names
+    (a chat request's prompt is its `messages`)."""
+    if not isinstance(exc, InvalidRequest):
+        return APIError(400, str(exc))
+    param = prompt_param if exc.param == "prompt" else exc.param
+    return APIError(400, str(exc), param=param, code=exc.code)
 
 
 @dataclass
@@ -127,7 +127,7 @@ def build_params(ctx: ServingContext, body: SamplingFields, max_tokens: int | No
     try:
         return body.to_sampling_params(max_tokens, logprobs, ctx.engine.config.model.vocab_size)
     except ValueError as exc:
-        raise bad_request(exc, type(body)) from None
+        raise bad_request(exc) from None
 
 
 def tokenize_within_context(ctx: ServingContext, tokenizer: Tokenizer | None, text: str,
@@ -143,34 +143,24 @@ def tokenize_within_context(ctx: ServingContext, tokenizer: Tokenizer | None, te
             400, f"This model's maximum context length is {ctx.max_model_len} tokens "
             f"(max_model_len), but the {param} has {len(text)} characters: at least {min_tokens} "
             f"tokens (a token holds at most {ctx.token_bound.max_chars} characters). Reduce the "
-            f"{param}.", param=param, code="context_length_exceeded")
+            f"{param}.", param=param, code=CONTEXT_LENGTH_EXCEEDED)
     return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
 
 def process_prompt(tokenizer: Tokenizer | None, ctx: ServingContext, prompt: Any,
-                   params: SamplingParams, requested_max_tokens: int | None, body: SamplingFields,
+                   params: SamplingParams, body: SamplingFields,
                    prompt_param: str = "prompt") -> ProcessedRequest:
     """Tokenises (a text, on a pool thread with its tokenizer) and validates one prompt: a
-    string, token ids, or a prompt dict; a prompt plus max_tokens over the context is a 400."""
+    string, token ids, or a prompt dict; a prompt plus max_tokens over the context is a 400
+    (OpenAI's rule: the engine alone would cut max_tokens to the room left)."""
     if isinstance(prompt, str):
         prompt = {"prompt": prompt, "prompt_token_ids": tokenize_within_context(
             ctx, tokenizer, prompt, prompt_param)}
-    prompt = _salted_prompt(prompt, body.cache_salt)
     try:
-        processed = ctx.engine.llm_engine.process_request(prompt, params)
+        return ctx.engine.llm_engine.process_request(_salted_prompt(prompt, body.cache_salt),
+                                                     params, reject_over_context=True)
     except ValueError as exc:
-        error = bad_request(exc, type(body), prompt_param)
-        if "max_model_len" in str(exc):
-            error.code = "context_length_exceeded"
-        raise error from None
-    num_prompt = len(processed.prompt_token_ids)
-    if requested_max_tokens is not None and num_prompt + requested_max_tokens > ctx.max_model_len:
-        raise APIError(
-            400, f"This model's maximum context length is {ctx.max_model_len} tokens "
-            f"(max_model_len), but {num_prompt + requested_max_tokens} tokens were requested "
-            f"({num_prompt} in the prompt, {requested_max_tokens} for the completion). "
-            "Reduce the prompt or max_tokens.", param="max_tokens", code="context_length_exceeded")
-    return processed
+        raise bad_request(exc, prompt_param) from None
 
 
 def _salted_prompt(prompt: Any, cache_salt: str | None) -> Any:

@@ -30,7 +30,7 @@ async def create_chat_completion(ctx: ServingContext, body: ChatCompletionReques
         raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
     max_tokens = body.max_completion_tokens or body.max_tokens
     params = build_params(ctx, body, max_tokens, (body.top_logprobs or 0) if body.logprobs else None)
-    processed = await ctx.pool.run_with_tokenizer(_process_chat, ctx, body, params, max_tokens)
+    processed = await ctx.pool.run_with_tokenizer(_process_chat, ctx, body, params)
     admit(ctx, [processed], body.n)
     request_id = new_request_id(raw, body)
     writer = _ChatWriter(ctx, body, f"chatcmpl-{request_id}")
@@ -47,9 +47,9 @@ async def create_chat_completion(ctx: ServingContext, body: ChatCompletionReques
 
 
 def _process_chat(tokenizer: Tokenizer | None, ctx: ServingContext, body: ChatCompletionRequest,
-                  params: SamplingParams, max_tokens: int | None) -> ProcessedRequest:
+                  params: SamplingParams) -> ProcessedRequest:
     prompt = tokenize_chat(tokenizer, ctx, body.messages)
-    return process_prompt(tokenizer, ctx, prompt, params, max_tokens, body, "messages")
+    return process_prompt(tokenizer, ctx, prompt, params, body, "messages")
 
 
 def tokenize_chat(tokenizer: Tokenizer | None, ctx: ServingContext,

@@ -47,7 +47,7 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: R
 
 def _process_prompts(tokenizer: Tokenizer | None, ctx: ServingContext, body: CompletionRequest,
                      params: SamplingParams) -> list[ProcessedRequest]:
-    return [process_prompt(tokenizer, ctx, prompt, params, body.max_tokens, body)
+    return [process_prompt(tokenizer, ctx, prompt, params, body)
             for prompt in _prompt_list(body.prompt)]
 
 

@@ -11,6 +11,7 @@ import pytest
 import zmq
 
 from pagedlm.core.sched_output import EngineCoreOutput, Logprobs
+from pagedlm.errors import InvalidRequest
 from pagedlm.outputs import CompletionOutput
 from pagedlm.request import Request
 from pagedlm.sampling_params import SamplingParams
@@ -252,9 +253,10 @@ def test_request_to_sampling_params() -> None:
     params = body.to_sampling_params(max_tokens=16, logprobs=None, vocab_size=49152)
     assert (params.top_k, params.temperature, params.top_p) == (0, 1.0, 1.0)  # k >= vocab: off
     assert params.logit_bias == {7: 2.5} and params.stop == ["END"]
-    with pytest.raises(ValueError, match="logit_bias keys must be token ids"):
+    with pytest.raises(InvalidRequest, match="logit_bias keys must be token ids") as caught:
         CompletionRequest(prompt="x", logit_bias={"a": 1}).to_sampling_params(16, None, 100)
-    with pytest.raises(ValueError, match=r"logit_bias values must be in \[-100, 100\]"):
+    assert caught.value.param == "logit_bias"
+    with pytest.raises(InvalidRequest, match=r"logit_bias values must be in \[-100, 100\]"):
         CompletionRequest(prompt="x", logit_bias={"1": 101}).to_sampling_params(16, None, 100)
 
 
