@@ -28,7 +28,7 @@ from pagedlm.sample.triton_threshold import triton_top_k_top_p_threshold
 
 Logprobs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 # Device types the Triton kernels (the fused draw, the threshold) serve; elsewhere the torch paths.
-# Tests pass ("cpu",) too: the kernels then run in the Triton interpreter.
+# Tests add "cpu": the kernels then run in the Triton interpreter.
 TRITON_DEVICE_TYPES = frozenset({"cuda"})
 
 
