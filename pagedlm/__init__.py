@@ -3,6 +3,7 @@
 The exports load on first use (PEP 562), so that `import pagedlm.core.scheduler` (pure Python)
 does not pay for torch. Importing pagedlm configures no logging: the entry points do (LLM(), the
 `pagedlm` command)."""
+
 from __future__ import annotations
 
 import importlib
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pagedlm.beam_search import BeamSearchParams as BeamSearchParams
     from pagedlm.config import EngineArgs as EngineArgs
+    from pagedlm.errors import InvalidRequest as InvalidRequest
     from pagedlm.llm import LLM as LLM
     from pagedlm.outputs import CompletionOutput as CompletionOutput
     from pagedlm.outputs import RequestOutput as RequestOutput
@@ -23,6 +25,7 @@ _EXPORTS = {
     "EngineArgs": "pagedlm.config",
     "RequestOutput": "pagedlm.outputs",
     "CompletionOutput": "pagedlm.outputs",
+    "InvalidRequest": "pagedlm.errors",
 }
 
 __all__ = list(_EXPORTS)

@@ -1,4 +1,5 @@
 """The `pagedlm` command: generate | chat | serve | bench throughput | latency | serve."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,11 +9,6 @@ from typing import Any
 from pagedlm.config import EngineArgs
 from pagedlm.logger import configure_logging
 
-# Kept while pagedlm/server/cli.py, server/launch.py and tests/server import them from here; they
-# are EngineArgs.add_cli_args and EngineArgs.from_cli_args (next to EngineArgs, no import cycle).
-add_engine_args = EngineArgs.add_cli_args
-engine_args_from = EngineArgs.from_cli_args
-
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     """Sampling flags; the seed is the engine's --seed."""
@@ -21,17 +17,24 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default: 1)")
     group.add_argument("--top-k", type=int, default=0, help="0: off (default: 0)")
     group.add_argument("--min-p", type=float, default=0.0, help="(default: 0)")
-    group.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default: 64)")
+    group.add_argument(
+        "--max-tokens", type=int, default=64, help="tokens to generate (default: 64)"
+    )
     group.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
 
 
 def sampling_params_from(namespace: argparse.Namespace) -> Any:
     from pagedlm.sampling_params import SamplingParams
 
-    return SamplingParams(temperature=namespace.temperature, top_p=namespace.top_p,
-                          top_k=namespace.top_k, min_p=namespace.min_p,
-                          max_tokens=namespace.max_tokens, seed=namespace.seed,
-                          ignore_eos=namespace.ignore_eos)
+    return SamplingParams(
+        temperature=namespace.temperature,
+        top_p=namespace.top_p,
+        top_k=namespace.top_k,
+        min_p=namespace.min_p,
+        max_tokens=namespace.max_tokens,
+        seed=namespace.seed,
+        ignore_eos=namespace.ignore_eos,
+    )
 
 
 def _run_generate(args: argparse.Namespace) -> None:

@@ -6,6 +6,7 @@ each token in the context of the ones before, so SentencePiece word-start marker
 spaces in the middle of a text. The stream is primed with the end of the prompt, so the first
 output token is decoded in context too.
 """
+
 from __future__ import annotations
 
 from tokenizers.decoders import DecodeStream
@@ -22,8 +23,9 @@ _INVALID_PREFIX = "Invalid prefix encountered"
 class IncrementalDetokenizer:
     """Feed output tokens with `push`; read the text with `output_text`."""
 
-    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int],
-                 params: SamplingParams) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, prompt_token_ids: list[int], params: SamplingParams
+    ) -> None:
         self._tokenizer = tokenizer
         self._backend = tokenizer.backend_tokenizer
         self._skip_special_tokens = params.skip_special_tokens
@@ -33,8 +35,9 @@ class IncrementalDetokenizer:
         self._min_tokens = params.min_tokens
         # Streamed text stays this many characters behind, so a stop string that is still
         # arriving is never shown and then taken back.
-        self._num_held_chars = 0 if self._include_stop or not self._stops else (
-            max(len(s) for s in self._stops) - 1)
+        self._num_held_chars = (
+            0 if self._include_stop or not self._stops else (max(len(s) for s in self._stops) - 1)
+        )
         self._num_tokens = 0
         self._text = ""
         self._prime(prompt_token_ids)
@@ -88,10 +91,10 @@ class IncrementalDetokenizer:
         if found is None:
             return None
         index, stop = found
-        self._text = self._text[:index + len(stop) if self._include_stop else index]
+        self._text = self._text[: index + len(stop) if self._include_stop else index]
         return stop
 
     def output_text(self, finished: bool) -> str:
         if finished or not self._num_held_chars:
             return self._text
-        return self._text[:max(0, len(self._text) - self._num_held_chars)]
+        return self._text[: max(0, len(self._text) - self._num_held_chars)]

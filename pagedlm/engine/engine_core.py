@@ -5,6 +5,7 @@ and launched before step N's sampled tokens reach the host, so the CPU plans whi
 computes. The scheduler accounts for the tokens still in flight (placeholders), so both modes
 produce the same tokens.
 """
+
 from __future__ import annotations
 
 import gc
@@ -46,10 +47,12 @@ class EngineCore:
         from pagedlm.core.scheduler import Scheduler
 
         max_model_len = self.config.model.max_model_len
-        self.scheduler = Scheduler(self.config.scheduler, self.config.cache, self.num_blocks,
-                                   max_model_len)
-        _check_kv_capacity(self.scheduler.kv_cache_manager.capacity_tokens, max_model_len,
-                           self.num_blocks)
+        self.scheduler = Scheduler(
+            self.config.scheduler, self.config.cache, self.num_blocks, max_model_len
+        )
+        _check_kv_capacity(
+            self.scheduler.kv_cache_manager.capacity_tokens, max_model_len, self.num_blocks
+        )
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
@@ -71,8 +74,10 @@ class EngineCore:
         """Launches the next step when there is work and a free slot; collects the oldest step
         once the pipeline is full or nothing new could be launched."""
         launched = False
-        if len(self._in_flight) < self._max_steps_in_flight and \
-                self.scheduler.has_unfinished_requests():
+        if (
+            len(self._in_flight) < self._max_steps_in_flight
+            and self.scheduler.has_unfinished_requests()
+        ):
             launched = self._launch()
         if not self._in_flight:
             return []
@@ -85,8 +90,10 @@ class EngineCore:
         sched_output = self.scheduler.schedule()
         if sched_output.is_empty and not sched_output.finished_req_ids:
             if not self._in_flight and self.scheduler.has_unfinished_requests():
-                raise RuntimeError("scheduler: unfinished requests but nothing could be "
-                                   "scheduled with no step in flight (is the KV cache too small?)")
+                raise RuntimeError(
+                    "scheduler: unfinished requests but nothing could be "
+                    "scheduled with no step in flight (is the KV cache too small?)"
+                )
             return False
         self._in_flight.append((sched_output, self.model_runner.execute_model(sched_output)))
         return not sched_output.is_empty
@@ -100,4 +107,5 @@ def _check_kv_capacity(capacity_tokens: int, max_model_len: int, num_blocks: int
             f"KV cache: {num_blocks} blocks hold {capacity_tokens} tokens, fewer than "
             f"max_model_len={max_model_len} needs ({max_model_len - 1}); raise "
             "num_gpu_blocks_override, kv_cache_memory_gib or gpu_memory_utilization, or lower "
-            "max_model_len")
+            "max_model_len"
+        )

@@ -1,10 +1,11 @@
 """LLMEngine: prompts in, RequestOutputs out; the engine core runs in the same process."""
+
 from __future__ import annotations
 
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import torch
 
@@ -21,7 +22,7 @@ from pagedlm.sampling_params import SamplingParams
 # A string, token ids, {"prompt": str}, {"prompt_token_ids": [...]} (optionally with "prompt"),
 # or {"prompt_embeds": Tensor [num_tokens, hidden_size]}; a dict may add "cache_salt": a non-empty
 # string (vLLM's): prefix-cache hits only between requests with an equal salt (or none).
-PromptType = Union[str, list[int], dict[str, Any]]
+PromptType = str | list[int] | dict[str, Any]
 _PROMPT_KEYS = {"prompt", "prompt_token_ids", "prompt_embeds", "cache_salt"}
 
 
@@ -54,36 +55,50 @@ class LLMEngine:
         with one_parse(args.model):
             return cls(args.create_engine_config(), engine_core)
 
-    def process_request(self, prompt: PromptType, params: SamplingParams, *,
-                        reject_over_context: bool = False) -> ProcessedRequest:
+    def process_request(
+        self, prompt: PromptType, params: SamplingParams, *, reject_over_context: bool = False
+    ) -> ProcessedRequest:
         """Validates and tokenises without touching the engine; raises InvalidRequest. A
         max_tokens past max_model_len is cut to the room the prompt leaves (the offline rule), or
         with `reject_over_context` refused (the OpenAI server's rule)."""
         if not isinstance(params, SamplingParams):
-            raise InvalidRequest("sampling_params must be a SamplingParams, got "
-                                 f"{type(params).__name__}", param="sampling_params")
+            raise InvalidRequest(
+                f"sampling_params must be a SamplingParams, got {type(params).__name__}",
+                param="sampling_params",
+            )
         text, token_ids, embeds = self._parse_prompt(prompt)
-        max_tokens = fit_context(len(token_ids), params.max_tokens, self.model_config.max_model_len,
-                                 reject_over_context)
+        max_tokens = fit_context(
+            len(token_ids), params.max_tokens, self.model_config.max_model_len, reject_over_context
+        )
         params = self._resolve_params(params)
         if embeds is not None and params.prompt_logprobs is not None:
-            raise InvalidRequest("prompt_logprobs: a prompt_embeds prompt has no prompt token ids "
-                                 "to score; leave prompt_logprobs None", param="prompt_logprobs")
+            raise InvalidRequest(
+                "prompt_logprobs: a prompt_embeds prompt has no prompt token ids "
+                "to score; leave prompt_logprobs None",
+                param="prompt_logprobs",
+            )
         return ProcessedRequest(text, token_ids, embeds, params, max_tokens, _cache_salt(prompt))
 
-    def _parse_prompt(self, prompt: PromptType) -> tuple[str | None, list[int], torch.Tensor | None]:
+    def _parse_prompt(
+        self, prompt: PromptType
+    ) -> tuple[str | None, list[int], torch.Tensor | None]:
         if isinstance(prompt, str):
             return prompt, self._encode(prompt), None
         if isinstance(prompt, list):
             return None, self._check_token_ids(prompt), None
         if not isinstance(prompt, dict):
-            raise InvalidRequest("prompt must be a string, a list of token ids or a dict with "
-                                 "'prompt', 'prompt_token_ids' or 'prompt_embeds'; got "
-                                 f"{type(prompt).__name__}", param="prompt")
+            raise InvalidRequest(
+                "prompt must be a string, a list of token ids or a dict with "
+                "'prompt', 'prompt_token_ids' or 'prompt_embeds'; got "
+                f"{type(prompt).__name__}",
+                param="prompt",
+            )
         unknown = set(prompt) - _PROMPT_KEYS
         if unknown:
-            raise InvalidRequest(f"prompt: unknown keys {sorted(unknown)}; allowed: "
-                                 f"{sorted(_PROMPT_KEYS)}", param="prompt")
+            raise InvalidRequest(
+                f"prompt: unknown keys {sorted(unknown)}; allowed: {sorted(_PROMPT_KEYS)}",
+                param="prompt",
+            )
         text = prompt.get("prompt")
         if "prompt_embeds" in prompt:
             embeds = self._check_embeds(prompt["prompt_embeds"])
@@ -92,77 +107,121 @@ class LLMEngine:
             return text, self._check_token_ids(prompt["prompt_token_ids"]), None
         if isinstance(text, str):
             return text, self._encode(text), None
-        raise InvalidRequest("prompt: a dict prompt needs 'prompt' (a string), 'prompt_token_ids' "
-                             "or 'prompt_embeds'", param="prompt")
+        raise InvalidRequest(
+            "prompt: a dict prompt needs 'prompt' (a string), 'prompt_token_ids' "
+            "or 'prompt_embeds'",
+            param="prompt",
+        )
 
     def _encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
-            raise InvalidRequest("prompt: a text prompt needs a tokenizer, but "
-                                 "skip_tokenizer_init=True; give prompt_token_ids instead",
-                                 param="prompt")
+            raise InvalidRequest(
+                "prompt: a text prompt needs a tokenizer, but "
+                "skip_tokenizer_init=True; give prompt_token_ids instead",
+                param="prompt",
+            )
         return encode_prompt(self.tokenizer, text)
 
     def _check_token_ids(self, token_ids: Any) -> list[int]:
         vocab_size = self.model_config.vocab_size
         if not isinstance(token_ids, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in token_ids):
+            isinstance(t, int) and not isinstance(t, bool) for t in token_ids
+        ):
             raise InvalidRequest("prompt_token_ids must be a list of integers", param="prompt")
         bad = [t for t in token_ids if not 0 <= t < vocab_size]
         if bad:
-            raise InvalidRequest(f"prompt_token_ids must be in [0, vocab_size={vocab_size}), got "
-                                 f"{bad[:5]}", param="prompt")
+            raise InvalidRequest(
+                f"prompt_token_ids must be in [0, vocab_size={vocab_size}), got {bad[:5]}",
+                param="prompt",
+            )
         return list(token_ids)
 
     def _check_embeds(self, embeds: Any) -> torch.Tensor:
         hidden_size = self.model_config.hidden_size
-        if not isinstance(embeds, torch.Tensor) or embeds.dim() != 2 or embeds.shape[1] != hidden_size:
-            shape = tuple(embeds.shape) if isinstance(embeds, torch.Tensor) else type(embeds).__name__
-            raise InvalidRequest(f"prompt_embeds must be a tensor [num_tokens, "
-                                 f"hidden_size={hidden_size}], got {shape}", param="prompt_embeds")
+        if (
+            not isinstance(embeds, torch.Tensor)
+            or embeds.dim() != 2
+            or embeds.shape[1] != hidden_size
+        ):
+            shape = (
+                tuple(embeds.shape) if isinstance(embeds, torch.Tensor) else type(embeds).__name__
+            )
+            raise InvalidRequest(
+                f"prompt_embeds must be a tensor [num_tokens, "
+                f"hidden_size={hidden_size}], got {shape}",
+                param="prompt_embeds",
+            )
         return embeds
 
     def _resolve_params(self, params: SamplingParams) -> SamplingParams:
         """A private copy, checked against the vocabulary and the tokenizer."""
         params = dataclasses.replace(params)
-        params.check_vocab(self.model_config.vocab_size)
         detokenizes = self.tokenizer is not None and params.detokenize
         if params.stop and not detokenizes:
-            raise InvalidRequest("stop: stop strings need detokenisation (a tokenizer and "
-                                 "detokenize=True)", param="stop")
+            raise InvalidRequest(
+                "stop: stop strings need detokenisation (a tokenizer and detokenize=True)",
+                param="stop",
+            )
         if params.bad_words:
             if self.tokenizer is None:
-                raise InvalidRequest("bad_words: needs a tokenizer, but skip_tokenizer_init=True",
-                                     param="bad_words")
+                raise InvalidRequest(
+                    "bad_words: needs a tokenizer, but skip_tokenizer_init=True", param="bad_words"
+                )
             params.bad_words_token_ids = bad_words_token_ids(self.tokenizer, params.bad_words)
+        params.check_vocab(self.model_config.vocab_size)  # the ids bad_words became, too
         return params
 
-    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                    priority: int = 0, arrival_time: float | None = None,
-                    final_only: bool = False) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        priority: int = 0,
+        arrival_time: float | None = None,
+        final_only: bool = False,
+    ) -> None:
         """`final_only`: step() reports the request only once it finished (no streaming)."""
-        self.add_processed_request(request_id, self.process_request(prompt, params), priority,
-                                   arrival_time, final_only)
+        self.add_processed_request(
+            request_id, self.process_request(prompt, params), priority, arrival_time, final_only
+        )
 
-    def add_processed_request(self, request_id: str, processed: ProcessedRequest,
-                              priority: int = 0, arrival_time: float | None = None,
-                              final_only: bool = False) -> None:
+    def add_processed_request(
+        self,
+        request_id: str,
+        processed: ProcessedRequest,
+        priority: int = 0,
+        arrival_time: float | None = None,
+        final_only: bool = False,
+    ) -> None:
         """All of a request's samples enter the core, or none (the error is raised)."""
         _check_priority(priority)
         arrival_time = time.time() if arrival_time is None else arrival_time
         params = processed.params
         prime_ids = [] if processed.prompt_embeds is not None else processed.prompt_token_ids
         core_ids = self.output_processor.add_request(
-            request_id, processed.prompt, processed.prompt_token_ids, params, arrival_time,
-            prime_ids, final_only)
+            request_id,
+            processed.prompt,
+            processed.prompt_token_ids,
+            params,
+            arrival_time,
+            prime_ids,
+            final_only,
+        )
         try:
             for index, core_id in enumerate(core_ids):
-                self.engine_core.add_request(Request(
-                    request_id=core_id, prompt_token_ids=list(processed.prompt_token_ids),
-                    sampling_params=_sample_params(params, index),
-                    eos_token_ids=frozenset(self.model_config.eos_token_ids),
-                    max_tokens=processed.max_tokens, arrival_time=arrival_time,
-                    priority=priority, prompt_embeds=processed.prompt_embeds,
-                    cache_salt=processed.cache_salt))
+                self.engine_core.add_request(
+                    Request(
+                        request_id=core_id,
+                        prompt_token_ids=list(processed.prompt_token_ids),
+                        sampling_params=_sample_params(params, index),
+                        eos_token_ids=frozenset(self.model_config.eos_token_ids),
+                        max_tokens=processed.max_tokens,
+                        arrival_time=arrival_time,
+                        priority=priority,
+                        prompt_embeds=processed.prompt_embeds,
+                        cache_salt=processed.cache_salt,
+                    )
+                )
         except BaseException:
             self.abort_request(request_id)
             raise
@@ -193,8 +252,12 @@ class LLMEngine:
         return self.tokenizer
 
 
-def fit_context(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int,
-                reject_over_context: bool = False) -> int:
+def fit_context(
+    num_prompt_tokens: int,
+    max_tokens: int | None,
+    max_model_len: int,
+    reject_over_context: bool = False,
+) -> int:
     """The request's max_tokens within max_model_len (see process_request). The one check of a
     prompt's length against the context: the scheduler asserts it."""
     if num_prompt_tokens == 0:
@@ -203,7 +266,10 @@ def fit_context(num_prompt_tokens: int, max_tokens: int | None, max_model_len: i
         raise InvalidRequest(
             f"prompt has {num_prompt_tokens} tokens but max_model_len is {max_model_len}: a "
             f"prompt may have at most {max_model_len - 1} tokens, leaving room for one "
-            "generated token", param="prompt", code=CONTEXT_LENGTH_EXCEEDED)
+            "generated token",
+            param="prompt",
+            code=CONTEXT_LENGTH_EXCEEDED,
+        )
     room = max_model_len - num_prompt_tokens
     if max_tokens is None:
         return room
@@ -212,7 +278,9 @@ def fit_context(num_prompt_tokens: int, max_tokens: int | None, max_model_len: i
             f"This model's maximum context length is {max_model_len} tokens (max_model_len), "
             f"but {num_prompt_tokens + max_tokens} tokens were requested ({num_prompt_tokens} "
             f"in the prompt, {max_tokens} for the completion). Reduce the prompt or max_tokens.",
-            param="max_tokens", code=CONTEXT_LENGTH_EXCEEDED)
+            param="max_tokens",
+            code=CONTEXT_LENGTH_EXCEEDED,
+        )
     return min(max_tokens, room)
 
 
@@ -220,8 +288,9 @@ def _cache_salt(prompt: PromptType) -> str | None:
     """A dict prompt's `cache_salt`; None (absent or None) leaves the request unsalted."""
     salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
     if salt is not None and (not isinstance(salt, str) or not salt):
-        raise InvalidRequest(f"cache_salt must be a non-empty string or None, got {salt!r}",
-                             param="cache_salt")
+        raise InvalidRequest(
+            f"cache_salt must be a non-empty string or None, got {salt!r}", param="cache_salt"
+        )
     return salt
 
 

@@ -3,6 +3,7 @@
 A user request with `n` samples is `n` core requests (`f"{id}_{i}"`, or just `id` when n=1);
 their outputs are gathered into one RequestOutput whose `outputs[i]` is sample i.
 """
+
 from __future__ import annotations
 
 import time
@@ -13,8 +14,14 @@ from pagedlm.core.sched_output import EngineCoreOutput, Logprobs
 from pagedlm.engine.detokenizer import IncrementalDetokenizer
 from pagedlm.engine.tokenizer import Tokenizer
 from pagedlm.errors import InvalidRequest
-from pagedlm.outputs import (CompletionOutput, Logprob, PromptLogprobs, RequestMetrics,
-                             RequestOutput, SampleLogprobs)
+from pagedlm.outputs import (
+    CompletionOutput,
+    Logprob,
+    PromptLogprobs,
+    RequestMetrics,
+    RequestOutput,
+    SampleLogprobs,
+)
 from pagedlm.sampling_params import SamplingParams
 
 
@@ -39,10 +46,14 @@ class _SampleState:
         finished = self.finish_reason is not None
         text = self.detokenizer.output_text(finished) if self.detokenizer else ""
         return CompletionOutput(
-            index=self.index, text=text, token_ids=list(self.token_ids),
+            index=self.index,
+            text=text,
+            token_ids=list(self.token_ids),
             cumulative_logprob=self.cumulative_logprob if self.want_logprobs else None,
             logprobs=list(self.logprobs) if self.want_logprobs else None,
-            finish_reason=self.finish_reason, stop_reason=self.stop_reason)
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+        )
 
 
 @dataclass
@@ -65,12 +76,15 @@ class _RequestState:
 
     def to_output(self) -> RequestOutput:
         return RequestOutput(
-            request_id=self.request_id, prompt=self.prompt,
+            request_id=self.request_id,
+            prompt=self.prompt,
             prompt_token_ids=self.prompt_token_ids,
-            outputs=[s.to_output() for s in self.samples], finished=self.finished,
+            outputs=[s.to_output() for s in self.samples],
+            finished=self.finished,
             metrics=self.metrics,
             prompt_logprobs=self.prompt_logprobs if self.want_prompt_logprobs else None,
-            num_cached_tokens=self.num_cached_tokens)
+            num_cached_tokens=self.num_cached_tokens,
+        )
 
 
 @dataclass
@@ -87,9 +101,16 @@ class OutputProcessor:
         # core request id -> (its user request, its sample)
         self._samples: dict[str, tuple[_RequestState, _SampleState]] = {}
 
-    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    params: SamplingParams, arrival_time: float, prime_token_ids: list[int],
-                    final_only: bool = False) -> list[str]:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float,
+        prime_token_ids: list[int],
+        final_only: bool = False,
+    ) -> list[str]:
         """Registers a user request; returns its core request ids. `prime_token_ids`: the
         prompt tokens the detokenizer decodes the first output tokens after."""
         core_ids = core_request_ids(request_id, params.n)
@@ -97,21 +118,28 @@ class OutputProcessor:
             raise InvalidRequest(f"request_id {request_id!r} is already in use", param="request_id")
         samples = [self._new_sample(i, params, prime_token_ids) for i in range(params.n)]
         state = _RequestState(
-            request_id=request_id, prompt=prompt, prompt_token_ids=prompt_token_ids,
-            samples=samples, metrics=RequestMetrics(arrival_time=arrival_time),
-            want_prompt_logprobs=params.prompt_logprobs is not None, final_only=final_only)
+            request_id=request_id,
+            prompt=prompt,
+            prompt_token_ids=prompt_token_ids,
+            samples=samples,
+            metrics=RequestMetrics(arrival_time=arrival_time),
+            want_prompt_logprobs=params.prompt_logprobs is not None,
+            final_only=final_only,
+        )
         self._requests[request_id] = state
         for core_id, sample in zip(core_ids, samples):
             self._samples[core_id] = (state, sample)
         return core_ids
 
-    def _new_sample(self, index: int, params: SamplingParams,
-                    prime_token_ids: list[int]) -> _SampleState:
+    def _new_sample(
+        self, index: int, params: SamplingParams, prime_token_ids: list[int]
+    ) -> _SampleState:
         detokenizer = None
         if self._tokenizer is not None and params.detokenize:
             detokenizer = IncrementalDetokenizer(self._tokenizer, prime_token_ids, params)
-        return _SampleState(index=index, detokenizer=detokenizer,
-                            want_logprobs=params.logprobs is not None)
+        return _SampleState(
+            index=index, detokenizer=detokenizer, want_logprobs=params.logprobs is not None
+        )
 
     def num_unfinished_requests(self) -> int:
         return len(self._requests)
@@ -176,8 +204,11 @@ class OutputProcessor:
             if sample.want_logprobs and out.new_logprobs is not None:
                 self._append_logprobs(sample, out.new_logprobs[i])
             # the core stopped at this token: EOS (stop_reason None) or a stop token id
-            ends_request = (out.finish_reason == "stop" and i == len(out.new_token_ids) - 1
-                            and out.stop_reason in (None, token_id))
+            ends_request = (
+                out.finish_reason == "stop"
+                and i == len(out.new_token_ids) - 1
+                and out.stop_reason in (None, token_id)
+            )
             stop = sample.detokenizer.push(token_id, ends_request) if sample.detokenizer else None
             if stop is not None:
                 sample.finish_reason, sample.stop_reason = "stop", stop
@@ -198,8 +229,9 @@ class OutputProcessor:
         result: dict[int, Logprob] = {}
         for token_id, logprob, rank in zip(logprobs.token_ids, logprobs.logprobs, ranks):
             if token_id not in result:
-                result[token_id] = Logprob(logprob=logprob, rank=rank,
-                                           decoded_token=self._decode_token(token_id))
+                result[token_id] = Logprob(
+                    logprob=logprob, rank=rank, decoded_token=self._decode_token(token_id)
+                )
         return result
 
     def _decode_token(self, token_id: int) -> str | None:

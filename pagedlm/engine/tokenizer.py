@@ -1,4 +1,5 @@
 """Tokenizer loading (Hugging Face folders and GGUF files) and chat-template application."""
+
 from __future__ import annotations
 
 import functools
@@ -10,6 +11,7 @@ from typing import Any
 from tokenizers import decoders
 
 from pagedlm.config import ModelConfig
+from pagedlm.errors import InvalidRequest
 
 Tokenizer = Any  # a transformers fast tokenizer (tokenizers-backed)
 Conversation = list[dict[str, Any]]
@@ -31,8 +33,10 @@ def load_tokenizer(model_config: ModelConfig) -> Tokenizer | None:
     except Exception as exc:  # missing or malformed tokenizer files
         raise ValueError(f"tokenizer: cannot load a tokenizer from {source!r}: {exc}") from exc
     if getattr(tokenizer, "backend_tokenizer", None) is None:
-        raise ValueError(f"tokenizer: {source!r} has no fast (tokenizers-backed) tokenizer; "
-                         "pagedlm needs one for incremental detokenisation")
+        raise ValueError(
+            f"tokenizer: {source!r} has no fast (tokenizers-backed) tokenizer; "
+            "pagedlm needs one for incremental detokenisation"
+        )
     return tokenizer
 
 
@@ -41,22 +45,33 @@ def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
     return list(tokenizer.encode(text))
 
 
-def apply_chat_template(tokenizer: Tokenizer, conversation: Conversation,
-                        chat_template_kwargs: dict[str, Any] | None = None) -> tuple[str, list[int]]:
+def apply_chat_template(
+    tokenizer: Tokenizer,
+    conversation: Conversation,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> tuple[str, list[int]]:
     """The templated text and its token ids; the template already holds the special tokens,
     so they are not added a second time."""
     text = render_chat_template(tokenizer, conversation, chat_template_kwargs)
     return text, list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def render_chat_template(tokenizer: Tokenizer, conversation: Conversation,
-                         chat_template_kwargs: dict[str, Any] | None = None) -> str:
+def render_chat_template(
+    tokenizer: Tokenizer,
+    conversation: Conversation,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> str:
     """The conversation through the tokenizer's chat template, as text."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("messages: the tokenizer has no chat template; use generate() instead")
+        raise InvalidRequest(
+            "messages: the tokenizer has no chat template; use generate() instead", param="messages"
+        )
     if not isinstance(conversation, list) or not all(isinstance(m, dict) for m in conversation):
-        raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts "
-                         "or a list of such lists")
+        raise InvalidRequest(
+            "messages must be a list of {'role': ..., 'content': ...} dicts "
+            "or a list of such lists",
+            param="messages",
+        )
     kwargs = {"add_generation_prompt": True, **(chat_template_kwargs or {}), "tokenize": False}
     return tokenizer.apply_chat_template(conversation, **kwargs)
 
@@ -91,10 +106,12 @@ def token_count_bound(tokenizer: Tokenizer) -> TokenCountBound | None:
     vocab = tokenizer.backend_tokenizer.get_vocab(with_added_tokens=True)
     dropped = _dropped_characters(spec, vocab)
     keeps_characters = (
-        spec["model"]["type"] == "BPE" and dropped is not None
+        spec["model"]["type"] == "BPE"
+        and dropped is not None
         and _keeps(spec.get("normalizer"), _KEEPING_NORMALIZERS, "normalizers")
         and _keeps(spec.get("pre_tokenizer"), _KEEPING_PRE_TOKENIZERS, "pretokenizers")
-        and not any(t.get("lstrip") or t.get("rstrip") for t in spec.get("added_tokens", [])))
+        and not any(t.get("lstrip") or t.get("rstrip") for t in spec.get("added_tokens", []))
+    )
     if not keeps_characters:
         return None
     return TokenCountBound(max(len(piece) for piece in vocab), dropped)
@@ -120,7 +137,8 @@ def _has_byte_level(pre_tokenizer: dict[str, Any] | None) -> bool:
     if pre_tokenizer is None:
         return False
     return pre_tokenizer["type"] == "ByteLevel" or any(
-        _has_byte_level(child) for child in pre_tokenizer.get("pretokenizers", []))
+        _has_byte_level(child) for child in pre_tokenizer.get("pretokenizers", [])
+    )
 
 
 def _keeps(component: dict[str, Any] | None, keeping: set[str], children: str) -> bool:
@@ -160,7 +178,9 @@ def token_bytes(tokenizer: Tokenizer | None, token_id: int, decoded: str) -> lis
     if tokenizer is not None:
         piece = tokenizer.convert_ids_to_tokens(token_id)
         byte_of = _byte_decoder()
-        if isinstance(tokenizer.backend_tokenizer.decoder, decoders.ByteLevel) and all(c in byte_of for c in piece):
+        if isinstance(tokenizer.backend_tokenizer.decoder, decoders.ByteLevel) and all(
+            c in byte_of for c in piece
+        ):
             return [byte_of[c] for c in piece]
         if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
             return [int(piece[3:5], 16)]

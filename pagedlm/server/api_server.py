@@ -4,6 +4,7 @@
 Request bodies are parsed and validated on the tokenizer pool, not by FastAPI on the event loop:
 a large body takes up to a second of CPU, which would stall every stream and /health. Their
 schemas still reach /openapi.json (for clients, /docs and the fuzz test)."""
+
 from __future__ import annotations
 
 import gc
@@ -24,11 +25,22 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pagedlm.engine.tokenizer import Tokenizer
 from pagedlm.server.middleware import GuardMiddleware, InternalErrorMiddleware
-from pagedlm.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                     DetokenizeResponse, ModelCard, ModelList, TokenizeRequest,
-                                     TokenizeResponse)
-from pagedlm.server.serving import (APIError, ServingContext, log_refusal,
-                                    tokenize_within_context)
+from pagedlm.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from pagedlm.server.serving import (
+    APIError,
+    ServingContext,
+    log_refusal,
+    tokenize_within_context,
+)
 from pagedlm.server.serving_chat import create_chat_completion, tokenize_chat
 from pagedlm.server.serving_completion import create_completion
 
@@ -37,8 +49,7 @@ REQUEST_BODIES = (CompletionRequest, ChatCompletionRequest, TokenizeRequest, Det
 
 
 def build_app(ctx: ServingContext, api_key: str | None, max_body_bytes: int) -> FastAPI:
-    app = FastAPI(title="pagedlm", version=_version(),
-                  description="OpenAI-compatible LLM server")
+    app = FastAPI(title="pagedlm", version=_version(), description="OpenAI-compatible LLM server")
     app.add_middleware(InternalErrorMiddleware)  # inside the guard: its 500 gets X-Request-Id
     app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=max_body_bytes)
     _add_error_handlers(app)
@@ -149,16 +160,24 @@ def _printable(text: str) -> str:
 
 def _json_body(model: type[BaseModel]) -> dict[str, Any]:
     """The OpenAPI requestBody of a route that parses `model` itself."""
-    return {"requestBody": {"required": True, "content": {"application/json": {
-        "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}
+            },
+        }
+    }
 
 
 def _document_request_bodies(app: FastAPI) -> None:
     """/openapi.json with the REQUEST_BODIES' schemas among its components."""
+
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            schema = get_openapi(title=app.title, version=app.version,
-                                 description=app.description, routes=app.routes)
+            schema = get_openapi(
+                title=app.title, version=app.version, description=app.description, routes=app.routes
+            )
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             for model in REQUEST_BODIES:
                 model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -197,8 +216,11 @@ def _add_service_routes(app: FastAPI, ctx: ServingContext) -> None:
         return _model_card(ctx)
 
     @app.get("/health")
-    async def health() -> Response:
-        return Response(status_code=200 if ctx.engine.is_healthy else 503)
+    async def health(request: Request) -> Response:
+        problem = ctx.engine.health_problem
+        if problem is None:
+            return Response(status_code=200)
+        return _error_response(APIError(503, problem, code="unhealthy"), request)
 
     @app.get("/version")
     async def version() -> dict[str, str]:
@@ -221,8 +243,9 @@ def _add_service_routes(app: FastAPI, ctx: ServingContext) -> None:
     async def detokenize(raw: Request) -> DetokenizeResponse:
         body = await parse_body(ctx, raw, DetokenizeRequest)
         ctx.check_model(body.model)
-        text = await ctx.pool.run_with_tokenizer(_detokenize, ctx.engine.config.model.vocab_size,
-                                                 body.tokens)
+        text = await ctx.pool.run_with_tokenizer(
+            _detokenize, ctx.engine.config.model.vocab_size, body.tokens
+        )
         return DetokenizeResponse(prompt=text)
 
 
@@ -234,10 +257,15 @@ def _tokenize(tokenizer: Tokenizer | None, ctx: ServingContext, body: TokenizeRe
 
 def _detokenize(tokenizer: Tokenizer | None, vocab_size: int, tokens: list[int]) -> str:
     if tokenizer is None:
-        raise APIError(400, "tokens: detokenizing needs a tokenizer, but the server skips it "
-                       "(--skip-tokenizer-init)", param="tokens")
+        raise APIError(
+            400,
+            "tokens: detokenizing needs a tokenizer, but the server skips it "
+            "(--skip-tokenizer-init)",
+            param="tokens",
+        )
     bad = [t for t in tokens if not 0 <= t < vocab_size]
     if bad:
-        raise APIError(400, f"tokens must be in [0, vocab_size={vocab_size}), got {bad[:5]}",
-                       param="tokens")
+        raise APIError(
+            400, f"tokens must be in [0, vocab_size={vocab_size}), got {bad[:5]}", param="tokens"
+        )
     return tokenizer.decode(tokens)

@@ -10,6 +10,7 @@ is declared dead (killed if still there): requests in flight get an error, the c
 0, and wait_until_dead() returns (the server then exits non-zero for its supervisor to restart it).
 Silent for HeartbeatTimeouts.unhealthy_s, it is stalled: /health and new requests get 503 while
 those in flight wait for it."""
+
 from __future__ import annotations
 
 import asyncio
@@ -27,12 +28,13 @@ import zmq
 import zmq.asyncio
 
 from pagedlm.config import EngineArgs, EngineConfig
+from pagedlm.engine import wire
+from pagedlm.engine.core_process import CoreAddresses, run_core
+from pagedlm.engine.heartbeat import HeartbeatMonitor, HeartbeatTimeouts
 from pagedlm.engine.llm_engine import LLMEngine, ProcessedRequest
 from pagedlm.engine.output_processor import core_request_ids
+from pagedlm.errors import InvalidRequest
 from pagedlm.outputs import RequestOutput
-from pagedlm.server import wire
-from pagedlm.server.core_process import CoreAddresses, run_core
-from pagedlm.server.heartbeat import HeartbeatMonitor, HeartbeatTimeouts
 from pagedlm.server.metrics import ServerMetrics
 from pagedlm.server.remote_core import RemoteCore
 
@@ -52,7 +54,11 @@ class RequestAborted(RuntimeError):
 
 
 class Overloaded(RuntimeError):
-    """Admission control refused the request; retry later."""
+    """The server takes no new request now; retry later. `code` says why (the 503's code)."""
+
+    def __init__(self, message: str, code: str = "server_overloaded") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -62,9 +68,14 @@ class AdmissionLimits:
 
 
 class AsyncLLM:
-    def __init__(self, config: EngineConfig | EngineArgs | None, model_name: str,
-                 limits: AdmissionLimits, log_stats_interval_s: float = 5.0,
-                 heartbeat: HeartbeatTimeouts = HeartbeatTimeouts()) -> None:
+    def __init__(
+        self,
+        config: EngineConfig | EngineArgs | None,
+        model_name: str,
+        limits: AdmissionLimits,
+        log_stats_interval_s: float = 5.0,
+        heartbeat: HeartbeatTimeouts = HeartbeatTimeouts(),  # noqa: B008 - frozen
+    ) -> None:
         """config: an EngineConfig, or the EngineArgs to build it from; then the core process builds
         its own while start() builds this one (a GGUF file's parse takes seconds, so side by side
         rather than one after the other), and self.config is None until start(). None: an engine
@@ -92,8 +103,9 @@ class AsyncLLM:
 
     def _init_sockets(self) -> None:
         self._ipc_dir = tempfile.mkdtemp(prefix="pagedlm-")
-        self._addresses = CoreAddresses(*(f"ipc://{self._ipc_dir}/{name}"
-                                          for name in ("input", "output", "heartbeat")))
+        self._addresses = CoreAddresses(
+            *(f"ipc://{self._ipc_dir}/{name}" for name in ("input", "output", "heartbeat"))
+        )
         self._ctx = zmq.Context()
         self._input = self._ctx.socket(zmq.PUSH)
         self._input.setsockopt(zmq.SNDHWM, 0)
@@ -121,24 +133,31 @@ class AsyncLLM:
         here; shutdown() then stops the core."""
         spawn = multiprocessing.get_context("spawn")
         self._proc = spawn.Process(
-            target=run_core, name="pagedlm-engine-core", daemon=True,
-            args=(self._config_source, self._addresses, os.getpid()))
+            target=run_core,
+            name="pagedlm-engine-core",
+            daemon=True,
+            args=(self._config_source, self._addresses, os.getpid()),
+        )
         self._proc.start()
         # Not in a thread: a signal during start-up (SystemExit) then stops the build at once.
         self.llm_engine = self._build_llm_engine()
         self.config = self.llm_engine.config
         msg = await self._recv_or_core_exit()
         if msg is None:
-            raise RuntimeError(f"the engine-core process exited with code {self._proc.exitcode} "
-                               "while starting (see its log above)")
+            raise RuntimeError(
+                f"the engine-core process exited with code {self._proc.exitcode} "
+                "while starting (see its log above)"
+            )
         if not isinstance(msg, wire.Ready):
             raise RuntimeError(f"the engine core failed to start:\n{msg.error}")
         check_same_config(msg, self.config)
         self._heartbeat.restart()
         self._ready = True
-        self._tasks = [asyncio.create_task(self._output_loop(), name="pagedlm-outputs"),
-                       asyncio.create_task(self._watch_core(), name="pagedlm-core-watch"),
-                       asyncio.create_task(self._log_loop(), name="pagedlm-log-stats")]
+        self._tasks = [
+            asyncio.create_task(self._output_loop(), name="pagedlm-outputs"),
+            asyncio.create_task(self._watch_core(), name="pagedlm-core-watch"),
+            asyncio.create_task(self._log_loop(), name="pagedlm-log-stats"),
+        ]
 
     def _build_llm_engine(self) -> LLMEngine:
         source = self._config_source
@@ -205,7 +224,9 @@ class AsyncLLM:
             self.core.send(wire.Shutdown())
             await asyncio.to_thread(proc.join, _CORE_EXIT_TIMEOUT_S)
             if proc.is_alive():
-                logger.warning("engine core did not stop in %.0f s; killing it", _CORE_EXIT_TIMEOUT_S)
+                logger.warning(
+                    "engine core did not stop in %.0f s; killing it", _CORE_EXIT_TIMEOUT_S
+                )
         proc.kill()
         await asyncio.to_thread(proc.join)
 
@@ -232,22 +253,33 @@ class AsyncLLM:
         prompt tokens would pass a cap, ValueError when the request alone is over a cap."""
         self.check_alive()
         if self.shutting_down:
-            raise Overloaded("the server is shutting down")
+            raise Overloaded("the server is shutting down", code="shutting_down")
         if self.stalled is not None:
-            raise Overloaded(f"{self.stalled}; retry later")
+            raise Overloaded(f"{self.stalled}; retry later", code="engine_stalled")
         for cap, name, current, new in (
-                (self.limits.max_num_queued_reqs, "max_num_queued_reqs", self.core.num_in_flight,
-                 num_requests),
-                (self.limits.max_num_queued_tokens, "max_num_queued_tokens",
-                 self.core.num_prefill_tokens, num_prompt_tokens)):
+            (
+                self.limits.max_num_queued_reqs,
+                "max_num_queued_reqs",
+                self.core.num_in_flight,
+                num_requests,
+            ),
+            (
+                self.limits.max_num_queued_tokens,
+                "max_num_queued_tokens",
+                self.core.num_prefill_tokens,
+                num_prompt_tokens,
+            ),
+        ):
             if cap is None:
                 continue
             if new > cap:
                 raise ValueError(f"the request needs {new} of {name}={cap} on its own")
             if current + new > cap:
                 self.metrics.observe_rejected(name)
-                raise Overloaded(f"server overloaded: {current} in use + {new} requested > "
-                                 f"{name}={cap}; retry later")
+                raise Overloaded(
+                    f"server overloaded: {current} in use + {new} requested > "
+                    f"{name}={cap}; retry later"
+                )
 
     def check_alive(self) -> None:
         self._check_core()
@@ -267,32 +299,45 @@ class AsyncLLM:
     def _check_heartbeat(self, silent_s: float) -> None:
         timeouts = self.heartbeat_timeouts
         if silent_s >= timeouts.dead_s:
-            self._on_core_dead(f"no heartbeat for {silent_s:.1f} s (--stall-timeout "
-                               f"{timeouts.dead_s:g}): the process is stopped or hung; killed")
+            self._on_core_dead(
+                f"no heartbeat for {silent_s:.1f} s (--stall-timeout "
+                f"{timeouts.dead_s:g}): the process is stopped or hung; killed"
+            )
         elif silent_s >= timeouts.unhealthy_s:
             if self.stalled is None:
-                logger.warning("engine core: no heartbeat for %.1f s (--heartbeat-timeout %g): "
-                               "/health and new requests get 503 until it beats again; declared "
-                               "dead after %g s", silent_s, timeouts.unhealthy_s, timeouts.dead_s)
+                logger.warning(
+                    "engine core: no heartbeat for %.1f s (--heartbeat-timeout %g): "
+                    "/health and new requests get 503 until it beats again; declared "
+                    "dead after %g s",
+                    silent_s,
+                    timeouts.unhealthy_s,
+                    timeouts.dead_s,
+                )
             self.stalled = f"the engine core has sent no heartbeat for {silent_s:.1f} s"
         elif self.stalled is not None:
             logger.info("engine core: beating again; healthy")
             self.stalled = None
 
-    def add_request(self, request_id: str, processed: ProcessedRequest, priority: int = 0,
-                    final_only: bool = False) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        processed: ProcessedRequest,
+        priority: int = 0,
+        final_only: bool = False,
+    ) -> None:
         """Adds the request at once (call admit() first); read it with outputs(request_id).
         final_only: no output until it finishes (a client that does not stream)."""
         self.check_alive()
         if request_id in self._queues:
-            raise ValueError(f"request_id {request_id!r} is already in use")
+            raise InvalidRequest(f"request_id {request_id!r} is already in use", param="request_id")
         self._queues[request_id] = asyncio.Queue()  # first: a death while adding reaches it
         self._num_samples[request_id] = processed.params.n
         for core_id in core_request_ids(request_id, processed.params.n):
             self._core_to_request[core_id] = request_id
         try:
-            self.llm_engine.add_processed_request(request_id, processed, priority,
-                                              final_only=final_only)
+            self.llm_engine.add_processed_request(
+                request_id, processed, priority, final_only=final_only
+            )
         except ValueError:
             self.release(request_id)
             raise
@@ -341,7 +386,9 @@ class AsyncLLM:
         try:
             self._on_outputs(msg)
         except Exception:  # else every request would hang while /health still said 200
-            self._on_core_dead(f"the server failed on the core's outputs:\n{traceback.format_exc()}")
+            self._on_core_dead(
+                f"the server failed on the core's outputs:\n{traceback.format_exc()}"
+            )
 
     def _on_outputs(self, msg: wire.CoreOutputs) -> None:
         self.metrics.update_core_stats(msg.stats)
@@ -399,4 +446,6 @@ def check_same_config(ready: wire.Ready, config: EngineConfig) -> None:
     are checked against here must be what the core runs."""
     mine = wire.Ready.of(config)
     if ready != mine:
-        raise RuntimeError(f"the engine core's config differs from the server's: {ready} against {mine}")
+        raise RuntimeError(
+            f"the engine core's config differs from the server's: {ready} against {mine}"
+        )

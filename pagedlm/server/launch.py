@@ -4,6 +4,7 @@ Life cycle: the first SIGTERM/SIGINT drains (new requests and /health get 503, t
 to completion for up to --shutdown-timeout, then the rest are aborted) and exits 0; a second one
 aborts what is in flight and exits at once. A dead engine core ends the server with exit code 1
 once its requests have had their error, for a supervisor (systemd, Kubernetes) to restart it."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,10 +18,10 @@ from types import FrameType
 import uvicorn
 
 from pagedlm.config import EngineArgs, default_model_path
+from pagedlm.engine.heartbeat import HeartbeatTimeouts
 from pagedlm.logger import configure_logging
 from pagedlm.server.api_server import build_app
 from pagedlm.server.async_engine import AdmissionLimits, AsyncLLM
-from pagedlm.server.heartbeat import HeartbeatTimeouts
 from pagedlm.server.serving import ServingContext
 
 logger = logging.getLogger("pagedlm.server")
@@ -48,9 +49,13 @@ class _Server(uvicorn.Server):
     def _on_signal(self, name: str) -> None:
         in_flight = self._engine.num_requests_in_flight
         if self._drain is None:
-            logger.info("%s: draining: new requests get 503, the %d in flight may run for %g s "
-                        "(--shutdown-timeout); a second signal exits at once", name, in_flight,
-                        self._shutdown_timeout_s)
+            logger.info(
+                "%s: draining: new requests get 503, the %d in flight may run for %g s "
+                "(--shutdown-timeout); a second signal exits at once",
+                name,
+                in_flight,
+                self._shutdown_timeout_s,
+            )
             self._drain = asyncio.create_task(self._drain_then_exit())
             return
         logger.warning("%s again: aborting the %d requests in flight, exiting now", name, in_flight)
@@ -60,15 +65,20 @@ class _Server(uvicorn.Server):
     async def _drain_then_exit(self) -> None:
         self._engine.stop_accepting()
         if not await self._engine.drain(self._shutdown_timeout_s):
-            logger.warning("--shutdown-timeout passed: aborting the %d requests still in flight",
-                           self._engine.num_requests_in_flight)
+            logger.warning(
+                "--shutdown-timeout passed: aborting the %d requests still in flight",
+                self._engine.num_requests_in_flight,
+            )
             self._engine.abort_all()
         self.should_exit = True
 
     async def exit_when_the_core_dies(self) -> None:
         error = await self._engine.wait_until_dead()
-        logger.error("exiting with code 1 (for a supervisor to restart the server): the engine "
-                     "core died: %s", error)
+        logger.error(
+            "exiting with code 1 (for a supervisor to restart the server): the engine "
+            "core died: %s",
+            error,
+        )
         self.exit_code = 1
         self.should_exit = True
 
@@ -103,12 +113,18 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise ValueError(f"cannot listen on {host}:{port} (--host, --port): {exc.strerror}") from None
+        raise ValueError(
+            f"cannot listen on {host}:{port} (--host, --port): {exc.strerror}"
+        ) from None
     return sock
 
 
-async def serve(args: argparse.Namespace, engine_args: EngineArgs, sock: socket.socket,
-                heartbeat: HeartbeatTimeouts) -> int:
+async def serve(
+    args: argparse.Namespace,
+    engine_args: EngineArgs,
+    sock: socket.socket,
+    heartbeat: HeartbeatTimeouts,
+) -> int:
     """Serves until a signal or the core's death; the exit code. The core process starts at once
     and builds the engine config from `engine_args`, while this process builds the same config
     (one GGUF parse each instead of one after the other)."""
@@ -118,8 +134,12 @@ async def serve(args: argparse.Namespace, engine_args: EngineArgs, sock: socket.
     try:
         await engine.start()
         app = build_app(ServingContext(engine, name), args.api_key, args.max_request_body_bytes)
-        config = uvicorn.Config(app, lifespan="off", log_level=args.uvicorn_log_level,
-                                timeout_graceful_shutdown=CLOSE_CONNECTIONS_S)
+        config = uvicorn.Config(
+            app,
+            lifespan="off",
+            log_level=args.uvicorn_log_level,
+            timeout_graceful_shutdown=CLOSE_CONNECTIONS_S,
+        )
         access_logger = logging.getLogger("uvicorn.access")  # configured by uvicorn.Config
         access_logger.addFilter(_HidePolls(access_logger))
         server = _Server(config, engine, args.shutdown_timeout)
@@ -139,10 +159,17 @@ async def serve(args: argparse.Namespace, engine_args: EngineArgs, sock: socket.
 def _log_usage(args: argparse.Namespace, name: str) -> None:
     base = f"http://{args.host}:{args.port}"
     auth = ' -H "Authorization: Bearer $API_KEY"' if args.api_key else ""  # never log the key
-    logger.info("serving %s on %s (OpenAI API at %s/v1). Try:\n  curl %s/v1/chat/completions "
-                "-H 'Content-Type: application/json'%s -d '{\"model\": \"%s\", \"messages\": "
-                "[{\"role\": \"user\", \"content\": \"Hello!\"}], \"max_tokens\": 32}'",
-                name, base, base, base, auth, name)
+    logger.info(
+        "serving %s on %s (OpenAI API at %s/v1). Try:\n  curl %s/v1/chat/completions "
+        '-H \'Content-Type: application/json\'%s -d \'{"model": "%s", "messages": '
+        '[{"role": "user", "content": "Hello!"}], "max_tokens": 32}\'',
+        name,
+        base,
+        base,
+        base,
+        auth,
+        name,
+    )
 
 
 def run_server(args: argparse.Namespace) -> None:

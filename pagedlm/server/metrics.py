@@ -2,6 +2,7 @@
 
 Gauges and the scheduler's cumulative counters come from the engine core's stats; per-request
 latencies are observed by the front end when a request finishes."""
+
 from __future__ import annotations
 
 import logging
@@ -9,30 +10,68 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.metrics_core import Metric
+
+from pagedlm.engine.wire import CoreStats
 
 logger = logging.getLogger("pagedlm.server")
 
 FINISH_REASONS = ("stop", "length", "abort")
 REJECT_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
-_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-                    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-_TOKEN_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
-                          0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-
-
-@dataclass(slots=True)
-class CoreStats:
-    """The scheduler's state after a step; the prefix-cache and preemption counts are cumulative."""
-
-    num_running: int = 0
-    num_waiting: int = 0
-    kv_cache_usage: float = 0.0  # in [0, 1]
-    prefix_cache_queries: int = 0  # tokens looked up
-    prefix_cache_hits: int = 0  # tokens found
-    num_preemptions: int = 0
-    num_kernel_compiles: int = 0  # Triton compiles a step waited for (pagedlm.ops.jit_watch)
+_LATENCY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+_TOKEN_LATENCY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 
 
 @dataclass(slots=True)
@@ -88,21 +127,35 @@ class ServerMetrics:
         self.num_running = gauge("num_requests_running", "Requests in the running batch.")
         self.num_waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled.")
         self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).")
-        self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_queries = counter(
+            "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
+        )
         self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
         self.preemptions = counter("num_preemptions", "Requests preempted by the scheduler.")
-        self.kernel_compiles = counter("kernel_compiles_while_serving",
-                                       "Triton kernel compiles a step waited for (0 when start-up covered all).")
+        self.kernel_compiles = counter(
+            "kernel_compiles_while_serving",
+            "Triton kernel compiles a step waited for (0 when start-up covered all).",
+        )
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.")
         self.generation_tokens = counter("generation_tokens", "Generated tokens.")
-        self.request_success = counter("request_success", "Finished requests by reason.",
-                                       ("finished_reason",))
-        self.rejected = counter("num_requests_rejected", "Requests refused by admission control.",
-                                ("reason",))
+        self.request_success = counter(
+            "request_success", "Finished requests by reason.", ("finished_reason",)
+        )
+        self.rejected = counter(
+            "num_requests_rejected", "Requests refused by admission control.", ("reason",)
+        )
         # Every series exists from the start (at 0), so dashboards and rates see it.
-        for metric in (self.num_running, self.num_waiting, self.kv_usage, self.prefix_queries,
-                       self.prefix_hits, self.preemptions, self.kernel_compiles, self.prompt_tokens,
-                       self.generation_tokens):
+        for metric in (
+            self.num_running,
+            self.num_waiting,
+            self.kv_usage,
+            self.prefix_queries,
+            self.prefix_hits,
+            self.preemptions,
+            self.kernel_compiles,
+            self.prompt_tokens,
+            self.generation_tokens,
+        ):
             metric.labels(model_name=self.model_name)
         for reason in FINISH_REASONS:
             self.request_success.labels(model_name=self.model_name, finished_reason=reason)
@@ -111,18 +164,25 @@ class ServerMetrics:
 
     def _init_histograms(self) -> None:
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(f"pagedlm:{name}", doc, ["model_name"], buckets=buckets,
-                             registry=self.registry)
+            return Histogram(
+                f"pagedlm:{name}", doc, ["model_name"], buckets=buckets, registry=self.registry
+            )
 
-        self.ttft = histogram("time_to_first_token_seconds", "Time to first token.", _LATENCY_BUCKETS)
-        self.itl = histogram("inter_token_latency_seconds", "Time between two output tokens.",
-                             _TOKEN_LATENCY_BUCKETS)
-        self.tpot = histogram("request_time_per_output_token_seconds",
-                              "Mean time per output token after the first, per request.",
-                              _TOKEN_LATENCY_BUCKETS)
+        self.ttft = histogram(
+            "time_to_first_token_seconds", "Time to first token.", _LATENCY_BUCKETS
+        )
+        self.itl = histogram(
+            "inter_token_latency_seconds", "Time between two output tokens.", _TOKEN_LATENCY_BUCKETS
+        )
+        self.tpot = histogram(
+            "request_time_per_output_token_seconds",
+            "Mean time per output token after the first, per request.",
+            _TOKEN_LATENCY_BUCKETS,
+        )
         self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.", _LATENCY_BUCKETS)
-        self.queue = histogram("request_queue_time_seconds", "Arrival to first schedule.",
-                               _LATENCY_BUCKETS)
+        self.queue = histogram(
+            "request_queue_time_seconds", "Arrival to first schedule.", _LATENCY_BUCKETS
+        )
 
     def _m(self, metric):  # noqa: ANN001, ANN202 - any labelled metric
         return metric.labels(model_name=self.model_name)
@@ -132,10 +192,11 @@ class ServerMetrics:
         self._m(self.num_waiting).set(stats.num_waiting)
         self._m(self.kv_usage).set(stats.kv_cache_usage)
         for counter, now, before in (
-                (self.prefix_queries, stats.prefix_cache_queries, self._last.prefix_cache_queries),
-                (self.prefix_hits, stats.prefix_cache_hits, self._last.prefix_cache_hits),
-                (self.preemptions, stats.num_preemptions, self._last.num_preemptions),
-                (self.kernel_compiles, stats.num_kernel_compiles, self._last.num_kernel_compiles)):
+            (self.prefix_queries, stats.prefix_cache_queries, self._last.prefix_cache_queries),
+            (self.prefix_hits, stats.prefix_cache_hits, self._last.prefix_cache_hits),
+            (self.preemptions, stats.num_preemptions, self._last.num_preemptions),
+            (self.kernel_compiles, stats.num_kernel_compiles, self._last.num_kernel_compiles),
+        ):
             if now > before:
                 self._m(counter).inc(now - before)
         self._last = stats
@@ -143,8 +204,9 @@ class ServerMetrics:
     def clear_core_state(self) -> None:
         """The core is dead: its running/waiting requests and KV blocks are gone (the counters
         keep what it did)."""
-        self.update_core_stats(replace(self._last, num_running=0, num_waiting=0,
-                                       kv_cache_usage=0.0))
+        self.update_core_stats(
+            replace(self._last, num_running=0, num_waiting=0, kv_cache_usage=0.0)
+        )
 
     def observe_token_gap(self, seconds: float, num_new_tokens: int) -> None:
         """A batch of output tokens that came `seconds` after the previous one (not the first)."""
@@ -157,8 +219,9 @@ class ServerMetrics:
         self._log_generation_tokens += num_new_tokens
 
     def observe_finished(self, times: FinishedRequestTimes) -> None:
-        self.request_success.labels(model_name=self.model_name,
-                                    finished_reason=times.finish_reason).inc()
+        self.request_success.labels(
+            model_name=self.model_name, finished_reason=times.finish_reason
+        ).inc()
         self._m(self.prompt_tokens).inc(times.num_prompt_tokens)
         self._log_prompt_tokens += times.num_prompt_tokens
         self._m(self.e2e).observe(times.finished - times.arrival)
@@ -182,13 +245,27 @@ class ServerMetrics:
         now = time.monotonic()
         elapsed = max(now - self._log_time, 1e-6)
         stats = self._last
-        hit_rate = stats.prefix_cache_hits / stats.prefix_cache_queries if stats.prefix_cache_queries else 0.0
-        if stats.num_running or stats.num_waiting or self._log_prompt_tokens or self._log_generation_tokens:
-            logger.info("running: %d reqs, waiting: %d reqs, KV cache usage: %.1f%%, prompt: %.1f tokens/s, "
-                        "generation: %.1f tokens/s, prefix cache hit rate: %.1f%%",
-                        stats.num_running, stats.num_waiting, 100 * stats.kv_cache_usage,
-                        self._log_prompt_tokens / elapsed, self._log_generation_tokens / elapsed,
-                        100 * hit_rate)
+        hit_rate = (
+            stats.prefix_cache_hits / stats.prefix_cache_queries
+            if stats.prefix_cache_queries
+            else 0.0
+        )
+        if (
+            stats.num_running
+            or stats.num_waiting
+            or self._log_prompt_tokens
+            or self._log_generation_tokens
+        ):
+            logger.info(
+                "running: %d reqs, waiting: %d reqs, KV cache usage: %.1f%%, prompt: %.1f tokens/s, "
+                "generation: %.1f tokens/s, prefix cache hit rate: %.1f%%",
+                stats.num_running,
+                stats.num_waiting,
+                100 * stats.kv_cache_usage,
+                self._log_prompt_tokens / elapsed,
+                self._log_generation_tokens / elapsed,
+                100 * hit_rate,
+            )
         self._log_prompt_tokens = 0
         self._log_generation_tokens = 0
         self._log_time = now

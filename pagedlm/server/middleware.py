@@ -2,6 +2,7 @@
 request-body size limit, and the X-Request-Id header echoed on the response; and the catch-all
 that turns an unexpected exception into a 500 in OpenAI's shape. Plain ASGI, so streaming and
 disconnect detection pass through untouched."""
+
 from __future__ import annotations
 
 import hmac
@@ -40,12 +41,20 @@ class GuardMiddleware:
     def _check(self, path: str, headers: dict[bytes, bytes]) -> tuple[int, str, str, str] | None:
         """(status, message, type, code) of a refused request, or None."""
         if self.api_key is not None and path not in OPEN_PATHS and not self._authorized(headers):
-            return (401, "Incorrect or missing API key: send the header "
-                    "'Authorization: Bearer <key>'", "authentication_error", "invalid_api_key")
+            return (
+                401,
+                "Incorrect or missing API key: send the header 'Authorization: Bearer <key>'",
+                "authentication_error",
+                "invalid_api_key",
+            )
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            return (413, _too_large(self.max_body_bytes), "invalid_request_error",
-                    "request_too_large")
+            return (
+                413,
+                _too_large(self.max_body_bytes),
+                "invalid_request_error",
+                "request_too_large",
+            )
         return None
 
     def _authorized(self, headers: dict[bytes, bytes]) -> bool:
@@ -114,13 +123,21 @@ def _echo_request_id(send: Send, request_id: bytes) -> Send:
 
 
 async def _send_error(send: Send, status: int, message: str, kind: str, code: str) -> None:
-    await _send_json(send, status, {"error": {"message": message, "type": kind, "param": None,
-                                              "code": code}})
+    await _send_json(
+        send, status, {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    )
 
 
 async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
     data = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(data)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(data)).encode()),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": data})

@@ -5,13 +5,22 @@ naming it, never silently ignored. Types are strict, as OpenAI's schema states t
 or boolean field takes no string, float or boolean in its place (`"5"`, `true`), a float field
 takes integers but no strings. Floats must be finite; strings must be valid Unicode (no lone
 surrogates such as JSON's "\\ud800")."""
+
 from __future__ import annotations
 
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo,
-                      field_validator, model_serializer)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+)
 from pydantic_core import PydanticCustomError
 
 from pagedlm.errors import InvalidRequest
@@ -65,8 +74,10 @@ class RequestBase(BaseModel):
         path = _surrogate_path(value)
         if path is not None:
             raise PydanticCustomError(
-                "lone_surrogate", "{where}a lone surrogate (such as \"\\ud800\"): strings must "
-                "be valid Unicode", {"where": f"item {path[1:]}: " if path else ""})
+                "lone_surrogate",
+                '{where}a lone surrogate (such as "\\ud800"): strings must be valid Unicode',
+                {"where": f"item {path[1:]}: " if path else ""},
+            )
         return value
 
 
@@ -79,29 +90,41 @@ def _prompt_shape(value: Any) -> str | None:
     if not isinstance(value, list):
         return _string_or_list(value)
     first = value[0] if value else None
-    return "texts" if isinstance(first, str) else "token_id_lists" if isinstance(first, list) \
+    return (
+        "texts"
+        if isinstance(first, str)
+        else "token_id_lists"
+        if isinstance(first, list)
         else "token_ids"
+    )
 
 
 def _by_shape(shape: Any, expected: str) -> Discriminator:
     """A union that picks its member by the value's JSON shape, so that an error is that
     member's alone (a smart union reports every member's, the first one unrelated)."""
-    return Discriminator(shape, custom_error_type="wrong_shape",
-                         custom_error_message=f"must be {expected}")
+    return Discriminator(
+        shape, custom_error_type="wrong_shape", custom_error_message=f"must be {expected}"
+    )
 
 
 TokenIds = Annotated[list[int], Field(fail_fast=True)]  # fail fast: one error, not millions
 Batch = Field(max_length=MAX_PROMPTS, fail_fast=True)
 Prompt = Annotated[
-    Annotated[str, Tag("string")] | Annotated[list[str], Batch, Tag("texts")]
-    | Annotated[TokenIds, Tag("token_ids")] | Annotated[list[TokenIds], Batch, Tag("token_id_lists")],
-    _by_shape(_prompt_shape, "a string, a list of strings, a list of token ids or a list of "
-              "token-id lists")]
+    Annotated[str, Tag("string")]
+    | Annotated[list[str], Batch, Tag("texts")]
+    | Annotated[TokenIds, Tag("token_ids")]
+    | Annotated[list[TokenIds], Batch, Tag("token_id_lists")],
+    _by_shape(
+        _prompt_shape,
+        "a string, a list of strings, a list of token ids or a list of token-id lists",
+    ),
+]
 StopString = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
 Stop = Annotated[
     Annotated[StopString, Tag("string")]
     | Annotated[list[StopString], Field(max_length=MAX_STOPS), Tag("list")],
-    _by_shape(_string_or_list, "a string or a list of strings")]
+    _by_shape(_string_or_list, "a string or a list of strings"),
+]
 
 
 class StreamOptions(RequestBase):
@@ -146,21 +169,31 @@ class SamplingFields(RequestBase):
         """Usage in every chunk: vLLM's continuous_usage_stats, which needs include_usage."""
         return self.include_usage and self.stream_options.continuous_usage_stats
 
-    def to_sampling_params(self, max_tokens: int, logprobs: int | None,
-                           vocab_size: int) -> SamplingParams:
+    def to_sampling_params(
+        self, max_tokens: int, logprobs: int | None, vocab_size: int
+    ) -> SamplingParams:
         """Raises InvalidRequest naming the parameter when a value is out of range."""
         top_k = self.top_k or 0
         return SamplingParams(
-            n=self.n, temperature=1.0 if self.temperature is None else self.temperature,
+            n=self.n,
+            temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=0 if top_k >= vocab_size else top_k,  # a k that keeps the whole vocab is off
-            min_p=self.min_p or 0.0, seed=self.seed,
-            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            min_p=self.min_p or 0.0,
+            seed=self.seed,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
-            logit_bias=_logit_bias(self.logit_bias), max_tokens=max_tokens,
-            min_tokens=self.min_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
-            ignore_eos=self.ignore_eos, include_stop_str_in_output=self.include_stop_str_in_output,
-            skip_special_tokens=self.skip_special_tokens, logprobs=logprobs)
+            logit_bias=_logit_bias(self.logit_bias),
+            max_tokens=max_tokens,
+            min_tokens=self.min_tokens,
+            stop=self.stop,
+            stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
+            logprobs=logprobs,
+        )
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
@@ -169,12 +202,14 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
     try:
         parsed = {int(token): value for token, value in bias.items()}
     except ValueError:
-        raise InvalidRequest("logit_bias keys must be token ids (integers as strings)",
-                             param="logit_bias") from None
+        raise InvalidRequest(
+            "logit_bias keys must be token ids (integers as strings)", param="logit_bias"
+        ) from None
     bad = [v for v in parsed.values() if not -100.0 <= v <= 100.0]
     if bad:
-        raise InvalidRequest(f"logit_bias values must be in [-100, 100], got {bad[0]}",
-                             param="logit_bias")
+        raise InvalidRequest(
+            f"logit_bias values must be in [-100, 100], got {bad[0]}", param="logit_bias"
+        )
     return parsed
 
 
@@ -191,8 +226,10 @@ class TextPart(RequestBase):
     text: str
 
 
-Content = Annotated[Annotated[str, Tag("string")] | Annotated[list[TextPart], Tag("list")],
-                    _by_shape(_string_or_list, "a string or a list of text parts")]
+Content = Annotated[
+    Annotated[str, Tag("string")] | Annotated[list[TextPart], Tag("list")],
+    _by_shape(_string_or_list, "a string or a list of text parts"),
+]
 
 
 class ChatMessage(RequestBase):
@@ -202,13 +239,17 @@ class ChatMessage(RequestBase):
 
     @field_validator("content")
     @classmethod
-    def _content_unless_assistant(cls, content: Content | None,
-                                  info: ValidationInfo) -> Content | None:
+    def _content_unless_assistant(
+        cls, content: Content | None, info: ValidationInfo
+    ) -> Content | None:
         """OpenAI: only an assistant message (one with tool calls) may leave its content out."""
         role = info.data.get("role")
         if content is None and role not in (None, "assistant"):
-            raise PydanticCustomError("missing", "a {role} message needs content: a string or a "
-                                      "list of text parts", {"role": role})
+            raise PydanticCustomError(
+                "missing",
+                "a {role} message needs content: a string or a list of text parts",
+                {"role": role},
+            )
         return content
 
     def text(self) -> str:

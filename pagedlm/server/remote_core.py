@@ -1,14 +1,15 @@
 """The engine core as LLMEngine calls it (add_request / abort_requests / finish_requests), living in
 another process: every call becomes a message. It also keeps, per core request, what admission
 control and the latency metrics need: in flight or not, still in prefill or not, and its times."""
+
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pagedlm.engine import wire
 from pagedlm.request import Request
-from pagedlm.server import wire
 from pagedlm.server.metrics import FinishedRequestTimes, ServerMetrics
 
 
@@ -38,13 +39,20 @@ class RemoteCore:
         self._send(self._encoder.encode(msg))
 
     def add_request(self, request: Request) -> None:
-        self.send(wire.AddRequest(
-            request_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
-            sampling_params=request.sampling_params, max_tokens=request.max_tokens,
-            arrival_time=request.arrival_time, priority=request.priority,
-            cache_salt=request.cache_salt))
-        self._requests[request.request_id] = _CoreRequest(request.num_prompt_tokens,
-                                                          request.arrival_time)
+        self.send(
+            wire.AddRequest(
+                request_id=request.request_id,
+                prompt_token_ids=request.prompt_token_ids,
+                sampling_params=request.sampling_params,
+                max_tokens=request.max_tokens,
+                arrival_time=request.arrival_time,
+                priority=request.priority,
+                cache_salt=request.cache_salt,
+            )
+        )
+        self._requests[request.request_id] = _CoreRequest(
+            request.num_prompt_tokens, request.arrival_time
+        )
         self.num_prefill_tokens += request.num_prompt_tokens
 
     def abort_requests(self, request_ids: list[str]) -> None:
@@ -90,8 +98,14 @@ class RemoteCore:
             return
         if request.first_token is None:
             self.num_prefill_tokens -= request.num_prompt_tokens
-        self._metrics.observe_finished(FinishedRequestTimes(
-            arrival=request.arrival, first_scheduled=request.first_scheduled,
-            first_token=request.first_token, finished=now,
-            num_prompt_tokens=request.num_prompt_tokens,
-            num_output_tokens=request.num_output_tokens, finish_reason=reason))
+        self._metrics.observe_finished(
+            FinishedRequestTimes(
+                arrival=request.arrival,
+                first_scheduled=request.first_scheduled,
+                first_token=request.first_token,
+                finished=now,
+                num_prompt_tokens=request.num_prompt_tokens,
+                num_output_tokens=request.num_output_tokens,
+                finish_reason=reason,
+            )
+        )

@@ -1,5 +1,6 @@
 """What both generation endpoints share: errors in OpenAI's shape, model and parameter checks,
 prompt processing with the context check, admission, merged output streams, disconnects, SSE."""
+
 from __future__ import annotations
 
 import asyncio
@@ -19,7 +20,12 @@ from pagedlm.engine.tokenizer import TokenCountBound, Tokenizer, token_count_bou
 from pagedlm.errors import CONTEXT_LENGTH_EXCEEDED, InvalidRequest
 from pagedlm.outputs import CompletionOutput, RequestOutput
 from pagedlm.sampling_params import SamplingParams
-from pagedlm.server.async_engine import AsyncLLM, EngineDeadError, Overloaded, RequestAborted
+from pagedlm.server.async_engine import (
+    AsyncLLM,
+    EngineDeadError,
+    Overloaded,
+    RequestAborted,
+)
 from pagedlm.server.protocol import PromptTokensDetails, SamplingFields, UsageInfo
 from pagedlm.server.tokenizer_pool import TokenizerPool
 
@@ -31,8 +37,14 @@ RETRY_AFTER_S = 1
 class APIError(Exception):
     """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
 
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -42,16 +54,26 @@ class APIError(Exception):
 
     @property
     def type(self) -> str:
-        return _ERROR_TYPES.get(self.status, "invalid_request_error" if self.status < 500
-                                else "server_error")
+        return _ERROR_TYPES.get(
+            self.status, "invalid_request_error" if self.status < 500 else "server_error"
+        )
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
-_ERROR_TYPES = {401: "authentication_error", 500: "InternalServerError",  # vLLM's 500 type
-                503: "service_unavailable_error"}
+_ERROR_TYPES = {
+    401: "authentication_error",
+    500: "InternalServerError",  # vLLM's 500 type
+    503: "service_unavailable_error",
+}
 
 
 def internal_error(exc: Exception, where: str) -> APIError:
@@ -59,8 +81,11 @@ def internal_error(exc: Exception, where: str) -> APIError:
     learns the exception's class only: its message and traceback may hold server internals."""
     name = type(exc).__name__
     logger.error("unexpected %s in %s", name, where, exc_info=exc)
-    return APIError(500, f"Internal server error: {name} (the server log has the details)",
-                    code="internal_server_error")
+    return APIError(
+        500,
+        f"Internal server error: {name} (the server log has the details)",
+        code="internal_server_error",
+    )
 
 
 def log_refusal(status: int, method: str, path: str, message: str) -> None:
@@ -97,8 +122,9 @@ class ServingContext:
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
-            raise APIError(404, f"The model `{model}` does not exist.", param="model",
-                           code="model_not_found")
+            raise APIError(
+                404, f"The model `{model}` does not exist.", param="model", code="model_not_found"
+            )
 
     @property
     def tokenizer(self) -> Any:
@@ -117,48 +143,71 @@ def new_request_id(raw: Request, body: SamplingFields) -> str:
     return body.request_id or raw.headers.get("x-request-id") or uuid.uuid4().hex
 
 
-def build_params(ctx: ServingContext, body: SamplingFields, max_tokens: int | None,
-                 logprobs: int | None) -> SamplingParams:
+def build_params(
+    ctx: ServingContext, body: SamplingFields, max_tokens: int | None, logprobs: int | None
+) -> SamplingParams:
     if body.stream_options is not None and not body.stream:
         raise APIError(400, "stream_options: only allowed with stream=true", param="stream_options")
     if body.priority != 0 and ctx.engine.config.scheduler.policy != "priority":
-        raise APIError(400, "priority: only supported with --scheduling-policy priority",
-                       param="priority")
+        raise APIError(
+            400, "priority: only supported with --scheduling-policy priority", param="priority"
+        )
     try:
         return body.to_sampling_params(max_tokens, logprobs, ctx.engine.config.model.vocab_size)
     except ValueError as exc:
         raise bad_request(exc) from None
 
 
-def tokenize_within_context(ctx: ServingContext, tokenizer: Tokenizer | None, text: str,
-                            param: str, add_special_tokens: bool = True) -> list[int]:
+def tokenize_within_context(
+    ctx: ServingContext,
+    tokenizer: Tokenizer | None,
+    text: str,
+    param: str,
+    add_special_tokens: bool = True,
+) -> list[int]:
     """The text's token ids (on a pool thread, with its tokenizer); a text whose length alone
     rules out max_model_len is refused before it is tokenized, so its size bounds no work."""
     if tokenizer is None:
-        raise APIError(400, f"{param}: text needs a tokenizer, but the server skips it "
-                       "(--skip-tokenizer-init); send token ids", param=param)
+        raise APIError(
+            400,
+            f"{param}: text needs a tokenizer, but the server skips it "
+            "(--skip-tokenizer-init); send token ids",
+            param=param,
+        )
     min_tokens = 0 if ctx.token_bound is None else ctx.token_bound.min_tokens(text)
     if min_tokens >= ctx.max_model_len:
         raise APIError(
-            400, f"This model's maximum context length is {ctx.max_model_len} tokens "
+            400,
+            f"This model's maximum context length is {ctx.max_model_len} tokens "
             f"(max_model_len), but the {param} has {len(text)} characters: at least {min_tokens} "
             f"tokens (a token holds at most {ctx.token_bound.max_chars} characters). Reduce the "
-            f"{param}.", param=param, code=CONTEXT_LENGTH_EXCEEDED)
+            f"{param}.",
+            param=param,
+            code=CONTEXT_LENGTH_EXCEEDED,
+        )
     return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
 
-def process_prompt(tokenizer: Tokenizer | None, ctx: ServingContext, prompt: Any,
-                   params: SamplingParams, body: SamplingFields,
-                   prompt_param: str = "prompt") -> ProcessedRequest:
+def process_prompt(
+    tokenizer: Tokenizer | None,
+    ctx: ServingContext,
+    prompt: Any,
+    params: SamplingParams,
+    body: SamplingFields,
+    prompt_param: str = "prompt",
+) -> ProcessedRequest:
     """Tokenises (a text, on a pool thread with its tokenizer) and validates one prompt: a
     string, token ids, or a prompt dict; a prompt plus max_tokens over the context is a 400
     (OpenAI's rule: the engine alone would cut max_tokens to the room left)."""
     if isinstance(prompt, str):
-        prompt = {"prompt": prompt, "prompt_token_ids": tokenize_within_context(
-            ctx, tokenizer, prompt, prompt_param)}
+        prompt = {
+            "prompt": prompt,
+            "prompt_token_ids": tokenize_within_context(ctx, tokenizer, prompt, prompt_param),
+        }
     try:
-        return ctx.engine.llm_engine.process_request(_salted_prompt(prompt, body.cache_salt),
-                                                     params, reject_over_context=True)
+        return ctx.engine.llm_engine.process_request(
+            _salted_prompt(prompt, body.cache_salt), params, reject_over_context=True
+        )
     except ValueError as exc:
         raise bad_request(exc, prompt_param) from None
 
@@ -178,8 +227,9 @@ def admit(ctx: ServingContext, processed: list[ProcessedRequest], n: int) -> Non
     try:
         ctx.engine.admit(n * len(processed), num_tokens)
     except Overloaded as exc:
-        raise APIError(503, str(exc), code="server_overloaded",
-                       headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        raise APIError(
+            503, str(exc), code=exc.code, headers={"Retry-After": str(RETRY_AFTER_S)}
+        ) from None
     except EngineDeadError as exc:
         raise APIError(503, str(exc), code="engine_dead") from None
     except ValueError as exc:
@@ -194,16 +244,23 @@ class Generation:
     """One HTTP request's engine requests (one per prompt), added at once, with their outputs
     merged in arrival order. A client disconnect, or closing the iteration early, aborts them."""
 
-    def __init__(self, ctx: ServingContext, raw: Request, request_id: str,
-                 processed: list[ProcessedRequest], body: SamplingFields) -> None:
+    def __init__(
+        self,
+        ctx: ServingContext,
+        raw: Request,
+        request_id: str,
+        processed: list[ProcessedRequest],
+        body: SamplingFields,
+    ) -> None:
         self._engine = ctx.engine
         self._name = f"{request_id}-{next(_request_counter)}"  # callers may reuse request ids
         self._ids = [f"{self._name}-{i}" for i in range(len(processed))]
         for engine_id, prompt in zip(self._ids, processed):
             self._engine.add_request(engine_id, prompt, body.priority, final_only=not body.stream)
         self._queue: asyncio.Queue = asyncio.Queue()
-        self._pumps = [asyncio.create_task(self._pump(i, engine_id))
-                       for i, engine_id in enumerate(self._ids)]
+        self._pumps = [
+            asyncio.create_task(self._pump(i, engine_id)) for i, engine_id in enumerate(self._ids)
+        ]
         self._watcher = asyncio.create_task(self._watch(raw))
 
     async def _pump(self, index: int, engine_id: str) -> None:
@@ -272,9 +329,12 @@ def usage(outputs: list[RequestOutput | None]) -> UsageInfo:
     prompt = sum(len(o.prompt_token_ids) for o in done)
     completion = sum(len(c.token_ids) for o in done for c in o.outputs)
     cached = sum(o.num_cached_tokens for o in done)
-    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
-                     total_tokens=prompt + completion,
-                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+    return UsageInfo(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+    )
 
 
 def sse(payload: BaseModel | dict[str, Any]) -> str:
@@ -317,5 +377,6 @@ class DeltaTracker:
         self._sent[index] = (len(choice.text), len(choice.token_ids))
         if choice.finish_reason is not None:
             self._done.add(index)
-        return Delta(text, num_tokens, len(choice.token_ids), num_chars, first,
-                     choice.finish_reason)
+        return Delta(
+            text, num_tokens, len(choice.token_ids), num_chars, first, choice.finish_reason
+        )

@@ -1,5 +1,6 @@
 """POST /v1/completions: one prompt or many (text or token ids), n choices each, whole or streamed.
 Choice i*n + j is sample j of prompt i, as in OpenAI's API."""
+
 from __future__ import annotations
 
 import time
@@ -13,12 +14,29 @@ from pagedlm.engine.llm_engine import ProcessedRequest
 from pagedlm.engine.tokenizer import Tokenizer
 from pagedlm.outputs import CompletionOutput, RequestOutput, SampleLogprobs
 from pagedlm.sampling_params import SamplingParams
-from pagedlm.server.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest,
-                                     CompletionResponse)
-from pagedlm.server.serving import (GENERATION_ERRORS, SSE_DONE, APIError, Delta, DeltaTracker,
-                                    Generation, ServingContext, admit, build_params,
-                                    generation_error, new_request_id, process_prompt, sse,
-                                    stream_error_event, usage)
+from pagedlm.server.protocol import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+)
+from pagedlm.server.serving import (
+    GENERATION_ERRORS,
+    SSE_DONE,
+    APIError,
+    Delta,
+    DeltaTracker,
+    Generation,
+    ServingContext,
+    admit,
+    build_params,
+    generation_error,
+    new_request_id,
+    process_prompt,
+    sse,
+    stream_error_event,
+    usage,
+)
 
 
 async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: Request) -> Response:
@@ -26,8 +44,11 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: R
     if body.suffix:
         raise APIError(400, "suffix is not supported", param="suffix")
     if body.echo and body.logprobs is not None:
-        raise APIError(400, "logprobs together with echo (prompt logprobs) is not supported yet",
-                       param="logprobs")
+        raise APIError(
+            400,
+            "logprobs together with echo (prompt logprobs) is not supported yet",
+            param="logprobs",
+        )
     params = build_params(ctx, body, body.max_tokens, body.logprobs)
     processed = await ctx.pool.run_with_tokenizer(_process_prompts, ctx, body, params)
     admit(ctx, processed, body.n)
@@ -45,10 +66,15 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: R
     return JSONResponse(writer.response(finals).model_dump())
 
 
-def _process_prompts(tokenizer: Tokenizer | None, ctx: ServingContext, body: CompletionRequest,
-                     params: SamplingParams) -> list[ProcessedRequest]:
-    return [process_prompt(tokenizer, ctx, prompt, params, body)
-            for prompt in _prompt_list(body.prompt)]
+def _process_prompts(
+    tokenizer: Tokenizer | None,
+    ctx: ServingContext,
+    body: CompletionRequest,
+    params: SamplingParams,
+) -> list[ProcessedRequest]:
+    return [
+        process_prompt(tokenizer, ctx, prompt, params, body) for prompt in _prompt_list(body.prompt)
+    ]
 
 
 def _prompt_list(prompt: str | list[str] | list[int] | list[list[int]]) -> list[Any]:
@@ -61,8 +87,13 @@ def _prompt_list(prompt: str | list[str] | list[int] | list[list[int]]) -> list[
 
 
 class _CompletionWriter:
-    def __init__(self, ctx: ServingContext, body: CompletionRequest, response_id: str,
-                 processed: list[ProcessedRequest]) -> None:
+    def __init__(
+        self,
+        ctx: ServingContext,
+        body: CompletionRequest,
+        response_id: str,
+        processed: list[ProcessedRequest],
+    ) -> None:
         self.body = body
         self.response_id = response_id
         self.model_name = ctx.model_name
@@ -71,16 +102,25 @@ class _CompletionWriter:
         # choice index -> text_offset after its tokens sent so far (a chunk's tokens follow them)
         self._next_offsets: dict[int, int] = {}
 
-    def _choice(self, prompt_index: int, choice: CompletionOutput, delta: Delta) -> CompletionChoice:
+    def _choice(
+        self, prompt_index: int, choice: CompletionOutput, delta: Delta
+    ) -> CompletionChoice:
         index = prompt_index * self.body.n + choice.index
         echo = self.echo_texts[prompt_index] if delta.first else ""
         logprobs = None
         if choice.logprobs is not None:
             offset = self._next_offsets.get(index, len(self.echo_texts[prompt_index]))
-            logprobs = _completion_logprobs(choice.logprobs[delta.token_start:delta.token_end], offset)
+            logprobs = _completion_logprobs(
+                choice.logprobs[delta.token_start : delta.token_end], offset
+            )
             self._next_offsets[index] = offset + sum(len(token) for token in logprobs.tokens)
-        return CompletionChoice(index=index, text=echo + delta.text, logprobs=logprobs,
-                                finish_reason=delta.finish_reason, stop_reason=choice.stop_reason)
+        return CompletionChoice(
+            index=index,
+            text=echo + delta.text,
+            logprobs=logprobs,
+            finish_reason=delta.finish_reason,
+            stop_reason=choice.stop_reason,
+        )
 
     def response(self, finals: list[RequestOutput | None]) -> CompletionResponse:
         choices = []
@@ -88,8 +128,9 @@ class _CompletionWriter:
             for choice in output.outputs:
                 delta = DeltaTracker().delta(0, choice)
                 choices.append(self._choice(prompt_index, choice, delta))
-        return CompletionResponse(id=self.response_id, model=self.model_name, choices=choices,
-                                  usage=usage(finals))
+        return CompletionResponse(
+            id=self.response_id, model=self.model_name, choices=choices, usage=usage(finals)
+        )
 
     async def stream(self, generation: Generation) -> AsyncIterator[str]:
         tracker = DeltaTracker()
@@ -100,8 +141,12 @@ class _CompletionWriter:
                 for choice in output.outputs:
                     delta = tracker.delta(prompt_index * self.body.n + choice.index, choice)
                     if delta is not None:
-                        yield sse(self._chunk([self._choice(prompt_index, choice, delta)],
-                                              usage(finals) if self.body.continuous_usage else None))
+                        yield sse(
+                            self._chunk(
+                                [self._choice(prompt_index, choice, delta)],
+                                usage(finals) if self.body.continuous_usage else None,
+                            )
+                        )
             if self.body.include_usage:
                 yield sse(self._chunk([], usage(finals)))
         except Exception as exc:  # noqa: BLE001 - an error event, not a cut-off stream
@@ -109,8 +154,13 @@ class _CompletionWriter:
         yield SSE_DONE
 
     def _chunk(self, choices: list[CompletionChoice], usage_info: Any = None) -> CompletionResponse:
-        return CompletionResponse(id=self.response_id, model=self.model_name, choices=choices,
-                                  usage=usage_info, created=self.created)
+        return CompletionResponse(
+            id=self.response_id,
+            model=self.model_name,
+            choices=choices,
+            usage=usage_info,
+            created=self.created,
+        )
 
 
 def _prompt_text(ctx: ServingContext, processed: ProcessedRequest) -> str:

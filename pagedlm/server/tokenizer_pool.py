@@ -1,6 +1,7 @@
 """The threads that take a request's CPU work off the event loop: JSON parsing and validation,
 chat templates, tokenisation. The event loop then only moves bytes and outputs, so one large
 request never stalls the streams in flight or /health."""
+
 from __future__ import annotations
 
 import asyncio
@@ -25,8 +26,9 @@ class TokenizerPool:
     def __init__(self, tokenizer: Tokenizer | None, num_threads: int = NUM_THREADS) -> None:
         self._tokenizer = tokenizer
         self._local = threading.local()
-        self._executor = ThreadPoolExecutor(num_threads, thread_name_prefix="pagedlm-tokenize",
-                                            initializer=self._init_thread)
+        self._executor = ThreadPoolExecutor(
+            num_threads, thread_name_prefix="pagedlm-tokenize", initializer=self._init_thread
+        )
 
     def _init_thread(self) -> None:
         # A copy per thread: a Hugging Face fast tokenizer is not safe to share between threads
@@ -44,4 +46,3 @@ class TokenizerPool:
 
     def _call_with_tokenizer(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         return fn(self._local.tokenizer, *args)
-

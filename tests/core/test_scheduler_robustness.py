@@ -1,12 +1,13 @@
-"""Scheduler, KV-cache manager and request isolation: bugs a review found, pinned (CPU only).
+"""Scheduler, KV-cache manager and request isolation: past bugs pinned (CPU only).
 
-The first tests pin the bugs a review found in session 11, each failing before its fix: a reused
+The first tests pin bugs, each failing before its fix: a reused
 request id took the ended request's token still in flight (and could poison the prefix cache), a
 priority that cannot be ordered left a request in no queue, zero scheduler limits were replaced by
 the defaults, mistyped sampling parameters failed without naming them. The fuzz at the end goes beyond test_scheduler.py's: growth reserve on, blocks of
 1-8 tokens, budgets down to 1, stop strings and aborts at any moment, block accounting checked
 after every schedule/update/abort, and no decode-only step reading a key written in that step.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -29,8 +30,18 @@ from pagedlm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagedlm.core.scheduler import Scheduler
 from pagedlm.request import Request, RequestStatus
 
-from .fakes import (VOCAB, FakeRunner, Result, collect, engine_request, make_request,
-                    make_scheduler, mixing_next_token, reference_output, run_engine)
+from .fakes import (
+    VOCAB,
+    FakeRunner,
+    Result,
+    collect,
+    engine_request,
+    make_request,
+    make_scheduler,
+    mixing_next_token,
+    reference_output,
+    run_engine,
+)
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 
@@ -43,8 +54,15 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _tiny_llm(folder: Path, **kwargs: Any) -> LLM:
-    return LLM(str(folder), skip_tokenizer_init=True, dtype="float32", max_model_len=64,
-               num_gpu_blocks_override=64, device="cpu", **kwargs)
+    return LLM(
+        str(folder),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        max_model_len=64,
+        num_gpu_blocks_override=64,
+        device="cpu",
+        **kwargs,
+    )
 
 
 def _drain(engine: Any, max_steps: int = 500) -> dict[str, Any]:
@@ -59,6 +77,7 @@ def _drain(engine: Any, max_steps: int = 500) -> dict[str, Any]:
 
 
 # ---- bug: a reused request id takes the ended request's token still in flight ----
+
 
 @pytest.mark.parametrize("end", ["abort", "stop_string"])
 def test_reused_request_id_does_not_take_the_ended_requests_token_in_flight(end: str):
@@ -80,8 +99,9 @@ def test_reused_request_id_does_not_take_the_ended_requests_token_in_flight(end:
     second = sched.schedule()  # planned before step 1's tokens are known
     second_out = runner.execute(second)
     stale = sched.update_from_output(first, first_out)
-    assert [o.new_token_ids for o in stale if o.req_id == "x"] in ([], [[]]), \
+    assert [o.new_token_ids for o in stale if o.req_id == "x"] in ([], [[]]), (
         "the new 'x' received the old request's token from step 1"
+    )
     assert new.output_token_ids == [] and new.num_output_placeholders == 1
     results: dict[str, Result] = {}
     collect(results, sched.update_from_output(second, second_out))
@@ -111,7 +131,10 @@ def test_reused_request_id_does_not_poison_the_prefix_cache():
     sched.add_request(later)
     results = run_engine(sched, runner)  # the FakeRunner checks the KV "later" reads
     assert results["later"].num_cached_tokens == 8
-    assert results["later"].token_ids == reference_output(later, sched.max_model_len, mixing_next_token)[0]
+    assert (
+        results["later"].token_ids
+        == reference_output(later, sched.max_model_len, mixing_next_token)[0]
+    )
 
 
 def test_engine_reused_request_id_after_abort_gets_its_own_tokens(tiny_llama_dir: Path):
@@ -119,7 +142,9 @@ def test_engine_reused_request_id_after_abort_gets_its_own_tokens(tiny_llama_dir
     llm = _tiny_llm(tiny_llama_dir, async_scheduling=True)
     expected = llm.generate([[8, 9]], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
     engine = llm.llm_engine
-    engine.add_request("x", [5, 6, 7], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
+    engine.add_request(
+        "x", [5, 6, 7], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    )
     engine.step()
     engine.step()  # a step of the first "x" is in flight now
     engine.abort_request("x")
@@ -129,6 +154,7 @@ def test_engine_reused_request_id_after_abort_gets_its_own_tokens(tiny_llama_dir
 
 
 # ---- bug: a priority the policy cannot order leaves a ghost request in the scheduler ----
+
 
 @pytest.mark.parametrize("priority", [None, "1"])
 def test_unorderable_priority_fails_the_assert_without_a_ghost_request(priority: Any):
@@ -140,8 +166,9 @@ def test_unorderable_priority_fails_the_assert_without_a_ghost_request(priority:
         sched.add_request(make_request("bad", [4, 5], max_tokens=4, priority=priority))
     assert set(sched.requests) == {"good"}
     results = run_engine(sched, FakeRunner(8))
-    assert (results["good"].token_ids, results["good"].finish_reason) == \
-        reference_output(good, sched.max_model_len, mixing_next_token)
+    assert (results["good"].token_ids, results["good"].finish_reason) == reference_output(
+        good, sched.max_model_len, mixing_next_token
+    )
     assert not sched.has_unfinished_requests()
 
 
@@ -158,6 +185,7 @@ def test_engine_unorderable_priority_fails_alone(tiny_llama_dir: Path):
 
 # ---- bug: bad values that are swallowed or raise a TypeError that names nothing ----
 
+
 @pytest.mark.parametrize("field", ["max_num_seqs", "max_num_batched_tokens"])
 def test_zero_scheduler_limits_are_refused(tiny_llama_dir: Path, field: str):
     """0 is falsy: `self.max_num_seqs or default` replaces it with the default silently."""
@@ -172,24 +200,28 @@ def test_non_positive_kv_cache_memory_is_refused(gib: float):
         CacheConfig(kv_cache_memory_gib=gib)
 
 
-@pytest.mark.parametrize("kwargs, param", [
-    (dict(stop=5), "stop"),  # TypeError: 'int' object is not iterable
-    (dict(stop_token_ids=5), "stop_token_ids"),  # TypeError
-    (dict(stop_token_ids=["7"]), "stop_token_ids"),  # TypeError from '>='
-    (dict(logit_bias={"x": 1.0}), "logit_bias"),  # ValueError from int() naming nothing
-    (dict(n=1.5), "n"),  # accepted; the engine's add_request raises a TypeError
-    (dict(max_tokens=2.5), "max_tokens"),  # accepted; the engine generates 3 tokens
-    (dict(top_k=2.5), "top_k"),  # accepted and truncated
-    (dict(min_tokens=1.5), "min_tokens"),
-    (dict(logprobs=1.5), "logprobs"),
-    (dict(allowed_token_ids=["3"]), "allowed_token_ids"),
-])
+@pytest.mark.parametrize(
+    "kwargs, param",
+    [
+        (dict(stop=5), "stop"),  # TypeError: 'int' object is not iterable
+        (dict(stop_token_ids=5), "stop_token_ids"),  # TypeError
+        (dict(stop_token_ids=["7"]), "stop_token_ids"),  # TypeError from '>='
+        (dict(logit_bias={"x": 1.0}), "logit_bias"),  # ValueError from int() naming nothing
+        (dict(n=1.5), "n"),  # accepted; the engine's add_request raises a TypeError
+        (dict(max_tokens=2.5), "max_tokens"),  # accepted; the engine generates 3 tokens
+        (dict(top_k=2.5), "top_k"),  # accepted and truncated
+        (dict(min_tokens=1.5), "min_tokens"),
+        (dict(logprobs=1.5), "logprobs"),
+        (dict(allowed_token_ids=["3"]), "allowed_token_ids"),
+    ],
+)
 def test_mistyped_sampling_params_get_a_value_error_naming_them(kwargs: dict, param: str):
     with pytest.raises(ValueError, match=rf"^{param} "):
         SamplingParams(**kwargs)
 
 
 # ---- fuzz: invariants after every step ----
+
 
 def _check_blocks(sched: Scheduler) -> None:
     """Block accounting: pool ref counts = holders; free queue = blocks nobody holds; a block held
@@ -230,8 +262,11 @@ class _ReadOrderRunner(FakeRunner):
     its PDL wait: kv_cache_manager.py module notes)."""
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        starts = {req_id: self.rows[req_id].num_computed for req_id in so.num_scheduled_tokens
-                  if req_id in self.rows and req_id not in so.finished_req_ids}
+        starts = {
+            req_id: self.rows[req_id].num_computed
+            for req_id in so.num_scheduled_tokens
+            if req_id in self.rows and req_id not in so.finished_req_ids
+        }
         starts.update((new.req_id, new.num_computed_tokens) for new in so.new_reqs)
         out = super().execute(so)
         if so.num_scheduled_tokens and all(n == 1 for n in so.num_scheduled_tokens.values()):
@@ -249,14 +284,17 @@ def _fuzz_scheduler(rng: random.Random) -> tuple[Scheduler, int]:
     block_size = rng.choice([1, 2, 4, 8])
     max_model_len = rng.randint(3, 40)
     policy = rng.choice(["fcfs", "priority"])
-    sched_config = SchedulerConfig(max_num_seqs=rng.choice([1, 2, 3, 8]),
-                                   max_num_batched_tokens=rng.choice([1, 2, 3, 5, 8, 16, 64]),
-                                   policy=policy)
+    sched_config = SchedulerConfig(
+        max_num_seqs=rng.choice([1, 2, 3, 8]),
+        max_num_batched_tokens=rng.choice([1, 2, 3, 5, 8, 16, 64]),
+        policy=policy,
+    )
     cache_config = SimpleNamespace(block_size=block_size, enable_prefix_caching=rng.random() < 0.8)
     # EngineCore makes sure the KV cache holds max_model_len - 1 tokens (block 0 is reserved).
     min_blocks = cdiv(max_model_len - 1, block_size) + 1
-    sched = Scheduler(sched_config, cache_config, rng.randint(min_blocks, max(min_blocks, 16)),
-                      max_model_len)
+    sched = Scheduler(
+        sched_config, cache_config, rng.randint(min_blocks, max(min_blocks, 16)), max_model_len
+    )
     sched.growth = GrowthEstimate(max_model_len, enabled=rng.random() < 0.5)
     return sched, rng.choice([0, 1, 2])
 
@@ -273,10 +311,16 @@ def _fuzz_one(seed: int) -> None:
     ids = itertools.count()
 
     def add() -> None:
-        prompt = rng.choice(bases)[:rng.choice([4, 8, rng.randint(0, 12)])]
+        prompt = rng.choice(bases)[: rng.choice([4, 8, rng.randint(0, 12)])]
         prompt += [rng.randrange(3) for _ in range(rng.randint(0, 3))]
-        request = engine_request(f"r{next(ids)}", prompt, rng.randint(1, 12), sched.max_model_len,
-                                 eos=(3,), priority=rng.randint(0, 2))
+        request = engine_request(
+            f"r{next(ids)}",
+            prompt,
+            rng.randint(1, 12),
+            sched.max_model_len,
+            eos=(3,),
+            priority=rng.randint(0, 2),
+        )
         if request is not None:
             sched.add_request(request)
             added[request.request_id] = request
@@ -316,7 +360,7 @@ def _fuzz_one(seed: int) -> None:
         expected = reference_output(request, sched.max_model_len, mixing_next_token)
         got = results.get(req_id, Result())
         if req_id in ended_early:
-            assert got.token_ids == expected[0][:len(got.token_ids)]
+            assert got.token_ids == expected[0][: len(got.token_ids)]
         else:
             assert (got.token_ids, got.finish_reason) == expected
 
@@ -350,5 +394,7 @@ def test_fuzz_block_accounting_and_read_order(first_seed: int):
 
 
 def test_numpy_integers_are_integers() -> None:
-    params = SamplingParams(n=np.int64(2), max_tokens=np.int32(3), top_k=np.int64(5), logprobs=np.int64(1))
+    params = SamplingParams(
+        n=np.int64(2), max_tokens=np.int32(3), top_k=np.int64(5), logprobs=np.int64(1)
+    )
     assert (params.n, params.max_tokens, params.top_k, params.logprobs) == (2, 3, 5, 1)

@@ -1,5 +1,6 @@
 """Starting `pagedlm serve` in a subprocess on a free loopback port, waiting until it is healthy,
 reading its metrics, stopping it."""
+
 from __future__ import annotations
 
 import json
@@ -22,12 +23,14 @@ from pagedlm.config import default_model_path
 API_KEY = "test-key"
 START_TIMEOUT_S = 900  # loading the default model on a busy 2-core CPU is slow
 # `pagedlm serve ...`: the serve subcommand as pagedlm's CLI adds it (add_serve_parser).
-_LAUNCHER = ("import argparse, sys\n"
-             "from pagedlm.server.cli import add_serve_parser\n"
-             "parser = argparse.ArgumentParser(prog='pagedlm')\n"
-             "add_serve_parser(parser.add_subparsers(dest='command', required=True))\n"
-             "args = parser.parse_args(sys.argv[1:])\n"
-             "args.func(args)\n")
+_LAUNCHER = (
+    "import argparse, sys\n"
+    "from pagedlm.server.cli import add_serve_parser\n"
+    "parser = argparse.ArgumentParser(prog='pagedlm')\n"
+    "add_serve_parser(parser.add_subparsers(dest='command', required=True))\n"
+    "args = parser.parse_args(sys.argv[1:])\n"
+    "args.func(args)\n"
+)
 
 
 @dataclass
@@ -53,7 +56,9 @@ class ServerProcess:
         text = httpx.get(self.url("/metrics"), headers=self.auth, timeout=10).text
         total, found = 0.0, False
         for line in text.splitlines():
-            if line.startswith("#") or not (line.startswith(name + "{") or line.startswith(name + " ")):
+            if line.startswith("#") or not (
+                line.startswith(name + "{") or line.startswith(name + " ")
+            ):
                 continue
             if all(f'{k}="{v}"' in line for k, v in labels.items()):
                 total += float(line.rsplit(" ", 1)[1])
@@ -64,8 +69,11 @@ class ServerProcess:
     def core_process(self) -> psutil.Process:
         """The engine-core process: the front end's child that multiprocessing spawned (the
         other child is multiprocessing's resource tracker)."""
-        cores = [child for child in psutil.Process(self.proc.pid).children()
-                 if "spawn_main" in " ".join(child.cmdline())]
+        cores = [
+            child
+            for child in psutil.Process(self.proc.pid).children()
+            if "spawn_main" in " ".join(child.cmdline())
+        ]
         assert len(cores) == 1, f"engine-core processes: {cores}"
         return cores[0]
 
@@ -78,9 +86,11 @@ class ServerProcess:
         """No running or waiting request and no KV block in use, within `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         while True:
-            state = [self.metric("pagedlm:num_requests_running"),
-                     self.metric("pagedlm:num_requests_waiting"),
-                     self.metric("pagedlm:kv_cache_usage_perc")]
+            state = [
+                self.metric("pagedlm:num_requests_running"),
+                self.metric("pagedlm:num_requests_waiting"),
+                self.metric("pagedlm:kv_cache_usage_perc"),
+            ]
             if state == [0.0, 0.0, 0.0]:
                 return
             assert time.monotonic() < deadline, f"not idle after {timeout_s} s: {state}"
@@ -90,7 +100,9 @@ class ServerProcess:
         """Polls /health until it answers `status`; the seconds that took."""
         start = time.monotonic()
         while (answer := httpx.get(self.url("/health"), timeout=5).status_code) != status:
-            assert time.monotonic() - start < timeout_s, f"/health still {answer} after {timeout_s} s"
+            assert time.monotonic() - start < timeout_s, (
+                f"/health still {answer} after {timeout_s} s"
+            )
             time.sleep(0.05)
         return time.monotonic() - start
 
@@ -118,15 +130,26 @@ def free_port() -> int:
 def start_server(args: list[str], log_path: Path) -> ServerProcess:
     port = free_port()
     api_key = args[args.index("--api-key") + 1] if "--api-key" in args else None
-    cmd = [sys.executable, "-c", _LAUNCHER, "serve", *args, "--port", str(port),
-           "--log-stats-interval", "2"]
+    cmd = [
+        sys.executable,
+        "-c",
+        _LAUNCHER,
+        "serve",
+        *args,
+        "--port",
+        str(port),
+        "--log-stats-interval",
+        "2",
+    ]
     log = log_path.open("w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     server = ServerProcess(proc, f"http://127.0.0.1:{port}", log_path, api_key)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            pytest.fail(f"server exited with {proc.returncode} while starting:\n{server.log()[-4000:]}")
+            pytest.fail(
+                f"server exited with {proc.returncode} while starting:\n{server.log()[-4000:]}"
+            )
         try:
             if httpx.get(server.url("/health"), timeout=2).status_code == 200:
                 return server
@@ -138,15 +161,22 @@ def start_server(args: list[str], log_path: Path) -> ServerProcess:
 
 
 def tiny_server_args(model_dir: Path, *extra: str) -> list[str]:
-    return [str(model_dir), "--tokenizer", default_model_path(), "--kv-cache-memory-gib", "0.05",
-            *extra]
+    return [
+        str(model_dir),
+        "--tokenizer",
+        default_model_path(),
+        "--kv-cache-memory-gib",
+        "0.05",
+        *extra,
+    ]
 
 
 class StreamInBackground(threading.Thread):
     """A streamed POST read on a thread: the payloads of its `data:` lines, in order."""
 
-    def __init__(self, server: ServerProcess, path: str, body: dict,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, server: ServerProcess, path: str, body: dict, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(daemon=True)
         self._args = (server.url(path), {**body, "stream": True}, headers or {})
         self.status: int | None = None
@@ -161,7 +191,7 @@ class StreamInBackground(threading.Thread):
                 self.status = response.status_code
                 for line in response.iter_lines():
                     if line.startswith("data: "):
-                        self.payloads.append(line[len("data: "):])
+                        self.payloads.append(line[len("data: ") :])
         except httpx.HTTPError as exc:
             self.failure = exc
 

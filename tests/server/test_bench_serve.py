@@ -1,5 +1,6 @@
 """`pagedlm bench serve` against a live tiny-model server: both endpoints, Poisson and
 all-at-once arrivals, every request counted, latencies measured, the JSON written."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,13 +11,21 @@ from pathlib import Path
 import pytest
 from server_helpers import ServerProcess, start_server, tiny_server_args
 
-from pagedlm.bench.serve import RequestResult, _is_token_chunk, add_parser, main, summarize
+from pagedlm.bench.serve import (
+    RequestResult,
+    _is_token_chunk,
+    add_parser,
+    main,
+    summarize,
+)
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def server(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
     log_path = tmp_path_factory.mktemp("bench") / "server.log"
     server = start_server(tiny_server_args(tiny_model_dir, "--api-key", "bench-key"), log_path)
     yield server
@@ -29,15 +38,33 @@ def parse(*argv: str) -> argparse.Namespace:
     return parser.parse_args(["serve", *argv])
 
 
-@pytest.mark.parametrize("endpoint, rate", [("/v1/completions", "inf"),
-                                            ("/v1/chat/completions", "20")])
-def test_bench_serve_counts_and_times_every_request(server: ServerProcess, tmp_path: Path,
-                                                    endpoint: str, rate: str) -> None:
+@pytest.mark.parametrize(
+    "endpoint, rate", [("/v1/completions", "inf"), ("/v1/chat/completions", "20")]
+)
+def test_bench_serve_counts_and_times_every_request(
+    server: ServerProcess, tmp_path: Path, endpoint: str, rate: str
+) -> None:
     out = tmp_path / "result.json"
-    args = parse("--base-url", server.base_url, "--api-key", "bench-key",
-                 "--endpoint", endpoint, "--request-rate", rate, "--max-concurrency", "4",
-                 "--num-prompts", "10", "--input-len", "12", "--output-len", "6",
-                 "--output-json", str(out))
+    args = parse(
+        "--base-url",
+        server.base_url,
+        "--api-key",
+        "bench-key",
+        "--endpoint",
+        endpoint,
+        "--request-rate",
+        rate,
+        "--max-concurrency",
+        "4",
+        "--num-prompts",
+        "10",
+        "--input-len",
+        "12",
+        "--output-len",
+        "6",
+        "--output-json",
+        str(out),
+    )
     result = main(args)
     assert json.loads(out.read_text()) == result
     assert (result["successful_requests"], result["failed_requests"]) == (10, 0)
@@ -50,13 +77,27 @@ def test_bench_serve_counts_and_times_every_request(server: ServerProcess, tmp_p
     assert result["output_throughput"] == pytest.approx(60 / result["duration_s"])
 
 
-def test_bench_serve_warms_up_off_the_dataset_and_counts_cached_tokens(server: ServerProcess) -> None:
+def test_bench_serve_warms_up_off_the_dataset_and_counts_cached_tokens(
+    server: ServerProcess,
+) -> None:
     """Issue 4's 2x: a run's prompts already in the server's prefix cache skip their prefill.
     The warm-up must not put a dataset prompt there (a first run takes nothing from the cache);
     the same prompts sent again come from the cache, all but each prompt's last token, in
     whole blocks of 16, and the report counts them."""
-    argv = ("--base-url", server.base_url, "--api-key", "bench-key", "--num-prompts", "3",
-            "--input-len", "40", "--output-len", "2", "--dataset-seed", "7")
+    argv = (
+        "--base-url",
+        server.base_url,
+        "--api-key",
+        "bench-key",
+        "--num-prompts",
+        "3",
+        "--input-len",
+        "40",
+        "--output-len",
+        "2",
+        "--dataset-seed",
+        "7",
+    )
     first = main(parse(*argv))
     again = main(parse(*argv))
     assert (first["successful_requests"], again["successful_requests"]) == (3, 3)
@@ -66,8 +107,20 @@ def test_bench_serve_warms_up_off_the_dataset_and_counts_cached_tokens(server: S
 
 def test_bench_serve_stops_when_the_first_request_fails(server: ServerProcess) -> None:
     """A wrong key: the first request fails, so nothing is measured."""
-    args = parse("--base-url", server.base_url, "--api-key", "wrong", "--model", "m",
-                 "--num-prompts", "2", "--input-len", "4", "--output-len", "2")
+    args = parse(
+        "--base-url",
+        server.base_url,
+        "--api-key",
+        "wrong",
+        "--model",
+        "m",
+        "--num-prompts",
+        "2",
+        "--input-len",
+        "4",
+        "--output-len",
+        "2",
+    )
     with pytest.raises(ValueError, match="the first request failed.*HTTP 401"):
         main(args)
 
@@ -78,8 +131,15 @@ def test_bench_serve_rejects_bad_arguments() -> None:
 
 
 def test_summary_counts_failures_and_uses_only_successes() -> None:
-    ok = RequestResult(success=True, num_prompt_tokens=5, num_output_tokens=3, ttft=0.1,
-                       latency=0.5, itl=[0.2, 0.2], num_cached_tokens=4)
+    ok = RequestResult(
+        success=True,
+        num_prompt_tokens=5,
+        num_output_tokens=3,
+        ttft=0.1,
+        latency=0.5,
+        itl=[0.2, 0.2],
+        num_cached_tokens=4,
+    )
     failed = RequestResult(error="HTTP 503: busy", num_prompt_tokens=7, num_cached_tokens=7)
     summary = summarize([ok, failed, ok], duration=2.0)
     assert (summary["successful_requests"], summary["failed_requests"]) == (2, 1)
@@ -94,6 +154,7 @@ def test_summary_counts_failures_and_uses_only_successes() -> None:
 def test_token_chunks_without_text_are_counted() -> None:
     """A server without a tokenizer streams empty texts: a step's chunk still brings tokens, the
     finish-only chunk does not, unless it is the first (the server coalesced every token)."""
+
     def chunk(text: str, finish: str | None) -> dict:
         return {"choices": [{"index": 0, "text": text, "finish_reason": finish}]}
 

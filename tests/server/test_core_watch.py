@@ -1,6 +1,7 @@
 """The front end's watch over the engine core, without a core process: the heartbeat's sockets,
 the stalled / dead decisions, what a dead core leaves in the metrics, the drain, the access-log
 filter."""
+
 from __future__ import annotations
 
 import asyncio
@@ -12,10 +13,19 @@ from pathlib import Path
 import pytest
 import zmq
 
-from pagedlm.server import wire
-from pagedlm.server.async_engine import AdmissionLimits, AsyncLLM, EngineDeadError, Overloaded
-from pagedlm.server.heartbeat import (HEARTBEAT_INTERVAL_S, HeartbeatMonitor, HeartbeatSender,
-                                      HeartbeatTimeouts)
+from pagedlm.engine import wire
+from pagedlm.engine.heartbeat import (
+    HEARTBEAT_INTERVAL_S,
+    HeartbeatMonitor,
+    HeartbeatSender,
+    HeartbeatTimeouts,
+)
+from pagedlm.server.async_engine import (
+    AdmissionLimits,
+    AsyncLLM,
+    EngineDeadError,
+    Overloaded,
+)
 from pagedlm.server.launch import _HidePolls
 
 TIMEOUTS = HeartbeatTimeouts(unhealthy_s=5, dead_s=30)
@@ -46,9 +56,13 @@ def test_the_monitor_sees_beats_and_their_absence(tmp_path: Path) -> None:
         ctx.term()
 
 
-@pytest.mark.parametrize(("unhealthy_s", "dead_s", "message"), [
-    (0.5, 30, "--heartbeat-timeout must be at least 1 s"),
-    (5, 4, "--stall-timeout must be at least --heartbeat-timeout (5 s), got 4")])
+@pytest.mark.parametrize(
+    ("unhealthy_s", "dead_s", "message"),
+    [
+        (0.5, 30, "--heartbeat-timeout must be at least 1 s"),
+        (5, 4, "--stall-timeout must be at least --heartbeat-timeout (5 s), got 4"),
+    ],
+)
 def test_timeouts_are_checked(unhealthy_s: float, dead_s: float, message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         HeartbeatTimeouts(unhealthy_s, dead_s)
@@ -76,8 +90,14 @@ def test_a_core_silent_past_the_stall_timeout_is_dead(engine: AsyncLLM) -> None:
 
 
 def test_a_dead_core_leaves_no_running_requests_or_kv_in_the_metrics(engine: AsyncLLM) -> None:
-    engine._on_message(wire.CoreOutputs(outputs=[], stats=wire.CoreStats(
-        num_running=40, num_waiting=3, kv_cache_usage=0.75, prefix_cache_queries=8)))
+    engine._on_message(
+        wire.CoreOutputs(
+            outputs=[],
+            stats=wire.CoreStats(
+                num_running=40, num_waiting=3, kv_cache_usage=0.75, prefix_cache_queries=8
+            ),
+        )
+    )
     engine._on_message(wire.Dead(error="Traceback ...\nRuntimeError: boom"))
     late = wire.CoreOutputs(outputs=[], stats=wire.CoreStats(num_running=40))
     engine._on_message(late)  # sent before it died: no longer news
@@ -103,12 +123,25 @@ def test_drain_waits_for_the_requests_in_flight(engine: AsyncLLM) -> None:
         engine.admit(1, 1)
 
 
-@pytest.mark.parametrize(("path", "level", "shown"), [
-    ("/health", logging.INFO, False), ("/metrics?x=1", logging.INFO, False),
-    ("/v1/completions", logging.INFO, True), ("/health", logging.DEBUG, True)])
+@pytest.mark.parametrize(
+    ("path", "level", "shown"),
+    [
+        ("/health", logging.INFO, False),
+        ("/metrics?x=1", logging.INFO, False),
+        ("/v1/completions", logging.INFO, True),
+        ("/health", logging.DEBUG, True),
+    ],
+)
 def test_polls_are_left_out_of_the_access_log_at_info(path: str, level: int, shown: bool) -> None:
     access = logging.getLogger("test.access")
     access.setLevel(level)
-    record = access.makeRecord("test.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
-                               ("127.0.0.1:1", "GET", path, "1.1", 200), None)
+    record = access.makeRecord(
+        "test.access",
+        logging.INFO,
+        __file__,
+        1,
+        '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:1", "GET", path, "1.1", 200),
+        None,
+    )
     assert _HidePolls(access).filter(record) is shown

@@ -3,6 +3,7 @@ cache is freed), the access log, and the shutdown: SIGTERM drains (new requests 
 flight finish, exit 0, no process left), a second signal exits at once, --shutdown-timeout aborts
 what is left. One tiny-model server with --max-num-queued-reqs 2; the drain test runs last and
 stops it; the other shutdown tests have servers of their own."""
+
 from __future__ import annotations
 
 import asyncio
@@ -14,8 +15,13 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from server_helpers import (ServerProcess, StreamInBackground, assert_gone, start_server,
-                            tiny_server_args)
+from server_helpers import (
+    ServerProcess,
+    StreamInBackground,
+    assert_gone,
+    start_server,
+    tiny_server_args,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +32,9 @@ DRAINED = {**LONGEST, "max_tokens": 60}  # well within the default --shutdown-ti
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def server(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
     log_path = tmp_path_factory.mktemp("lifecycle") / "server.log"
     server = start_server(tiny_server_args(tiny_model_dir, "--max-num-queued-reqs", "2"), log_path)
     yield server
@@ -38,8 +46,9 @@ def test_admission_control_refuses_over_the_cap(server: ServerProcess) -> None:
 
     async def fire() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=300) as client:
-            return await asyncio.gather(*(client.post("/v1/completions", json=LONG)
-                                          for _ in range(10)))
+            return await asyncio.gather(
+                *(client.post("/v1/completions", json=LONG) for _ in range(10))
+            )
 
     responses = asyncio.run(fire())
     accepted = [r for r in responses if r.status_code == 200]
@@ -64,8 +73,9 @@ def test_n_counts_against_the_cap(server: ServerProcess) -> None:
 
 def test_dropped_stream_is_aborted(server: ServerProcess) -> None:
     aborted_before = server.metric("pagedlm:request_success_total", finished_reason="abort")
-    with httpx.stream("POST", server.url("/v1/completions"), json={**LONG, "stream": True},
-                      timeout=60) as response:
+    with httpx.stream(
+        "POST", server.url("/v1/completions"), json={**LONG, "stream": True}, timeout=60
+    ) as response:
         num_events = 0
         for line in response.iter_lines():
             num_events += line.startswith("data: ")
@@ -74,7 +84,10 @@ def test_dropped_stream_is_aborted(server: ServerProcess) -> None:
                 assert server.metric("pagedlm:kv_cache_usage_perc") > 0
                 break  # leaving the iterator closes the connection mid-stream
     server.wait_for_idle()
-    assert server.metric("pagedlm:request_success_total", finished_reason="abort") == aborted_before + 1
+    assert (
+        server.metric("pagedlm:request_success_total", finished_reason="abort")
+        == aborted_before + 1
+    )
 
 
 def test_abandoned_request_is_aborted(server: ServerProcess) -> None:
@@ -86,14 +99,16 @@ def test_abandoned_request_is_aborted(server: ServerProcess) -> None:
     server.wait_for_idle()
 
 
-def test_engine_core_exits_when_the_front_end_is_killed(tiny_model_dir: Path,
-                                                       tmp_path: Path) -> None:
+def test_engine_core_exits_when_the_front_end_is_killed(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """SIGKILL leaves no chance to clean up: the busy engine core notices its parent is gone."""
     other = start_server(tiny_server_args(tiny_model_dir), tmp_path / "server.log")
     front_end = psutil.Process(other.proc.pid)
     children = front_end.children(recursive=True)
-    with httpx.stream("POST", other.url("/v1/completions"), json={**LONG, "stream": True},
-                      timeout=60) as response:
+    with httpx.stream(
+        "POST", other.url("/v1/completions"), json={**LONG, "stream": True}, timeout=60
+    ) as response:
         lines = response.iter_lines()
         assert next(line for line in lines if line.startswith("data: "))
         front_end.kill()
@@ -123,14 +138,17 @@ def test_sigterm_drains_the_streams_in_flight_then_exits_0(server: ServerProcess
     try:
         server.proc.send_signal(signal.SIGTERM)
         server.wait_for_health(503)
-        refused = httpx.post(server.url("/v1/completions"), json={**LONG, "max_tokens": 1},
-                             timeout=10)
+        refused = httpx.post(
+            server.url("/v1/completions"), json={**LONG, "max_tokens": 1}, timeout=10
+        )
     finally:
         core.resume()
     assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
     events = stream.result()
     assert "error" not in events[-2], events[-2]
-    assert events[-1].get("usage", {}).get("completion_tokens") == DRAINED["max_tokens"], events[-2:]
+    assert events[-1].get("usage", {}).get("completion_tokens") == DRAINED["max_tokens"], events[
+        -2:
+    ]
     assert server.proc.wait(30) == 0
     assert_gone(family)
     assert "SIGTERM: draining" in server.log()
@@ -139,8 +157,9 @@ def test_sigterm_drains_the_streams_in_flight_then_exits_0(server: ServerProcess
 def test_a_second_signal_exits_at_once(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The core is stopped (SIGSTOP) so that the stream cannot finish: only the second signal
     (SIGINT, as a second Ctrl-C) ends the drain, well before --shutdown-timeout."""
-    other = start_server(tiny_server_args(tiny_model_dir, "--shutdown-timeout", "60"),
-                         tmp_path / "server.log")
+    other = start_server(
+        tiny_server_args(tiny_model_dir, "--shutdown-timeout", "60"), tmp_path / "server.log"
+    )
     family = other.family()
     stream = StreamInBackground(other, "/v1/completions", LONGEST)
     stream.wait_for_events(3)
@@ -159,8 +178,10 @@ def test_a_second_signal_exits_at_once(tiny_model_dir: Path, tmp_path: Path) -> 
 def test_the_shutdown_timeout_aborts_what_is_left(tiny_model_dir: Path, tmp_path: Path) -> None:
     """One sequence at a time: of three long streams, the two waiting cannot even start within
     1 s once the first one runs."""
-    other = start_server(tiny_server_args(tiny_model_dir, "--shutdown-timeout", "1",
-                                          "--max-num-seqs", "1"), tmp_path / "server.log")
+    other = start_server(
+        tiny_server_args(tiny_model_dir, "--shutdown-timeout", "1", "--max-num-seqs", "1"),
+        tmp_path / "server.log",
+    )
     streams = [StreamInBackground(other, "/v1/completions", LONGEST) for _ in range(3)]
     deadline = time.monotonic() + 60
     while not any(len(stream.payloads) >= 3 for stream in streams):
@@ -170,7 +191,8 @@ def test_the_shutdown_timeout_aborts_what_is_left(tiny_model_dir: Path, tmp_path
     sent_at = time.monotonic()
     assert other.proc.wait(30) == 0
     assert 1 <= time.monotonic() - sent_at < 8
-    errors = [events[-1]["error"] for events in (s.result(10) for s in streams)
-              if "error" in events[-1]]
+    errors = [
+        events[-1]["error"] for events in (s.result(10) for s in streams) if "error" in events[-1]
+    ]
     assert len(errors) >= 2 and all("shutting down" in e["message"] for e in errors), errors
     assert "--shutdown-timeout passed: aborting the" in other.log()

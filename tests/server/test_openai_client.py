@@ -1,6 +1,7 @@
 """The official `openai` client against the live server on the default model: completions, chat,
 streaming, n=2, stop strings, max_tokens, usage (with prefix-cache hits), logprobs, models, the
 API key, and 32 concurrent greedy requests equal to the same requests sent alone."""
+
 from __future__ import annotations
 
 import asyncio
@@ -47,8 +48,9 @@ def test_a_wrong_key_is_an_authentication_error(default_server: ServerProcess, m
 
 
 def greedy_completion(client: openai.OpenAI, model: str, prompt: str, max_tokens: int = 8) -> str:
-    result = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
-                                       temperature=0)
+    result = client.completions.create(
+        model=model, prompt=prompt, max_tokens=max_tokens, temperature=0
+    )
     return result.choices[0].text
 
 
@@ -64,17 +66,27 @@ def test_completion_text_finish_and_usage(client: openai.OpenAI, model: str) -> 
 
 
 def test_max_tokens_is_exact_with_ignore_eos(client: openai.OpenAI, model: str) -> None:
-    result = client.completions.create(model=model, prompt="Once upon a time", max_tokens=4,
-                                       temperature=0, extra_body={"ignore_eos": True})
+    result = client.completions.create(
+        model=model,
+        prompt="Once upon a time",
+        max_tokens=4,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     assert result.usage.completion_tokens == 4
     assert result.choices[0].finish_reason == "length"
 
 
 def test_chat_answers_with_the_template(client: openai.OpenAI, model: str) -> None:
     result = client.chat.completions.create(
-        model=model, max_tokens=8, temperature=0,
-        messages=[{"role": "system", "content": "You answer in one word."},
-                  {"role": "user", "content": "What is the capital of France?"}])
+        model=model,
+        max_tokens=8,
+        temperature=0,
+        messages=[
+            {"role": "system", "content": "You answer in one word."},
+            {"role": "user", "content": "What is the capital of France?"},
+        ],
+    )
     choice = result.choices[0]
     assert choice.message.role == "assistant"
     assert "Paris" in choice.message.content
@@ -84,9 +96,16 @@ def test_chat_answers_with_the_template(client: openai.OpenAI, model: str) -> No
 
 def test_completion_stream_equals_whole(client: openai.OpenAI, model: str) -> None:
     whole = greedy_completion(client, model, FRANCE, max_tokens=5)
-    chunks = list(client.completions.create(model=model, prompt=FRANCE, max_tokens=5,
-                                            temperature=0, stream=True,
-                                            stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model=model,
+            prompt=FRANCE,
+            max_tokens=5,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == whole
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
@@ -97,53 +116,78 @@ def test_completion_stream_equals_whole(client: openai.OpenAI, model: str) -> No
 
 def test_chat_stream_equals_whole(client: openai.OpenAI, model: str) -> None:
     messages = [{"role": "user", "content": "Name a color."}]
-    whole = client.chat.completions.create(model=model, messages=messages, max_tokens=5,
-                                           temperature=0)
-    chunks = list(client.chat.completions.create(model=model, messages=messages, max_tokens=5,
-                                                 temperature=0, stream=True,
-                                                 stream_options={"include_usage": True}))
+    whole = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=5, temperature=0
+    )
+    chunks = list(
+        client.chat.completions.create(
+            model=model,
+            messages=messages,
+            max_tokens=5,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
-    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == \
-        whole.choices[0].finish_reason
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[
+        0
+    ].finish_reason
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
 @pytest.mark.parametrize("create", ["completions", "chat"])
-def test_continuous_usage_stats_put_usage_in_every_chunk(client: openai.OpenAI, model: str,
-                                                         create: str) -> None:
+def test_continuous_usage_stats_put_usage_in_every_chunk(
+    client: openai.OpenAI, model: str, create: str
+) -> None:
     """vLLM's stream_options.continuous_usage_stats (guidellm sends it on every stream)."""
-    params = dict(model=model, max_tokens=4, temperature=0, stream=True,
-                  extra_body={"ignore_eos": True},
-                  stream_options={"include_usage": True, "continuous_usage_stats": True})
+    params = dict(
+        model=model,
+        max_tokens=4,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+        stream_options={"include_usage": True, "continuous_usage_stats": True},
+    )
     if create == "completions":
         chunks = list(client.completions.create(prompt=FRANCE, **params))
     else:
-        chunks = list(client.chat.completions.create(
-            messages=[{"role": "user", "content": "Hi"}], **params))
+        chunks = list(
+            client.chat.completions.create(messages=[{"role": "user", "content": "Hi"}], **params)
+        )
     assert all(c.usage is not None for c in chunks)
     completion = [c.usage.completion_tokens for c in chunks]
     assert completion == sorted(completion) and completion[-1] == 4
     assert len({c.usage.prompt_tokens for c in chunks}) == 1
-    assert all(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens
-               for c in chunks)
+    assert all(
+        c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens for c in chunks
+    )
     assert chunks[-1].choices == []  # the usage chunk still ends the stream
 
 
-@pytest.mark.parametrize("path, body", [
-    ("/v1/completions", {"prompt": FRANCE}),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
-], ids=["completions", "chat"])
-def test_stream_chunks_carry_finish_reason_null_until_the_last(default_server: ServerProcess,
-                                                               path: str, body: dict) -> None:
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/completions", {"prompt": FRANCE}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
+    ],
+    ids=["completions", "chat"],
+)
+def test_stream_chunks_carry_finish_reason_null_until_the_last(
+    default_server: ServerProcess, path: str, body: dict
+) -> None:
     """As OpenAI's: every choice of a chunk has finish_reason (and logprobs), null until its
     end; a chat delta names only what it brings."""
     request = {**body, "max_tokens": 4, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", default_server.url(path), json=request, headers=AUTH,
-                      timeout=120) as response:
+    with httpx.stream(
+        "POST", default_server.url(path), json=request, headers=AUTH, timeout=120
+    ) as response:
         assert response.status_code == 200, response.read()
-        lines = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+        lines = [
+            line[len("data: ") :] for line in response.iter_lines() if line.startswith("data: ")
+        ]
     assert lines[-1] == "[DONE]"
     choices = [choice for line in lines[:-1] for choice in json.loads(line)["choices"]]
     assert [c["finish_reason"] for c in choices][-1] == "length"
@@ -153,15 +197,18 @@ def test_stream_chunks_carry_finish_reason_null_until_the_last(default_server: S
         assert all(set(c["delta"]) <= {"content"} for c in choices[1:]), choices
 
 
-def test_n2_gives_two_seeded_samples(client: openai.OpenAI, model: str,
-                                     default_server: ServerProcess) -> None:
+def test_n2_gives_two_seeded_samples(
+    client: openai.OpenAI, model: str, default_server: ServerProcess
+) -> None:
     prompt = "My favourite animal is"
-    num_prompt = httpx.post(default_server.url("/tokenize"), json={"prompt": prompt},
-                            headers=AUTH).json()["count"]
+    num_prompt = httpx.post(
+        default_server.url("/tokenize"), json={"prompt": prompt}, headers=AUTH
+    ).json()["count"]
 
     def sample() -> list[str]:
-        result = client.completions.create(model=model, prompt=prompt, max_tokens=4, n=2,
-                                           temperature=1.0, seed=1234)
+        result = client.completions.create(
+            model=model, prompt=prompt, max_tokens=4, n=2, temperature=1.0, seed=1234
+        )
         assert [c.index for c in result.choices] == [0, 1]
         assert result.usage.prompt_tokens == num_prompt  # the prompt counts once, not n times
         return [c.text for c in result.choices]
@@ -171,9 +218,16 @@ def test_n2_gives_two_seeded_samples(client: openai.OpenAI, model: str,
 
 
 def test_n2_streams_both_choices(client: openai.OpenAI, model: str) -> None:
-    chunks = list(client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=3, n=2,
-        stream=True, seed=7))
+    chunks = list(
+        client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=3,
+            n=2,
+            stream=True,
+            seed=7,
+        )
+    )
     for index in (0, 1):
         mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == index]
         assert mine[0].delta.role == "assistant"
@@ -182,17 +236,24 @@ def test_n2_streams_both_choices(client: openai.OpenAI, model: str) -> None:
 
 def test_stop_string_ends_and_is_reported(client: openai.OpenAI, model: str) -> None:
     whole = greedy_completion(client, model, FRANCE, max_tokens=8)
-    stop = whole[len(whole) // 2:len(whole) // 2 + 3]
+    stop = whole[len(whole) // 2 : len(whole) // 2 + 3]
     assert stop.strip(), f"no usable stop string in {whole!r}"
-    result = client.completions.create(model=model, prompt=FRANCE, max_tokens=8, temperature=0,
-                                       stop=[stop])
+    result = client.completions.create(
+        model=model, prompt=FRANCE, max_tokens=8, temperature=0, stop=[stop]
+    )
     choice = result.choices[0]
-    assert choice.text == whole[:whole.index(stop)]
+    assert choice.text == whole[: whole.index(stop)]
     assert choice.finish_reason == "stop"
     assert choice.model_extra["stop_reason"] == stop
-    kept = client.completions.create(model=model, prompt=FRANCE, max_tokens=8, temperature=0,
-                                     stop=[stop], extra_body={"include_stop_str_in_output": True})
-    assert kept.choices[0].text == whole[:whole.index(stop) + len(stop)]
+    kept = client.completions.create(
+        model=model,
+        prompt=FRANCE,
+        max_tokens=8,
+        temperature=0,
+        stop=[stop],
+        extra_body={"include_stop_str_in_output": True},
+    )
+    assert kept.choices[0].text == whole[: whole.index(stop) + len(stop)]
 
 
 def test_cached_tokens_from_the_prefix_cache(client: openai.OpenAI, model: str) -> None:
@@ -205,8 +266,9 @@ def test_cached_tokens_from_the_prefix_cache(client: openai.OpenAI, model: str) 
 
 
 def test_completion_logprobs(client: openai.OpenAI, model: str) -> None:
-    result = client.completions.create(model=model, prompt=FRANCE, max_tokens=3, temperature=0,
-                                       logprobs=2)
+    result = client.completions.create(
+        model=model, prompt=FRANCE, max_tokens=3, temperature=0, logprobs=2
+    )
     logprobs = result.choices[0].logprobs
     assert len(logprobs.tokens) == result.usage.completion_tokens
     assert "".join(logprobs.tokens) == result.choices[0].text
@@ -216,9 +278,14 @@ def test_completion_logprobs(client: openai.OpenAI, model: str) -> None:
 
 
 def test_chat_logprobs(client: openai.OpenAI, model: str) -> None:
-    result = client.chat.completions.create(model=model, max_tokens=2, temperature=0,
-                                            messages=[{"role": "user", "content": "Hi"}],
-                                            logprobs=True, top_logprobs=2)
+    result = client.chat.completions.create(
+        model=model,
+        max_tokens=2,
+        temperature=0,
+        messages=[{"role": "user", "content": "Hi"}],
+        logprobs=True,
+        top_logprobs=2,
+    )
     content = result.choices[0].logprobs.content
     assert len(content) == result.usage.completion_tokens
     for entry in content:
@@ -227,16 +294,20 @@ def test_chat_logprobs(client: openai.OpenAI, model: str) -> None:
         assert bytes(entry.bytes).decode() == entry.token
 
 
-def test_echo_and_token_id_prompts(client: openai.OpenAI, model: str,
-                                   default_server: ServerProcess) -> None:
-    echoed = client.completions.create(model=model, prompt=FRANCE, max_tokens=2, temperature=0,
-                                       echo=True)
+def test_echo_and_token_id_prompts(
+    client: openai.OpenAI, model: str, default_server: ServerProcess
+) -> None:
+    echoed = client.completions.create(
+        model=model, prompt=FRANCE, max_tokens=2, temperature=0, echo=True
+    )
     plain = greedy_completion(client, model, FRANCE, max_tokens=2)
     assert echoed.choices[0].text == FRANCE + plain
-    token_ids = httpx.post(default_server.url("/tokenize"), json={"prompt": FRANCE},
-                           headers=AUTH).json()["tokens"]
-    batch = client.completions.create(model=model, prompt=[token_ids, token_ids], max_tokens=2,
-                                      temperature=0)
+    token_ids = httpx.post(
+        default_server.url("/tokenize"), json={"prompt": FRANCE}, headers=AUTH
+    ).json()["tokens"]
+    batch = client.completions.create(
+        model=model, prompt=[token_ids, token_ids], max_tokens=2, temperature=0
+    )
     assert [c.index for c in batch.choices] == [0, 1]
     assert [c.text for c in batch.choices] == [plain, plain]
 
@@ -247,8 +318,9 @@ def test_32_concurrent_requests_equal_alone(default_server: ServerProcess, model
     aclient = openai.AsyncOpenAI(base_url=default_server.url("/v1"), api_key=API_KEY, timeout=600)
 
     async def one(prompt: str) -> str:
-        result = await aclient.completions.create(model=model, prompt=prompt, max_tokens=4,
-                                                  temperature=0, extra_body={"ignore_eos": True})
+        result = await aclient.completions.create(
+            model=model, prompt=prompt, max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
+        )
         return result.choices[0].text
 
     async def run() -> tuple[list[str], list[str]]:

@@ -2,6 +2,7 @@
 before it is tokenized (by a lower bound on its token count that must be sound), tokenisation
 runs on a pool of threads each with its own tokenizer, and four bodies at the size limit, of the
 shapes that cost the most to parse, leave /health and a small request fast."""
+
 from __future__ import annotations
 
 import asyncio
@@ -37,9 +38,12 @@ def default_tokenizer() -> object:
 # Texts the default vocabulary covers badly: long runs of one character (the longest tokens are
 # runs of '#', spaces and newlines), characters it has no token for (\x04 is dropped), emoji.
 RUN_CHARS = st.sampled_from([" ", "#", "\n", "\x04", "\x00", "a", "é", "😀", "\U00040000", "-"])
-TEXTS = st.one_of(st.text(max_size=200),
-                  st.lists(st.tuples(RUN_CHARS, st.integers(1, 400)), max_size=6).map(
-                      lambda runs: "".join(char * n for char, n in runs)))
+TEXTS = st.one_of(
+    st.text(max_size=200),
+    st.lists(st.tuples(RUN_CHARS, st.integers(1, 400)), max_size=6).map(
+        lambda runs: "".join(char * n for char, n in runs)
+    ),
+)
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +57,9 @@ def default_bound(default_tokenizer: object) -> TokenCountBound:
 @pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(text=TEXTS)
-def test_token_count_bound_is_sound(default_tokenizer: object, default_bound: TokenCountBound,
-                                    text: str) -> None:
+def test_token_count_bound_is_sound(
+    default_tokenizer: object, default_bound: TokenCountBound, text: str
+) -> None:
     num_tokens = len(default_tokenizer.encode(text, add_special_tokens=False))
     assert num_tokens >= default_bound.min_tokens(text)
 
@@ -73,8 +78,13 @@ def test_no_bound_where_a_tokenizer_may_drop_characters() -> None:
     stripping = Tokenizer(models.BPE(vocab, [("a", "b")], unk_token="[UNK]"))
     stripping.normalizer = normalizers.Strip()
     assert token_count_bound(_fast(stripping)) is None
-    byte_fallback = Tokenizer(models.BPE({**vocab, **{f"<0x{b:02X}>": 4 + b for b in range(256)}},
-                                         [("a", "b")], byte_fallback=True))
+    byte_fallback = Tokenizer(
+        models.BPE(
+            {**vocab, **{f"<0x{b:02X}>": 4 + b for b in range(256)}},
+            [("a", "b")],
+            byte_fallback=True,
+        )
+    )
     byte_fallback.decoder = decoders.ByteFallback()
     assert token_count_bound(_fast(byte_fallback)) == TokenCountBound(6, frozenset())
 
@@ -120,10 +130,16 @@ def test_the_pool_runs_in_parallel_with_a_tokenizer_per_thread() -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def server(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
     log_path = tmp_path_factory.mktemp("limits") / "server.log"
-    server = start_server(tiny_server_args(tiny_model_dir, "--max-model-len", "512",
-                                           "--max-request-body-bytes", str(BODY_LIMIT)), log_path)
+    server = start_server(
+        tiny_server_args(
+            tiny_model_dir, "--max-model-len", "512", "--max-request-body-bytes", str(BODY_LIMIT)
+        ),
+        log_path,
+    )
     yield server
     server.stop()
 
@@ -137,26 +153,42 @@ def _filled(make: object, item_bytes: int) -> bytes:
 LARGE_BODIES = {
     "token_ids": ("/v1/completions", lambda n: {"prompt": [1] * n}, 2),
     "token_id_lists": ("/v1/completions", lambda n: {"prompt": [[1]] * n}, 4),
-    "logit_bias": ("/v1/completions",
-                   lambda n: {"prompt": "x", "logit_bias": {str(i): 1 for i in range(n)}}, 12),
-    "messages": ("/v1/chat/completions",
-                 lambda n: {"messages": [{"role": "user", "content": "a"}] * n}, 31),
+    "logit_bias": (
+        "/v1/completions",
+        lambda n: {"prompt": "x", "logit_bias": {str(i): 1 for i in range(n)}},
+        12,
+    ),
+    "messages": (
+        "/v1/chat/completions",
+        lambda n: {"messages": [{"role": "user", "content": "a"}] * n},
+        31,
+    ),
     "tokenize": ("/tokenize", lambda n: {"prompt": "hello world " * n}, 12),
 }
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shapes", [["token_ids", "token_id_lists", "logit_bias", "messages"],
-                                    ["tokenize", "messages", "token_id_lists", "token_ids"]],
-                         ids=["parse", "tokenize"])
-def test_four_large_bodies_stall_neither_health_nor_a_small_request(server: ServerProcess,
-                                                                    shapes: list[str]) -> None:
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        ["token_ids", "token_id_lists", "logit_bias", "messages"],
+        ["tokenize", "messages", "token_id_lists", "token_ids"],
+    ],
+    ids=["parse", "tokenize"],
+)
+def test_four_large_bodies_stall_neither_health_nor_a_small_request(
+    server: ServerProcess, shapes: list[str]
+) -> None:
     bodies = {shape: _filled(LARGE_BODIES[shape][1], LARGE_BODIES[shape][2]) for shape in shapes}
     answers: dict[str, httpx.Response] = {}
 
     def post(shape: str) -> None:
-        answers[shape] = httpx.post(server.url(LARGE_BODIES[shape][0]), content=bodies[shape],
-                                    headers={"Content-Type": "application/json"}, timeout=300)
+        answers[shape] = httpx.post(
+            server.url(LARGE_BODIES[shape][0]),
+            content=bodies[shape],
+            headers={"Content-Type": "application/json"},
+            timeout=300,
+        )
 
     senders = [threading.Thread(target=post, args=(shape,)) for shape in shapes]
     latencies: list[float] = []

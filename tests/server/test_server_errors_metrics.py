@@ -5,6 +5,7 @@ it logs: an exception in a handler is a 500 in OpenAI's error shape (logged with
 one in a stream is an error event and [DONE], and the engine serves the next request; every 4xx
 and every client disconnect is logged at INFO with its reason. /metrics has no `*_created`
 series and every other series of the registry."""
+
 from __future__ import annotations
 
 import asyncio
@@ -24,7 +25,8 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from server_helpers import API_KEY, free_port, tiny_server_args
 
-from pagedlm.cli import build_parser, engine_args_from
+from pagedlm.cli import build_parser
+from pagedlm.config import EngineArgs
 from pagedlm.server import serving_completion
 from pagedlm.server.api_server import build_app
 from pagedlm.server.async_engine import AdmissionLimits, AsyncLLM
@@ -48,7 +50,7 @@ class ServerThread(threading.Thread):
         super().__init__(name="test-server", daemon=True)
         # the folder as --model: `serve`'s positional MODEL is moved there by run_serve
         args = build_parser().parse_args(["serve", "--model", *tiny_server_args(model_dir)])
-        self.config = engine_args_from(args).create_engine_config()
+        self.config = EngineArgs.from_cli_args(args).create_engine_config()
         self.base_url = f"http://127.0.0.1:{free_port()}"
         self.engine: AsyncLLM | None = None
         self.server: uvicorn.Server | None = None
@@ -62,8 +64,11 @@ class ServerThread(threading.Thread):
             await self.engine.start()
             app = build_app(ServingContext(self.engine, MODEL), API_KEY, DEFAULT_MAX_BODY_BYTES)
             port = int(self.base_url.rsplit(":", 1)[1])
-            self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                                        lifespan="off", log_level="warning"))
+            self.server = uvicorn.Server(
+                uvicorn.Config(
+                    app, host="127.0.0.1", port=port, lifespan="off", log_level="warning"
+                )
+            )
             await self.server.serve()
         finally:
             await self.engine.shutdown()
@@ -99,8 +104,9 @@ def server(tiny_model_dir: Path) -> Iterator[ServerThread]:
 @pytest.fixture(scope="module")
 def client(server: ServerThread) -> openai.OpenAI:
     # no retries: a 500 is retried by default, and each test counts the calls it breaks
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key=API_KEY, timeout=60,
-                         max_retries=0)
+    return openai.OpenAI(
+        base_url=server.base_url + "/v1", api_key=API_KEY, timeout=60, max_retries=0
+    )
 
 
 class RecordList(logging.Handler):
@@ -161,16 +167,21 @@ def assert_internal_error(error: Any) -> None:
 
 
 def assert_serves(client: openai.OpenAI) -> None:
-    result = client.completions.create(model=MODEL, prompt="Hello", max_tokens=3,
-                                       extra_body={"ignore_eos": True})
+    result = client.completions.create(
+        model=MODEL, prompt="Hello", max_tokens=3, extra_body={"ignore_eos": True}
+    )
     assert result.usage.completion_tokens == 3
 
 
 def test_exception_in_a_handler_is_a_500_in_openai_shape(
-        client: openai.OpenAI, server: ServerThread, server_log: RecordList,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(serving_completion, "_prompt_list",
-                        raise_on_call(1, serving_completion._prompt_list))
+    client: openai.OpenAI,
+    server: ServerThread,
+    server_log: RecordList,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(
+        serving_completion, "_prompt_list", raise_on_call(1, serving_completion._prompt_list)
+    )
     with pytest.raises(openai.InternalServerError) as caught:
         client.completions.create(model=MODEL, prompt="Hello", max_tokens=3)
     assert caught.value.status_code == 500
@@ -181,12 +192,18 @@ def test_exception_in_a_handler_is_a_500_in_openai_shape(
     assert_serves(client)
 
 
-def test_the_500_echoes_the_request_id(server: ServerThread,
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(serving_completion, "_prompt_list",
-                        raise_on_call(1, serving_completion._prompt_list))
-    response = httpx.post(server.base_url + "/v1/completions", headers={**AUTH,
-                          "X-Request-Id": "req-500"}, json={"prompt": "Hi"}, timeout=60)
+def test_the_500_echoes_the_request_id(
+    server: ServerThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        serving_completion, "_prompt_list", raise_on_call(1, serving_completion._prompt_list)
+    )
+    response = httpx.post(
+        server.base_url + "/v1/completions",
+        headers={**AUTH, "X-Request-Id": "req-500"},
+        json={"prompt": "Hi"},
+        timeout=60,
+    )
     assert response.status_code == 500
     assert response.headers["x-request-id"] == "req-500"
     assert_internal_error(response.json()["error"])
@@ -195,29 +212,42 @@ def test_the_500_echoes_the_request_id(server: ServerThread,
 def aborted(server: ServerThread) -> float:
     """Requests finished by an abort, from /metrics."""
     text = httpx.get(server.base_url + "/metrics", headers=AUTH, timeout=10).text
-    return sum(s.value for family in text_string_to_metric_families(text)
-               for s in family.samples
-               if s.name == "pagedlm:request_success_total" and s.labels["finished_reason"] == "abort")
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "pagedlm:request_success_total" and s.labels["finished_reason"] == "abort"
+    )
 
 
-@pytest.mark.parametrize("path, body", [
-    ("/v1/completions", {"prompt": "Hello"}),
-    ("/v1/chat/completions", {"messages": CHAT}),
-], ids=["completions", "chat"])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/completions", {"prompt": "Hello"}),
+        ("/v1/chat/completions", {"messages": CHAT}),
+    ],
+    ids=["completions", "chat"],
+)
 def test_exception_mid_stream_sends_an_error_event_and_ends(
-        client: openai.OpenAI, server: ServerThread, server_log: RecordList,
-        monkeypatch: pytest.MonkeyPatch, path: str, body: dict) -> None:
+    client: openai.OpenAI,
+    server: ServerThread,
+    server_log: RecordList,
+    monkeypatch: pytest.MonkeyPatch,
+    path: str,
+    body: dict,
+) -> None:
     """The second update of the stream raises: the first was sent, then an error event and
     [DONE]; the engine request is aborted and the engine serves the next request."""
     aborted_before = aborted(server)
     monkeypatch.setattr(DeltaTracker, "delta", raise_on_call(2, DeltaTracker.delta))
     request = {**body, "max_tokens": 400, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", server.base_url + path, json=request, headers=AUTH,
-                      timeout=60) as response:
+    with httpx.stream(
+        "POST", server.base_url + path, json=request, headers=AUTH, timeout=60
+    ) as response:
         assert response.status_code == 200
         lines = [line for line in response.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
-    events = [json.loads(line[len("data: "):]) for line in lines[:-1]]
+    events = [json.loads(line[len("data: ") :]) for line in lines[:-1]]
     assert events[:-1] and all("choices" in event for event in events[:-1]), events
     assert_internal_error(events[-1]["error"])
     assert_logged_with_traceback(server_log, "the stream of ")
@@ -230,10 +260,12 @@ def test_exception_mid_stream_sends_an_error_event_and_ends(
 
 
 def test_openai_client_raises_on_the_stream_error_event(
-        client: openai.OpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
+    client: openai.OpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(DeltaTracker, "delta", raise_on_call(2, DeltaTracker.delta))
-    stream = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=400,
-                                            stream=True, extra_body={"ignore_eos": True})
+    stream = client.chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=400, stream=True, extra_body={"ignore_eos": True}
+    )
     chunks = []
     with pytest.raises(openai.APIError) as caught:
         for chunk in stream:
@@ -255,46 +287,74 @@ def info_messages(log: RecordList) -> list[str]:
     return [r.getMessage() for r in log.records if r.levelno == logging.INFO]
 
 
-@pytest.mark.parametrize("path, body, headers, logged", [
-    ("/v1/completions", {"prompt": "Hi", "temperature": -1}, AUTH,
-     "400 POST /v1/completions: temperature: Input should be greater than or equal to 0"),
-    ("/v1/chat/completions", {"messages": CHAT, "model": "gpt-17"}, AUTH,
-     "404 POST /v1/chat/completions: The model `gpt-17` does not exist."),
-    ("/tokenize", {"prompt": "Hi"}, {}, "401 POST /tokenize: Incorrect or missing API key"),
-    ("/v1/completions", {"prompt": "Hi", "model": "x\nINFO forged line"}, AUTH,
-     "404 POST /v1/completions: The model `x\\nINFO forged line` does not exist."),
-], ids=["400", "404", "401", "one line"])
-def test_each_4xx_is_logged_at_info_with_its_reason(server: ServerThread, server_log: RecordList,
-                                                     path: str, body: dict, headers: dict,
-                                                     logged: str) -> None:
+@pytest.mark.parametrize(
+    "path, body, headers, logged",
+    [
+        (
+            "/v1/completions",
+            {"prompt": "Hi", "temperature": -1},
+            AUTH,
+            "400 POST /v1/completions: temperature: Input should be greater than or equal to 0",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": CHAT, "model": "gpt-17"},
+            AUTH,
+            "404 POST /v1/chat/completions: The model `gpt-17` does not exist.",
+        ),
+        ("/tokenize", {"prompt": "Hi"}, {}, "401 POST /tokenize: Incorrect or missing API key"),
+        (
+            "/v1/completions",
+            {"prompt": "Hi", "model": "x\nINFO forged line"},
+            AUTH,
+            "404 POST /v1/completions: The model `x\\nINFO forged line` does not exist.",
+        ),
+    ],
+    ids=["400", "404", "401", "one line"],
+)
+def test_each_4xx_is_logged_at_info_with_its_reason(
+    server: ServerThread, server_log: RecordList, path: str, body: dict, headers: dict, logged: str
+) -> None:
     response = httpx.post(server.base_url + path, json=body, headers=headers, timeout=60)
     assert 400 <= response.status_code < 500
-    assert any(message.startswith(logged) for message in info_messages(server_log)), \
-        info_messages(server_log)
+    assert any(message.startswith(logged) for message in info_messages(server_log)), info_messages(
+        server_log
+    )
 
 
 def test_a_disconnect_is_logged_at_info(server: ServerThread, server_log: RecordList) -> None:
-    request = {"prompt": "Hello", "max_tokens": 400, "ignore_eos": True, "stream": True,
-               "request_id": "dropped-7"}
-    with httpx.stream("POST", server.base_url + "/v1/completions", json=request, headers=AUTH,
-                      timeout=60) as response:
+    request = {
+        "prompt": "Hello",
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "stream": True,
+        "request_id": "dropped-7",
+    }
+    with httpx.stream(
+        "POST", server.base_url + "/v1/completions", json=request, headers=AUTH, timeout=60
+    ) as response:
         for line in response.iter_lines():
             if line.startswith("data: "):
                 break  # closes the connection mid-stream
     deadline = time.monotonic() + 10
-    while not any("dropped-7" in m and "client disconnected" in m
-                  for m in info_messages(server_log)):
+    while not any(
+        "dropped-7" in m and "client disconnected" in m for m in info_messages(server_log)
+    ):
         assert time.monotonic() < deadline, info_messages(server_log)
         time.sleep(0.1)
 
 
 def series(text: str) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
-    return {(s.name, tuple(sorted(s.labels.items())))
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items())))
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
-def test_metrics_have_no_created_series_and_keep_the_rest(client: openai.OpenAI,
-                                                          server: ServerThread) -> None:
+def test_metrics_have_no_created_series_and_keep_the_rest(
+    client: openai.OpenAI, server: ServerThread
+) -> None:
     assert_serves(client)  # every histogram has observations
     served = httpx.get(server.base_url + "/metrics", headers=AUTH, timeout=10).text
     assert "_created" not in served

@@ -1,5 +1,6 @@
 """The server's parts without a model: wire messages, the core loop (with a fake core over
 in-process sockets), admission accounting, metrics, deltas of cumulative outputs, errors."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,14 +12,20 @@ import pytest
 import zmq
 
 from pagedlm.core.sched_output import EngineCoreOutput, Logprobs
+from pagedlm.engine import wire
+from pagedlm.engine.core_process import CoreLoop
 from pagedlm.errors import InvalidRequest
 from pagedlm.outputs import CompletionOutput
 from pagedlm.request import Request
 from pagedlm.sampling_params import SamplingParams
-from pagedlm.server import serving_chat, wire
+from pagedlm.server import serving_chat
 from pagedlm.server.api_server import parse_json, validation_api_error
-from pagedlm.server.async_engine import AdmissionLimits, AsyncLLM, EngineDeadError, Overloaded
-from pagedlm.server.core_process import CoreLoop
+from pagedlm.server.async_engine import (
+    AdmissionLimits,
+    AsyncLLM,
+    EngineDeadError,
+    Overloaded,
+)
 from pagedlm.server.metrics import ServerMetrics
 from pagedlm.server.protocol import ChatMessage, CompletionRequest, TextPart
 from pagedlm.server.remote_core import RemoteCore
@@ -26,15 +33,31 @@ from pagedlm.server.serving import APIError, DeltaTracker
 
 
 def test_wire_round_trip_keeps_every_field() -> None:
-    params = SamplingParams(temperature=0.5, stop=["\n\n", "END"], logit_bias={7: -3.0},
-                            seed=2**63 - 200, logprobs=2, max_tokens=9)
+    params = SamplingParams(
+        temperature=0.5,
+        stop=["\n\n", "END"],
+        logit_bias={7: -3.0},
+        seed=2**63 - 200,
+        logprobs=2,
+        max_tokens=9,
+    )
     add = wire.AddRequest("r-0", [5, 6, 7], params, max_tokens=9, arrival_time=12.5, priority=-3)
     assert wire.to_core_decoder().decode(wire.encoder().encode(add)) == add
     out = wire.CoreOutputs(
-        [EngineCoreOutput("r-0", [8], [Logprobs([8, 3], [-0.5, -0.25], 2)], finish_reason="stop",
-                          stop_reason=2, num_cached_tokens=16)],
+        [
+            EngineCoreOutput(
+                "r-0",
+                [8],
+                [Logprobs([8, 3], [-0.5, -0.25], 2)],
+                finish_reason="stop",
+                stop_reason=2,
+                num_cached_tokens=16,
+            )
+        ],
         wire.CoreStats(num_running=1, kv_cache_usage=0.25, prefix_cache_hits=16),
-        first_scheduled={"r-0": 13.0}, errors={"r-1": "bad"})
+        first_scheduled={"r-0": 13.0},
+        errors={"r-1": "bad"},
+    )
     assert wire.from_core_decoder().decode(wire.encoder().encode(out)) == out
 
 
@@ -77,8 +100,9 @@ class FakeCore:
         for req_id, fake in list(self.requests.items()):
             fake.num_out += 1
             done = fake.num_out == fake.request.max_tokens
-            outputs.append(EngineCoreOutput(req_id, [fake.num_out],
-                                            finish_reason="length" if done else None))
+            outputs.append(
+                EngineCoreOutput(req_id, [fake.num_out], finish_reason="length" if done else None)
+            )
             if done:
                 del self.requests[req_id]
         return outputs
@@ -88,8 +112,9 @@ class FakeCore:
 
 
 def _add(request_id: str, max_tokens: int) -> bytes:
-    return wire.encoder().encode(wire.AddRequest(request_id, [1, 2, 3], SamplingParams(),
-                                                 max_tokens, arrival_time=99.0))
+    return wire.encoder().encode(
+        wire.AddRequest(request_id, [1, 2, 3], SamplingParams(), max_tokens, arrival_time=99.0)
+    )
 
 
 def test_core_loop_steps_reports_and_stops() -> None:
@@ -128,7 +153,9 @@ def test_core_loop_steps_reports_and_stops() -> None:
             errors = decoder.decode(from_core.recv()).errors
         assert "already in use" in errors["a"]
         to_core.send(wire.encoder().encode(wire.AbortRequests(["a"])))
-        while core.requests:  # read on until the abort lands: a full output queue would block the loop
+        while (
+            core.requests
+        ):  # read on until the abort lands: a full output queue would block the loop
             decoder.decode(from_core.recv())
     finally:
         to_core.send(wire.encoder().encode(wire.Shutdown()))
@@ -144,15 +171,22 @@ def test_remote_core_accounting_and_metrics() -> None:
     metrics = ServerMetrics("m")
     core = RemoteCore(sent.append, metrics)
     for req_id, num_prompt in (("a", 3), ("b", 5), ("c", 7)):
-        core.add_request(Request(req_id, list(range(num_prompt)), SamplingParams(), max_tokens=4,
-                                 arrival_time=10.0))
+        core.add_request(
+            Request(
+                req_id, list(range(num_prompt)), SamplingParams(), max_tokens=4, arrival_time=10.0
+            )
+        )
     assert (core.num_in_flight, core.num_prefill_tokens) == (3, 15)
     assert [wire.to_core_decoder().decode(m).request_id for m in sent] == ["a", "b", "c"]
-    core.on_outputs(wire.CoreOutputs([EngineCoreOutput("a", [9])], wire.CoreStats(),
-                                     first_scheduled={"a": 10.5}))
+    core.on_outputs(
+        wire.CoreOutputs(
+            [EngineCoreOutput("a", [9])], wire.CoreStats(), first_scheduled={"a": 10.5}
+        )
+    )
     assert (core.num_in_flight, core.num_prefill_tokens) == (3, 12)  # a left prefill
-    core.on_outputs(wire.CoreOutputs([EngineCoreOutput("a", [9, 9], finish_reason="length")],
-                                     wire.CoreStats()))
+    core.on_outputs(
+        wire.CoreOutputs([EngineCoreOutput("a", [9, 9], finish_reason="length")], wire.CoreStats())
+    )
     core.abort_requests(["b"])
     core.finish_requests(["c"])
     assert (core.num_in_flight, core.num_prefill_tokens) == (0, 0)
@@ -162,15 +196,21 @@ def test_remote_core_accounting_and_metrics() -> None:
     text = metrics.render().decode()
     assert 'pagedlm:kernel_compiles_while_serving_total{model_name="m"} 2.0' in text
     for reason in ("length", "abort", "stop"):
-        assert f'pagedlm:request_success_total{{finished_reason="{reason}",model_name="m"}} 1.0' in text
+        assert (
+            f'pagedlm:request_success_total{{finished_reason="{reason}",model_name="m"}} 1.0'
+            in text
+        )
     assert 'pagedlm:generation_tokens_total{model_name="m"} 3.0' in text
     assert 'pagedlm:request_queue_time_seconds_count{model_name="m"} 1.0' in text
     assert 'pagedlm:time_to_first_token_seconds_count{model_name="m"} 1.0' in text
 
 
 def test_admission_caps_requests_and_prefill_tokens() -> None:
-    engine = AsyncLLM(config=None, model_name="m",
-                      limits=AdmissionLimits(max_num_queued_reqs=3, max_num_queued_tokens=10))
+    engine = AsyncLLM(
+        config=None,
+        model_name="m",
+        limits=AdmissionLimits(max_num_queued_reqs=3, max_num_queued_tokens=10),
+    )
     engine.core = RemoteCore([].append, engine.metrics)  # never started: no core process
     try:
         engine.admit(num_requests=2, num_prompt_tokens=8)
@@ -185,7 +225,10 @@ def test_admission_caps_requests_and_prefill_tokens() -> None:
         engine.admit(num_requests=1, num_prompt_tokens=2)
         text = engine.metrics.render().decode()
         for reason in ("max_num_queued_reqs", "max_num_queued_tokens"):
-            assert f'pagedlm:num_requests_rejected_total{{model_name="m",reason="{reason}"}} 1.0' in text
+            assert (
+                f'pagedlm:num_requests_rejected_total{{model_name="m",reason="{reason}"}} 1.0'
+                in text
+            )
     finally:
         asyncio.run(engine.shutdown())
 
@@ -223,12 +266,14 @@ def test_delta_tracker_hands_out_only_what_is_new() -> None:
 
 
 def test_validation_errors_name_the_parameter() -> None:
-    extra = validation_api_error([{"type": "extra_forbidden", "loc": ("best_of",),
-                                   "msg": "Extra inputs are not permitted"}])
+    extra = validation_api_error(
+        [{"type": "extra_forbidden", "loc": ("best_of",), "msg": "Extra inputs are not permitted"}]
+    )
     assert (extra.status, extra.param) == (400, "best_of")
     assert extra.message == "best_of: unrecognized or unsupported parameter"
-    nested = validation_api_error([{"type": "literal_error", "loc": ("messages", 0, "role"),
-                                    "msg": "Input should be 'user'"}])
+    nested = validation_api_error(
+        [{"type": "literal_error", "loc": ("messages", 0, "role"), "msg": "Input should be 'user'"}]
+    )
     assert (nested.param, nested.message) == ("messages", "messages.0.role: Input should be 'user'")
     # an unknown key holding a lone surrogate: the message must still encode as UTF-8
     odd = validation_api_error([{"type": "extra_forbidden", "loc": ("x\ud800",), "msg": "Extra"}])
@@ -236,12 +281,15 @@ def test_validation_errors_name_the_parameter() -> None:
     odd.message.encode("utf-8")
 
 
-@pytest.mark.parametrize("data, fragment", [
-    (b"{not json", "not valid JSON: Expecting property name"),
-    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
-    (b'{"prompt": "\xff"}', "not valid JSON"),  # not UTF-8
-    (b"[]", "valid dictionary"),
-])
+@pytest.mark.parametrize(
+    "data, fragment",
+    [
+        (b"{not json", "not valid JSON: Expecting property name"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b'{"prompt": "\xff"}', "not valid JSON"),  # not UTF-8
+        (b"[]", "valid dictionary"),
+    ],
+)
 def test_a_body_that_is_no_json_object_is_a_400(data: bytes, fragment: str) -> None:
     with pytest.raises(APIError) as caught:
         parse_json(CompletionRequest, data)
@@ -261,7 +309,8 @@ def test_request_to_sampling_params() -> None:
 
 
 def test_developer_messages_render_as_system_and_text_parts_join_by_newline(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """OpenAI's developer role reaches the template as system (templates do not know it); a list of
     text parts is one text, joined by newlines as vLLM joins them."""
     seen = {}
@@ -272,16 +321,22 @@ def test_developer_messages_render_as_system_and_text_parts_join_by_newline(
 
     monkeypatch.setattr(serving_chat, "render_chat_template", fake_template)
     parts = [TextPart(type="text", text="a"), TextPart(type="text", text="b")]
-    messages = [ChatMessage(role="developer", content=parts), ChatMessage(role="user", content="hi")]
+    messages = [
+        ChatMessage(role="developer", content=parts),
+        ChatMessage(role="user", content="hi"),
+    ]
     serving_chat.render_chat(object(), messages)
-    assert seen["conversation"] == [{"role": "system", "content": "a\nb"}, {"role": "user", "content": "hi"}]
+    assert seen["conversation"] == [
+        {"role": "system", "content": "a\nb"},
+        {"role": "user", "content": "hi"},
+    ]
 
 
 def test_core_reports_bad_engine_arguments_as_invalid(tiny_model_dir) -> None:
     """The core builds its own config from the arguments; a bad one is InvalidEngineArgs, which it
     reports without a log of its own (the front end reports the same error from its own build)."""
     from pagedlm.config import EngineArgs
-    from pagedlm.server.core_process import InvalidEngineArgs, build_core
+    from pagedlm.engine.core_process import InvalidEngineArgs, build_core
 
     with pytest.raises(InvalidEngineArgs, match="attention_backend"):
         build_core(EngineArgs(model=str(tiny_model_dir), attention_backend="bogus", device="cpu"))
@@ -291,10 +346,14 @@ def test_front_end_refuses_a_core_with_another_config(tiny_model_dir) -> None:
     from pagedlm.config import EngineArgs
     from pagedlm.server.async_engine import check_same_config
 
-    config = EngineArgs(model=str(tiny_model_dir), device="cpu", max_model_len=64).create_engine_config()
+    config = EngineArgs(
+        model=str(tiny_model_dir), device="cpu", max_model_len=64
+    ).create_engine_config()
     check_same_config(wire.Ready.of(config), config)  # the same: accepted
     other = wire.Ready.of(config)
     other.max_model_len = 32
     with pytest.raises(RuntimeError, match="config differs"):
         check_same_config(other, config)
-    assert wire.from_core_decoder().decode(wire.encoder().encode(wire.Ready.of(config))) == wire.Ready.of(config)
+    assert wire.from_core_decoder().decode(
+        wire.encoder().encode(wire.Ready.of(config))
+    ) == wire.Ready.of(config)

@@ -8,6 +8,7 @@ request the server took finished once, by length or abort (every dropped one by 
 each round no request runs and every KV block is back within seconds; at the end a normal request
 succeeds, and the server's processes (front end and core) grew by less than RSS_GROWTH_LIMIT
 between the first round and the last."""
+
 from __future__ import annotations
 
 import asyncio
@@ -49,7 +50,9 @@ BAD_BODIES: list[tuple[str, object]] = [
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def server(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
     log_path = tmp_path_factory.mktemp("soak") / "server.log"
     server = start_server(tiny_server_args(tiny_model_dir), log_path)
     yield server
@@ -71,14 +74,21 @@ class Soak:
         kind = self.rng.choice(KINDS)
         n = self.rng.choice((1, 1, 2))
         # A request whose client leaves early is long: it can only end by being aborted.
-        max_tokens = LEFT_EARLY_MAX_TOKENS if kind in ("drop", "give_up") else self.rng.randint(4, 32)
+        max_tokens = (
+            LEFT_EARLY_MAX_TOKENS if kind in ("drop", "give_up") else self.rng.randint(4, 32)
+        )
         text = " ".join(self.rng.choices(WORDS, k=self.rng.randint(1, 40)))
         if self.rng.random() < 0.5:
             path, body = "/v1/completions", {"prompt": text}
         else:
             path, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}
-        body.update(max_tokens=max_tokens, n=n, ignore_eos=True, temperature=1.0,
-                    seed=self.rng.randint(0, 2**31))
+        body.update(
+            max_tokens=max_tokens,
+            n=n,
+            ignore_eos=True,
+            temperature=1.0,
+            seed=self.rng.randint(0, 2**31),
+        )
         return kind, path, body
 
     async def run_round(self, client: httpx.AsyncClient) -> None:
@@ -93,19 +103,22 @@ class Soak:
         elif kind == "whole":
             await self.whole(client, path, body, timeout_s=120)
         else:
-            await self.stream(client, path, body, drop_after=self.rng.randint(1, 4)
-                              if kind == "drop" else None)
+            await self.stream(
+                client, path, body, drop_after=self.rng.randint(1, 4) if kind == "drop" else None
+            )
         self.outcomes[kind] += 1
 
-    async def whole(self, client: httpx.AsyncClient, path: str, body: dict,
-                    timeout_s: float) -> None:
+    async def whole(
+        self, client: httpx.AsyncClient, path: str, body: dict, timeout_s: float
+    ) -> None:
         response = await client.post(path, json=body, timeout=timeout_s)
         assert response.status_code == 200, response.text
         self.num_core_requests += body["n"]
         self.check_complete(response.json()["usage"], response.json()["choices"], body)
 
-    async def stream(self, client: httpx.AsyncClient, path: str, body: dict,
-                     drop_after: int | None) -> None:
+    async def stream(
+        self, client: httpx.AsyncClient, path: str, body: dict, drop_after: int | None
+    ) -> None:
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         events: list[dict] = []
         async with client.stream("POST", path, json=body) as response:
@@ -114,7 +127,7 @@ class Soak:
             async for line in response.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                events.append(json.loads(line[len("data: "):]))
+                events.append(json.loads(line[len("data: ") :]))
                 assert "error" not in events[-1], events[-1]
                 if len(events) == drop_after:
                     self.num_dropped += body["n"]
@@ -129,8 +142,9 @@ class Soak:
 
     async def bad(self, client: httpx.AsyncClient, path: str, body: object) -> None:
         if isinstance(body, bytes):
-            response = await client.post(path, content=body,
-                                         headers={"Content-Type": "application/json"})
+            response = await client.post(
+                path, content=body, headers={"Content-Type": "application/json"}
+            )
         else:
             response = await client.post(path, json=body)
         assert 400 <= response.status_code < 500, (body, response.status_code, response.text)
@@ -143,14 +157,17 @@ def family_rss(server: ServerProcess) -> int:
 
 def test_soak(server: ServerProcess) -> None:
     soak = Soak(server)
-    finished_before = {reason: server.metric("pagedlm:request_success_total",
-                                             finished_reason=reason)
-                       for reason in ("length", "abort", "stop")}
+    finished_before = {
+        reason: server.metric("pagedlm:request_success_total", finished_reason=reason)
+        for reason in ("length", "abort", "stop")
+    }
 
     async def run() -> list[int]:
         rss = []
         limits = httpx.Limits(max_connections=REQUESTS_PER_ROUND)
-        async with httpx.AsyncClient(base_url=server.base_url, timeout=120, limits=limits) as client:
+        async with httpx.AsyncClient(
+            base_url=server.base_url, timeout=120, limits=limits
+        ) as client:
             for _ in range(NUM_ROUNDS):
                 await soak.run_round(client)
                 server.wait_for_idle(timeout_s=10)
@@ -158,22 +175,32 @@ def test_soak(server: ServerProcess) -> None:
         return rss
 
     rss = asyncio.run(run())
-    finished = {reason: server.metric("pagedlm:request_success_total", finished_reason=reason)
-                - before for reason, before in finished_before.items()}
+    finished = {
+        reason: server.metric("pagedlm:request_success_total", finished_reason=reason) - before
+        for reason, before in finished_before.items()
+    }
     # A client that gave up may or may not have been taken: the others are counted exactly.
     num_given_up = soak.outcomes["give_up"]
     taken = finished["length"] + finished["abort"]
     assert finished["stop"] == 0
-    assert soak.num_core_requests <= taken <= soak.num_core_requests + 2 * num_given_up, \
-        (finished, soak.num_core_requests, soak.outcomes)
+    assert soak.num_core_requests <= taken <= soak.num_core_requests + 2 * num_given_up, (
+        finished,
+        soak.num_core_requests,
+        soak.outcomes,
+    )
     assert finished["length"] >= soak.num_completed
     assert finished["abort"] >= soak.num_dropped
     assert rss[-1] - rss[0] < RSS_GROWTH_LIMIT, f"RSS per round (MiB): {[r >> 20 for r in rss]}"
-    check = httpx.post(server.url("/v1/completions"),
-                       json={"prompt": "Hi", "max_tokens": 5, "ignore_eos": True}, timeout=60)
+    check = httpx.post(
+        server.url("/v1/completions"),
+        json={"prompt": "Hi", "max_tokens": 5, "ignore_eos": True},
+        timeout=60,
+    )
     assert check.status_code == 200 and check.json()["usage"]["completion_tokens"] == 5
     server.wait_for_idle()
     assert "Traceback" not in server.log()
-    print(f"soak: {sum(soak.outcomes.values())} requests {dict(soak.outcomes)}, "
-          f"{soak.num_core_requests}+ core requests, finished {finished}, "
-          f"RSS per round (MiB) {[r >> 20 for r in rss]}")
+    print(
+        f"soak: {sum(soak.outcomes.values())} requests {dict(soak.outcomes)}, "
+        f"{soak.num_core_requests}+ core requests, finished {finished}, "
+        f"RSS per round (MiB) {[r >> 20 for r in rss]}"
+    )

@@ -2,6 +2,7 @@
 engine arguments, so a bad argument must still end in the usual one-line error (exit 2) with no
 process left behind, and a core that fails while starting must still be reported (exit 1). A port
 in use fails at once, before the model loads. `make run` takes HOST and PORT."""
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,9 @@ def run_serve(*args: str, port: int | None = None) -> tuple[subprocess.Completed
     """`pagedlm serve ARGS` (the command's main, which turns a ValueError into a one-line error)
     in its own session, to its end; (the result, its session id)."""
     cmd = [sys.executable, "-m", "pagedlm.cli", "serve", *args, "--port", str(port or free_port())]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     output, _ = proc.communicate(timeout=EXIT_TIMEOUT_S)
     return subprocess.CompletedProcess(cmd, proc.returncode, output), proc.pid
 
@@ -52,8 +54,10 @@ def test_a_bad_engine_argument_is_a_clear_error_and_leaves_no_process() -> None:
     the core process is busy with its own."""
     result, session = run_serve("--attention-backend", "bogus")
     assert result.returncode == 2, result.stdout
-    assert "pagedlm: error: attention_backend must be auto, torch, torch_ref or triton; got " \
-           "'bogus'" in result.stdout
+    assert (
+        "pagedlm: error: attention_backend must be auto, torch, torch_ref or triton; got "
+        "'bogus'" in result.stdout
+    )
     assert "Traceback" not in result.stdout and "engine core" not in result.stdout, result.stdout
     assert_session_gone(session)
 
@@ -77,16 +81,26 @@ def test_a_port_in_use_fails_before_the_model_loads(tiny_model_dir: Path) -> Non
         elapsed = time.monotonic() - started
     assert result.returncode == 2, result.stdout
     assert result.stdout.splitlines() == [
-        f"pagedlm: error: cannot listen on 127.0.0.1:{port} (--host, --port): Address already in use"]
+        f"pagedlm: error: cannot listen on 127.0.0.1:{port} (--host, --port): Address already in use"
+    ]
     assert elapsed < 60, f"{elapsed:.0f} s: did it load the model first?"
     assert_session_gone(session)
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (("--heartbeat-timeout", "0.5"), "--heartbeat-timeout must be at least 1 s"),
-    (("--heartbeat-timeout", "8", "--stall-timeout", "4"),
-     "--stall-timeout must be at least --heartbeat-timeout (8 s), got 4"),
-    (("--shutdown-timeout", "-1"), "argument --shutdown-timeout: must be a number of seconds >= 0")])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--heartbeat-timeout", "0.5"), "--heartbeat-timeout must be at least 1 s"),
+        (
+            ("--heartbeat-timeout", "8", "--stall-timeout", "4"),
+            "--stall-timeout must be at least --heartbeat-timeout (8 s), got 4",
+        ),
+        (
+            ("--shutdown-timeout", "-1"),
+            "argument --shutdown-timeout: must be a number of seconds >= 0",
+        ),
+    ],
+)
 def test_bad_timeouts_are_one_line_errors(flags: tuple[str, ...], message: str) -> None:
     result, session = run_serve(*flags)
     assert result.returncode == 2, result.stdout
@@ -96,9 +110,16 @@ def test_bad_timeouts_are_one_line_errors(flags: tuple[str, ...], message: str) 
 
 def test_make_run_takes_host_and_port() -> None:
     def serve_line(*variables: str) -> str:
-        dry_run = subprocess.run(["make", "-n", "run", *variables], capture_output=True, text=True,
-                                 check=True, cwd=Path(__file__).parents[2])
+        dry_run = subprocess.run(
+            ["make", "-n", "run", *variables],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).parents[2],
+        )
         return [line for line in dry_run.stdout.splitlines() if "pagedlm serve" in line][-1]
 
     assert serve_line().endswith("pagedlm serve --host 127.0.0.1 --port 8000")
-    assert serve_line("HOST=0.0.0.0", "PORT=8011").endswith("pagedlm serve --host 0.0.0.0 --port 8011")
+    assert serve_line("HOST=0.0.0.0", "PORT=8011").endswith(
+        "pagedlm serve --host 0.0.0.0 --port 8011"
+    )

@@ -3,18 +3,32 @@
 Front end -> core: AddRequest, AbortRequests, Shutdown.
 Core -> front end: Ready once the model is loaded, CoreOutputs after every step (and after aborts
 while idle), Dead if the core fails."""
+
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import msgspec
 
 from pagedlm.core.sched_output import EngineCoreOutput
 from pagedlm.sampling_params import SamplingParams
-from pagedlm.server.metrics import CoreStats
 
 if TYPE_CHECKING:
     from pagedlm.config import EngineConfig
+
+
+@dataclass(slots=True)
+class CoreStats:
+    """The scheduler's state after a step; the prefix-cache and preemption counts are cumulative."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0  # in [0, 1]
+    prefix_cache_queries: int = 0  # tokens looked up
+    prefix_cache_hits: int = 0  # tokens found
+    num_preemptions: int = 0
+    num_kernel_compiles: int = 0  # Triton compiles a step waited for (pagedlm.ops.jit_watch)
 
 
 class AddRequest(msgspec.Struct, tag=True):
@@ -39,6 +53,7 @@ class Shutdown(msgspec.Struct, tag=True):
 class Ready(msgspec.Struct, tag=True):
     """The core's engine config as the front end's requests depend on it: the front end, which built
     its own from the same arguments, checks that the two agree."""
+
     max_model_len: int
     vocab_size: int
     eos_token_ids: list[int]
@@ -46,8 +61,11 @@ class Ready(msgspec.Struct, tag=True):
     @classmethod
     def of(cls, config: EngineConfig) -> Ready:
         model = config.model
-        return cls(max_model_len=model.max_model_len, vocab_size=model.vocab_size,
-                   eos_token_ids=sorted(model.eos_token_ids))
+        return cls(
+            max_model_len=model.max_model_len,
+            vocab_size=model.vocab_size,
+            eos_token_ids=sorted(model.eos_token_ids),
+        )
 
 
 class CoreOutputs(msgspec.Struct, tag=True):

@@ -3,6 +3,7 @@ HEARTBEAT_INTERVAL_S on a socket of its own, so the front end sees the process r
 step takes long; a stopped process (SIGSTOP) or one stuck holding the GIL stops beating. A beat
 carries the time it was sent (time.monotonic(): one clock for every process of the machine), so a
 beat the front end reads late, its event loop busy, still dates the core's last sign of life."""
+
 from __future__ import annotations
 
 import struct
@@ -26,11 +27,15 @@ class HeartbeatTimeouts:
 
     def __post_init__(self) -> None:
         if self.unhealthy_s < 2 * HEARTBEAT_INTERVAL_S:
-            raise ValueError(f"--heartbeat-timeout must be at least {2 * HEARTBEAT_INTERVAL_S:g} s "
-                             f"(twice the beat interval), got {self.unhealthy_s:g}")
+            raise ValueError(
+                f"--heartbeat-timeout must be at least {2 * HEARTBEAT_INTERVAL_S:g} s "
+                f"(twice the beat interval), got {self.unhealthy_s:g}"
+            )
         if self.dead_s < self.unhealthy_s:
-            raise ValueError(f"--stall-timeout must be at least --heartbeat-timeout "
-                             f"({self.unhealthy_s:g} s), got {self.dead_s:g}")
+            raise ValueError(
+                f"--stall-timeout must be at least --heartbeat-timeout "
+                f"({self.unhealthy_s:g} s), got {self.dead_s:g}"
+            )
 
 
 def _conflated(ctx: zmq.Context, kind: int) -> zmq.Socket:

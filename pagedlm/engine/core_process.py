@@ -9,6 +9,7 @@ ready it beats (heartbeat.py) until it stops.
 It ignores SIGINT and SIGTERM: the front end alone decides when it stops (a Shutdown message, or
 SIGKILL). A supervisor that signals the whole process group (systemd's default KillMode, Ctrl-C in
 a terminal) must not end the core while the front end drains the requests in flight."""
+
 from __future__ import annotations
 
 import logging
@@ -22,17 +23,16 @@ import zmq
 
 from pagedlm.config import EngineArgs, EngineConfig
 from pagedlm.core.sched_output import EngineCoreOutput
+from pagedlm.engine import wire
+from pagedlm.engine.heartbeat import HeartbeatSender
 from pagedlm.logger import configure_logging
 from pagedlm.ops.jit_watch import num_compiles_while_serving
 from pagedlm.request import Request
-from pagedlm.server import wire
-from pagedlm.server.heartbeat import HeartbeatSender
-from pagedlm.server.metrics import CoreStats
 
 if TYPE_CHECKING:
     from pagedlm.engine.engine_core import EngineCore
 
-logger = logging.getLogger("pagedlm.server.core")
+logger = logging.getLogger("pagedlm.engine.core")
 
 IDLE_POLL_MS = 500  # when idle, how often to check that the parent is still alive
 SEND_TIMEOUT_MS = 10_000  # a send that cannot be delivered this long: the front end is gone
@@ -67,7 +67,9 @@ def run_core(source: EngineConfig | EngineArgs, addresses: CoreAddresses, parent
         CoreLoop(core, core.config.model.eos_token_ids, inputs, outputs, parent_pid).run()
     except zmq.Again:
         logger.error("engine core: the front end stopped reading; exiting")
-    except InvalidEngineArgs as exc:  # the front end, building the same config, reports it: no log here
+    except (
+        InvalidEngineArgs
+    ) as exc:  # the front end, building the same config, reports it: no log here
         outputs.send(encoder.encode(wire.Dead(error=f"invalid engine arguments: {exc}")))
     except Exception:  # noqa: BLE001 - the front end must learn why the core died
         logger.exception("engine core failed")
@@ -99,18 +101,28 @@ def build_core(source: EngineConfig | EngineArgs) -> EngineCore:
         return EngineCore(config)
 
 
-def core_stats(core: Any) -> CoreStats:
+def core_stats(core: Any) -> wire.CoreStats:
     stats = core.get_stats()  # the scheduler's SchedulerStats
-    return CoreStats(
-        num_running=stats.num_running, num_waiting=stats.num_waiting,
+    return wire.CoreStats(
+        num_running=stats.num_running,
+        num_waiting=stats.num_waiting,
         kv_cache_usage=float(stats.kv_cache_usage),
-        prefix_cache_queries=stats.prefix_cache_queries, prefix_cache_hits=stats.prefix_cache_hits,
-        num_preemptions=stats.num_preemptions, num_kernel_compiles=num_compiles_while_serving())
+        prefix_cache_queries=stats.prefix_cache_queries,
+        prefix_cache_hits=stats.prefix_cache_hits,
+        num_preemptions=stats.num_preemptions,
+        num_kernel_compiles=num_compiles_while_serving(),
+    )
 
 
 class CoreLoop:
-    def __init__(self, core: Any, eos_token_ids: tuple[int, ...], inputs: zmq.Socket,
-                 outputs: zmq.Socket, parent_pid: int) -> None:
+    def __init__(
+        self,
+        core: Any,
+        eos_token_ids: tuple[int, ...],
+        inputs: zmq.Socket,
+        outputs: zmq.Socket,
+        parent_pid: int,
+    ) -> None:
         self.core = core
         self.eos_token_ids = frozenset(eos_token_ids)
         self.inputs = inputs
@@ -148,11 +160,16 @@ class CoreLoop:
         return True
 
     def _add(self, msg: wire.AddRequest, errors: dict[str, str]) -> None:
-        request = Request(request_id=msg.request_id, prompt_token_ids=msg.prompt_token_ids,
-                          sampling_params=msg.sampling_params,
-                          eos_token_ids=self.eos_token_ids, max_tokens=msg.max_tokens,
-                          arrival_time=msg.arrival_time, priority=msg.priority,
-                          cache_salt=msg.cache_salt)
+        request = Request(
+            request_id=msg.request_id,
+            prompt_token_ids=msg.prompt_token_ids,
+            sampling_params=msg.sampling_params,
+            eos_token_ids=self.eos_token_ids,
+            max_tokens=msg.max_tokens,
+            arrival_time=msg.arrival_time,
+            priority=msg.priority,
+            cache_salt=msg.cache_salt,
+        )
         try:
             self.core.add_request(request)
         except ValueError as exc:
@@ -188,8 +205,16 @@ class CoreLoop:
                 self.unreported_schedule.discard(req_id)
         return found
 
-    def _send(self, outputs: list[EngineCoreOutput], errors: dict[str, str],
-              first_scheduled: dict[str, float] | None = None) -> None:
-        msg = wire.CoreOutputs(outputs=outputs, stats=core_stats(self.core),
-                               first_scheduled=first_scheduled or {}, errors=errors)
+    def _send(
+        self,
+        outputs: list[EngineCoreOutput],
+        errors: dict[str, str],
+        first_scheduled: dict[str, float] | None = None,
+    ) -> None:
+        msg = wire.CoreOutputs(
+            outputs=outputs,
+            stats=core_stats(self.core),
+            first_scheduled=first_scheduled or {},
+            errors=errors,
+        )
         self.outputs.send(self.encoder.encode(msg))
