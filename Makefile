@@ -1,6 +1,7 @@
 # make run: set up everything and serve the default model (OpenAI API on 127.0.0.1:8000;
 #           make run HOST=0.0.0.0 PORT=8011 to listen elsewhere).
 # make test: set up everything and run the whole test suite.
+# make lint: ruff's linter and formatter check (configured in pyproject.toml); CI runs it first.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
@@ -9,7 +10,7 @@ STAMP := $(VENV)/.installed
 HOST := 127.0.0.1
 PORT := 8000
 
-.PHONY: run test venv clean
+.PHONY: run test lint venv clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -26,6 +27,10 @@ venv: $(STAMP)
 # The main job: the OpenAI-compatible server on the default model (it logs how to call it).
 run: $(STAMP)
 	$(VENV)/bin/pagedlm serve --host $(HOST) --port $(PORT)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 test: $(STAMP)
 	$(PY) -m pytest -q -x --timeout=1800 tests

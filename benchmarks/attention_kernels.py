@@ -24,6 +24,7 @@ on decode-only batches, reported as KV-cache GB/s:
   decode-b1-qwen   1 x 400, qwen3-0.6b (L2), split path
   decode-b1-llama  1 x 400, llama3-8b (L1), split path
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,7 +60,11 @@ DECODE_CASES = {  # name: (num_seqs, context tokens, num_heads, num_kv_heads, sp
 HEAD_DIM, BLOCK_SIZE = 128, 16
 PREFILL_SETTINGS = ("PREFILL_BLOCK_M", "PREFILL_NUM_WARPS", "PREFILL_NUM_STAGES", "PREFILL_BLOCK_N")
 DECODE_SETTINGS = ("DECODE_BLOCK_N", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES")  # the varlen kernel's
-SPLIT_SETTINGS = ("SPLIT_BLOCK_N", "SPLIT_NUM_WARPS", "SPLIT_NUM_STAGES")  # triton_decode's split kernel
+SPLIT_SETTINGS = (
+    "SPLIT_BLOCK_N",
+    "SPLIT_NUM_WARPS",
+    "SPLIT_NUM_STAGES",
+)  # triton_decode's split kernel
 
 
 def current_settings(names: tuple[str, ...], module=triton_paged) -> tuple[int, ...]:
@@ -80,8 +85,9 @@ def kernel_settings(names: tuple[str, ...], values: tuple[int, ...], module=trit
             setattr(module, name, value)
 
 
-def make_case(num_seqs: int, cached: int, query_len: int, num_heads: int, num_kv_heads: int,
-              spread: int = 1):
+def make_case(
+    num_seqs: int, cached: int, query_len: int, num_heads: int, num_kv_heads: int, spread: int = 1
+):
     """-> (q [T, H, D], kv_cache, meta, q/k/v for SDPA [B, H, L, D], causal FLOPs). The blocks are
     drawn at random from a pool `spread` times larger than they fill (the engine's per-layer pool
     is 3-4 GB, most of it idle in a small batch)."""
@@ -92,19 +98,31 @@ def make_case(num_seqs: int, cached: int, query_len: int, num_heads: int, num_kv
     k = torch.randn(num_seqs, seq_len, num_kv_heads, HEAD_DIM, device=dev, dtype=dtype)
     v = torch.randn_like(k)
     q = torch.randn(num_seqs, query_len, num_heads, HEAD_DIM, device=dev, dtype=dtype)
-    table = (torch.randperm(num_blocks - 1, device=dev) + 1)[:num_seqs * blocks_per_seq]
+    table = (torch.randperm(num_blocks - 1, device=dev) + 1)[: num_seqs * blocks_per_seq]
     table = table.view(num_seqs, blocks_per_seq).to(torch.int32)
-    kv_cache = torch.zeros(2, num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM, device=dev, dtype=dtype)
+    kv_cache = torch.zeros(
+        2, num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM, device=dev, dtype=dtype
+    )
     pad = blocks_per_seq * BLOCK_SIZE - seq_len
     for half, src in ((0, k), (1, v)):
-        padded = F.pad(src, (0, 0, 0, 0, 0, pad)).view(num_seqs, blocks_per_seq, BLOCK_SIZE, num_kv_heads, HEAD_DIM)
+        padded = F.pad(src, (0, 0, 0, 0, 0, pad)).view(
+            num_seqs, blocks_per_seq, BLOCK_SIZE, num_kv_heads, HEAD_DIM
+        )
         kv_cache[half][table.long()] = padded
     starts = torch.arange(num_seqs + 1, dtype=torch.int32) * query_len
     seq_lens = torch.full((num_seqs,), seq_len, dtype=torch.int32)
     meta = AttentionMetadata(
-        num_tokens=num_seqs * query_len, num_seqs=num_seqs, max_query_len=query_len, max_seq_len=seq_len,
-        query_start_loc=starts.to(dev), seq_lens=seq_lens.to(dev), slot_mapping=torch.empty(0, device=dev),
-        block_table=table, query_start_loc_cpu=starts, seq_lens_cpu=seq_lens)
+        num_tokens=num_seqs * query_len,
+        num_seqs=num_seqs,
+        max_query_len=query_len,
+        max_seq_len=seq_len,
+        query_start_loc=starts.to(dev),
+        seq_lens=seq_lens.to(dev),
+        slot_mapping=torch.empty(0, device=dev),
+        block_table=table,
+        query_start_loc_cpu=starts,
+        seq_lens_cpu=seq_lens,
+    )
     visible = num_seqs * sum(cached + i + 1 for i in range(query_len))
     flops = 4 * HEAD_DIM * num_heads * visible
     sdpa_qkv = (q.transpose(1, 2), k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous())
@@ -116,7 +134,9 @@ def sdpa(q, k, v, cached: int) -> torch.Tensor:
     if cached == 0:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     query_len, seq_len = q.shape[2], k.shape[2]
-    mask = torch.ones(query_len, seq_len, dtype=torch.bool, device=q.device).tril(seq_len - query_len)
+    mask = torch.ones(query_len, seq_len, dtype=torch.bool, device=q.device).tril(
+        seq_len - query_len
+    )
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
 
@@ -135,7 +155,9 @@ def time_ms(fn, iters: int = 20) -> float:
 def run_case(name: str, configs: list[tuple[int, int, int, int]]) -> list[dict]:
     """configs: (PREFILL_BLOCK_M, PREFILL_NUM_WARPS, PREFILL_NUM_STAGES, PREFILL_BLOCK_N)."""
     num_seqs, cached, query_len, num_heads, num_kv_heads = CASES[name]
-    q, kv_cache, meta, (sq, sk, sv), flops = make_case(num_seqs, cached, query_len, num_heads, num_kv_heads)
+    q, kv_cache, meta, (sq, sk, sv), flops = make_case(
+        num_seqs, cached, query_len, num_heads, num_kv_heads
+    )
     want = sdpa(sq, sk, sv, cached).transpose(1, 2).reshape(q.shape)
     rows: list[dict] = []
 
@@ -150,7 +172,9 @@ def run_case(name: str, configs: list[tuple[int, int, int, int]]) -> list[dict]:
         with kernel_settings(PREFILL_SETTINGS, config):
             try:
                 out = torch.full_like(q, float("nan"))
-                call = lambda: triton_paged.varlen_attention(q, kv_cache, meta, HEAD_DIM ** -0.5, None, out=out)  # noqa: E731
+                call = lambda: triton_paged.varlen_attention(
+                    q, kv_cache, meta, HEAD_DIM**-0.5, None, out=out
+                )  # noqa: E731
                 call()
                 err = (out.float() - want.float()).abs().max().item()
                 emit(config=label, ms=time_ms(call), err=err)
@@ -162,25 +186,35 @@ def run_case(name: str, configs: list[tuple[int, int, int, int]]) -> list[dict]:
 DECODE_SWEEP = list(itertools.product([32, 64, 128], [4, 8], [1, 2, 3]))  # (block_n, warps, stages)
 
 
-def run_decode_case(name: str, spread: int = 1, configs: list[tuple[int, ...]] = DECODE_SWEEP) -> list[dict]:
+def run_decode_case(
+    name: str, spread: int = 1, configs: list[tuple[int, ...]] = DECODE_SWEEP
+) -> list[dict]:
     """Every (block_n, warps, stages) of configs x the case's split counts; GB/s of KV read."""
     from pagedlm.attention import triton_decode
 
     num_seqs, context, num_heads, num_kv_heads, split_counts = DECODE_CASES[name]
-    q, kv_cache, meta, (sq, sk, sv), _ = make_case(num_seqs, context - 1, 1, num_heads, num_kv_heads, spread)
+    q, kv_cache, meta, (sq, sk, sv), _ = make_case(
+        num_seqs, context - 1, 1, num_heads, num_kv_heads, spread
+    )
     want = sdpa(sq, sk, sv, context - 1).transpose(1, 2).reshape(q.shape).float()
     kv_bytes = 2 * num_seqs * context * num_kv_heads * HEAD_DIM * kv_cache.element_size()
-    defaults = {1: current_settings(DECODE_SETTINGS), "split": current_settings(SPLIT_SETTINGS, triton_decode)}
+    defaults = {
+        1: current_settings(DECODE_SETTINGS),
+        "split": current_settings(SPLIT_SETTINGS, triton_decode),
+    }
     rows = []
     for config in configs:
         for splits in split_counts:
             out = torch.full_like(q, float("nan"))
             if splits == 1:
-                call = lambda: triton_paged.varlen_attention(q, kv_cache, meta, HEAD_DIM ** -0.5, None, out=out)  # noqa: E731
+                call = lambda: triton_paged.varlen_attention(
+                    q, kv_cache, meta, HEAD_DIM**-0.5, None, out=out
+                )  # noqa: E731
                 settings = kernel_settings(DECODE_SETTINGS, config)
             else:
                 call = lambda: triton_decode.split_decode_attention(  # noqa: E731
-                    q, kv_cache, meta, HEAD_DIM ** -0.5, None, splits, out=out)
+                    q, kv_cache, meta, HEAD_DIM**-0.5, None, splits, out=out
+                )
                 settings = kernel_settings(SPLIT_SETTINGS, config, triton_decode)
             label = "N{} w{} s{} split{}".format(*config, splits)
             with settings:
@@ -192,14 +226,22 @@ def run_decode_case(name: str, spread: int = 1, configs: list[tuple[int, ...]] =
                     ms, err = float("nan"), float("nan")
                     label += " " + str(exc)[:60]
             default = config == defaults[1 if splits == 1 else "split"]
-            row = dict(case=name, config=label, ms=ms, err=err, gbs=kv_bytes / ms / 1e6, default=default)
+            row = dict(
+                case=name, config=label, ms=ms, err=err, gbs=kv_bytes / ms / 1e6, default=default
+            )
             print(json.dumps(row), flush=True)
             rows.append(row)
     return rows
 
 
-def shared_prefix_decode(num_prefixes: int = 16, seqs_per_prefix: int = 32, prefix_len: int = 2048,
-                         suffix_len: int = 129, num_heads: int = 32, num_kv_heads: int = 8) -> list[dict]:
+def shared_prefix_decode(
+    num_prefixes: int = 16,
+    seqs_per_prefix: int = 32,
+    prefix_len: int = 2048,
+    suffix_len: int = 129,
+    num_heads: int = 32,
+    num_kv_heads: int = 8,
+) -> list[dict]:
     """T3's decode steps: seqs_per_prefix sequences share each prefix's KV blocks. The varlen decode
     kernel with the batch in random order (T3's shuffled arrival), grouped by prefix, and with no
     sharing at all (every sequence its own blocks: the DRAM-bound baseline). GB/s counts the KV
@@ -209,12 +251,22 @@ def shared_prefix_decode(num_prefixes: int = 16, seqs_per_prefix: int = 32, pref
     prefix_blocks, seq_blocks = prefix_len // BLOCK_SIZE, -(-context // BLOCK_SIZE)
     own_blocks = seq_blocks - prefix_blocks
     unique_pool = num_seqs * seq_blocks
-    kv_cache = torch.randn(2, unique_pool + 1, BLOCK_SIZE, num_kv_heads, HEAD_DIM, device=dev, dtype=dtype)
+    kv_cache = torch.randn(
+        2, unique_pool + 1, BLOCK_SIZE, num_kv_heads, HEAD_DIM, device=dev, dtype=dtype
+    )
     seq_ids = torch.arange(num_seqs, device=dev)
-    prefix_table = (seq_ids // seqs_per_prefix)[:, None] * prefix_blocks + torch.arange(prefix_blocks, device=dev)
-    own_table = num_prefixes * prefix_blocks + seq_ids[:, None] * own_blocks + torch.arange(own_blocks, device=dev)
-    tables = {"shared": torch.cat([prefix_table, own_table], 1).int() + 1,
-              "unique": (seq_ids[:, None] * seq_blocks + torch.arange(seq_blocks, device=dev)).int() + 1}
+    prefix_table = (seq_ids // seqs_per_prefix)[:, None] * prefix_blocks + torch.arange(
+        prefix_blocks, device=dev
+    )
+    own_table = (
+        num_prefixes * prefix_blocks
+        + seq_ids[:, None] * own_blocks
+        + torch.arange(own_blocks, device=dev)
+    )
+    tables = {
+        "shared": torch.cat([prefix_table, own_table], 1).int() + 1,
+        "unique": (seq_ids[:, None] * seq_blocks + torch.arange(seq_blocks, device=dev)).int() + 1,
+    }
     q = torch.randn(num_seqs, num_heads, HEAD_DIM, device=dev, dtype=dtype)
     starts = torch.arange(num_seqs + 1, dtype=torch.int32)
     seq_lens = torch.full((num_seqs,), context, dtype=torch.int32)
@@ -224,11 +276,21 @@ def shared_prefix_decode(num_prefixes: int = 16, seqs_per_prefix: int = 32, pref
     for layout, order in (("unique", order_random), ("shared", order_random), ("shared", seq_ids)):
         table = tables[layout][order]
         meta = AttentionMetadata(
-            num_tokens=num_seqs, num_seqs=num_seqs, max_query_len=1, max_seq_len=context,
-            query_start_loc=starts.to(dev), seq_lens=seq_lens.to(dev), slot_mapping=torch.empty(0, device=dev),
-            block_table=table, query_start_loc_cpu=starts, seq_lens_cpu=seq_lens)
+            num_tokens=num_seqs,
+            num_seqs=num_seqs,
+            max_query_len=1,
+            max_seq_len=context,
+            query_start_loc=starts.to(dev),
+            seq_lens=seq_lens.to(dev),
+            slot_mapping=torch.empty(0, device=dev),
+            block_table=table,
+            query_start_loc_cpu=starts,
+            seq_lens_cpu=seq_lens,
+        )
         out = torch.full_like(q, float("nan"))
-        call = lambda: triton_paged.varlen_attention(q[order], kv_cache, meta, HEAD_DIM ** -0.5, None, out=out)  # noqa: E731
+        call = lambda: triton_paged.varlen_attention(
+            q[order], kv_cache, meta, HEAD_DIM**-0.5, None, out=out
+        )  # noqa: E731
         ms = time_ms(call)
         name = f"{layout}, {'grouped' if order is seq_ids else 'random'} order"
         outputs[name] = out[torch.argsort(order)].float()
@@ -264,9 +326,11 @@ def two_streams(q, kv_cache, meta, out, decodes_on_side: bool, decodes_first: bo
     memory-bound decodes and the compute-bound prompts may share the SMs; -> a call."""
     side = torch.cuda.Stream(priority=-1 if priority else 0)
     decodes = lambda: triton_paged._launch(  # noqa: E731
-        q, kv_cache, meta, HEAD_DIM ** -0.5, None, out, meta.num_decodes, order=meta.decode_order)
+        q, kv_cache, meta, HEAD_DIM**-0.5, None, out, meta.num_decodes, order=meta.decode_order
+    )
     prompts = lambda: triton_paged._launch(  # noqa: E731
-        q, kv_cache, meta, HEAD_DIM ** -0.5, None, out, meta.num_seqs, first_seq=meta.num_decodes)
+        q, kv_cache, meta, HEAD_DIM**-0.5, None, out, meta.num_seqs, first_seq=meta.num_decodes
+    )
     on_side, on_main = (decodes, prompts) if decodes_on_side else (prompts, decodes)
     side_first = decodes_first == decodes_on_side
 
@@ -280,6 +344,7 @@ def two_streams(q, kv_cache, meta, out, decodes_on_side: bool, decodes_first: bo
         if side_first:
             on_main()
         main.wait_stream(side)
+
     return call
 
 
@@ -290,24 +355,40 @@ def mixed_step(name: str) -> list[dict]:
     qd, cache_d, meta_d, _, _ = make_case(num_decodes, context - 1, 1, num_heads, num_kv_heads)
     qp, cache_p, meta_p, _, flops = make_case(num_prompts, 0, prompt_len, num_heads, num_kv_heads)
     cols = max(meta_d.block_table.shape[1], meta_p.block_table.shape[1])
-    table = torch.cat([F.pad(meta_d.block_table, (0, cols - meta_d.block_table.shape[1])),
-                       F.pad(meta_p.block_table + cache_d.shape[1], (0, cols - meta_p.block_table.shape[1]))])
+    table = torch.cat(
+        [
+            F.pad(meta_d.block_table, (0, cols - meta_d.block_table.shape[1])),
+            F.pad(meta_p.block_table + cache_d.shape[1], (0, cols - meta_p.block_table.shape[1])),
+        ]
+    )
     qsl = torch.cat([meta_d.query_start_loc_cpu, meta_p.query_start_loc_cpu[1:] + num_decodes])
     seq_lens = torch.cat([meta_d.seq_lens_cpu, meta_p.seq_lens_cpu])
     q, kv_cache = torch.cat([qd, qp]), torch.cat([cache_d, cache_p], 1)
     meta = AttentionMetadata(
-        num_tokens=q.shape[0], num_seqs=seq_lens.numel(), max_query_len=prompt_len, max_seq_len=int(seq_lens.max()),
-        query_start_loc=qsl.cuda(), seq_lens=seq_lens.cuda(), slot_mapping=torch.empty(0, device="cuda"),
-        block_table=table, query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens)
+        num_tokens=q.shape[0],
+        num_seqs=seq_lens.numel(),
+        max_query_len=prompt_len,
+        max_seq_len=int(seq_lens.max()),
+        query_start_loc=qsl.cuda(),
+        seq_lens=seq_lens.cuda(),
+        slot_mapping=torch.empty(0, device="cuda"),
+        block_table=table,
+        query_start_loc_cpu=qsl,
+        seq_lens_cpu=seq_lens,
+    )
     order = torch.argsort(-meta_d.seq_lens_cpu.long(), stable=True).to(torch.int32).cuda()
     split = dataclasses.replace(meta, num_decodes=num_decodes, decode_order=order)
     kv_bytes = 2 * num_decodes * context * num_kv_heads * HEAD_DIM * kv_cache.element_size()
-    runs = {"one launch": (q, kv_cache, meta), "decodes apart": (q, kv_cache, split),
-            "decodes alone": (qd, cache_d, meta_d), "prompts alone": (qp, cache_p, meta_p)}
+    runs = {
+        "one launch": (q, kv_cache, meta),
+        "decodes apart": (q, kv_cache, split),
+        "decodes alone": (qd, cache_d, meta_d),
+        "prompts alone": (qp, cache_p, meta_p),
+    }
     rows, outs = [], {}
     for label, (rq, cache, m) in runs.items():
         out = torch.full_like(rq, float("nan"))
-        call = lambda: triton_paged.varlen_attention(rq, cache, m, HEAD_DIM ** -0.5, None, out=out)  # noqa: E731
+        call = lambda: triton_paged.varlen_attention(rq, cache, m, HEAD_DIM**-0.5, None, out=out)  # noqa: E731
         row = dict(case=name, config=label, ms=time_ms(call))
         outs[label] = out.float()
         print(json.dumps(row), flush=True)
@@ -321,8 +402,10 @@ def mixed_step(name: str) -> list[dict]:
         print(json.dumps(row), flush=True)
         rows.append(row)
     err = (outs["one launch"] - outs["decodes apart"]).abs().max().item()
-    print(f"\n{name}: {num_decodes} decodes x {context} keys ({kv_bytes / 1e9:.2f} GB of KV) + "
-          f"{num_prompts} prompts x {prompt_len} ({flops / 1e12:.2f} TFLOP); one launch vs two: max diff {err:.4f}")
+    print(
+        f"\n{name}: {num_decodes} decodes x {context} keys ({kv_bytes / 1e9:.2f} GB of KV) + "
+        f"{num_prompts} prompts x {prompt_len} ({flops / 1e12:.2f} TFLOP); one launch vs two: max diff {err:.4f}"
+    )
     for row in rows:
         print(f"  {row['config']:16} {row['ms']:8.3f} ms")
     return rows
@@ -331,25 +414,46 @@ def mixed_step(name: str) -> list[dict]:
 def print_decode_table(rows: list[dict]) -> None:
     print(f"\n{'case':16} {'config':26} {'ms':>8} {'GB/s':>7} {'max err':>8}")
     for name in DECODE_CASES:
-        case_rows = sorted((r for r in rows if r["case"] == name), key=lambda r: (r["ms"] != r["ms"], r["ms"]))
+        case_rows = sorted(
+            (r for r in rows if r["case"] == name), key=lambda r: (r["ms"] != r["ms"], r["ms"])
+        )
         for row in case_rows[:4] + [r for r in case_rows[4:] if r["default"]]:
             mark = " (default)" if row["default"] else ""
-            print(f"{row['case']:16} {row['config'][:26]:26} {row['ms']:8.4f} {row['gbs']:7.0f} {row['err']:8.4f}{mark}")
+            print(
+                f"{row['case']:16} {row['config'][:26]:26} {row['ms']:8.4f} {row['gbs']:7.0f} {row['err']:8.4f}{mark}"
+            )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sweep", action="store_true", help="try block_m x warps x stages x block_n")
+    parser.add_argument(
+        "--sweep", action="store_true", help="try block_m x warps x stages x block_n"
+    )
     parser.add_argument("--decode", action="store_true", help="sweep the decode settings instead")
-    parser.add_argument("--shared-prefix", action="store_true",
-                        help="T3's decode steps: shared prefixes, batch order random vs grouped")
-    parser.add_argument("--mixed", action="store_true",
-                        help="mixed steps: decodes in the prompts' launch vs a decode launch of their own")
-    parser.add_argument("--spread", type=int, default=1,
-                        help="--decode: blocks drawn from a pool this many times larger than they fill")
-    parser.add_argument("--configs", default=None,
-                        help="--decode: only these block_n x warps x stages, e.g. 128x4x3,32x4x2")
-    parser.add_argument("--cases", default=None, help="--decode: only these cases, e.g. decode-t1,decode-t2")
+    parser.add_argument(
+        "--shared-prefix",
+        action="store_true",
+        help="T3's decode steps: shared prefixes, batch order random vs grouped",
+    )
+    parser.add_argument(
+        "--mixed",
+        action="store_true",
+        help="mixed steps: decodes in the prompts' launch vs a decode launch of their own",
+    )
+    parser.add_argument(
+        "--spread",
+        type=int,
+        default=1,
+        help="--decode: blocks drawn from a pool this many times larger than they fill",
+    )
+    parser.add_argument(
+        "--configs",
+        default=None,
+        help="--decode: only these block_n x warps x stages, e.g. 128x4x3,32x4x2",
+    )
+    parser.add_argument(
+        "--cases", default=None, help="--decode: only these cases, e.g. decode-t1,decode-t2"
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.shared_prefix:
@@ -360,8 +464,11 @@ def main() -> None:
             mixed_step(name)
         return
     if args.decode:
-        configs = DECODE_SWEEP if args.configs is None else [
-            tuple(int(v) for v in c.split("x")) for c in args.configs.split(",")]
+        configs = (
+            DECODE_SWEEP
+            if args.configs is None
+            else [tuple(int(v) for v in c.split("x")) for c in args.configs.split(",")]
+        )
         cases = list(DECODE_CASES) if args.cases is None else args.cases.split(",")
         rows = [row for name in cases for row in run_decode_case(name, args.spread, configs)]
         if args.json:
@@ -371,16 +478,24 @@ def main() -> None:
     default = current_settings(PREFILL_SETTINGS)
     configs = [default]
     if args.sweep:
-        configs += [c for c in itertools.product([64, 128], [4, 8], [2, 3], [64, 128]) if c != default]
+        configs += [
+            c for c in itertools.product([64, 128], [4, 8], [2, 3], [64, 128]) if c != default
+        ]
     rows = [row for name in CASES for row in run_case(name, configs)]
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     print(f"\n{'case':14} {'config':22} {'ms':>8} {'TFLOP/s':>8} {'max err':>8}")
     for name in CASES:
-        case_rows = sorted((r for r in rows if r["case"] == name), key=lambda r: (r["ms"] != r["ms"], r["ms"]))
-        shown = case_rows[:4] + [r for r in case_rows[4:] if r["config"] in ("sdpa", rows[1]["config"])]
+        case_rows = sorted(
+            (r for r in rows if r["case"] == name), key=lambda r: (r["ms"] != r["ms"], r["ms"])
+        )
+        shown = case_rows[:4] + [
+            r for r in case_rows[4:] if r["config"] in ("sdpa", rows[1]["config"])
+        ]
         for row in shown:
-            print(f"{row['case']:14} {row['config']:22} {row['ms']:8.3f} {row['tflops']:8.1f} {row['err']:8.4f}")
+            print(
+                f"{row['case']:14} {row['config']:22} {row['ms']:8.3f} {row['tflops']:8.1f} {row['err']:8.4f}"
+            )
 
 
 if __name__ == "__main__":

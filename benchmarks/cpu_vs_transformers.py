@@ -7,6 +7,7 @@ lengths uniform in [16, 512], `--output-len` tokens each (ignore_eos, greedy). t
 loads the same GGUF and runs `generate` on left-padded batches; the best of the batch sizes
 tried is reported. One warm-up each. Prints a table last.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,9 +47,12 @@ def time_transformers(prompts: list[list[int]], output_len: int, batch_size: int
     from pagedlm.config import default_model_path
 
     path = Path(default_model_path())
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                 dtype=torch.float32).eval()
-    kwargs = dict(max_new_tokens=output_len, min_new_tokens=output_len, do_sample=False, pad_token_id=0)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    kwargs = dict(
+        max_new_tokens=output_len, min_new_tokens=output_len, do_sample=False, pad_token_id=0
+    )
 
     def run(batch: list[list[int]]) -> None:
         width = max(map(len, batch))
@@ -60,12 +64,14 @@ def time_transformers(prompts: list[list[int]], output_len: int, batch_size: int
     run(prompts[:2])
     start = time.perf_counter()
     for i in range(0, len(prompts), batch_size):
-        run(prompts[i:i + batch_size])
+        run(prompts[i : i + batch_size])
     return time.perf_counter() - start
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--batch-sizes", default="16,64")
@@ -74,10 +80,23 @@ def main() -> None:
     num_out = args.num_prompts * args.output_len
     rows = [("pagedlm", time_pagedlm(prompts, args.output_len))]
     for batch in map(int, args.batch_sizes.split(",")):
-        rows.append((f"transformers generate, batch {batch}", time_transformers(prompts, args.output_len, batch)))
+        rows.append(
+            (
+                f"transformers generate, batch {batch}",
+                time_transformers(prompts, args.output_len, batch),
+            )
+        )
     best_peer = min(t for name, t in rows[1:])
-    print(json.dumps({"prompt_tokens": sum(map(len, prompts)), "output_tokens": num_out,
-                      "seconds": dict(rows), "threads": torch.get_num_threads()}))
+    print(
+        json.dumps(
+            {
+                "prompt_tokens": sum(map(len, prompts)),
+                "output_tokens": num_out,
+                "seconds": dict(rows),
+                "threads": torch.get_num_threads(),
+            }
+        )
+    )
     print(f"\n{'engine':36} {'seconds':>8} {'out tok/s':>10}")
     for name, seconds in rows:
         print(f"{name:36} {seconds:8.1f} {num_out / seconds:10.1f}")

@@ -29,6 +29,7 @@ Variants: '+'-joined parts, "base" for the defaults:
 - nopN: N empty one-program PDL kernels after each layer's prepare_qkv (the cost of a kernel boundary);
 - spN: every decode attention takes N splits (1: the varlen kernel, no split and no merge) whatever the shape.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_workloads import MODELS  # noqa: E402
 from host_step import replay_gpu_us  # noqa: E402
+
 from pagedlm import LLM, SamplingParams  # noqa: E402
 from pagedlm.attention import triton_backend, triton_decode  # noqa: E402
 from pagedlm.model import llama  # noqa: E402
@@ -60,7 +62,11 @@ from pagedlm.ops import gemv, pdl  # noqa: E402
 def settings(variant: str):
     """The variant's settings applied inside the block (see the module notes), restored after."""
     saved = gemv.default_config
-    saved_split = triton_decode.SPLIT_BLOCK_N, triton_decode.SPLIT_NUM_WARPS, triton_decode.SPLIT_NUM_STAGES
+    saved_split = (
+        triton_decode.SPLIT_BLOCK_N,
+        triton_decode.SPLIT_NUM_WARPS,
+        triton_decode.SPLIT_NUM_STAGES,
+    )
     saved_gemv = gemv.MAX_FMA_K, gemv.MAX_CHUNKS_PER_SLICE
     saved_prepare = llama.prepare_qkv
     saved_choose = triton_backend.choose_num_splits
@@ -100,7 +106,11 @@ def settings(variant: str):
         llama.prepare_qkv = saved_prepare
         triton_backend.choose_num_splits = saved_choose
         saved.cache_clear()
-        triton_decode.SPLIT_BLOCK_N, triton_decode.SPLIT_NUM_WARPS, triton_decode.SPLIT_NUM_STAGES = saved_split
+        (
+            triton_decode.SPLIT_BLOCK_N,
+            triton_decode.SPLIT_NUM_WARPS,
+            triton_decode.SPLIT_NUM_STAGES,
+        ) = saved_split
 
 
 def fixed_splits(num_splits: int, *shape: int) -> int:
@@ -116,44 +126,67 @@ def _empty_kernel(PDL: tl.constexpr):
 def with_empty_launches(prepare_qkv, count: int):
     """prepare_qkv followed by `count` one-program kernels that only wait (PDL) and let the next
     launch: what one kernel boundary costs in the batch-1 chain."""
+
     def prepare(qkv, *args, **kwargs):
         q = prepare_qkv(qkv, *args, **kwargs)
         for _ in range(count):
             _empty_kernel[(1,)](**pdl.launch_args(qkv.device))
         return q
+
     return prepare
 
 
 def is_small_bf16_row(num_rows: int, n: int, k: int, dtype: torch.dtype) -> bool:
     """A single-row 16-bit GEMV of a weight the default rule cuts into one-tile slices."""
-    return num_rows == 1 and dtype != torch.float32 and n * k * dtype.itemsize <= gemv.PRELOAD_MAX_BYTES
+    return (
+        num_rows == 1
+        and dtype != torch.float32
+        and n * k * dtype.itemsize <= gemv.PRELOAD_MAX_BYTES
+    )
 
 
 def one_tile_slices(default, block_n: int, block_k: int):
     def config(num_rows: int, n: int, k: int, dtype: torch.dtype) -> gemv.GemvConfig:
         if is_small_bf16_row(num_rows, n, k, dtype):
-            return gemv.GemvConfig(block_n, block_k, split_k=triton.cdiv(k, block_k), num_warps=1, num_stages=1)
+            return gemv.GemvConfig(
+                block_n, block_k, split_k=triton.cdiv(k, block_k), num_warps=1, num_stages=1
+            )
         return default(num_rows, n, k, dtype)
+
     return config
 
 
 def streamed_tiles(default, block_n: int, block_k: int):
     """Single-row GEMVs of weights larger than gemv.PRELOAD_MAX_BYTES stream N x K tiles (one warp)."""
+
     def config(num_rows: int, n: int, k: int, dtype: torch.dtype) -> gemv.GemvConfig:
-        if num_rows == 1 and dtype != torch.float32 and n * k * dtype.itemsize > gemv.PRELOAD_MAX_BYTES:
-            return gemv.with_auto_split_k(gemv.GemvConfig(block_n, block_k, num_warps=1, num_stages=1), n, k)
+        if (
+            num_rows == 1
+            and dtype != torch.float32
+            and n * k * dtype.itemsize > gemv.PRELOAD_MAX_BYTES
+        ):
+            return gemv.with_auto_split_k(
+                gemv.GemvConfig(block_n, block_k, num_warps=1, num_stages=1), n, k
+            )
         return default(num_rows, n, k, dtype)
+
     return config
 
 
 def parse_matrix_config(part: str) -> tuple[int, int, gemv.GemvConfig]:
-    """"mNxK=BNxBKsS" or "mNxK=BNxBKsSwW" -> (N, K, its config); W warps a program (default 1)."""
+    """ "mNxK=BNxBKsS" or "mNxK=BNxBKsSwW" -> (N, K, its config); W warps a program (default 1)."""
     shape, tiles = part[1:].split("=")
     n, k = (int(v) for v in shape.split("x"))
     tile, split = tiles.split("s")
     split_k, _, warps = split.partition("w")
     block_n, block_k = (int(v) for v in tile.split("x"))
-    return n, k, gemv.GemvConfig(block_n, block_k, split_k=int(split_k), num_warps=int(warps or 1), num_stages=1)
+    return (
+        n,
+        k,
+        gemv.GemvConfig(
+            block_n, block_k, split_k=int(split_k), num_warps=int(warps or 1), num_stages=1
+        ),
+    )
 
 
 def one_matrix(default, n: int, k: int, matrix_config: gemv.GemvConfig):
@@ -161,6 +194,7 @@ def one_matrix(default, n: int, k: int, matrix_config: gemv.GemvConfig):
         if num_rows == 1 and (rows, cols) == (n, k):
             return matrix_config
         return default(num_rows, rows, cols, dtype)
+
     return config
 
 
@@ -169,6 +203,7 @@ def streamed_chunks(default):
         if is_small_bf16_row(num_rows, n, k, dtype):
             return gemv.with_auto_split_k(gemv.GemvConfig(8, 256, num_warps=1, num_stages=1), n, k)
         return default(num_rows, n, k, dtype)
+
     return config
 
 
@@ -176,9 +211,16 @@ def dummy_llm(folder: str, shape: str, batch_size: int, context: int) -> LLM:
     """An engine over the shape's dummy weights in bf16, for decode batches of batch_size rows."""
     config = MODELS[shape]
     (Path(folder) / "config.json").write_text(json.dumps(config))
-    return LLM(folder, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True, seed=0,
-               max_num_seqs=batch_size, max_model_len=config["max_position_embeddings"],
-               max_num_batched_tokens=max(16384, batch_size * (context + 1)))
+    return LLM(
+        folder,
+        load_format="dummy",
+        dtype="bfloat16",
+        skip_tokenizer_init=True,
+        seed=0,
+        max_num_seqs=batch_size,
+        max_model_len=config["max_position_embeddings"],
+        max_num_batched_tokens=max(16384, batch_size * (context + 1)),
+    )
 
 
 def fill_decode_batch(llm: LLM, batch_size: int, context: int) -> int:
@@ -186,12 +228,16 @@ def fill_decode_batch(llm: LLM, batch_size: int, context: int) -> int:
     batch (seq_len context + 1), whose rows fill its graph's size exactly; -> that graph size."""
     rng = random.Random(0)
     prompts = [[rng.randrange(100, 30000) for _ in range(context)] for _ in range(batch_size)]
-    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    llm.generate(
+        prompts, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False
+    )
     runner = llm.llm_engine.engine_core.model_runner
     size = runner.sizes.decode_graph_size(batch_size)
     seq_lens = runner._inputs.sections(size, size).tensors["seq_lens"]  # the graphs' layout
     if not bool((seq_lens == context + 1).all()):
-        raise RuntimeError(f"the last step was not one decode of the whole batch: seq_lens {seq_lens.tolist()}")
+        raise RuntimeError(
+            f"the last step was not one decode of the whole batch: seq_lens {seq_lens.tolist()}"
+        )
     return size
 
 
@@ -224,16 +270,30 @@ def main() -> None:
             for variant in variants:
                 runner._last_sampled.copy_(first_ids)
                 times[variant].append(replay_gpu_us(graphs[variant], size))
-                outputs.setdefault(variant, graphs[variant]._outputs[size, None][:args.batch_size].float().clone())
+                outputs.setdefault(
+                    variant, graphs[variant]._outputs[size, None][: args.batch_size].float().clone()
+                )
     first = outputs[variants[0]]
-    rows = [dict(variant=v, us=statistics.median(times[v]), min_us=min(times[v]), max_us=max(times[v]),
-                 max_abs_diff=(outputs[v] - first).abs().max().item()) for v in variants]
-    print(f"\n{args.shape}, batch {args.batch_size}, context {args.context}: decode-graph replay, "
-          f"GPU µs (median of {args.rounds} rounds of 200 replays)")
+    rows = [
+        dict(
+            variant=v,
+            us=statistics.median(times[v]),
+            min_us=min(times[v]),
+            max_us=max(times[v]),
+            max_abs_diff=(outputs[v] - first).abs().max().item(),
+        )
+        for v in variants
+    ]
+    print(
+        f"\n{args.shape}, batch {args.batch_size}, context {args.context}: decode-graph replay, "
+        f"GPU µs (median of {args.rounds} rounds of 200 replays)"
+    )
     print(f"{'variant':24} {'median':>8} {'min':>8} {'max':>8} {'vs first':>9} {'max |diff|':>10}")
     for row in rows:
-        print(f"{row['variant']:24} {row['us']:8.1f} {row['min_us']:8.1f} {row['max_us']:8.1f} "
-              f"{row['us'] / rows[0]['us'] - 1:+9.1%} {row['max_abs_diff']:10.4f}")
+        print(
+            f"{row['variant']:24} {row['us']:8.1f} {row['min_us']:8.1f} {row['max_us']:8.1f} "
+            f"{row['us'] / rows[0]['us'] - 1:+9.1%} {row['max_abs_diff']:10.4f}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(dict(vars(args), rows=rows), indent=1))
 

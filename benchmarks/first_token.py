@@ -11,6 +11,7 @@ prefill from the fixed cost of a call. Then one generate(max_tokens=1) under tor
 busy time within it: a prefill the host cannot launch fast enough leaves the GPU idle) and, with
 --host-profile, under cProfile (the host's functions by own time).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_workloads import model_dir, workload  # noqa: E402
 from step_timeline import gpu_activities, idle_gaps  # noqa: E402
+
 from pagedlm import LLM, SamplingParams  # noqa: E402
 
 
@@ -74,14 +76,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workload", default="L2", help="L1 or L2")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--host-profile", default=None, help="write cProfile's tables of a first token here")
+    parser.add_argument(
+        "--host-profile", default=None, help="write cProfile's tables of a first token here"
+    )
     parser.add_argument("--engine-args", default="{}", help="JSON dict of extra LLM(...) arguments")
     args = parser.parse_args()
     model, prompts, max_tokens, _, overrides = workload(args.workload)
     prompt, n = prompts[0], max_tokens[0]
     with tempfile.TemporaryDirectory() as tmp:
-        llm = LLM(model_dir(model, Path(tmp)), load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True,
-                  **overrides, **json.loads(args.engine_args))
+        llm = LLM(
+            model_dir(model, Path(tmp)),
+            load_format="dummy",
+            dtype="bfloat16",
+            skip_tokenizer_init=True,
+            **overrides,
+            **json.loads(args.engine_args),
+        )
         timed(llm, prompt, 8, 2)  # warm-up
         rows = []
         for name, ids in ((f"{len(prompt)}-token prompt", prompt), ("1-token prompt", prompt[:1])):
@@ -90,16 +100,28 @@ def main() -> None:
             rows.append((name, t1, t2, tn, step, t2 - t1 - step))  # the first decode step's extra
         if args.host_profile:
             host_profile(llm, prompt, Path(args.host_profile))
-        busy = gpu_busy_ms(llm, prompt, Path(tmp) / "trace.json") if torch.cuda.is_available() else None
-    print(f"{args.workload} ({model}) {args.engine_args}, median of {args.repeats}; ms unless marked")
-    print(f"{'prompt':>20} {'t(1)':>8} {'t(2)':>8} {'t(' + str(n) + ')':>8} {'step µs':>8} {'t2-t1-step':>10} {'tok/s':>8}")
+        busy = (
+            gpu_busy_ms(llm, prompt, Path(tmp) / "trace.json")
+            if torch.cuda.is_available()
+            else None
+        )
+    print(
+        f"{args.workload} ({model}) {args.engine_args}, median of {args.repeats}; ms unless marked"
+    )
+    print(
+        f"{'prompt':>20} {'t(1)':>8} {'t(2)':>8} {'t(' + str(n) + ')':>8} {'step µs':>8} {'t2-t1-step':>10} {'tok/s':>8}"
+    )
     for name, t1, t2, tn, step, rest in rows:
-        print(f"{name:>20} {t1 * 1e3:8.3f} {t2 * 1e3:8.3f} {tn * 1e3:8.2f} {step * 1e6:8.1f} "
-              f"{rest * 1e3:10.3f} {n / tn:8.1f}")
+        print(
+            f"{name:>20} {t1 * 1e3:8.3f} {t2 * 1e3:8.3f} {tn * 1e3:8.2f} {step * 1e6:8.1f} "
+            f"{rest * 1e3:10.3f} {n / tn:8.1f}"
+        )
     if busy:
         wall, busy_ms, span = busy
-        print(f"generate(max_tokens=1) of the {len(prompt)}-token prompt under torch.profiler: wall {wall:.3f} ms, "
-              f"GPU busy {busy_ms:.3f} ms over {span:.3f} ms from its first to last GPU activity")
+        print(
+            f"generate(max_tokens=1) of the {len(prompt)}-token prompt under torch.profiler: wall {wall:.3f} ms, "
+            f"GPU busy {busy_ms:.3f} ms over {span:.3f} ms from its first to last GPU activity"
+        )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ call; the median of REPLAYS replays / calls. TB/s = weight bytes / time. Error: 
 fp32| on weight 0. --sweep also times a small set of launch configs per row (compiles dominate).
 Rows print as JSON lines as they finish; a table and per-model decode-step sums come at the end.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,12 +31,35 @@ from pagedlm.ops.activation import silu_and_mul  # noqa: E402
 from pagedlm.ops.gemv import GemvConfig, default_config, gemv, launch_split_k, with_auto_split_k  # noqa: E402
 
 MODELS = {  # name: (num_layers, {matrix: (N, K)})
-    "qwen3-0.6b": (28, {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072),
-                        "down+silu": (1024, 3072), "lm_head": (151936, 1024)}),
-    "llama3-8b": (32, {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
-                       "down+silu": (4096, 14336), "lm_head": (128256, 4096)}),
+    "qwen3-0.6b": (
+        28,
+        {
+            "qkv": (4096, 1024),
+            "o": (1024, 2048),
+            "gate_up": (6144, 1024),
+            "down": (1024, 3072),
+            "down+silu": (1024, 3072),
+            "lm_head": (151936, 1024),
+        },
+    ),
+    "llama3-8b": (
+        32,
+        {
+            "qkv": (6144, 4096),
+            "o": (4096, 4096),
+            "gate_up": (28672, 4096),
+            "down": (4096, 14336),
+            "down+silu": (4096, 14336),
+            "lm_head": (128256, 4096),
+        },
+    ),
 }
-STEP_MATRICES = ("qkv", "o", "gate_up", "down+silu")  # one decoder layer's GEMMs (down with its activation)
+STEP_MATRICES = (
+    "qkv",
+    "o",
+    "gate_up",
+    "down+silu",
+)  # one decoder layer's GEMMs (down with its activation)
 RING_BYTES = 256 << 20
 MIN_CALLS, REPLAYS = 20, 5
 DTYPE, DEVICE = torch.bfloat16, "cuda"
@@ -47,13 +71,20 @@ def sweep_configs(num_rows: int, n: int, k: int, default: GemvConfig) -> list[Ge
     (so no launch twice), the default config (timed already) left out."""
     tiles = []
     if num_rows <= 4:
-        tiles += [GemvConfig(block_n, block_k, num_warps=1, num_stages=1)
-                  for block_n, block_k in ((4, 512), (8, 256), (8, 512), (16, 256))]
+        tiles += [
+            GemvConfig(block_n, block_k, num_warps=1, num_stages=1)
+            for block_n, block_k in ((4, 512), (8, 256), (8, 512), (16, 256))
+        ]
     if num_rows == 1:
-        tiles += [GemvConfig(8, 256, num_warps=1, num_stages=2), GemvConfig(16, 256, num_warps=2, num_stages=1)]
+        tiles += [
+            GemvConfig(8, 256, num_warps=1, num_stages=2),
+            GemvConfig(16, 256, num_warps=2, num_stages=1),
+        ]
     if num_rows >= 2:
-        tiles += [GemvConfig(block_n, block_k, num_warps=4, num_stages=3, use_dot=True)
-                  for block_n, block_k in ((64, 128), (128, 64))]
+        tiles += [
+            GemvConfig(block_n, block_k, num_warps=4, num_stages=3, use_dot=True)
+            for block_n, block_k in ((64, 128), (128, 64))
+        ]
     splits = [with_auto_split_k(tile, n, k) for tile in tiles]
     splits += [dataclasses.replace(c, split_k=c.split_k * f) for c in splits for f in (2, 4)]
     configs = dict.fromkeys(as_launched(c, k) for c in splits + tiles)
@@ -94,7 +125,9 @@ def time_us(call, ring: int) -> float:
 class Row:
     """One (model, matrix, M): its weights ring, input, reference and the measurements so far."""
 
-    def __init__(self, model: str, matrix: str, n: int, k: int, num_rows: int, weights: list[torch.Tensor]):
+    def __init__(
+        self, model: str, matrix: str, n: int, k: int, num_rows: int, weights: list[torch.Tensor]
+    ):
         self.model, self.matrix, self.n, self.k, self.num_rows = model, matrix, n, k, num_rows
         self.weights, self.act = weights, "silu_and_mul" if matrix == "down+silu" else None
         self.x = torch.randn(num_rows, 2 * k if self.act else k, device=DEVICE, dtype=DTYPE)
@@ -108,9 +141,18 @@ class Row:
     def measure(self, impl: str, call, label: str) -> dict:
         err = (call(0).float() - self.ref).abs().max().item()
         us = time_us(call, len(self.weights))
-        result = dict(model=self.model, matrix=self.matrix, n=self.n, k=self.k, m=self.num_rows, impl=impl,
-                      config=label, us=round(us, 2), tbps=round(self.n * self.k * DTYPE.itemsize / us / 1e6, 3),
-                      max_abs_err=err)
+        result = dict(
+            model=self.model,
+            matrix=self.matrix,
+            n=self.n,
+            k=self.k,
+            m=self.num_rows,
+            impl=impl,
+            config=label,
+            us=round(us, 2),
+            tbps=round(self.n * self.k * DTYPE.itemsize / us / 1e6, 3),
+            max_abs_err=err,
+        )
         print(json.dumps(result), flush=True)
         if impl != "sweep":
             self.results[impl] = result
@@ -118,15 +160,26 @@ class Row:
             self.results["best"] = result
 
     def run(self, sweep: bool) -> None:
-        self.measure("cublas", self.cublas, "F.linear" + (" after silu_and_mul" if self.act else ""))
+        self.measure(
+            "cublas", self.cublas, "F.linear" + (" after silu_and_mul" if self.act else "")
+        )
         config = default_config(self.num_rows, self.n, self.k, DTYPE)
         self.measure("gemv", self.gemv_call(config), config_label(config, self.k))
         for other in sweep_configs(self.num_rows, self.n, self.k, config) if sweep else []:
             try:
                 self.measure("sweep", self.gemv_call(other), config_label(other, self.k))
             except Exception as exc:  # a config the compiler refuses: say so, go on
-                print(json.dumps(dict(matrix=self.matrix, m=self.num_rows, config=config_label(other, self.k),
-                                      error=str(exc)[:160])), flush=True)
+                print(
+                    json.dumps(
+                        dict(
+                            matrix=self.matrix,
+                            m=self.num_rows,
+                            config=config_label(other, self.k),
+                            error=str(exc)[:160],
+                        )
+                    ),
+                    flush=True,
+                )
         self.weights = []  # the ring is the caller's; only the results stay
 
     def gemv_call(self, config: GemvConfig):
@@ -139,13 +192,17 @@ def make_weights(n: int, k: int) -> list[torch.Tensor]:
 
 
 def print_table(rows: list[Row]) -> None:
-    print(f"\n{'model':<11} {'matrix':<9} {'N':>6} {'K':>6} {'M':>2} | {'cuBLAS us':>9} {'TB/s':>5} | "
-          f"{'gemv us':>8} {'TB/s':>5} {'err':>8} | {'best us':>8} {'TB/s':>5}  best config")
+    print(
+        f"\n{'model':<11} {'matrix':<9} {'N':>6} {'K':>6} {'M':>2} | {'cuBLAS us':>9} {'TB/s':>5} | "
+        f"{'gemv us':>8} {'TB/s':>5} {'err':>8} | {'best us':>8} {'TB/s':>5}  best config"
+    )
     for row in rows:
         cublas, ours, best = (row.results[key] for key in ("cublas", "gemv", "best"))
-        print(f"{row.model:<11} {row.matrix:<9} {row.n:>6} {row.k:>6} {row.num_rows:>2} | "
-              f"{cublas['us']:>9.2f} {cublas['tbps']:>5.2f} | {ours['us']:>8.2f} {ours['tbps']:>5.2f} "
-              f"{ours['max_abs_err']:>8.1e} | {best['us']:>8.2f} {best['tbps']:>5.2f}  {best['config']}")
+        print(
+            f"{row.model:<11} {row.matrix:<9} {row.n:>6} {row.k:>6} {row.num_rows:>2} | "
+            f"{cublas['us']:>9.2f} {cublas['tbps']:>5.2f} | {ours['us']:>8.2f} {ours['tbps']:>5.2f} "
+            f"{ours['max_abs_err']:>8.1e} | {best['us']:>8.2f} {best['tbps']:>5.2f}  {best['config']}"
+        )
 
 
 def print_step_sums(rows: list[Row]) -> None:
@@ -157,22 +214,33 @@ def print_step_sums(rows: list[Row]) -> None:
             sums = {}
             for impl in ("cublas", "gemv", "best"):
                 try:
-                    layer = sum(by_key[model, matrix, num_rows][impl]["us"] for matrix in STEP_MATRICES)
+                    layer = sum(
+                        by_key[model, matrix, num_rows][impl]["us"] for matrix in STEP_MATRICES
+                    )
                     sums[impl] = num_layers * layer + by_key[model, "lm_head", num_rows][impl]["us"]
                 except KeyError:  # a matrix filtered out of this run
                     break
             if len(sums) == 3:
-                print(f"{model:<11} M={num_rows}: cuBLAS {sums['cublas']:8.1f}  gemv {sums['gemv']:8.1f}  "
-                      f"best {sums['best']:8.1f}", flush=True)
+                print(
+                    f"{model:<11} M={num_rows}: cuBLAS {sums['cublas']:8.1f}  gemv {sums['gemv']:8.1f}  "
+                    f"best {sums['best']:8.1f}",
+                    flush=True,
+                )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sweep", action="store_true", help="also time a small set of launch configs")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--sweep", action="store_true", help="also time a small set of launch configs"
+    )
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--matrices", default=None, help="comma-separated subset, e.g. o,down+silu")
     parser.add_argument("--m", default="1,2,4,8", help="batch sizes (rows of x)")
-    parser.add_argument("--json", default=None, help="also write every finished row's results here (JSON list)")
+    parser.add_argument(
+        "--json", default=None, help="also write every finished row's results here (JSON list)"
+    )
     args = parser.parse_args()
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
     start = time.perf_counter()

@@ -6,6 +6,7 @@
 Models are dummy-weight configs of real shapes (written to a temp folder), bf16, prompts as
 token ids, ignore_eos, one warm-up before each timed generate call. Prints a table last.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,22 +22,49 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MODELS = {
     "qwen3-0.6b": {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024,
-        "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
-        "head_dim": 128, "intermediate_size": 3072, "vocab_size": 151936,
-        "tie_word_embeddings": True, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 40960, "hidden_act": "silu", "torch_dtype": "bfloat16",
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": 1024,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 3072,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 40960,
+        "hidden_act": "silu",
+        "torch_dtype": "bfloat16",
     },
     "llama3-8b": {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "intermediate_size": 14336, "vocab_size": 128256, "rope_theta": 500000.0,
-        "rms_norm_eps": 1e-5, "max_position_embeddings": 8192, "hidden_act": "silu",
-        "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 128256,
+        "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 8192,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
     },
 }
-VLLM = {"L1": 201.4, "L2": 528, "T0-llama3-8b": 6707, "T0-qwen3-0.6b": 21114, "T1": 21406,
-        "T2": 8518, "T3-on": 7684, "T3-off": 1914}
+VLLM = {
+    "L1": 201.4,
+    "L2": 528,
+    "T0-llama3-8b": 6707,
+    "T0-qwen3-0.6b": 21114,
+    "T1": 21406,
+    "T2": 8518,
+    "T3-on": 7684,
+    "T3-off": 1914,
+}
 BANDWIDTH = 4.23e12  # bytes/s, measured device copy bandwidth
 PEAK_FLOPS = 797e12  # bf16 GEMM
 
@@ -63,7 +91,9 @@ def workload(wid: str) -> tuple[str, list[list[int]], list[int], float, dict]:
         return model, random_prompts(rng, 256, 512), [128] * 256, 0.0, {}
     if wid == "T1":  # nano-vllm's bench.py
         random.seed(0)
-        prompts = [[random.randint(0, 10000) for _ in range(random.randint(100, 1024))] for _ in range(256)]
+        prompts = [
+            [random.randint(0, 10000) for _ in range(random.randint(100, 1024))] for _ in range(256)
+        ]
         max_tokens = [random.randint(100, 1024) for _ in range(256)]
         return "qwen3-0.6b", prompts, max_tokens, 0.6, {}
     if wid == "T2":
@@ -72,11 +102,19 @@ def workload(wid: str) -> tuple[str, list[list[int]], list[int], float, dict]:
         prefixes = random_prompts(rng, 16, 2048)
         prompts = [p + s for p in prefixes for s in random_prompts(rng, 32, 128)]
         rng.shuffle(prompts)
-        return "llama3-8b", prompts, [128] * len(prompts), 0.0, {"enable_prefix_caching": wid == "T3-on"}
+        return (
+            "llama3-8b",
+            prompts,
+            [128] * len(prompts),
+            0.0,
+            {"enable_prefix_caching": wid == "T3-on"},
+        )
     raise ValueError(f"unknown workload {wid}")
 
 
-def run_pagedlm(llm, prompts, max_tokens, temperature, repeats: int) -> tuple[list[float], list[dict]]:
+def run_pagedlm(
+    llm, prompts, max_tokens, temperature, repeats: int
+) -> tuple[list[float], list[dict]]:
     """-> (seconds of each timed call, what each call paid besides the work: Triton compiles and
     cudaMalloc calls of the caching allocator)."""
     import torch
@@ -84,8 +122,10 @@ def run_pagedlm(llm, prompts, max_tokens, temperature, repeats: int) -> tuple[li
     from pagedlm import SamplingParams
     from pagedlm.ops.jit_watch import compile_watch
 
-    params = [SamplingParams(temperature=temperature, max_tokens=m, ignore_eos=True, seed=i)
-              for i, m in enumerate(max_tokens)]
+    params = [
+        SamplingParams(temperature=temperature, max_tokens=m, ignore_eos=True, seed=i)
+        for i, m in enumerate(max_tokens)
+    ]
     inputs = [{"prompt_token_ids": p} for p in prompts]
     llm.generate(inputs[:8], params[:8], use_tqdm=False)  # warm-up
     times, costs = [], []
@@ -97,15 +137,22 @@ def run_pagedlm(llm, prompts, max_tokens, temperature, repeats: int) -> tuple[li
         times.append(time.perf_counter() - start)
         after = torch.cuda.memory_stats()
         compiles = compile_watch().since(first_compile)
-        costs.append({"compiles": len(compiles), "compile_s": round(sum(e.seconds for e in compiles), 3),
-                      "compiled": sorted({e.kernel for e in compiles}),
-                      "cuda_mallocs": after["num_device_alloc"] - stats["num_device_alloc"],
-                      "alloc_retries": after["num_alloc_retries"] - stats["num_alloc_retries"]})
+        costs.append(
+            {
+                "compiles": len(compiles),
+                "compile_s": round(sum(e.seconds for e in compiles), 3),
+                "compiled": sorted({e.kernel for e in compiles}),
+                "cuda_mallocs": after["num_device_alloc"] - stats["num_device_alloc"],
+                "alloc_retries": after["num_alloc_retries"] - stats["num_alloc_retries"],
+            }
+        )
         assert sum(len(o.outputs[0].token_ids) for o in outs) == sum(max_tokens)
     return times, costs
 
 
-def run_transformers_t0(path: str, prompts: list[list[int]], output_len: int, batch: int = 64) -> float:
+def run_transformers_t0(
+    path: str, prompts: list[list[int]], output_len: int, batch: int = 64
+) -> float:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -118,7 +165,7 @@ def run_transformers_t0(path: str, prompts: list[list[int]], output_len: int, ba
     torch.cuda.synchronize()
     start = time.perf_counter()
     for i in range(0, len(prompts), batch):
-        chunk = ids[i:i + batch]
+        chunk = ids[i : i + batch]
         model.generate(chunk, attention_mask=torch.ones_like(chunk), **kwargs)
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
@@ -128,13 +175,23 @@ def run_transformers_t0(path: str, prompts: list[list[int]], output_len: int, ba
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workloads", default="L2,T0-qwen3-0.6b,T1,L1,T0-llama3-8b,T3-on,T3-off,T2")
-    parser.add_argument("--peer", action="store_true", help="also time transformers' generate on T0")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--workloads", default="L2,T0-qwen3-0.6b,T1,L1,T0-llama3-8b,T3-on,T3-off,T2"
+    )
+    parser.add_argument(
+        "--peer", action="store_true", help="also time transformers' generate on T0"
+    )
     parser.add_argument("--json", default=None)
     parser.add_argument("--engine-args", default="{}", help="JSON dict of extra LLM(...) arguments")
-    parser.add_argument("--write-model", choices=sorted(MODELS), default=None,
-                        help="only write that shape's config.json to a new temp folder, print it")
+    parser.add_argument(
+        "--write-model",
+        choices=sorted(MODELS),
+        default=None,
+        help="only write that shape's config.json to a new temp folder, print it",
+    )
     args = parser.parse_args()
     if args.write_model:
         print(model_dir(args.write_model, Path(tempfile.mkdtemp())))
@@ -142,6 +199,7 @@ def main() -> None:
     import torch
 
     from pagedlm import LLM
+
     extra = json.loads(args.engine_args)
     root = Path(tempfile.mkdtemp())
     rows, llms = [], {}
@@ -151,15 +209,29 @@ def main() -> None:
         if key not in llms:
             llms.clear()
             torch.cuda.empty_cache()
-            llms[key] = LLM(model_dir(model, root), load_format="dummy", dtype="bfloat16",
-                            skip_tokenizer_init=True, **overrides, **extra)
+            llms[key] = LLM(
+                model_dir(model, root),
+                load_format="dummy",
+                dtype="bfloat16",
+                skip_tokenizer_init=True,
+                **overrides,
+                **extra,
+            )
         repeats = 3 if wid in ("L1", "L2") else 1
         times, costs = run_pagedlm(llms[key], prompts, max_tokens, temperature, repeats)
         elapsed = statistics.median(times)
         out_tps = sum(max_tokens) / elapsed
         total_tps = (sum(map(len, prompts)) + sum(max_tokens)) / elapsed
-        row = {"id": wid, "model": model, "seconds": elapsed, "output_tok_s": out_tps,
-               "total_tok_s": total_tps, "vllm": VLLM.get(wid), "all_times": times, "costs": costs}
+        row = {
+            "id": wid,
+            "model": model,
+            "seconds": elapsed,
+            "output_tok_s": out_tps,
+            "total_tok_s": total_tps,
+            "vllm": VLLM.get(wid),
+            "all_times": times,
+            "costs": costs,
+        }
         rows.append(row)
         print(json.dumps(row), flush=True)
     llms.clear()

@@ -35,6 +35,7 @@ graphs whose replay launches nothing and whose logits and argmax are static tens
 replay is one API call, and the LM head, argmax and input gather run inside it); both timings
 then time that path, the "full" one with the tiny forward for prefills only.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,10 +62,19 @@ from pagedlm.worker.cuda_graphs import DecodeGraphs  # noqa: E402
 from pagedlm.worker.sizes import MAX_LOGITS_ROWS  # noqa: E402
 
 TINY_QWEN3 = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 64,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-    "intermediate_size": 128, "tie_word_embeddings": True, "rope_theta": 1000000.0,
-    "rms_norm_eps": 1e-6, "max_position_embeddings": 40960, "hidden_act": "silu",
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 128,
+    "tie_word_embeddings": True,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 40960,
+    "hidden_act": "silu",
 }
 
 
@@ -75,11 +85,12 @@ class ForwardStub:
     def __init__(self, model: Any, max_num_tokens: int) -> None:
         self._model = model
         weight = model.model.embed_tokens.weight  # [vocab_size, hidden_size]
-        self._hidden = torch.zeros(max_num_tokens, weight.shape[1], dtype=weight.dtype,
-                                   device=weight.device)  # [max_num_tokens, hidden_size]
+        self._hidden = torch.zeros(
+            max_num_tokens, weight.shape[1], dtype=weight.dtype, device=weight.device
+        )  # [max_num_tokens, hidden_size]
 
     def __call__(self, input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return self._hidden[:input_ids.shape[0]]
+        return self._hidden[: input_ids.shape[0]]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
@@ -122,14 +133,27 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--count-ops", action="store_true")
-    parser.add_argument("--shape", default=None, choices=["qwen3-0.6b", "llama3-8b"],
-                        help="a real model's shape in bf16 instead of the tiny body (GPU)")
+    parser.add_argument(
+        "--shape",
+        default=None,
+        choices=["qwen3-0.6b", "llama3-8b"],
+        help="a real model's shape in bf16 instead of the tiny body (GPU)",
+    )
     parser.add_argument("--profile", default=None, help="write a cProfile of one host run here")
-    parser.add_argument("--ragged", action="store_true", help="requests finish one by one (T1-like)")
-    parser.add_argument("--temperature", type=float, default=0.0,
-                        help="> 0: sample at this temperature, a seed per request (T1: 0.6)")
-    parser.add_argument("--graphs", action="store_true",
-                        help="CPU: decode steps take the CUDA-graph path over stand-in graphs")
+    parser.add_argument(
+        "--ragged", action="store_true", help="requests finish one by one (T1-like)"
+    )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="> 0: sample at this temperature, a seed per request (T1: 0.6)",
+    )
+    parser.add_argument(
+        "--graphs",
+        action="store_true",
+        help="CPU: decode steps take the CUDA-graph path over stand-in graphs",
+    )
     args = parser.parse_args()
     if args.graphs and args.device != "cpu":
         parser.error("--graphs stands in for CUDA graphs on the CPU; on CUDA the real ones run")
@@ -144,10 +168,18 @@ def _build(folder: Path, args: argparse.Namespace) -> LLM:
     else:
         config, dtype = dict(TINY_QWEN3, vocab_size=args.vocab), "float32"
     (folder / "config.json").write_text(json.dumps(config))
-    return LLM(str(folder), load_format="dummy", dtype=dtype, device=args.device,
-               skip_tokenizer_init=True, async_scheduling=True, max_num_seqs=1024,
-               max_num_batched_tokens=16384, max_model_len=config["max_position_embeddings"],
-               seed=0)
+    return LLM(
+        str(folder),
+        load_format="dummy",
+        dtype=dtype,
+        device=args.device,
+        skip_tokenizer_init=True,
+        async_scheduling=True,
+        max_num_seqs=1024,
+        max_num_batched_tokens=16384,
+        max_model_len=config["max_position_embeddings"],
+        seed=0,
+    )
 
 
 def _params(num_prompts: int, args: argparse.Namespace) -> list[SamplingParams]:
@@ -155,11 +187,22 @@ def _params(num_prompts: int, args: argparse.Namespace) -> list[SamplingParams]:
     every request args.output_len tokens, or with --ragged from [output_len / 4, output_len], the
     last one output_len (so the run takes output_len decode steps either way)."""
     rng = random.Random(1)
-    lengths = [rng.randint(max(args.output_len // 4, 1), args.output_len) if args.ragged else args.output_len
-               for _ in range(num_prompts - 1)] + [args.output_len]
+    lengths = [
+        rng.randint(max(args.output_len // 4, 1), args.output_len)
+        if args.ragged
+        else args.output_len
+        for _ in range(num_prompts - 1)
+    ] + [args.output_len]
     temperature = args.temperature
-    return [SamplingParams(temperature=temperature, max_tokens=length, ignore_eos=True,
-                           seed=i if temperature > 0 else None) for i, length in enumerate(lengths)]
+    return [
+        SamplingParams(
+            temperature=temperature,
+            max_tokens=length,
+            ignore_eos=True,
+            seed=i if temperature > 0 else None,
+        )
+        for i, length in enumerate(lengths)
+    ]
 
 
 def _generate(llm: LLM, prompts: list[list[int]], args: argparse.Namespace) -> float:
@@ -179,7 +222,9 @@ def _min_time(llm: LLM, prompts: list[list[int]], args: argparse.Namespace) -> f
     return min(_generate(llm, prompts, args) for _ in range(args.repeats))
 
 
-def _count_ops(llm: LLM, prompts: list[list[int]], args: argparse.Namespace) -> tuple[float, Counter]:
+def _count_ops(
+    llm: LLM, prompts: list[list[int]], args: argparse.Namespace
+) -> tuple[float, Counter]:
     """Aten ops per decode step, counted over the steady steps (first and last 8 left out)."""
     engine = llm.llm_engine
     output_len = args.output_len
@@ -199,7 +244,9 @@ def _count_ops(llm: LLM, prompts: list[list[int]], args: argparse.Namespace) -> 
     return sum(counter.counts.values()) / num_counted, counter.counts
 
 
-def _event_wait_us(llm: LLM, prompts: list[list[int]], args: argparse.Namespace) -> tuple[float, float]:
+def _event_wait_us(
+    llm: LLM, prompts: list[list[int]], args: argparse.Namespace
+) -> tuple[float, float]:
     """(step µs, µs of it the host spent blocked in torch.cuda.Event.synchronize) over one generate
     call (CUDA): each step's event, after its work and its output copy. A host that seldom waits
     is the bottleneck; one that waits most of the step waits for the GPU."""
@@ -226,7 +273,9 @@ def replay_gpu_us(graphs: DecodeGraphs, size: int, num_replays: int = 200) -> fl
     return queued_gpu_us(lambda i: graphs.replay(size), num_replays)
 
 
-def queued_gpu_us(step: Callable[[int], Any], num_steps: int, sleep_cycles: int = 100_000_000) -> float:
+def queued_gpu_us(
+    step: Callable[[int], Any], num_steps: int, sleep_cycles: int = 100_000_000
+) -> float:
     """GPU µs of one step(i) (CUDA only): one run first, then num_steps of them queued behind a GPU
     sleep (long enough for the host to queue them), so that the host's launch time is hidden, timed
     by CUDA events."""
@@ -243,19 +292,29 @@ def queued_gpu_us(step: Callable[[int], Any], num_steps: int, sleep_cycles: int 
 
 def _run_batch(args: argparse.Namespace, batch_size: int, folder: Path) -> dict[str, float]:
     rng = random.Random(0)
-    prompts = [[rng.randrange(2, args.vocab) for _ in range(args.input_len)]
-               for _ in range(batch_size)]
+    prompts = [
+        [rng.randrange(2, args.vocab) for _ in range(args.input_len)] for _ in range(batch_size)
+    ]
     llm = _build(folder, args)
     runner = llm.llm_engine.engine_core.model_runner
     if args.graphs:
-        runner.graphs = HostGraphs(runner.config, runner.model, runner.kv_caches, runner._inputs,
-                                   runner.input_batch.max_num_blocks_per_req, sizes=runner.sizes)
+        runner.graphs = HostGraphs(
+            runner.config,
+            runner.model,
+            runner.kv_caches,
+            runner._inputs,
+            runner.input_batch.max_num_blocks_per_req,
+            sizes=runner.sizes,
+        )
         runner.graphs.capture()
     full_s = _min_time(llm, prompts, args)
     runner.model = ForwardStub(runner.model, runner.max_num_tokens)
     host_s = _min_time(llm, prompts, args)
-    result = {"batch": batch_size, "host_us": host_s / args.output_len * 1e6,
-              "full_us": full_s / args.output_len * 1e6}
+    result = {
+        "batch": batch_size,
+        "host_us": host_s / args.output_len * 1e6,
+        "full_us": full_s / args.output_len * 1e6,
+    }
     # The replay reads the static buffers as the last step laid them out: with --ragged that step
     # had fewer rows than batch_size, and the larger graph would read another layout's sections.
     on_cuda = runner.graphs is not None and not args.graphs and not args.ragged
@@ -269,14 +328,19 @@ def _run_batch(args: argparse.Namespace, batch_size: int, folder: Path) -> dict[
         top = ", ".join(f"{name} {n / num_counted:.1f}" for name, n in counts.most_common(12))
         print(f"batch {batch_size}: aten ops per decode step: {top}")
     if args.profile and batch_size == int(args.batch_sizes.split(",")[0]):
-        cProfile.runctx("_generate(llm, prompts, args)", globals(),
-                        {"llm": llm, "prompts": prompts, "args": args, "_generate": _generate},
-                        args.profile)
+        cProfile.runctx(
+            "_generate(llm, prompts, args)",
+            globals(),
+            {"llm": llm, "prompts": prompts, "args": args, "_generate": _generate},
+            args.profile,
+        )
     if on_cuda:  # last: with the real forward again
         runner.model = runner.model._model
         step_us, wait_us = _event_wait_us(llm, prompts, args)
-        print(f"batch {batch_size}: a step takes {step_us:.1f} µs, of which the host waits {wait_us:.1f} µs "
-              f"for the GPU (event synchronize) and works {step_us - wait_us:.1f} µs")
+        print(
+            f"batch {batch_size}: a step takes {step_us:.1f} µs, of which the host waits {wait_us:.1f} µs "
+            f"for the GPU (event synchronize) and works {step_us - wait_us:.1f} µs"
+        )
     return result
 
 
@@ -287,12 +351,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for batch_size in (int(b) for b in args.batch_sizes.split(",")):
             rows.append(_run_batch(args, batch_size, Path(tmp)))
-    print(f"\nvocab {args.vocab}, {args.input_len} prompt + {args.output_len} output tokens, "
-          f"device {args.device}, min of {args.repeats}"
-          f"{', stand-in CUDA graphs' if args.graphs else ''}{', ragged outputs' if args.ragged else ''}"
-          f"{f', temperature {args.temperature}' if args.temperature else ''}")
-    print("| batch | host µs/step (forward stubbed) | full µs/step (tiny forward) "
-          "| aten ops/step |")
+    print(
+        f"\nvocab {args.vocab}, {args.input_len} prompt + {args.output_len} output tokens, "
+        f"device {args.device}, min of {args.repeats}"
+        f"{', stand-in CUDA graphs' if args.graphs else ''}{', ragged outputs' if args.ragged else ''}"
+        f"{f', temperature {args.temperature}' if args.temperature else ''}"
+    )
+    print(
+        "| batch | host µs/step (forward stubbed) | full µs/step (tiny forward) | aten ops/step |"
+    )
     print("|---|---|---|---|")
     for row in rows:
         ops = f"{row['aten_ops_per_step']:.1f}" if "aten_ops_per_step" in row else ""

@@ -6,6 +6,7 @@ into pagedlm/attention/triton_paged.py (the module constants PREFILL_*).
 The winner has the least total time over all cases among configs that ran every case with a
 max error under 0.05 against SDPA. Prints the ranking; --write edits the constants.
 """
+
 from __future__ import annotations
 
 import argparse

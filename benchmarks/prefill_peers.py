@@ -13,6 +13,7 @@ Rows per case (bf16, head_dim 128, llama3-8b heads 32 / 8 KV):
   gather           copying the batch's k and v out of the paged cache (what a contiguous peer would add)
 Each row's max abs error against sdpa-batched is printed: a broken kernel shows.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,15 @@ CASES = {  # name: (prompts, prompt length)
     "t2-step": (16, 1000),  # T2
 }
 NUM_HEADS, NUM_KV_HEADS = 32, 8
-TRITON_CONFIGS = [(64, 4, 2, 64), (128, 8, 2, 64), (128, 8, 3, 64), (128, 8, 2, 128), (128, 4, 2, 64),
-                  (64, 4, 3, 64), (64, 4, 2, 128)]
+TRITON_CONFIGS = [
+    (64, 4, 2, 64),
+    (128, 8, 2, 64),
+    (128, 8, 3, 64),
+    (128, 8, 2, 128),
+    (128, 4, 2, 64),
+    (64, 4, 3, 64),
+    (64, 4, 2, 128),
+]
 SETTINGS = ("PREFILL_BLOCK_M", "PREFILL_NUM_WARPS", "PREFILL_NUM_STAGES", "PREFILL_BLOCK_N")
 
 
@@ -52,8 +60,12 @@ def sdpa_per_prompt(q, k, v, starts, backend):
     with sdpa_kernel([backend]):
         for lo, hi in zip(starts[:-1], starts[1:]):
             o = F.scaled_dot_product_attention(
-                q[lo:hi].transpose(0, 1).unsqueeze(0), k[lo:hi].transpose(0, 1).unsqueeze(0),
-                v[lo:hi].transpose(0, 1).unsqueeze(0), is_causal=True, enable_gqa=True)
+                q[lo:hi].transpose(0, 1).unsqueeze(0),
+                k[lo:hi].transpose(0, 1).unsqueeze(0),
+                v[lo:hi].transpose(0, 1).unsqueeze(0),
+                is_causal=True,
+                enable_gqa=True,
+            )
             out[lo:hi] = o[0].transpose(0, 1)
     return out
 
@@ -74,6 +86,7 @@ def varlen_call():
 @dataclass
 class PromptCase:
     """One case's inputs (fresh prompts of equal length, no cached context) and its measured rows."""
+
     name: str
     q: torch.Tensor  # [T, H, D]
     kv_cache: torch.Tensor  # the prompts' keys and values, paged
@@ -105,8 +118,14 @@ class PromptCase:
 
 def prompt_case(name: str) -> PromptCase:
     num_prompts, length = CASES[name]
-    q, kv_cache, meta, (sq, sk, sv), flops = make_case(num_prompts, 0, length, NUM_HEADS, NUM_KV_HEADS)
-    want = F.scaled_dot_product_attention(sq, sk, sv, is_causal=True, enable_gqa=True).transpose(1, 2).reshape(q.shape)
+    q, kv_cache, meta, (sq, sk, sv), flops = make_case(
+        num_prompts, 0, length, NUM_HEADS, NUM_KV_HEADS
+    )
+    want = (
+        F.scaled_dot_product_attention(sq, sk, sv, is_causal=True, enable_gqa=True)
+        .transpose(1, 2)
+        .reshape(q.shape)
+    )
     k = sk.transpose(1, 2).reshape(-1, NUM_KV_HEADS, HEAD_DIM).contiguous()
     v = sv.transpose(1, 2).reshape(-1, NUM_KV_HEADS, HEAD_DIM).contiguous()
     starts = [i * length for i in range(num_prompts + 1)]
@@ -115,7 +134,11 @@ def prompt_case(name: str) -> PromptCase:
 
 def sdpa_batched(case: PromptCase) -> torch.Tensor:
     sq, sk, sv = case.sdpa
-    return F.scaled_dot_product_attention(sq, sk, sv, is_causal=True, enable_gqa=True).transpose(1, 2).reshape(case.q.shape)
+    return (
+        F.scaled_dot_product_attention(sq, sk, sv, is_causal=True, enable_gqa=True)
+        .transpose(1, 2)
+        .reshape(case.q.shape)
+    )
 
 
 def run_case(name: str) -> list[dict]:
@@ -123,13 +146,24 @@ def run_case(name: str) -> list[dict]:
     q, kv_cache, meta, k, v, starts = case.q, case.kv_cache, case.meta, case.k, case.v, case.starts
     out = torch.empty_like(q)
     for config in TRITON_CONFIGS:
+
         def ours(config=config):
             with kernel_settings(SETTINGS, config):
-                return triton_paged.varlen_attention(q, kv_cache, meta, HEAD_DIM ** -0.5, None, out=out)
+                return triton_paged.varlen_attention(
+                    q, kv_cache, meta, HEAD_DIM**-0.5, None, out=out
+                )
+
         case.emit("triton {}x{}x{}x{}".format(*config), ours, out)
     from torch.nn.attention import SDPBackend
-    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
-        case.emit(f"sdpa-{backend.name.lower()}", lambda b=backend: sdpa_per_prompt(q, k, v, starts, b))
+
+    for backend in (
+        SDPBackend.FLASH_ATTENTION,
+        SDPBackend.CUDNN_ATTENTION,
+        SDPBackend.EFFICIENT_ATTENTION,
+    ):
+        case.emit(
+            f"sdpa-{backend.name.lower()}", lambda b=backend: sdpa_per_prompt(q, k, v, starts, b)
+        )
     case.emit("sdpa-batched", lambda: sdpa_batched(case))
     varlen = varlen_call()
     length = starts[1]
@@ -138,8 +172,12 @@ def run_case(name: str) -> list[dict]:
     token = torch.arange(q.shape[0], device=q.device)  # every token's cache slot, through the table
     pos = token % length
     blocks = meta.block_table.long()[token // length, pos // 16] * 16 + pos % 16
-    ms = time_ms(lambda: (kv_cache[0].view(-1, NUM_KV_HEADS, HEAD_DIM).index_select(0, blocks),
-                          kv_cache[1].view(-1, NUM_KV_HEADS, HEAD_DIM).index_select(0, blocks)))
+    ms = time_ms(
+        lambda: (
+            kv_cache[0].view(-1, NUM_KV_HEADS, HEAD_DIM).index_select(0, blocks),
+            kv_cache[1].view(-1, NUM_KV_HEADS, HEAD_DIM).index_select(0, blocks),
+        )
+    )
     print(json.dumps(dict(case=name, config="gather", ms=ms)), flush=True)
     case.rows.append(dict(case=name, config="gather", ms=ms, tflops=float("nan"), err=float("nan")))
     return case.rows
@@ -148,7 +186,9 @@ def run_case(name: str) -> list[dict]:
 def print_table(rows: list[dict]) -> None:
     print(f"\n{'case':8} {'config':24} {'ms':>8} {'TFLOP/s':>8} {'max err':>8}")
     for row in rows:
-        print(f"{row['case']:8} {row['config']:24} {row['ms']:8.3f} {row['tflops']:8.1f} {row['err']:8.4f}")
+        print(
+            f"{row['case']:8} {row['config']:24} {row['ms']:8.3f} {row['tflops']:8.1f} {row['err']:8.4f}"
+        )
 
 
 def main() -> None:

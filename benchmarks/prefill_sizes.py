@@ -17,6 +17,7 @@ generate(max_tokens=1) of each of those lengths under torch.profiler (wall, GPU 
 kernels that took the most GPU time) and one under cProfile, written to --profile-dir: which of the
 host and the GPU a length's time waits on.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,7 +42,9 @@ def prompt_of(n: int, vocab: int) -> list[int]:
     return [(31 * i + 7) % vocab for i in range(n)]
 
 
-def profile(llm: LLM, prompt: list[int], stem: Path) -> tuple[float, float, float, list[tuple[str, float]]]:
+def profile(
+    llm: LLM, prompt: list[int], stem: Path
+) -> tuple[float, float, float, list[tuple[str, float]]]:
     """(wall ms, GPU busy ms, GPU span ms, the 6 kernels by GPU ms) of generate(prompt, max_tokens=1);
     its chrome trace and a cProfile of another such call are written next to stem."""
     trace = stem.parent / f"{stem.name}.trace.json"  # not with_suffix: "qwen3-0.6b_256" has a dot
@@ -60,7 +63,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--engine-args", default="{}", help="JSON dict of extra LLM(...) arguments")
     parser.add_argument("--json", default=None)
-    parser.add_argument("--profile-lengths", default="", help="comma-separated prompt lengths to profile")
+    parser.add_argument(
+        "--profile-lengths", default="", help="comma-separated prompt lengths to profile"
+    )
     parser.add_argument("--profile-dir", default=None, help="where the traces and host profiles go")
     args = parser.parse_args()
     lengths = [int(v) for v in args.lengths.split(",")]
@@ -70,23 +75,35 @@ def main() -> None:
     engine_args = json.loads(args.engine_args)
     vocab = MODELS[args.model]["vocab_size"]
     with tempfile.TemporaryDirectory() as tmp:
-        llm = LLM(model_dir(args.model, Path(tmp)), load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True,
-                  max_model_len=max(lengths) + 16, **{"enable_prefix_caching": False, **engine_args})
+        llm = LLM(
+            model_dir(args.model, Path(tmp)),
+            load_format="dummy",
+            dtype="bfloat16",
+            skip_tokenizer_init=True,
+            max_model_len=max(lengths) + 16,
+            **{"enable_prefix_caching": False, **engine_args},
+        )
         timed(llm, [7] * max(lengths), 1, 2)  # warm-up
         seconds = {n: timed(llm, prompt_of(n, vocab), 1, args.repeats) for n in lengths}
         out_dir = Path(args.profile_dir or tmp)
         out_dir.mkdir(parents=True, exist_ok=True)
-        profiles = {n: profile(llm, prompt_of(n, vocab), out_dir / f"{args.model}_{n}") for n in profile_lengths}
+        profiles = {
+            n: profile(llm, prompt_of(n, vocab), out_dir / f"{args.model}_{n}")
+            for n in profile_lengths
+        }
     print(f"{args.model} {args.engine_args}: generate(max_tokens=1), median of {args.repeats}")
     print(f"{'prompt':>7} {'ms':>9} {'µs/token':>9}")
     for n, s in seconds.items():
         print(f"{n:>7} {s * 1e3:9.3f} {s * 1e6 / n:9.2f}")
     for n, (wall, busy, span, kernels) in profiles.items():
-        print(f"{n}-token prompt under torch.profiler: wall {wall:.3f} ms, GPU busy {busy:.3f} ms over {span:.3f} ms; "
-              f"GPU ms by kernel: " + ", ".join(f"{name} {ms:.3f}" for name, ms in kernels))
+        print(
+            f"{n}-token prompt under torch.profiler: wall {wall:.3f} ms, GPU busy {busy:.3f} ms over {span:.3f} ms; "
+            f"GPU ms by kernel: " + ", ".join(f"{name} {ms:.3f}" for name, ms in kernels)
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({"model": args.model, "engine_args": engine_args,
-                                               "seconds": seconds}))
+        Path(args.json).write_text(
+            json.dumps({"model": args.model, "engine_args": engine_args, "seconds": seconds})
+        )
 
 
 if __name__ == "__main__":

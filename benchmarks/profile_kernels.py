@@ -11,6 +11,7 @@ torch.profiler. Eager by default (every kernel launched on its own, so each is n
 resolve into kernels. Prints the kernels sorted by GPU time per step, their launches per step,
 the sum of kernel time per step, and the wall time per step of the profiled steps.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,7 +44,9 @@ def _kernel_table(prof, num_steps: int, top: int) -> float:
     """Prints the top kernels; returns the sum of kernel µs per step."""
     rows = []
     for event in prof.key_averages():
-        device_us = getattr(event, "self_device_time_total", 0) or getattr(event, "self_cuda_time_total", 0)
+        device_us = getattr(event, "self_device_time_total", 0) or getattr(
+            event, "self_cuda_time_total", 0
+        )
         if device_us <= 0 or event.device_type.name != "CUDA":
             continue
         rows.append((device_us / num_steps, event.count / num_steps, event.key))
@@ -60,20 +63,30 @@ def _kernel_table(prof, num_steps: int, top: int) -> float:
 def main() -> None:
     args = _parse_args()
     import torch
+    from gpu_workloads import model_dir
     from torch.profiler import ProfilerActivity, profile
 
-    from gpu_workloads import model_dir
     from pagedlm import LLM, SamplingParams
 
-    llm = LLM(model_dir(args.shape, Path(tempfile.mkdtemp())), load_format="dummy", dtype="bfloat16",
-              skip_tokenizer_init=True, enforce_eager=not args.graphs, seed=0)
+    llm = LLM(
+        model_dir(args.shape, Path(tempfile.mkdtemp())),
+        load_format="dummy",
+        dtype="bfloat16",
+        skip_tokenizer_init=True,
+        enforce_eager=not args.graphs,
+        seed=0,
+    )
     engine = llm.llm_engine
     rng = random.Random(0)
     num_steps = WARM_STEPS + args.steps + 32
     params = SamplingParams(temperature=args.temperature, max_tokens=num_steps, ignore_eos=True)
     for i in range(args.batch_size):
-        engine.add_request(f"p{i}", [rng.randrange(100, 30000) for _ in range(args.input_len)], params,
-                           final_only=True)
+        engine.add_request(
+            f"p{i}",
+            [rng.randrange(100, 30000) for _ in range(args.input_len)],
+            params,
+            final_only=True,
+        )
     prefill_steps = -(-args.batch_size * args.input_len // 8192)  # at most 16384 tokens a step
     for _ in range(prefill_steps + WARM_STEPS if args.skip is None else args.skip):
         engine.step()
@@ -85,8 +98,10 @@ def main() -> None:
         torch.cuda.synchronize()
         wall_us = (time.perf_counter() - start) * 1e6 / args.steps
     mode = "graphs" if args.graphs else "eager"
-    print(f"{args.shape}, batch {args.batch_size}, input {args.input_len}, temperature {args.temperature}, "
-          f"{mode}: {args.steps} steps profiled")
+    print(
+        f"{args.shape}, batch {args.batch_size}, input {args.input_len}, temperature {args.temperature}, "
+        f"{mode}: {args.steps} steps profiled"
+    )
     kernel_us = _kernel_table(prof, args.steps, args.top)
     print(f"wall {wall_us:.1f} µs/step (under the profiler); kernels {kernel_us:.1f} µs/step")
     while engine.has_unfinished_requests():

@@ -22,6 +22,7 @@ milliseconds of one step over --repeats steps after two warm-up steps, per setti
 the process's CPU time, which other jobs on a shared machine do not inflate; on CUDA, wall time
 between synchronizations).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,10 +45,17 @@ SETTINGS = {
     "random": dict(temperature=1.0, seed=0),
     "top_p": dict(temperature=0.8, top_p=0.9, seed=0),
     "top_k": dict(temperature=0.8, top_k=50, seed=0),
-    "penalties": dict(temperature=0.8, repetition_penalty=1.1, presence_penalty=0.5, frequency_penalty=0.5,
-                      seed=0),
-    "full": dict(temperature=0.8, top_p=0.9, repetition_penalty=1.1, presence_penalty=0.5,
-                 frequency_penalty=0.5, seed=0),
+    "penalties": dict(
+        temperature=0.8, repetition_penalty=1.1, presence_penalty=0.5, frequency_penalty=0.5, seed=0
+    ),
+    "full": dict(
+        temperature=0.8,
+        top_p=0.9,
+        repetition_penalty=1.1,
+        presence_penalty=0.5,
+        frequency_penalty=0.5,
+        seed=0,
+    ),
 }
 
 
@@ -62,7 +70,11 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--sampler-only", action="store_true", help="time the sampler alone")
-    parser.add_argument("--profile", default="", help="--sampler-only: comma-separated settings to profile a step of")
+    parser.add_argument(
+        "--profile",
+        default="",
+        help="--sampler-only: comma-separated settings to profile a step of",
+    )
     parser.add_argument("--num-rows", type=int, default=32, help="--sampler-only: batch rows")
     parser.add_argument("--vocab-size", type=int, default=49152, help="--sampler-only")
     return parser.parse_args()
@@ -93,8 +105,9 @@ class SamplerClock:
         SamplingState.sample = timed_sample
 
 
-def _run(llm: LLM, prompts: list[list[int]], setting: str, output_len: int,
-         clock: SamplerClock) -> Run:
+def _run(
+    llm: LLM, prompts: list[list[int]], setting: str, output_len: int, clock: SamplerClock
+) -> Run:
     """One generate call of the setting, timed (other jobs on a shared machine inflate the wall
     time, much less the process's CPU time)."""
     params = SamplingParams(max_tokens=output_len, ignore_eos=True, **SETTINGS[setting])
@@ -102,8 +115,11 @@ def _run(llm: LLM, prompts: list[list[int]], setting: str, output_len: int,
     outputs = llm.generate(prompts, params, use_tqdm=False)
     elapsed, elapsed_cpu = time.perf_counter() - start, time.process_time() - start_cpu
     num_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    return Run(num_tokens / elapsed, num_tokens / elapsed_cpu,
-               (clock.seconds - start_sampler) / elapsed_cpu)
+    return Run(
+        num_tokens / elapsed,
+        num_tokens / elapsed_cpu,
+        (clock.seconds - start_sampler) / elapsed_cpu,
+    )
 
 
 def _sampler_step_ms(args: argparse.Namespace, setting: str) -> list[float]:
@@ -113,8 +129,12 @@ def _sampler_step_ms(args: argparse.Namespace, setting: str) -> list[float]:
     state = SamplingState(args.num_rows, args.vocab_size, device, seed=0)
     params = SamplingParams(max_tokens=args.output_len + args.repeats + 2, **SETTINGS[setting])
     for row in range(args.num_rows):
-        state.add_request(row, params, rng.integers(0, args.vocab_size, args.input_len).tolist(),
-                          rng.integers(0, args.vocab_size, args.output_len).tolist())
+        state.add_request(
+            row,
+            params,
+            rng.integers(0, args.vocab_size, args.input_len).tolist(),
+            rng.integers(0, args.vocab_size, args.output_len).tolist(),
+        )
     gen = torch.Generator().manual_seed(0)
     logits = (torch.randn(args.num_rows, args.vocab_size, generator=gen) * 2).to(device)
     work = torch.empty_like(logits)
@@ -135,8 +155,13 @@ def _sampler_step_ms(args: argparse.Namespace, setting: str) -> list[float]:
     return times[2:]
 
 
-def _profile_step(state: SamplingState, work: torch.Tensor, logits: torch.Tensor, rows_np: np.ndarray,
-                  setting: str) -> None:
+def _profile_step(
+    state: SamplingState,
+    work: torch.Tensor,
+    logits: torch.Tensor,
+    rows_np: np.ndarray,
+    setting: str,
+) -> None:
     """One more step under torch.profiler: its kernels by device time, and the host's time."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if work.is_cuda:
@@ -154,8 +179,10 @@ def _profile_step(state: SamplingState, work: torch.Tensor, logits: torch.Tensor
 def sampler_only(args: argparse.Namespace) -> None:
     times = {setting: _sampler_step_ms(args, setting) for setting in SETTINGS}
     base = statistics.median(times["greedy"])
-    print(f"sampler alone: [{args.num_rows}, {args.vocab_size}] float32 logits, device "
-          f"{args.device}, torch threads {torch.get_num_threads()}; median of {args.repeats} steps")
+    print(
+        f"sampler alone: [{args.num_rows}, {args.vocab_size}] float32 logits, device "
+        f"{args.device}, torch threads {torch.get_num_threads()}; median of {args.repeats} steps"
+    )
     print("| setting | ms per step (median) | steps | vs greedy |")
     print("|---|---|---|---|")
     for setting, values in times.items():
@@ -169,13 +196,21 @@ def main() -> None:
     if args.sampler_only:
         sampler_only(args)
         return
-    llm = LLM(args.model, load_format=args.load_format, device=args.device, dtype="float32",
-              skip_tokenizer_init=True, max_model_len=args.input_len + args.output_len + 16,
-              enable_prefix_caching=False, max_num_batched_tokens=args.max_num_batched_tokens)
+    llm = LLM(
+        args.model,
+        load_format=args.load_format,
+        device=args.device,
+        dtype="float32",
+        skip_tokenizer_init=True,
+        max_model_len=args.input_len + args.output_len + 16,
+        enable_prefix_caching=False,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
     vocab_size = llm.llm_engine.model_config.vocab_size
     rng = np.random.default_rng(0)
-    prompts = [rng.integers(100, vocab_size, args.input_len).tolist()
-               for _ in range(args.num_prompts)]
+    prompts = [
+        rng.integers(100, vocab_size, args.input_len).tolist() for _ in range(args.num_prompts)
+    ]
     clock = SamplerClock()
     for setting in SETTINGS:  # warm-up
         _run(llm, prompts[:4], setting, 4, clock)
@@ -189,18 +224,24 @@ def main() -> None:
 def _print_runs(args: argparse.Namespace, runs: dict[str, list[Run]]) -> None:
     base = statistics.median(r.rate for r in runs["greedy"])
     base_cpu = statistics.median(r.cpu_rate for r in runs["greedy"])
-    print(f"{args.num_prompts} prompts x {args.input_len} tokens, {args.output_len} output tokens, "
-          f"device {args.device}, load_format {args.load_format}; median of {args.repeats}")
-    print("| setting | output tok/s (median) | runs | vs greedy | tok per CPU-second | vs greedy "
-          "| sampler share of CPU time |")
+    print(
+        f"{args.num_prompts} prompts x {args.input_len} tokens, {args.output_len} output tokens, "
+        f"device {args.device}, load_format {args.load_format}; median of {args.repeats}"
+    )
+    print(
+        "| setting | output tok/s (median) | runs | vs greedy | tok per CPU-second | vs greedy "
+        "| sampler share of CPU time |"
+    )
     print("|---|---|---|---|---|---|---|")
     for setting, values in runs.items():
         rate = statistics.median(r.rate for r in values)
         cpu_rate = statistics.median(r.cpu_rate for r in values)
         share = statistics.median(r.sampler_share for r in values)
         rates = ", ".join(f"{r.rate:.0f}" for r in values)
-        print(f"| {setting} | {rate:.1f} | {rates} | {100 * (rate / base - 1):+.1f}% "
-              f"| {cpu_rate:.1f} | {100 * (cpu_rate / base_cpu - 1):+.1f}% | {100 * share:.1f}% |")
+        print(
+            f"| {setting} | {rate:.1f} | {rates} | {100 * (rate / base - 1):+.1f}% "
+            f"| {cpu_rate:.1f} | {100 * (cpu_rate / base_cpu - 1):+.1f}% | {100 * share:.1f}% |"
+        )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ by batch size, prefill attention counted like decode), but it ranks schedules; t
 Prints per workload: steps, preemptions, tokens computed against the tokens the workload needs,
 the modelled time and output tokens/s, the largest batch.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,13 +43,18 @@ def prompts_for(wid: str) -> tuple[list[list[int]], list[int], bool]:
     return prompts, max_tokens, overrides.get("enable_prefix_caching", True)
 
 
-def scheduled_steps(wid: str, growth_reserve: bool, num_blocks: int = NUM_BLOCKS
-                    ) -> Iterator[tuple[Scheduler, SchedulerOutput]]:
+def scheduled_steps(
+    wid: str, growth_reserve: bool, num_blocks: int = NUM_BLOCKS
+) -> Iterator[tuple[Scheduler, SchedulerOutput]]:
     """(the scheduler, its plan) per step of the workload's schedule, before the step's output (a token
     for every sampling request) goes back to it. num_computed_tokens already counts the step's tokens."""
     prompts, max_tokens, caching = prompts_for(wid)
-    sched = Scheduler(SchedulerConfig(max_num_seqs=1024, max_num_batched_tokens=16384),
-                      CacheConfig(block_size=16, enable_prefix_caching=caching), num_blocks, MAX_MODEL_LEN)
+    sched = Scheduler(
+        SchedulerConfig(max_num_seqs=1024, max_num_batched_tokens=16384),
+        CacheConfig(block_size=16, enable_prefix_caching=caching),
+        num_blocks,
+        MAX_MODEL_LEN,
+    )
     sched.growth = GrowthEstimate(MAX_MODEL_LEN, enabled=growth_reserve)
     for i, (prompt, num_out) in enumerate(zip(prompts, max_tokens)):
         params = SamplingParams(max_tokens=num_out, ignore_eos=True)
@@ -57,7 +63,9 @@ def scheduled_steps(wid: str, growth_reserve: bool, num_blocks: int = NUM_BLOCKS
         plan = sched.schedule()
         yield sched, plan
         ids = sorted(plan.sampling_req_ids)
-        sched.update_from_output(plan, ModelRunnerOutput(req_ids=ids, sampled_token_ids=[[7] for _ in ids]))
+        sched.update_from_output(
+            plan, ModelRunnerOutput(req_ids=ids, sampled_token_ids=[[7] for _ in ids])
+        )
 
 
 def simulate(wid: str, growth_reserve: bool) -> str:
@@ -73,18 +81,22 @@ def simulate(wid: str, growth_reserve: bool) -> str:
     prompts, max_tokens, _ = prompts_for(wid)
     num_outputs = sum(max_tokens)
     needed = sum(map(len, prompts)) + num_outputs - len(prompts)  # the last token needs no KV
-    return (f"{wid:7} reserve={'on ' if growth_reserve else 'off'} steps {num_steps:5d}  preemptions "
-            f"{sched.num_preemptions:4d}  tokens computed {num_computed:9d} ({num_computed / needed - 1:+.1%} "
-            f"vs needed)  model {seconds:6.1f} s = {num_outputs / seconds:6.0f} out tok/s  max batch {max_batch}")
+    return (
+        f"{wid:7} reserve={'on ' if growth_reserve else 'off'} steps {num_steps:5d}  preemptions "
+        f"{sched.num_preemptions:4d}  tokens computed {num_computed:9d} ({num_computed / needed - 1:+.1%} "
+        f"vs needed)  model {seconds:6.1f} s = {num_outputs / seconds:6.0f} out tok/s  max batch {max_batch}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workloads", default="T2,T3-off,T3-on")
-    parser.add_argument("--no-growth-reserve", action="store_true", help="only admission by the prompt")
+    parser.add_argument(
+        "--no-growth-reserve", action="store_true", help="only admission by the prompt"
+    )
     args = parser.parse_args()
     for wid in args.workloads.split(","):
-        for reserve in ([False] if args.no_growth_reserve else [False, True]):
+        for reserve in [False] if args.no_growth_reserve else [False, True]:
             print(simulate(wid, reserve), flush=True)
 
 

@@ -17,6 +17,7 @@ The model ignores host time (hidden by async scheduling, measured GPU-busy 99%+)
 reads shared prefixes' KV (T3-on) at DRAM speed where the GPU serves them from L2: T3-on is not
 modelled (it comes out 20% slow).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,7 +45,12 @@ PREFILL_FLOPS_PER_S = 300e12  # prefill_peers.py: 256-323 TFLOP/s on 1-2k prompt
 ELEMENTWISE_S_PER_TOKEN = 1.5e-6  # RMSNorm 104 ms + SiLU 108 + prepare_qkv 41 over T0's 164k tokens
 ELEMENTWISE_S_PER_STEP = 0.5e-3  # ~160 small launches of a decode step at ~3 µs
 BANDWIDTH = 4.23e12
-MEASURED_OUT_TOK_S = {"T0-llama3-8b": 7266.8, "T2": 9183.1, "T3-off": 1989.6, "T3-on": 8588.1}  # session 15
+MEASURED_OUT_TOK_S = {
+    "T0-llama3-8b": 7266.8,
+    "T2": 9183.1,
+    "T3-off": 1989.6,
+    "T3-on": 8588.1,
+}  # session 15
 
 
 @dataclass
@@ -57,7 +63,9 @@ class Step:
 
 @dataclass
 class Rates:
-    small_gemm_rate: float | None = None  # FLOP/s for GEMMs of <= SMALL_ROWS rows, bounded below by the
+    small_gemm_rate: float | None = (
+        None  # FLOP/s for GEMMs of <= SMALL_ROWS rows, bounded below by the
+    )
     # weight read and above by the measured time; None: as measured
     gemm_scale: float = 1.0  # multiplies every GEMM's time, down to that weight-read floor
     decode_kv_bytes_per_s: float = DECODE_KV_BYTES_PER_S
@@ -90,12 +98,23 @@ def step_seconds(step: Step, rates: Rates) -> dict[str, float]:
     if rates.small_gemm_rate is not None and step.rows <= SMALL_ROWS:
         gemm = min(gemm, max(floor, step.rows * LINEAR_FLOPS_PER_TOKEN / rates.small_gemm_rate))
     gemm = max(floor, gemm * rates.gemm_scale) if gemm > floor else gemm
-    lm_head = max(LM_HEAD_BYTES / BANDWIDTH, step.sampled * LM_HEAD_FLOPS_PER_ROW / LM_HEAD_RATE) if step.sampled else 0.0
+    lm_head = (
+        max(LM_HEAD_BYTES / BANDWIDTH, step.sampled * LM_HEAD_FLOPS_PER_ROW / LM_HEAD_RATE)
+        if step.sampled
+        else 0.0
+    )
     decode = step.decode_kv_tokens * KV_BYTES_PER_TOKEN / rates.decode_kv_bytes_per_s
     prefill = 4 * 128 * 32 * NUM_LAYERS * step.prefill_visible / rates.prefill_flops_per_s
-    elementwise = max(step.rows * ELEMENTWISE_S_PER_TOKEN, ELEMENTWISE_S_PER_STEP) * rates.elementwise_scale
-    return {"GEMMs": gemm, "LM head": lm_head, "decode attention": decode, "prompt attention": prefill,
-            "elementwise": elementwise}
+    elementwise = (
+        max(step.rows * ELEMENTWISE_S_PER_TOKEN, ELEMENTWISE_S_PER_STEP) * rates.elementwise_scale
+    )
+    return {
+        "GEMMs": gemm,
+        "LM head": lm_head,
+        "decode attention": decode,
+        "prompt attention": prefill,
+        "elementwise": elementwise,
+    }
 
 
 def schedule(wid: str) -> list[Step]:
@@ -104,12 +123,16 @@ def schedule(wid: str) -> list[Step]:
     for sched, plan in scheduled_steps(wid, growth_reserve=True, num_blocks=NUM_BLOCKS):
         decode_kv = visible = 0
         for req_id, num in plan.num_scheduled_tokens.items():
-            context = sched.requests[req_id].num_computed_tokens - num  # schedule() has counted this step's
+            context = (
+                sched.requests[req_id].num_computed_tokens - num
+            )  # schedule() has counted this step's
             if num == 1:
                 decode_kv += context + 1
             else:
                 visible += num * context + num * (num + 1) // 2
-        steps.append(Step(plan.total_num_scheduled_tokens, len(plan.sampling_req_ids), decode_kv, visible))
+        steps.append(
+            Step(plan.total_num_scheduled_tokens, len(plan.sampling_req_ids), decode_kv, visible)
+        )
     return steps
 
 
@@ -129,13 +152,17 @@ def main() -> None:
             for name, seconds in step_seconds(step, Rates()).items():
                 parts[name] = parts.get(name, 0.0) + seconds
         total = sum(parts.values())
-        print(f"\n{wid}: {len(steps)} steps; modelled {total:.1f} s ({num_outputs / total:,.0f} out tok/s), "
-              f"measured {measured_s:.1f} s ({MEASURED_OUT_TOK_S[wid]:,.0f})")
+        print(
+            f"\n{wid}: {len(steps)} steps; modelled {total:.1f} s ({num_outputs / total:,.0f} out tok/s), "
+            f"measured {measured_s:.1f} s ({MEASURED_OUT_TOK_S[wid]:,.0f})"
+        )
         for name, seconds in parts.items():
             print(f"  {name:18} {seconds:7.2f} s  {seconds / total:5.1%}")
         for label, rates in SCENARIOS.items():
             seconds = sum(sum(step_seconds(step, rates).values()) for step in steps)
-            print(f"  what if {label:42} {num_outputs / seconds:9,.0f} out tok/s ({total / seconds - 1:+.1%})")
+            print(
+                f"  what if {label:42} {num_outputs / seconds:9,.0f} out tok/s ({total / seconds - 1:+.1%})"
+            )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ copy to the next), in order: start from the step's start, duration, and the gap 
 activity's end (negative where PDL overlaps them), to see which kernels of a batch-1 layer leave
 DRAM idle and for how long.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_workloads import model_dir, workload  # noqa: E402
+
 from pagedlm import LLM, SamplingParams  # noqa: E402
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -42,8 +44,11 @@ EDGE_FRACTION = 0.08  # of the run's time left out at each end (prefill, ramp, d
 def gpu_activities(trace_path: Path) -> list[tuple[float, float, str]]:
     """(start µs, end µs, name) of every GPU activity in a chrome trace, by start."""
     events = json.loads(trace_path.read_text())["traceEvents"]
-    spans = [(e["ts"], e["ts"] + e.get("dur", 0), e["name"]) for e in events
-             if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES]
+    spans = [
+        (e["ts"], e["ts"] + e.get("dur", 0), e["name"])
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES
+    ]
     return sorted(spans)
 
 
@@ -51,7 +56,9 @@ def short(name: str) -> str:
     return name if len(name) <= 48 else name[:45] + "..."
 
 
-def idle_gaps(spans: list[tuple[float, float, str]]) -> tuple[float, float, list[tuple[float, str, str]]]:
+def idle_gaps(
+    spans: list[tuple[float, float, str]],
+) -> tuple[float, float, list[tuple[float, str, str]]]:
     """(busy µs, span µs, gaps (µs, activity before, activity after)) over the merged intervals."""
     busy, gaps = 0.0, []
     cur_start, cur_end, cur_name = spans[0]
@@ -69,22 +76,37 @@ def idle_gaps(spans: list[tuple[float, float, str]]) -> tuple[float, float, list
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workload", default="L1", help="a gpu_workloads.py workload id (L1, L2, T1, ...)")
-    parser.add_argument("--output-len", type=int, default=96, help="L1/L2: output tokens (shorter than theirs)")
+    parser.add_argument(
+        "--workload", default="L1", help="a gpu_workloads.py workload id (L1, L2, T1, ...)"
+    )
+    parser.add_argument(
+        "--output-len", type=int, default=96, help="L1/L2: output tokens (shorter than theirs)"
+    )
     parser.add_argument("--trace", default=None, help="keep the chrome trace here")
-    parser.add_argument("--one-step", action="store_true", help="list one mid-run step's activities")
+    parser.add_argument(
+        "--one-step", action="store_true", help="list one mid-run step's activities"
+    )
     args = parser.parse_args()
     model, prompts, max_tokens, temperature, overrides = workload(args.workload)
     if args.workload in ("L1", "L2"):
         max_tokens = [args.output_len]
-    params = [SamplingParams(temperature=temperature, max_tokens=m, ignore_eos=True, seed=i)
-              for i, m in enumerate(max_tokens)]
+    params = [
+        SamplingParams(temperature=temperature, max_tokens=m, ignore_eos=True, seed=i)
+        for i, m in enumerate(max_tokens)
+    ]
     inputs = [{"prompt_token_ids": p} for p in prompts]
     with tempfile.TemporaryDirectory() as tmp:
-        llm = LLM(model_dir(model, Path(tmp)), load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True,
-                  **overrides)
+        llm = LLM(
+            model_dir(model, Path(tmp)),
+            load_format="dummy",
+            dtype="bfloat16",
+            skip_tokenizer_init=True,
+            **overrides,
+        )
         llm.generate(inputs[:8], params[:8], use_tqdm=False)  # warm-up
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:  # GPU side only
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CUDA]
+        ) as prof:  # GPU side only
             llm.generate(inputs, params, use_tqdm=False)
         trace = Path(args.trace) if args.trace else Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(trace))
@@ -97,8 +119,10 @@ def main() -> None:
     per = f"{num_steps:.1f} steps" if num_steps else "ms"
     scale = num_steps if num_steps else 1e3  # µs per step, or ms in all
     unit = "µs/step" if num_steps else "ms"
-    print(f"{args.workload} ({model}): {len(spans)} GPU activities; steady part {span / 1e3:.1f} ms ({per}): "
-          f"GPU busy {busy / scale:.1f}, idle {(span - busy) / scale:.1f} {unit} ({100 * (span - busy) / span:.1f}%)")
+    print(
+        f"{args.workload} ({model}): {len(spans)} GPU activities; steady part {span / 1e3:.1f} ms ({per}): "
+        f"GPU busy {busy / scale:.1f}, idle {(span - busy) / scale:.1f} {unit} ({100 * (span - busy) / span:.1f}%)"
+    )
     kernel_us: dict[str, float] = defaultdict(float)
     for start_us, end_us, name in spans:
         kernel_us[short(name)] += end_us - start_us
@@ -124,7 +148,7 @@ def one_step(spans: list[tuple[float, float, str]]) -> list[tuple[float, float, 
     if len(copies) < 2:
         return []
     middle = len(copies) // 2 - 1
-    return spans[copies[middle]:copies[middle + 1] + 1]
+    return spans[copies[middle] : copies[middle + 1] + 1]
 
 
 def print_one_step(spans: list[tuple[float, float, str]]) -> None:

@@ -14,6 +14,7 @@ with the host's clock alone (no profiler) and prints one row per step; "wait" is
 host blocked on a step's event: near 0, the host was behind and the GPU idled meanwhile.
 --cprofile N adds a cProfile of those steps (the N functions with the most own time).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,9 @@ import pstats
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -33,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_workloads import model_dir, workload  # noqa: E402
 from step_timeline import GPU_CATEGORIES, short  # noqa: E402
+
 from pagedlm import LLM, SamplingParams  # noqa: E402
 from pagedlm.worker import runner_output  # noqa: E402
 
@@ -44,6 +47,7 @@ def marked(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         with torch.profiler.record_function(name):
             return fn(*args, **kwargs)
+
     return wrapper
 
 
@@ -58,7 +62,9 @@ def wrap_phases(llm: LLM, wrap: Wrap) -> None:
     scheduler.schedule = wrap("schedule", scheduler.schedule)
     scheduler.update_from_output = wrap("update_from_output", scheduler.update_from_output)
     runner.execute_model = wrap("execute_model", runner.execute_model)
-    engine.output_processor.process_outputs = wrap("process_outputs", engine.output_processor.process_outputs)
+    engine.output_processor.process_outputs = wrap(
+        "process_outputs", engine.output_processor.process_outputs
+    )
 
 
 def mark_phases(llm: LLM) -> None:
@@ -81,6 +87,7 @@ class PhaseClock:
                 return fn(*args, **kwargs)
             finally:
                 self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
         return wrapper
 
     def reset(self) -> None:
@@ -107,8 +114,11 @@ def run_phases(llm: LLM, clock: PhaseClock, first: int, steps: int) -> None:
         start = time.perf_counter()
         llm.llm_engine.step()
         total = time.perf_counter() - start
-        print(f"{first + i:5d} " + " ".join(f"{clock.seconds.get(name, 0.0) * 1e6:10.0f}" for name in PHASES)
-              + f" {total * 1e6:8.0f}")
+        print(
+            f"{first + i:5d} "
+            + " ".join(f"{clock.seconds.get(name, 0.0) * 1e6:10.0f}" for name in PHASES)
+            + f" {total * 1e6:8.0f}"
+        )
 
 
 def timeline(trace: dict) -> list[tuple[float, float, str]]:
@@ -146,8 +156,9 @@ def gpu_rows(spans: list[tuple[float, float, str]]) -> list[tuple[float, float, 
 
 def run_window(llm: LLM, steps: int, out: Path | None) -> None:
     engine = llm.llm_engine
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    ) as prof:
         for _ in range(steps):
             engine.step()
         torch.cuda.synchronize()
@@ -166,19 +177,32 @@ def run_window(llm: LLM, steps: int, out: Path | None) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workload", default="T1", help="a gpu_workloads.py workload id")
-    parser.add_argument("--windows", default="300:303", help="step ranges a:b, comma-separated, ascending")
+    parser.add_argument(
+        "--windows", default="300:303", help="step ranges a:b, comma-separated, ascending"
+    )
     parser.add_argument("--trace-dir", default=None, help="keep each window's chrome trace here")
-    parser.add_argument("--phases", default=None, help="a:b: host phase times of steps [a, b), no profiler")
-    parser.add_argument("--cprofile", type=int, default=0,
-                        help="with --phases: cProfile those steps, print this many functions by own time")
+    parser.add_argument(
+        "--phases", default=None, help="a:b: host phase times of steps [a, b), no profiler"
+    )
+    parser.add_argument(
+        "--cprofile",
+        type=int,
+        default=0,
+        help="with --phases: cProfile those steps, print this many functions by own time",
+    )
     args = parser.parse_args()
     model, prompts, max_tokens, temperature, overrides = workload(args.workload)
     if len(max_tokens) == 1:
         max_tokens = max_tokens * len(prompts)
     windows = [tuple(int(x) for x in w.split(":")) for w in args.windows.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        llm = LLM(model_dir(model, Path(tmp)), load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True,
-                  **overrides)
+        llm = LLM(
+            model_dir(model, Path(tmp)),
+            load_format="dummy",
+            dtype="bfloat16",
+            skip_tokenizer_init=True,
+            **overrides,
+        )
         warm = SamplingParams(temperature=temperature, max_tokens=8, ignore_eos=True, seed=0)
         llm.generate([{"prompt_token_ids": p} for p in prompts[:8]], warm, use_tqdm=False)
         if args.phases:

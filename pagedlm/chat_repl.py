@@ -2,6 +2,7 @@
 
 Ctrl-C during a reply stops that reply (what was shown of it stays in the conversation); at the
 prompt, a Ctrl-C right after another one, Ctrl-D (end of input) or /exit leaves."""
+
 from __future__ import annotations
 
 import contextlib
@@ -22,8 +23,9 @@ STOPPED = " [stopped]"
 LEAVE_HINT = f"(Ctrl-C again, Ctrl-D or {EXIT_COMMAND} to leave)"
 
 
-def run_chat_repl(llm: LLM, params: SamplingParams, stdin: TextIO, stdout: TextIO,
-                  system: str | None = None) -> None:
+def run_chat_repl(
+    llm: LLM, params: SamplingParams, stdin: TextIO, stdout: TextIO, system: str | None = None
+) -> None:
     """Reads user lines until the user leaves; the conversation grows with every turn."""
     conversation: Conversation = [{"role": "system", "content": system}] if system else []
     interactive = stdin.isatty()
@@ -57,8 +59,9 @@ def run_chat_repl(llm: LLM, params: SamplingParams, stdin: TextIO, stdout: TextI
         conversation.append({"role": "assistant", "content": reply})
 
 
-def stream_reply(llm: LLM, conversation: Conversation, params: SamplingParams, request_id: str,
-                 stdout: TextIO) -> str:
+def stream_reply(
+    llm: LLM, conversation: Conversation, params: SamplingParams, request_id: str, stdout: TextIO
+) -> str:
     """Steps the engine and writes each new piece of the reply as it arrives; the reply. Ctrl-C
     stops it between two steps (a step cut in half could leave the engine inconsistent): the
     reply is then what was shown."""
@@ -74,7 +77,7 @@ def stream_reply(llm: LLM, conversation: Conversation, params: SamplingParams, r
                     if output.request_id != request_id:
                         continue
                     current = output.outputs[0].text
-                    stdout.write(current[len(shown):])
+                    stdout.write(current[len(shown) :])
                     stdout.flush()
                     shown, finished = current, output.finished
         finally:  # stopped, or an error: the request must not linger in the engine

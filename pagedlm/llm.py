@@ -1,4 +1,5 @@
 """LLM: the offline API (vLLM's names): generate for many prompts, chat, with a progress bar."""
+
 from __future__ import annotations
 
 import itertools
@@ -24,8 +25,10 @@ class LLM:
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:
         unknown = sorted(set(engine_args) - EngineArgs.field_names())
         if unknown:
-            raise TypeError(f"LLM() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
-                            f"accepted: {', '.join(sorted(EngineArgs.field_names()))}")
+            raise TypeError(
+                f"LLM() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
+                f"accepted: {', '.join(sorted(EngineArgs.field_names()))}"
+            )
         configure_logging()
         self.llm_engine = LLMEngine.from_engine_args(EngineArgs(model=model, **engine_args))
         self._request_counter = itertools.count()
@@ -37,19 +40,25 @@ class LLM:
         """The scheduler's counters (running, waiting, KV usage, prefix hits, preemptions)."""
         return self.llm_engine.get_stats()
 
-    def generate(self, prompts: PromptType | Sequence[PromptType],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True,
-                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
         """Outputs in the order of the prompts. Every prompt is checked before any runs; an
         error names the index of the prompt at fault."""
         prompt_list = _as_prompt_list(prompts)
-        params_list = _per_prompt(sampling_params or SamplingParams(), len(prompt_list),
-                                  "sampling_params")
+        params_list = _per_prompt(
+            sampling_params or SamplingParams(), len(prompt_list), "sampling_params"
+        )
         priorities = [0] * len(prompt_list) if priority is None else list(priority)
         if len(priorities) != len(prompt_list):
-            raise InvalidRequest(f"priority: got {len(priorities)} values for {len(prompt_list)} "
-                                 "prompts", param="priority")
+            raise InvalidRequest(
+                f"priority: got {len(priorities)} values for {len(prompt_list)} prompts",
+                param="priority",
+            )
         processed = []
         for index, (prompt, params) in enumerate(zip(prompt_list, params_list)):
             try:
@@ -58,16 +67,20 @@ class LLM:
                 raise exc.prefixed(f"prompt {index}: ") from exc
         return self._run(processed, priorities, use_tqdm)
 
-    def beam_search(self, prompts: PromptType | Sequence[PromptType],
-                    params: BeamSearchParams) -> list[BeamSearchOutput]:
+    def beam_search(
+        self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams
+    ) -> list[BeamSearchOutput]:
         """vLLM's beam search (see pagedlm/beam_search.py): one output per prompt, its
         beam_width best sequences first."""
         return beam_search(self, _as_prompt_list(prompts), params)
 
-    def chat(self, messages: Conversation | Sequence[Conversation],
-             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-             use_tqdm: bool = True,
-             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+    def chat(
+        self,
+        messages: Conversation | Sequence[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
         """One conversation (a list of {'role', 'content'} dicts) or a list of them."""
         conversations = [messages] if _is_conversation(messages) else list(messages)
         tokenizer = self.get_tokenizer()
@@ -77,14 +90,16 @@ class LLM:
             prompts.append({"prompt": text, "prompt_token_ids": token_ids})
         return self.generate(prompts, sampling_params, use_tqdm)
 
-    def _run(self, processed: list[ProcessedRequest], priorities: list[int],
-             use_tqdm: bool) -> list[RequestOutput]:
+    def _run(
+        self, processed: list[ProcessedRequest], priorities: list[int], use_tqdm: bool
+    ) -> list[RequestOutput]:
         request_ids = [f"llm-{next(self._request_counter)}" for _ in processed]
         pending = set()
         try:
             for request_id, request, priority in zip(request_ids, processed, priorities):
-                self.llm_engine.add_processed_request(request_id, request, priority,
-                                                      final_only=True)
+                self.llm_engine.add_processed_request(
+                    request_id, request, priority, final_only=True
+                )
                 pending.add(request_id)
             finished = self._drain(pending, use_tqdm)
         except BaseException:
@@ -121,8 +136,9 @@ def _per_prompt(value: Any, num_prompts: int, name: str) -> list[Any]:
     if not isinstance(value, (list, tuple)):
         return [value] * num_prompts
     if len(value) != num_prompts:
-        raise InvalidRequest(f"{name}: got {len(value)} values for {num_prompts} prompts",
-                             param=name)
+        raise InvalidRequest(
+            f"{name}: got {len(value)} values for {num_prompts} prompts", param=name
+        )
     return list(value)
 
 

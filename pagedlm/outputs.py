@@ -1,4 +1,5 @@
 """What users get back: RequestOutput and CompletionOutput, as in vLLM."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,4 +1,5 @@
 """A request as the engine core sees it: token ids, progress, status, token-level stop checks."""
+
 from __future__ import annotations
 
 import enum
@@ -59,7 +60,9 @@ class Request:
     stop_reason: int | str | None = None
     num_cached_tokens: int = -1  # prefix-cache hit of the first schedule, in tokens
     num_preemptions: int = 0
-    block_hashes: list[bytes] = field(default_factory=list)  # hash chain of full blocks (core/block_hash.py)
+    block_hashes: list[bytes] = field(
+        default_factory=list
+    )  # hash chain of full blocks (core/block_hash.py)
     first_scheduled_time: float | None = None
 
     @property

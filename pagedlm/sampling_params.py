@@ -1,4 +1,5 @@
 """SamplingParams: how one request samples and when it stops (vLLM's names and defaults)."""
+
 from __future__ import annotations
 
 import math
@@ -47,8 +48,11 @@ class SamplingParams:
             self.stop = [self.stop]
         for name in ("stop", "stop_token_ids"):
             value = getattr(self, name)
-            _check(value is None or isinstance(value, (list, tuple)), name,
-                   f"must be a list, got {type(value).__name__}")
+            _check(
+                value is None or isinstance(value, (list, tuple)),
+                name,
+                f"must be a list, got {type(value).__name__}",
+            )
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         _check(all(_is_int(t) for t in self.stop_token_ids), "stop_token_ids", "must be integers")
@@ -56,43 +60,80 @@ class SamplingParams:
             try:
                 self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
             except (TypeError, ValueError) as exc:
-                raise InvalidRequest(f"logit_bias must map token ids to numbers: {exc}",
-                                     param="logit_bias") from exc
-            _check(not any(math.isnan(v) for v in self.logit_bias.values()), "logit_bias",
-                   "values must be numbers, got NaN")
+                raise InvalidRequest(
+                    f"logit_bias must map token ids to numbers: {exc}", param="logit_bias"
+                ) from exc
+            _check(
+                not any(math.isnan(v) for v in self.logit_bias.values()),
+                "logit_bias",
+                "values must be numbers, got NaN",
+            )
         self._validate()
 
     def _validate(self) -> None:
         for name in _INT_FIELDS + _OPTIONAL_INT_FIELDS:
             value = getattr(self, name)
             optional = name in _OPTIONAL_INT_FIELDS
-            _check(_is_int(value) or (optional and value is None), name,
-                   f"must be an integer{' or None' if optional else ''}, got {value!r}")
+            _check(
+                _is_int(value) or (optional and value is None),
+                name,
+                f"must be an integer{' or None' if optional else ''}, got {value!r}",
+            )
         if self.allowed_token_ids is not None:
-            _check(all(_is_int(t) for t in self.allowed_token_ids), "allowed_token_ids", "must be integers")
+            _check(
+                all(_is_int(t) for t in self.allowed_token_ids),
+                "allowed_token_ids",
+                "must be integers",
+            )
         _check(self.n >= 1, "n", f"must be at least 1, got {self.n}")
-        _check(self.temperature >= 0.0, "temperature", f"must be non-negative, got {self.temperature}")
+        _check(
+            self.temperature >= 0.0, "temperature", f"must be non-negative, got {self.temperature}"
+        )
         _check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
-        _check(self.top_k >= 0, "top_k", f"must be 0 or -1 (off) or a positive integer, got {self.top_k}")
+        _check(
+            self.top_k >= 0,
+            "top_k",
+            f"must be 0 or -1 (off) or a positive integer, got {self.top_k}",
+        )
         _check(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
-        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
-               f"must be in [-2, 2], got {self.presence_penalty}")
-        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
-               f"must be in [-2, 2], got {self.frequency_penalty}")
-        _check(self.repetition_penalty > 0.0, "repetition_penalty",
-               f"must be greater than 0, got {self.repetition_penalty}")
+        _check(
+            -2.0 <= self.presence_penalty <= 2.0,
+            "presence_penalty",
+            f"must be in [-2, 2], got {self.presence_penalty}",
+        )
+        _check(
+            -2.0 <= self.frequency_penalty <= 2.0,
+            "frequency_penalty",
+            f"must be in [-2, 2], got {self.frequency_penalty}",
+        )
+        _check(
+            self.repetition_penalty > 0.0,
+            "repetition_penalty",
+            f"must be greater than 0, got {self.repetition_penalty}",
+        )
         if self.max_tokens is not None:
             _check(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}")
         _check(self.min_tokens >= 0, "min_tokens", f"must be non-negative, got {self.min_tokens}")
         if self.max_tokens is not None:
-            _check(self.min_tokens <= self.max_tokens, "min_tokens",
-                   f"must be at most max_tokens={self.max_tokens}, got {self.min_tokens}")
+            _check(
+                self.min_tokens <= self.max_tokens,
+                "min_tokens",
+                f"must be at most max_tokens={self.max_tokens}, got {self.min_tokens}",
+            )
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None:
-                _check(0 <= value <= MAX_LOGPROBS, name, f"must be in [0, {MAX_LOGPROBS}], got {value}")
-        _check(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
-        _check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be non-negative token ids")
+                _check(
+                    0 <= value <= MAX_LOGPROBS, name, f"must be in [0, {MAX_LOGPROBS}], got {value}"
+                )
+        _check(
+            all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings"
+        )
+        _check(
+            all(t >= 0 for t in self.stop_token_ids),
+            "stop_token_ids",
+            "must be non-negative token ids",
+        )
         if self.seed is not None:
             _check(isinstance(self.seed, int), "seed", f"must be an integer, got {self.seed!r}")
         if self.allowed_token_ids is not None:
@@ -106,10 +147,11 @@ class SamplingParams:
         """Token ids in the parameters must exist in the model's vocabulary."""
         bad_word_ids = [t for word in self.bad_words_token_ids or [] for t in word]
         for name, param, ids in (
-                ("stop_token_ids", "stop_token_ids", self.stop_token_ids),
-                ("allowed_token_ids", "allowed_token_ids", self.allowed_token_ids or []),
-                ("logit_bias", "logit_bias", list(self.logit_bias or {})),
-                ("bad_words_token_ids", "bad_words", bad_word_ids)):  # derived from bad_words
+            ("stop_token_ids", "stop_token_ids", self.stop_token_ids),
+            ("allowed_token_ids", "allowed_token_ids", self.allowed_token_ids or []),
+            ("logit_bias", "logit_bias", list(self.logit_bias or {})),
+            ("bad_words_token_ids", "bad_words", bad_word_ids),
+        ):  # derived from bad_words
             bad = [t for t in ids if not 0 <= t < vocab_size]
             _check(not bad, name, f"token ids must be in [0, {vocab_size}), got {bad[:5]}", param)
 

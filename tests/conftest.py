@@ -1,5 +1,6 @@
 """Shared test set-up. On a machine without CUDA, Triton kernels run in the interpreter:
 the variable must be set before any kernel is defined, hence here, before test modules import."""
+
 from __future__ import annotations
 
 import math
@@ -30,10 +31,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def nan_poisoned_empty(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fresh float tensors from torch.empty / empty_like start as NaN, so an element a kernel forgets
     to write (an output, a split partial) cannot pass."""
+
     def poisoned(allocate):
         def allocate_nan(*args, **kwargs):
             out = allocate(*args, **kwargs)
             return out.fill_(math.nan) if out.is_floating_point() else out
+
         return allocate_nan
 
     monkeypatch.setattr(torch, "empty", poisoned(torch.empty))

@@ -1,6 +1,7 @@
 """Per-row relative errors of a kernel's output against its reference (GPU checks): a whole-tensor
 norm alone hides a few wrong rows (one wholly wrong row of 4k tokens x 32 heads adds at most ~0.003
 to it)."""
+
 from __future__ import annotations
 
 import torch

@@ -1,6 +1,7 @@
 """`pagedlm chat` and Ctrl-C: during a reply it stops the reply, not the chat (the reply so far stays
 in the conversation); at the prompt, a Ctrl-C right after another one leaves. The REPL runs on the
 main thread, where Python handles signals: the tests press Ctrl-C at chosen moments."""
+
 from __future__ import annotations
 
 import io
@@ -18,8 +19,13 @@ CTRL_C = object()  # in a scripted stdin: Ctrl-C while the prompt waits
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama_with_tokenizer_dir: Path) -> LLM:
-    return LLM(str(tiny_llama_with_tokenizer_dir), dtype="float32", device="cpu",
-               num_gpu_blocks_override=64, max_model_len=128)
+    return LLM(
+        str(tiny_llama_with_tokenizer_dir),
+        dtype="float32",
+        device="cpu",
+        num_gpu_blocks_override=64,
+        max_model_len=128,
+    )
 
 
 class CtrlCOnFirstWrite(io.StringIO):
@@ -74,9 +80,14 @@ def test_ctrl_c_stops_the_reply_and_the_chat_goes_on(llm: LLM) -> None:
     stopped = first_line.removesuffix(STOPPED)
     whole = reply_to(llm, [{"role": "user", "content": "hello world"}])
     assert stopped and whole.startswith(stopped) and len(stopped) < len(whole)
-    assert second_line == reply_to(llm, [{"role": "user", "content": "hello world"},
-                                         {"role": "assistant", "content": stopped},
-                                         {"role": "user", "content": "the cat"}])
+    assert second_line == reply_to(
+        llm,
+        [
+            {"role": "user", "content": "hello world"},
+            {"role": "assistant", "content": stopped},
+            {"role": "user", "content": "the cat"},
+        ],
+    )
     assert not llm.llm_engine.has_unfinished_requests()  # the stopped request was aborted
 
 

@@ -1,5 +1,6 @@
 """The default model (SmolLM2-135M-Instruct, a Q4_1 GGUF file): LLM() loads it without
 arguments, its greedy tokens equal transformers' on the same file, and it answers sensibly."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -29,7 +30,11 @@ def llm_and_parses() -> tuple[LLM, list[str]]:
     parses: list[str] = []
     construct = gguf.GGUFReader
     with pytest.MonkeyPatch.context() as patch:
-        counting = lambda path, *args, **kwargs: parses.append(str(path)) or construct(path, *args, **kwargs)  # noqa: E731
+
+        def counting(path, *args, **kwargs):
+            parses.append(str(path))
+            return construct(path, *args, **kwargs)
+
         patch.setattr(gguf, "GGUFReader", counting)
         llm = LLM()
         assert gguf.GGUFReader is counting  # the start-up put back the constructor it found
@@ -55,8 +60,9 @@ def hf_model() -> Any:
     from transformers import AutoModelForCausalLM
 
     path = Path(default_model_path())
-    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
 
 
 def test_greedy_tokens_match_transformers_on_the_same_gguf(llm: LLM, hf_model: Any) -> None:
@@ -67,24 +73,30 @@ def test_greedy_tokens_match_transformers_on_the_same_gguf(llm: LLM, hf_model: A
         input_ids = torch.tensor([tokenizer.encode(prompt)])
         assert output.prompt_token_ids == input_ids[0].tolist()
         with torch.no_grad():
-            generated = hf_model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
-                                          do_sample=False, max_new_tokens=NUM_NEW_TOKENS,
-                                          eos_token_id=list(llm.llm_engine.model_config.eos_token_ids),
-                                          pad_token_id=tokenizer.eos_token_id)
-        expected = generated[0, input_ids.shape[1]:].tolist()
+            generated = hf_model.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                do_sample=False,
+                max_new_tokens=NUM_NEW_TOKENS,
+                eos_token_id=list(llm.llm_engine.model_config.eos_token_ids),
+                pad_token_id=tokenizer.eos_token_id,
+            )
+        expected = generated[0, input_ids.shape[1] :].tolist()
         assert output.outputs[0].token_ids == expected, prompt
         assert output.outputs[0].text == tokenizer.decode(expected, skip_special_tokens=True)
 
 
 def test_capital_of_france(llm: LLM) -> None:
-    (output,) = llm.generate("The capital of France is",
-                             SamplingParams(temperature=0.0, max_tokens=16), use_tqdm=False)
+    (output,) = llm.generate(
+        "The capital of France is", SamplingParams(temperature=0.0, max_tokens=16), use_tqdm=False
+    )
     assert "Paris" in output.outputs[0].text
 
 
 def test_chat_answers_the_question(llm: LLM) -> None:
     conversation = [{"role": "user", "content": "What is the capital of France? Answer briefly."}]
-    (output,) = llm.chat(conversation, SamplingParams(temperature=0.0, max_tokens=32),
-                         use_tqdm=False)
+    (output,) = llm.chat(
+        conversation, SamplingParams(temperature=0.0, max_tokens=32), use_tqdm=False
+    )
     assert "Paris" in output.outputs[0].text
     assert "<|im_start|>assistant" in output.prompt  # the template's generation prompt

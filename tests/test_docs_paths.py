@@ -7,6 +7,7 @@ placeholder (`<date>`) or a wildcard (`serving*.py`) name no one file and are le
 notes under benchmarks/results/ are diaries kept verbatim (they name files where they were then), so
 they are not checked.
 """
+
 from __future__ import annotations
 
 import re
@@ -42,8 +43,10 @@ def files_named(name: str) -> list[Path]:
 
 
 def test_cited_paths_finds_paths_and_skips_placeholders() -> None:
-    text = ("see `pagedlm/worker/cuda_graphs.py` and `benchmarks/results/<date>/NOTES.md`, "
-            "`serving*.py`, `tests/gpu/`, `lm_head.py`, `gpu_run.sh` and `torch.cuda`")
+    text = (
+        "see `pagedlm/worker/cuda_graphs.py` and `benchmarks/results/<date>/NOTES.md`, "
+        "`serving*.py`, `tests/gpu/`, `lm_head.py`, `gpu_run.sh` and `torch.cuda`"
+    )
     assert cited_paths(text) == ["pagedlm/worker/cuda_graphs.py", "tests/gpu/"]
     assert cited_file_names(text) == ["lm_head.py", "gpu_run.sh"]
 
@@ -67,4 +70,5 @@ def test_results_page_is_a_current_page() -> None:
     num_lines = len((REPO / "benchmarks/RESULTS.md").read_text().splitlines())
     assert num_lines <= MAX_RESULTS_LINES, (
         f"benchmarks/RESULTS.md has {num_lines} lines, more than {MAX_RESULTS_LINES}: move the "
-        "history into benchmarks/results/<date>/NOTES.md")
+        "history into benchmarks/results/<date>/NOTES.md"
+    )

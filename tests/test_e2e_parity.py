@@ -1,6 +1,7 @@
 """End to end: LLM.generate on tiny random-weight checkpoints of every family gives exactly the
 tokens of transformers' greedy generate, under the scheduler's hard cases (chunked prefill with
 mixed batches, preemption, prefix caching), in sync and async scheduling."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -35,13 +36,21 @@ SCENARIOS = {
 # Every family runs the default settings and at least one hard scenario; every hard scenario
 # runs on two families, once sync and once async (CPU time matters: ten engine runs, six
 # transformers references).
-CASES = [pytest.param(family, scenario, mode == "async", id=f"{family}-{scenario}-{mode}")
-         for family, scenario, mode in [
-             ("llama", "default", "sync"), ("mistral", "default", "async"),
-             ("qwen2", "default", "sync"), ("qwen3", "default", "async"),
-             ("llama", "chunked", "async"), ("mistral", "chunked", "sync"),  # window + chunks
-             ("llama", "preempt", "sync"), ("qwen2", "preempt", "async"),
-             ("qwen3", "prefix", "sync"), ("mistral", "prefix", "async")]]
+CASES = [
+    pytest.param(family, scenario, mode == "async", id=f"{family}-{scenario}-{mode}")
+    for family, scenario, mode in [
+        ("llama", "default", "sync"),
+        ("mistral", "default", "async"),
+        ("qwen2", "default", "sync"),
+        ("qwen3", "default", "async"),
+        ("llama", "chunked", "async"),
+        ("mistral", "chunked", "sync"),  # window + chunks
+        ("llama", "preempt", "sync"),
+        ("qwen2", "preempt", "async"),
+        ("qwen3", "prefix", "sync"),
+        ("mistral", "prefix", "async"),
+    ]
+]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True)
 
 
@@ -62,7 +71,9 @@ class _Reference:
         key = (family, prompt_set)
         if key not in self.outputs:
             self.folder(family)
-            self.outputs[key] = hf_greedy(self.models[family], PROMPT_SETS[prompt_set], NUM_NEW_TOKENS)
+            self.outputs[key] = hf_greedy(
+                self.models[family], PROMPT_SETS[prompt_set], NUM_NEW_TOKENS
+            )
         return self.outputs[key]
 
 
@@ -72,13 +83,19 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> _Reference:
 
 
 @pytest.mark.parametrize("family, scenario, async_scheduling", CASES)
-def test_greedy_tokens_match_transformers(reference: _Reference, family: str, scenario: str,
-                                          async_scheduling: bool) -> None:
+def test_greedy_tokens_match_transformers(
+    reference: _Reference, family: str, scenario: str, async_scheduling: bool
+) -> None:
     prompt_set, engine_args = SCENARIOS[scenario]
     expected = reference.greedy(family, prompt_set)
-    llm = LLM(str(reference.folder(family)), **{**BASE_ARGS, **engine_args},
-              async_scheduling=async_scheduling)
-    if scenario == "preempt":  # admission by the prompt alone (no growth reserve): the pool runs out
+    llm = LLM(
+        str(reference.folder(family)),
+        **{**BASE_ARGS, **engine_args},
+        async_scheduling=async_scheduling,
+    )
+    if (
+        scenario == "preempt"
+    ):  # admission by the prompt alone (no growth reserve): the pool runs out
         llm.llm_engine.engine_core.scheduler.growth.enabled = False
     outputs = llm.generate(PROMPT_SETS[prompt_set], GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == expected
@@ -93,12 +110,18 @@ def test_greedy_tokens_match_transformers(reference: _Reference, family: str, sc
 
 def test_seeded_sampling_is_identical_sync_and_async(reference: _Reference) -> None:
     """Random sampling, chunked prefill: async scheduling changes nothing."""
-    params = [SamplingParams(temperature=0.8, top_k=50, seed=i, max_tokens=16, ignore_eos=True)
-              for i in range(len(RAGGED_PROMPTS))]
+    params = [
+        SamplingParams(temperature=0.8, top_k=50, seed=i, max_tokens=16, ignore_eos=True)
+        for i in range(len(RAGGED_PROMPTS))
+    ]
     results = []
     for async_scheduling in (False, True):
-        llm = LLM(str(reference.folder("llama")), **BASE_ARGS, max_num_batched_tokens=24,
-                  async_scheduling=async_scheduling)
+        llm = LLM(
+            str(reference.folder("llama")),
+            **BASE_ARGS,
+            max_num_batched_tokens=24,
+            async_scheduling=async_scheduling,
+        )
         outputs = llm.generate(RAGGED_PROMPTS, params, use_tqdm=False)
         results.append([o.outputs[0].token_ids for o in outputs])
     assert results[0] == results[1]

@@ -1,4 +1,5 @@
 """pagedlm/envs.py: the one registry of environment variables, read on access."""
+
 from __future__ import annotations
 
 import logging
@@ -21,8 +22,13 @@ OWN_READS = {
 def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in envs.ENVIRONMENT_VARIABLES:
         monkeypatch.delenv(name, raising=False)
-    assert (envs.PAGEDLM_LOGGING_LEVEL, envs.PAGEDLM_ALLOW_LONG_MAX_MODEL_LEN, envs.PAGEDLM_FUSE_NORMS,
-            envs.PAGEDLM_PDL, envs.TRITON_INTERPRET) == ("INFO", False, True, True, False)
+    assert (
+        envs.PAGEDLM_LOGGING_LEVEL,
+        envs.PAGEDLM_ALLOW_LONG_MAX_MODEL_LEN,
+        envs.PAGEDLM_FUSE_NORMS,
+        envs.PAGEDLM_PDL,
+        envs.TRITON_INTERPRET,
+    ) == ("INFO", False, True, True, False)
 
 
 def test_read_on_access(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -36,17 +42,26 @@ def test_read_on_access(monkeypatch: pytest.MonkeyPatch) -> None:
     assert envs.PAGEDLM_LOGGING_LEVEL == "DEBUG"
 
 
-@pytest.mark.parametrize("name, value", [("PAGEDLM_FUSE_NORMS", "2"),
-                                         ("PAGEDLM_ALLOW_LONG_MAX_MODEL_LEN", "maybe"),
-                                         ("PAGEDLM_LOGGING_LEVEL", "LOUD")])
-def test_a_bad_value_names_the_variable(name: str, value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("PAGEDLM_FUSE_NORMS", "2"),
+        ("PAGEDLM_ALLOW_LONG_MAX_MODEL_LEN", "maybe"),
+        ("PAGEDLM_LOGGING_LEVEL", "LOUD"),
+    ],
+)
+def test_a_bad_value_names_the_variable(
+    name: str, value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=rf"environment variable {name}='{value}': must be one of"):
         getattr(envs, name)
 
 
 @pytest.mark.parametrize("value", ["1", "0", "", "true", "Y", "on", "2", "off"])
-def test_triton_interpret_is_read_as_triton_reads_it(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_triton_interpret_is_read_as_triton_reads_it(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from triton._C.libtriton import getenv_bool
 
     monkeypatch.setenv("TRITON_INTERPRET", value)
@@ -74,8 +89,9 @@ def bare_logger() -> Iterator[logging.Logger]:
     logger.setLevel(saved[1])
 
 
-def test_configure_logging_takes_the_level_from_the_registry(bare_logger: logging.Logger,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_configure_logging_takes_the_level_from_the_registry(
+    bare_logger: logging.Logger, monkeypatch: pytest.MonkeyPatch
+) -> None:
     logger = bare_logger
     monkeypatch.setenv("PAGEDLM_LOGGING_LEVEL", "LOUD")
     with pytest.raises(ValueError, match="PAGEDLM_LOGGING_LEVEL"):
@@ -88,6 +104,9 @@ def test_configure_logging_takes_the_level_from_the_registry(bare_logger: loggin
 
 def test_only_the_registry_reads_the_environment() -> None:
     reads = re.compile(r"os\.environ\b|os\.getenv\b|getenv\(")
-    readers = {str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
-               if reads.search(path.read_text()) and path.name != "envs.py"}
+    readers = {
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if reads.search(path.read_text()) and path.name != "envs.py"
+    }
     assert readers <= set(OWN_READS), sorted(readers - set(OWN_READS))

@@ -1,6 +1,7 @@
 """Tiny random-weight transformers checkpoints of every supported family, saved as Hugging Face
 folders, with transformers' own greedy generation as the reference; small hand-built tokenizers
 (engine and CLI tests)."""
+
 from __future__ import annotations
 
 import json
@@ -9,16 +10,34 @@ from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (AutoModelForCausalLM, GenerationConfig, LlamaConfig, MistralConfig,
-                          PreTrainedTokenizerFast, PretrainedConfig, Qwen2Config, Qwen3Config)
+from transformers import (
+    AutoModelForCausalLM,
+    GenerationConfig,
+    LlamaConfig,
+    MistralConfig,
+    PretrainedConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 VOCAB_SIZE = 256
 EOS_TOKEN_ID = 1
 MISTRAL_WINDOW = 16
-_SHAPE = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-              initializer_range=0.3, tie_word_embeddings=False, bos_token_id=0,
-              eos_token_id=EOS_TOKEN_ID, pad_token_id=None)
+_SHAPE = dict(
+    vocab_size=VOCAB_SIZE,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    initializer_range=0.3,
+    tie_word_embeddings=False,
+    bos_token_id=0,
+    eos_token_id=EOS_TOKEN_ID,
+    pad_token_id=None,
+)
 
 FAMILIES = {
     "llama": lambda: LlamaConfig(**_SHAPE),
@@ -28,8 +47,9 @@ FAMILIES = {
 }
 
 
-def save_tiny_model(folder: Path, family: str, seed: int = 0, vocab_size: int = VOCAB_SIZE
-                    ) -> torch.nn.Module:
+def save_tiny_model(
+    folder: Path, family: str, seed: int = 0, vocab_size: int = VOCAB_SIZE
+) -> torch.nn.Module:
     """Peaked random weights (initializer_range 0.3), so greedy picks are far from ties;
     norms and biases perturbed away from 1s and 0s."""
     hf_config: PretrainedConfig = FAMILIES[family]()
@@ -53,7 +73,9 @@ def random_prompts(num_prompts: int, min_len: int, max_len: int, seed: int = 0) 
     return [torch.randint(2, VOCAB_SIZE, (n,), generator=gen).tolist() for n in lengths]
 
 
-def hf_greedy(model: torch.nn.Module, prompts: list[list[int]], num_new_tokens: int) -> list[list[int]]:
+def hf_greedy(
+    model: torch.nn.Module, prompts: list[list[int]], num_new_tokens: int
+) -> list[list[int]]:
     """transformers' greedy generate, one prompt at a time, never stopping at EOS."""
     config = GenerationConfig(do_sample=False, max_new_tokens=num_new_tokens, pad_token_id=0)
     model.generation_config = config  # the saved one names an EOS, which generate would stop at
@@ -61,22 +83,26 @@ def hf_greedy(model: torch.nn.Module, prompts: list[list[int]], num_new_tokens: 
     with torch.no_grad():
         for prompt in prompts:
             input_ids = torch.tensor([prompt])
-            generated = model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
-                                       generation_config=config)
-            outputs.append(generated[0, len(prompt):].tolist())
+            generated = model.generate(
+                input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config
+            )
+            outputs.append(generated[0, len(prompt) :].tolist())
     return outputs
 
 
 CORPUS = ["hello world, the cat sat on the mat. Hello again world! Stop here. The end."] * 20
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]
-CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}assistant:{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
 
 
 def _wrap(tokenizer: Tokenizer) -> Any:
     tokenizer.add_special_tokens(SPECIAL_TOKENS)
-    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>",
-                                      bos_token="<s>", eos_token="</s>")
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
     wrapped.chat_template = CHAT_TEMPLATE
     return wrapped
 
@@ -86,8 +112,11 @@ def byte_level_tokenizer() -> Any:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tokenizer.train_from_iterator(CORPUS, trainer)
     return _wrap(tokenizer)
 
@@ -97,8 +126,9 @@ def sentencepiece_tokenizer() -> Any:
     would get, unknown characters fall back to <0xNN> byte tokens."""
     trained = Tokenizer(models.BPE(unk_token="<unk>"))
     trained.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
-    trained.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=80,
-                                                            special_tokens=SPECIAL_TOKENS))
+    trained.train_from_iterator(
+        CORPUS, trainers.BpeTrainer(vocab_size=80, special_tokens=SPECIAL_TOKENS)
+    )
     model = json.loads(trained.to_str())["model"]
     vocab = dict(model["vocab"])
     for byte in range(256):
@@ -106,9 +136,14 @@ def sentencepiece_tokenizer() -> Any:
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
     tokenizer = Tokenizer(models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True))
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
-    tokenizer.decoder = decoders.Sequence([
-        decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-        decoders.Strip(" ", 1, 0)])
+    tokenizer.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
     return _wrap(tokenizer)
 
 

@@ -14,6 +14,7 @@ a data-parallel grid leaves half the GPU idle. Each of S programs per tile multi
 stores its fp32 partial tile; a second kernel sums the S partials of each output element and rounds
 it once (deterministic, no atomics). Timed as the two launches together.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,7 +29,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-sys.path[:0] = [str(p) for p in Path(__file__).resolve().parents[:3]]  # probes/, benchmarks/, the repo
+sys.path[:0] = [
+    str(p) for p in Path(__file__).resolve().parents[:3]
+]  # probes/, benchmarks/, the repo
 
 from gemm_backends import time_us, weight_shapes  # noqa: E402
 from gpu_workloads import MODELS  # noqa: E402
@@ -36,21 +39,44 @@ from gpu_workloads import MODELS  # noqa: E402
 from pagedlm.ops.gate_up_silu import grouped_tile  # noqa: E402
 
 CONFIGS = [  # BM, BN, BK, warps, stages
-    (128, 128, 64, 4, 4), (128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3),
-    (128, 64, 64, 4, 6), (64, 128, 64, 4, 6), (64, 256, 64, 4, 4), (256, 64, 64, 8, 4),
-    (128, 128, 128, 8, 3), (64, 64, 128, 4, 6),
+    (128, 128, 64, 4, 4),
+    (128, 128, 64, 8, 4),
+    (128, 256, 64, 8, 3),
+    (256, 128, 64, 8, 3),
+    (128, 64, 64, 4, 6),
+    (64, 128, 64, 4, 6),
+    (64, 256, 64, 4, 4),
+    (256, 64, 64, 8, 4),
+    (128, 128, 128, 8, 3),
+    (64, 64, 128, 4, 6),
 ]
 SPLIT_K_CONFIGS = [  # BM, BN, BK, warps, stages, splits
-    (128, 128, 64, 8, 4, 2), (128, 128, 64, 8, 4, 3), (128, 128, 64, 8, 4, 4), (64, 128, 64, 4, 6, 2),
-    (128, 256, 64, 8, 3, 2), (128, 256, 64, 8, 3, 4), (256, 128, 64, 8, 3, 2), (128, 128, 128, 8, 3, 2),
+    (128, 128, 64, 8, 4, 2),
+    (128, 128, 64, 8, 4, 3),
+    (128, 128, 64, 8, 4, 4),
+    (64, 128, 64, 4, 6, 2),
+    (128, 256, 64, 8, 3, 2),
+    (128, 256, 64, 8, 3, 4),
+    (256, 128, 64, 8, 3, 2),
+    (128, 128, 128, 8, 3, 2),
 ]
 REDUCE_BLOCK = 1024
 ROUNDS = 5
 
 
 @triton.jit
-def gemm_kernel(x_desc, w_desc, y_desc, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                GROUP_M: tl.constexpr):
+def gemm_kernel(
+    x_desc,
+    w_desc,
+    y_desc,
+    M,
+    N,
+    K,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
     pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
     acc = tl.zeros((BM, BN), tl.float32)
     for k in range(0, K, BK):
@@ -61,8 +87,19 @@ def gemm_kernel(x_desc, w_desc, y_desc, M, N, K, BM: tl.constexpr, BN: tl.conste
 
 
 @triton.jit
-def split_k_kernel(x_desc, w_desc, part_ptr, M, N, K, k_per_split,
-                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+def split_k_kernel(
+    x_desc,
+    w_desc,
+    part_ptr,
+    M,
+    N,
+    K,
+    k_per_split,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
     """Program (tile, split): the fp32 partial x[:, ks] @ W[:, ks].T of one output tile over the K
     slice ks = [split * k_per_split, + k_per_split) into part[split] ([S, M, N] fp32)."""
     pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
@@ -87,7 +124,9 @@ def sum_splits_kernel(part_ptr, y_ptr, MN, SPLITS: tl.constexpr, BLOCK: tl.const
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < MN
     acc = tl.zeros((BLOCK,), tl.float32)
-    for s in tl.static_range(SPLITS):  # s * MN in int64: the LM head's partials pass 2^31 from ~5,600 rows
+    for s in tl.static_range(
+        SPLITS
+    ):  # s * MN in int64: the LM head's partials pass 2^31 from ~5,600 rows
         acc += tl.load(part_ptr + offs + s * MN.to(tl.int64), mask=mask, other=0.0)
     tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -97,34 +136,60 @@ def split_k_call(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, config:
     split_k_kernel and sum_splits_kernel; the fp32 partials are allocated here, once."""
     bm, bn, bk, warps, stages, splits = config
     (m, k), n = x.shape, weight.shape[0]
-    k_per_split = triton.cdiv(triton.cdiv(k, splits), bk) * bk  # whole BK steps; the last slice may be short
+    k_per_split = (
+        triton.cdiv(triton.cdiv(k, splits), bk) * bk
+    )  # whole BK steps; the last slice may be short
     splits = triton.cdiv(k, k_per_split)
     part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
-    descs = (TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(weight, [bn, bk]))
+    descs = (
+        TensorDescriptor.from_tensor(x, [bm, bk]),
+        TensorDescriptor.from_tensor(weight, [bn, bk]),
+    )
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), splits)
 
     def call() -> None:
-        split_k_kernel[grid](*descs, part, m, n, k, k_per_split, BM=bm, BN=bn, BK=bk, GROUP_M=8,
-                             num_warps=warps, num_stages=stages)
-        sum_splits_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](part, y, m * n, SPLITS=splits, BLOCK=REDUCE_BLOCK)
+        split_k_kernel[grid](
+            *descs,
+            part,
+            m,
+            n,
+            k,
+            k_per_split,
+            BM=bm,
+            BN=bn,
+            BK=bk,
+            GROUP_M=8,
+            num_warps=warps,
+            num_stages=stages,
+        )
+        sum_splits_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
+            part, y, m * n, SPLITS=splits, BLOCK=REDUCE_BLOCK
+        )
+
     return call
 
 
 def make_call(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, config: tuple[int, ...]):
     bm, bn, bk, warps, stages = config
     (m, k), n = x.shape, weight.shape[0]
-    descs = (TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(weight, [bn, bk]),
-             TensorDescriptor.from_tensor(y, [bm, bn]))
+    descs = (
+        TensorDescriptor.from_tensor(x, [bm, bk]),
+        TensorDescriptor.from_tensor(weight, [bn, bk]),
+        TensorDescriptor.from_tensor(y, [bm, bn]),
+    )
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-    return lambda: gemm_kernel[grid](*descs, m, n, k, BM=bm, BN=bn, BK=bk, GROUP_M=8,
-                                     num_warps=warps, num_stages=stages)
+    return lambda: gemm_kernel[grid](
+        *descs, m, n, k, BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=warps, num_stages=stages
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="llama3-8b", choices=sorted(MODELS))
     parser.add_argument("--rows", default="128,256,512")
-    parser.add_argument("--split-k-only", action="store_true", help="cuBLAS and the split-K configs only")
+    parser.add_argument(
+        "--split-k-only", action="store_true", help="cuBLAS and the split-K configs only"
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     configs = [(make_call, c) for c in ([] if args.split_k_only else CONFIGS)]
@@ -132,21 +197,26 @@ def main() -> None:
     torch.manual_seed(0)
     rows_out = []
     for name, (n, k) in weight_shapes(MODELS[args.model]).items():
-        weight = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") / k ** 0.5
+        weight = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") / k**0.5
         for num_rows in (int(v) for v in args.rows.split(",")):
             x = torch.randn(num_rows, k, dtype=torch.bfloat16, device="cuda")
             want = F.linear(x, weight).float()
             calls = {"cublas": lambda: F.linear(x, weight)}
             errors = {"cublas": 0.0}
             for maker, config in configs:
-                label = "{}x{}x{} w{} s{}".format(*config) + (" k{}".format(*config[5:]) if config[5:] else "")
+                label = "{}x{}x{} w{} s{}".format(*config) + (
+                    " k{}".format(*config[5:]) if config[5:] else ""
+                )
                 y = torch.full((num_rows, n), float("nan"), dtype=torch.bfloat16, device="cuda")
                 try:
                     call = maker(x, weight, y, config)
                     call()
                     torch.cuda.synchronize()
                 except Exception as exc:  # a config the compiler refuses: say so, go on
-                    print(f"{name} M={num_rows} {label}: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
+                    print(
+                        f"{name} M={num_rows} {label}: {type(exc).__name__}: {str(exc)[:160]}",
+                        flush=True,
+                    )
                     continue
                 calls[label], errors[label] = call, (y.float() - want).abs().max().item()
             times: dict[str, list[float]] = {label: [] for label in calls}
@@ -158,9 +228,14 @@ def main() -> None:
             print(f"\n{name} {n} x {k}, M = {num_rows}")
             for label in calls:
                 us = statistics.median(times[label])
-                rows_out.append(dict(weight=name, m=num_rows, config=label, us=us, err=errors[label]))
-                print(f"  {label:22} {us:9.1f} µs {flops / us / 1e6:7.1f} TFLOP/s {us / base:6.3f}x  "
-                      f"err {errors[label]:.4f}", flush=True)
+                rows_out.append(
+                    dict(weight=name, m=num_rows, config=label, us=us, err=errors[label])
+                )
+                print(
+                    f"  {label:22} {us:9.1f} µs {flops / us / 1e6:7.1f} TFLOP/s {us / base:6.3f}x  "
+                    f"err {errors[label]:.4f}",
+                    flush=True,
+                )
     if args.json:
         Path(args.json).write_text(json.dumps(dict(vars(args), rows=rows_out), indent=1))
 

@@ -16,6 +16,7 @@ BLOCK_N tiles with no mask, then the diagonal tiles masked; online softmax in th
 WS adds Triton's automatic warp specialization to the unmasked loop. Every contender's output goes into
 a NaN-poisoned buffer and is checked against SDPA before timing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,7 +29,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-sys.path[:0] = [str(p) for p in Path(__file__).resolve().parents[:3]]  # probes/, benchmarks/, the repo
+sys.path[:0] = [
+    str(p) for p in Path(__file__).resolve().parents[:3]
+]  # probes/, benchmarks/, the repo
 
 from attention_kernels import HEAD_DIM  # noqa: E402
 from prefill_peers import CASES, print_table, prompt_case, sdpa_batched  # noqa: E402
@@ -36,14 +39,33 @@ from prefill_peers import CASES, print_table, prompt_case, sdpa_batched  # noqa:
 from pagedlm.attention import triton_paged  # noqa: E402
 
 CONFIGS = [  # BLOCK_M, BLOCK_N, warps, stages, warp-specialized
-    (128, 64, 8, 2, False), (128, 64, 8, 3, False), (128, 128, 8, 2, False), (64, 64, 4, 3, False),
-    (128, 64, 4, 3, False), (128, 128, 8, 3, False), (128, 64, 8, 3, True), (128, 128, 8, 2, True),
+    (128, 64, 8, 2, False),
+    (128, 64, 8, 3, False),
+    (128, 128, 8, 2, False),
+    (64, 64, 4, 3, False),
+    (128, 64, 4, 3, False),
+    (128, 128, 8, 3, False),
+    (128, 64, 8, 3, True),
+    (128, 128, 8, 2, True),
 ]
 
 
 @triton.jit
-def _tile(acc, m_i, l_i, q, k_desc, v_desc, start, kv_col, rows, seq_end, qk_scale,
-          BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+def _tile(
+    acc,
+    m_i,
+    l_i,
+    q,
+    k_desc,
+    v_desc,
+    start,
+    kv_col,
+    rows,
+    seq_end,
+    qk_scale,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+):
     k = k_desc.load([start, kv_col])  # [BLOCK_N, D]
     s = tl.dot(q, k.T) * qk_scale  # [BLOCK_M, BLOCK_N]
     if MASKED:
@@ -60,9 +82,20 @@ def _tile(acc, m_i, l_i, q, k_desc, v_desc, start, kv_col, rows, seq_end, qk_sca
 
 @triton.jit
 def fresh_attention_kernel(
-    out_ptr, q_desc, k_desc, v_desc, tile_seq_ptr, tile_first_ptr, qsl_ptr, qk_scale,
-    stride_o_t, stride_o_h,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    out_ptr,
+    q_desc,
+    k_desc,
+    v_desc,
+    tile_seq_ptr,
+    tile_first_ptr,
+    qsl_ptr,
+    qk_scale,
+    stride_o_t,
+    stride_o_h,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     WS: tl.constexpr,
 ):
     head = tl.program_id(0)
@@ -77,12 +110,16 @@ def fresh_attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    for start in tl.range(seq_start, q_first, BLOCK_N, warp_specialize=WS):  # below every row: no mask
-        acc, m_i, l_i = _tile(acc, m_i, l_i, q, k_desc, v_desc, start, kv_col, rows, seq_end, qk_scale,
-                              BLOCK_N, False)
+    for start in tl.range(
+        seq_start, q_first, BLOCK_N, warp_specialize=WS
+    ):  # below every row: no mask
+        acc, m_i, l_i = _tile(
+            acc, m_i, l_i, q, k_desc, v_desc, start, kv_col, rows, seq_end, qk_scale, BLOCK_N, False
+        )
     for start in range(q_first, tl.minimum(q_first + BLOCK_M, seq_end), BLOCK_N):
-        acc, m_i, l_i = _tile(acc, m_i, l_i, q, k_desc, v_desc, start, kv_col, rows, seq_end, qk_scale,
-                              BLOCK_N, True)
+        acc, m_i, l_i = _tile(
+            acc, m_i, l_i, q, k_desc, v_desc, start, kv_col, rows, seq_end, qk_scale, BLOCK_N, True
+        )
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     offs_d = tl.arange(0, HEAD_DIM)
     o_offs = rows.to(tl.int64)[:, None] * stride_o_t + head * stride_o_h + offs_d[None, :]
@@ -91,8 +128,11 @@ def fresh_attention_kernel(
 
 def tile_map(starts: list[int], block_m: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """(sequence, first query token) of every BLOCK_M tile, longest causal reach first."""
-    tiles = [(first - lo, b, first) for b, (lo, hi) in enumerate(zip(starts[:-1], starts[1:]))
-             for first in range(lo, hi, block_m)]
+    tiles = [
+        (first - lo, b, first)
+        for b, (lo, hi) in enumerate(zip(starts[:-1], starts[1:]))
+        for first in range(lo, hi, block_m)
+    ]
     tiles.sort(reverse=True)
     seqs = torch.tensor([b for _, b, _ in tiles], dtype=torch.int32, device=device)
     firsts = torch.tensor([f for _, _, f in tiles], dtype=torch.int32, device=device)
@@ -114,21 +154,47 @@ def fresh_attention(q, k, v, qsl, starts, config, out):
 
     def launch() -> torch.Tensor:
         fresh_attention_kernel[grid](
-            out, q_desc, k_desc, v_desc, seqs, firsts, qsl, dim ** -0.5 * triton_paged.LOG2_E,
-            out.stride(0), out.stride(1), GROUP=heads // k.shape[1], HEAD_DIM=dim, BLOCK_M=block_m,
-            BLOCK_N=block_n, WS=ws, num_warps=warps, num_stages=stages)
+            out,
+            q_desc,
+            k_desc,
+            v_desc,
+            seqs,
+            firsts,
+            qsl,
+            dim**-0.5 * triton_paged.LOG2_E,
+            out.stride(0),
+            out.stride(1),
+            GROUP=heads // k.shape[1],
+            HEAD_DIM=dim,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            WS=ws,
+            num_warps=warps,
+            num_stages=stages,
+        )
         return out
+
     return launch
 
 
 def run_case(name: str) -> list[dict]:
     case = prompt_case(name)
     out = torch.empty_like(case.q)
-    case.emit("ours (paged)", lambda: triton_paged.varlen_attention(
-        case.q, case.kv_cache, case.meta, HEAD_DIM ** -0.5, None, out=out), out)
+    case.emit(
+        "ours (paged)",
+        lambda: triton_paged.varlen_attention(
+            case.q, case.kv_cache, case.meta, HEAD_DIM**-0.5, None, out=out
+        ),
+        out,
+    )
     for config in CONFIGS:
-        case.emit("fresh {}x{}x{}x{}{}".format(*config[:4], " ws" if config[4] else ""),
-                  fresh_attention(case.q, case.k, case.v, case.meta.query_start_loc, case.starts, config, out), out)
+        case.emit(
+            "fresh {}x{}x{}x{}{}".format(*config[:4], " ws" if config[4] else ""),
+            fresh_attention(
+                case.q, case.k, case.v, case.meta.query_start_loc, case.starts, config, out
+            ),
+            out,
+        )
     case.emit("sdpa-batched", lambda: sdpa_batched(case))
     return case.rows
 
@@ -138,7 +204,14 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     parser.add_argument("--cases", default=",".join(CASES))
     args = parser.parse_args()
-    print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name(), flush=True)
+    print(
+        "torch",
+        torch.__version__,
+        "triton",
+        triton.__version__,
+        torch.cuda.get_device_name(),
+        flush=True,
+    )
     rows = [row for name in args.cases.split(",") for row in run_case(name)]
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -7,6 +7,7 @@ count M, y = x @ W.T in bf16 (as F.linear runs it) under each backend, alternati
 5 rounds of 20 calls (CUDA events); printed: median µs and TFLOP/s against the measured 797 TFLOP/s
 bf16 limit (BENCHMARKS.md), and the largest difference between the backends' outputs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,7 +19,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path[:0] = [str(p) for p in Path(__file__).resolve().parents[:3]]  # probes/, benchmarks/, the repo
+sys.path[:0] = [
+    str(p) for p in Path(__file__).resolve().parents[:3]
+]  # probes/, benchmarks/, the repo
 
 from gpu_workloads import MODELS  # noqa: E402
 
@@ -32,8 +35,13 @@ def weight_shapes(config: dict) -> dict[str, tuple[int, int]]:
     hidden, inter = config["hidden_size"], config["intermediate_size"]
     head_dim = config.get("head_dim", hidden // config["num_attention_heads"])
     qkv = (config["num_attention_heads"] + 2 * config["num_key_value_heads"]) * head_dim
-    return {"qkv": (qkv, hidden), "o": (hidden, config["num_attention_heads"] * head_dim),
-            "gate_up": (2 * inter, hidden), "down": (hidden, inter), "lm_head": (config["vocab_size"], hidden)}
+    return {
+        "qkv": (qkv, hidden),
+        "o": (hidden, config["num_attention_heads"] * head_dim),
+        "gate_up": (2 * inter, hidden),
+        "down": (hidden, inter),
+        "lm_head": (config["vocab_size"], hidden),
+    }
 
 
 def time_us(call) -> float:
@@ -55,9 +63,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     rows_out = []
-    print(f"{'weight':8} {'M':>6} " + " ".join(f"{b + ' µs':>13} {'TFLOP/s':>8}" for b in BACKENDS) + "  max|diff|")
+    print(
+        f"{'weight':8} {'M':>6} "
+        + " ".join(f"{b + ' µs':>13} {'TFLOP/s':>8}" for b in BACKENDS)
+        + "  max|diff|"
+    )
     for name, (n, k) in weight_shapes(MODELS[args.model]).items():
-        weight = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") / k ** 0.5
+        weight = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") / k**0.5
         for num_rows in (int(v) for v in args.rows.split(",")):
             x = torch.randn(num_rows, k, dtype=torch.bfloat16, device="cuda")
             times: dict[str, list[float]] = {b: [] for b in BACKENDS}
@@ -71,17 +83,27 @@ def main() -> None:
                     torch.backends.cuda.preferred_blas_library(backend)
                     times[backend].append(time_us(lambda: F.linear(x, weight)))
             flops = 2 * num_rows * n * k
-            row = dict(weight=name, m=num_rows, n=n, k=k,
-                       max_diff=(outputs["cublas"] - outputs["cublaslt"]).abs().max().item())
+            row = dict(
+                weight=name,
+                m=num_rows,
+                n=n,
+                k=k,
+                max_diff=(outputs["cublas"] - outputs["cublaslt"]).abs().max().item(),
+            )
             for backend in BACKENDS:
                 row[backend] = statistics.median(times[backend])
             rows_out.append(row)
-            print(f"{name:8} {num_rows:6} " + " ".join(
-                f"{row[b]:13.1f} {flops / row[b] / 1e6:8.1f}" for b in BACKENDS) + f"  {row['max_diff']:.4f}",
-                flush=True)
+            print(
+                f"{name:8} {num_rows:6} "
+                + " ".join(f"{row[b]:13.1f} {flops / row[b] / 1e6:8.1f}" for b in BACKENDS)
+                + f"  {row['max_diff']:.4f}",
+                flush=True,
+            )
     torch.backends.cuda.preferred_blas_library("cublas")
     if args.json:
-        Path(args.json).write_text(json.dumps(dict(vars(args), peak_tflops=PEAK_TFLOPS, rows=rows_out), indent=1))
+        Path(args.json).write_text(
+            json.dumps(dict(vars(args), peak_tflops=PEAK_TFLOPS, rows=rows_out), indent=1)
+        )
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ pointer-based variant: the interpreter emulates host descriptors (zero-filling o
 clipping stores) and ignores the stages, warps and warp-specialize hints. Its tl.dot multiplies bf16
 as raw uint16, so tests/test_gemm_fusion_probe.py runs the kernel in fp16 there (bf16 on a GPU).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,7 +63,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-sys.path[:0] = [str(p) for p in Path(__file__).resolve().parents[:3]]  # probes/, benchmarks/, the repo
+sys.path[:0] = [
+    str(p) for p in Path(__file__).resolve().parents[:3]
+]  # probes/, benchmarks/, the repo
 
 from gemm_backends import PEAK_TFLOPS, time_us, weight_shapes  # noqa: E402
 from gpu_workloads import MODELS  # noqa: E402
@@ -88,15 +91,21 @@ class TileConfig:
     @property
     def label(self) -> str:
         ws = " ws" if self.warp_specialize else ""
-        return f"{self.block_m}x{self.block_n}x{self.block_k} s{self.num_stages} w{self.num_warps}{ws}"
+        return (
+            f"{self.block_m}x{self.block_n}x{self.block_k} s{self.num_stages} w{self.num_warps}{ws}"
+        )
 
 
 # BM, BN, BK, stages, warps[, warp-specialized]. Shared memory: stages x (BM + BN) x BK x 2 bytes
 # plus the BM x BN bf16 epilogue tile, within the H200's 227 KB (128x256x64 s3: 208 KB).
 CONFIGS = [
-    TileConfig(128, 128, 64, 4, 8), TileConfig(128, 128, 64, 5, 8), TileConfig(128, 128, 64, 4, 4),
-    TileConfig(128, 256, 64, 3, 8), TileConfig(256, 128, 64, 3, 8),
-    TileConfig(128, 128, 64, 4, 8, True), TileConfig(128, 256, 64, 3, 8, True),
+    TileConfig(128, 128, 64, 4, 8),
+    TileConfig(128, 128, 64, 5, 8),
+    TileConfig(128, 128, 64, 4, 4),
+    TileConfig(128, 256, 64, 3, 8),
+    TileConfig(256, 128, 64, 3, 8),
+    TileConfig(128, 128, 64, 4, 8, True),
+    TileConfig(128, 256, 64, 3, 8, True),
 ]
 
 
@@ -105,9 +114,16 @@ def persistent_gemm_kernel(
     x_desc,  # [M, K], blocks [BM, BK]
     w_desc,  # [N, K], blocks [BN, BK]; for SILU_MUL gate/up rows interleaved (interleave_gate_up)
     y_desc,  # [M, N], blocks [BM, BN]; for SILU_MUL [M, N // 2], blocks [BM, BN // 2]
-    M, N, K,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-    NUM_PROGRAMS: tl.constexpr, SILU_MUL: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    M,
+    N,
+    K,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,
+    SILU_MUL: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
 ):
     """Program p computes tiles p, p + NUM_PROGRAMS, ... of y = x @ w.T (fp32 accumulation)."""
     num_tiles_m = tl.cdiv(M, BM)
@@ -116,8 +132,13 @@ def persistent_gemm_kernel(
     # The epilogue recomputes its tile from a counter of its own: with the loops flattened and
     # pipelined, the next tile's loads run before this tile's store, so they must not share values.
     epilogue_tile = tl.program_id(0) - NUM_PROGRAMS
-    for tile_id in tl.range(tl.program_id(0), num_tiles_m * num_tiles_n, NUM_PROGRAMS, flatten=True,
-                            warp_specialize=WARP_SPECIALIZE):
+    for tile_id in tl.range(
+        tl.program_id(0),
+        num_tiles_m * num_tiles_n,
+        NUM_PROGRAMS,
+        flatten=True,
+        warp_specialize=WARP_SPECIALIZE,
+    ):
         tile_m, tile_n = grouped_tile(tile_id, num_tiles_m, num_tiles_n, GROUP_M)
         acc = tl.zeros((BM, BN), tl.float32)
         for k_step in range(k_steps):  # TMA zero-fills rows and columns past M, N and K
@@ -144,20 +165,39 @@ def deinterleave_gate_up(weight: torch.Tensor) -> torch.Tensor:
     return weight.view(-1, 2, weight.shape[1]).transpose(0, 1).reshape(weight.shape)
 
 
-def gemm_call(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, config: TileConfig,
-              silu_mul: bool, num_programs: int) -> Callable[[], None]:
+def gemm_call(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    out: torch.Tensor,
+    config: TileConfig,
+    silu_mul: bool,
+    num_programs: int,
+) -> Callable[[], None]:
     """A call that writes out = x @ weight.T, or with silu_mul (weight interleaved, out [M, N / 2])
     silu(gate) * up; descriptors are built once, here."""
     (m, k), n = x.shape, weight.shape[0]
     out_block_n = config.block_n // 2 if silu_mul else config.block_n
-    descriptors = (TensorDescriptor.from_tensor(x, [config.block_m, config.block_k]),
-                   TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k]),
-                   TensorDescriptor.from_tensor(out, [config.block_m, out_block_n]))
+    descriptors = (
+        TensorDescriptor.from_tensor(x, [config.block_m, config.block_k]),
+        TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k]),
+        TensorDescriptor.from_tensor(out, [config.block_m, out_block_n]),
+    )
     grid = (min(num_programs, triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)),)
     return lambda: persistent_gemm_kernel[grid](
-        *descriptors, m, n, k, BM=config.block_m, BN=config.block_n, BK=config.block_k, GROUP_M=GROUP_M,
-        NUM_PROGRAMS=num_programs, SILU_MUL=silu_mul, WARP_SPECIALIZE=config.warp_specialize,
-        num_warps=config.num_warps, num_stages=config.num_stages)
+        *descriptors,
+        m,
+        n,
+        k,
+        BM=config.block_m,
+        BN=config.block_n,
+        BK=config.block_k,
+        GROUP_M=GROUP_M,
+        NUM_PROGRAMS=num_programs,
+        SILU_MUL=silu_mul,
+        WARP_SPECIALIZE=config.warp_specialize,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
 
 
 def relative_diff(got: torch.Tensor, other: torch.Tensor, scale: float) -> float:
@@ -173,8 +213,13 @@ def graph_of(call: Callable[[], object]) -> Callable[[], None]:
     return graph.replay
 
 
-def try_contender(label: str, kind: str, make_run: Callable[[], Callable[[], torch.Tensor]],
-                  want: torch.Tensor, baseline: torch.Tensor) -> tuple[Callable[[], None] | None, dict]:
+def try_contender(
+    label: str,
+    kind: str,
+    make_run: Callable[[], Callable[[], torch.Tensor]],
+    want: torch.Tensor,
+    baseline: torch.Tensor,
+) -> tuple[Callable[[], None] | None, dict]:
     """Build, run once, check against the fp32 reference, capture: (replay, record), or (None, record
     saying why not)."""
     record: dict = {"label": label, "kind": kind}
@@ -183,7 +228,10 @@ def try_contender(label: str, kind: str, make_run: Callable[[], Callable[[], tor
         got = run()
         torch.cuda.synchronize()
         scale = want.abs().max().item()
-        record.update(err_ref=relative_diff(got, want, scale), diff_baseline=relative_diff(got, baseline, scale))
+        record.update(
+            err_ref=relative_diff(got, want, scale),
+            diff_baseline=relative_diff(got, baseline, scale),
+        )
         if not record["err_ref"] <= TOLERANCE:  # also catches NaN: an element left unwritten
             record["status"] = "mismatch"
             return None, record
@@ -196,8 +244,14 @@ def try_contender(label: str, kind: str, make_run: Callable[[], Callable[[], tor
     return replay, record
 
 
-def triton_runner(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, config: TileConfig,
-                  silu_mul: bool, num_programs: int) -> Callable[[], torch.Tensor]:
+def triton_runner(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    out: torch.Tensor,
+    config: TileConfig,
+    silu_mul: bool,
+    num_programs: int,
+) -> Callable[[], torch.Tensor]:
     """Fill out with NaN and return a runner that launches the kernel into it and hands it back."""
     out.fill_(float("nan"))
     call = gemm_call(x, weight, out, config, silu_mul, num_programs)
@@ -205,6 +259,7 @@ def triton_runner(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, conf
     def run() -> torch.Tensor:
         call()
         return out
+
     return run
 
 
@@ -219,31 +274,63 @@ def time_contenders(replays: dict[str, Callable[[], None]], rounds: int) -> dict
     return {label: statistics.median(values) for label, values in times.items()}
 
 
-def measure(name: str, n: int, k: int, num_rows: int, configs: list[TileConfig], rounds: int,
-            num_sms: int) -> dict:
+def measure(
+    name: str, n: int, k: int, num_rows: int, configs: list[TileConfig], rounds: int, num_sms: int
+) -> dict:
     """Every contender on one (weight, M): check, capture, time; the record of each."""
     x = torch.randn(num_rows, k, dtype=torch.bfloat16, device="cuda")
-    weight = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") / k ** 0.5
+    weight = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") / k**0.5
     want = x.float() @ weight.float().T  # [M, N] fp32 product of the bf16 inputs
     cublas_out = F.linear(x, weight)
     out = torch.empty_like(cublas_out)  # shared by the configs, NaN-filled before each one's check
     contenders = [("cuBLAS", "cublas", lambda: lambda: F.linear(x, weight), want, cublas_out)]
-    contenders += [(config.label, "triton", partial(triton_runner, x, weight, out, config, False, num_sms),
-                    want, cublas_out) for config in configs]
+    contenders += [
+        (
+            config.label,
+            "triton",
+            partial(triton_runner, x, weight, out, config, False, num_sms),
+            want,
+            cublas_out,
+        )
+        for config in configs
+    ]
     if name == "gate_up":
-        want_fused = F.silu(want[:, :n // 2]) * want[:, n // 2:]
+        want_fused = F.silu(want[:, : n // 2]) * want[:, n // 2 :]
         cublas_fused = silu_and_mul(cublas_out)
         fused_weight, fused_out = interleave_gate_up(weight), torch.empty_like(cublas_fused)
-        contenders.append(("cuBLAS+silu_and_mul", "cublas+silu_and_mul",
-                           lambda: lambda: silu_and_mul(F.linear(x, weight)), want_fused, cublas_fused))
-        contenders += [("fused " + config.label, "fused",
-                        partial(triton_runner, x, fused_weight, fused_out, config, True, num_sms),
-                        want_fused, cublas_fused) for config in configs]
-        contenders.append(("pagedlm gate_up_silu", "pagedlm",
-                           lambda: partial(gate_up_silu, x, weight), want_fused, cublas_fused))
+        contenders.append(
+            (
+                "cuBLAS+silu_and_mul",
+                "cublas+silu_and_mul",
+                lambda: lambda: silu_and_mul(F.linear(x, weight)),
+                want_fused,
+                cublas_fused,
+            )
+        )
+        contenders += [
+            (
+                "fused " + config.label,
+                "fused",
+                partial(triton_runner, x, fused_weight, fused_out, config, True, num_sms),
+                want_fused,
+                cublas_fused,
+            )
+            for config in configs
+        ]
+        contenders.append(
+            (
+                "pagedlm gate_up_silu",
+                "pagedlm",
+                lambda: partial(gate_up_silu, x, weight),
+                want_fused,
+                cublas_fused,
+            )
+        )
     replays, records = {}, {}
     for label, kind, make_run, reference, baseline in contenders:
-        print(f"{name} M={num_rows} {label:28} ", end="", flush=True)  # a hang leaves its label last
+        print(
+            f"{name} M={num_rows} {label:28} ", end="", flush=True
+        )  # a hang leaves its label last
         replay, record = try_contender(label, kind, make_run, reference, baseline)
         records[label] = record
         print(f"{record['status']}, err {record.get('err_ref', math.nan):.1e}", flush=True)
@@ -252,7 +339,10 @@ def measure(name: str, n: int, k: int, num_rows: int, configs: list[TileConfig],
     flops = 2 * num_rows * n * k
     for label, us in time_contenders(replays, rounds).items():
         records[label].update(us=us, tflops=flops / us / 1e6)
-        print(f"{name} M={num_rows} {label:28} {us:10.1f} µs {flops / us / 1e6:6.1f} TFLOP/s", flush=True)
+        print(
+            f"{name} M={num_rows} {label:28} {us:10.1f} µs {flops / us / 1e6:6.1f} TFLOP/s",
+            flush=True,
+        )
     return dict(shape=name, m=num_rows, n=n, k=k, contenders=list(records.values()))
 
 
@@ -274,25 +364,48 @@ def rate(flops: int, us: float) -> str:
 
 
 def print_gemm_table(rows: list[dict]) -> None:
-    print(f"\n{'shape':8} {'M':>6} {'cuBLAS µs':>10} {'TFLOP/s':>13} {'Triton µs':>10} {'TFLOP/s':>13} "
-          f"{'ratio':>6} {'diff':>7}  config")
+    print(
+        f"\n{'shape':8} {'M':>6} {'cuBLAS µs':>10} {'TFLOP/s':>13} {'Triton µs':>10} {'TFLOP/s':>13} "
+        f"{'ratio':>6} {'diff':>7}  config"
+    )
     for row in rows:
-        flops, cublas_us, best = 2 * row["m"] * row["n"] * row["k"], timed_us(row, "cublas"), fastest(row, "triton")
-        triton_part = (f"{best['us']:10.1f} {rate(flops, best['us'])} {best['us'] / cublas_us:6.3f} "
-                       f"{best['diff_baseline']:7.4f}  {best['label']}" if best else "no Triton config ran")
-        print(f"{row['shape']:8} {row['m']:6} {cublas_us:10.1f} {rate(flops, cublas_us)} {triton_part}")
+        flops, cublas_us, best = (
+            2 * row["m"] * row["n"] * row["k"],
+            timed_us(row, "cublas"),
+            fastest(row, "triton"),
+        )
+        triton_part = (
+            f"{best['us']:10.1f} {rate(flops, best['us'])} {best['us'] / cublas_us:6.3f} "
+            f"{best['diff_baseline']:7.4f}  {best['label']}"
+            if best
+            else "no Triton config ran"
+        )
+        print(
+            f"{row['shape']:8} {row['m']:6} {cublas_us:10.1f} {rate(flops, cublas_us)} {triton_part}"
+        )
 
 
 def print_fused_table(rows: list[dict]) -> None:
-    print(f"\n{'gate_up+silu':12} {'M':>6} {'cuBLAS µs':>10} {'+silu_mul µs':>12} {'fused µs':>10} "
-          f"{'/+silu':>7} {'/cuBLAS':>7} {'diff':>7}  config")
+    print(
+        f"\n{'gate_up+silu':12} {'M':>6} {'cuBLAS µs':>10} {'+silu_mul µs':>12} {'fused µs':>10} "
+        f"{'/+silu':>7} {'/cuBLAS':>7} {'diff':>7}  config"
+    )
     for row in rows:
         cublas_us, unfused_us = timed_us(row, "cublas"), timed_us(row, "cublas+silu_and_mul")
-        for kind in ("fused", "pagedlm"):  # interleaved weight; the engine's (stacked tiles, the weight as stored)
+        for kind in (
+            "fused",
+            "pagedlm",
+        ):  # interleaved weight; the engine's (stacked tiles, the weight as stored)
             best = fastest(row, kind)
-            fused_part = (f"{best['us']:10.1f} {best['us'] / unfused_us:7.3f} {best['us'] / cublas_us:7.3f} "
-                          f"{best['diff_baseline']:7.4f}  {best['label']}" if best else f"no {kind} config ran")
-            print(f"{'gate_up+silu':12} {row['m']:6} {cublas_us:10.1f} {unfused_us:12.1f} {fused_part}")
+            fused_part = (
+                f"{best['us']:10.1f} {best['us'] / unfused_us:7.3f} {best['us'] / cublas_us:7.3f} "
+                f"{best['diff_baseline']:7.4f}  {best['label']}"
+                if best
+                else f"no {kind} config ran"
+            )
+            print(
+                f"{'gate_up+silu':12} {row['m']:6} {cublas_us:10.1f} {unfused_us:12.1f} {fused_part}"
+            )
 
 
 def main() -> None:
@@ -300,7 +413,9 @@ def main() -> None:
     parser.add_argument("--rows", default="16384,8192,2048,256")
     parser.add_argument("--shapes", default="qkv,o,gate_up,down")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--skip-ws", action="store_true", help="leave out the warp-specialized configs")
+    parser.add_argument(
+        "--skip-ws", action="store_true", help="leave out the warp-specialized configs"
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -317,9 +432,19 @@ def main() -> None:
             rows.append(measure(name, n, k, num_rows, configs, args.rounds, num_sms))
             torch.cuda.empty_cache()
             if args.json:  # rewritten after every shape: a run cut short keeps what it measured
-                Path(args.json).write_text(json.dumps(dict(
-                    vars(args), peak_tflops=PEAK_TFLOPS, tolerance=TOLERANCE, num_sms=num_sms,
-                    configs=[asdict(c) for c in configs], rows=rows), indent=1))
+                Path(args.json).write_text(
+                    json.dumps(
+                        dict(
+                            vars(args),
+                            peak_tflops=PEAK_TFLOPS,
+                            tolerance=TOLERANCE,
+                            num_sms=num_sms,
+                            configs=[asdict(c) for c in configs],
+                            rows=rows,
+                        ),
+                        indent=1,
+                    )
+                )
     print_gemm_table(rows)
     fused_rows = [row for row in rows if row["shape"] == "gate_up"]
     if fused_rows:

@@ -16,6 +16,7 @@ The data dependencies of a real pipeline (a half's GEMMs after its attention) ar
 probe asks only whether the two kinds of kernels run faster together than one after the other.
 Outputs are not checked (attention_kernels.py and the GPU tests check the kernels).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path[:0] = [str(p) for p in Path(__file__).resolve().parents[:3]]  # probes/, benchmarks/, the repo
+sys.path[:0] = [
+    str(p) for p in Path(__file__).resolve().parents[:3]
+]  # probes/, benchmarks/, the repo
 
 from attention_kernels import HEAD_DIM, make_case, time_ms  # noqa: E402
 
@@ -42,10 +45,16 @@ LAYERS = 8  # layers of weights cycled through: 8 x 436 MB, past the 60 MB L2
 
 def layer_weights(device: str) -> list[list[torch.Tensor]]:
     """LAYERS x [qkv, o, gate_up, down] bf16 weights of llama3-8b's shapes."""
-    shapes = [((NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM, HIDDEN), (HIDDEN, NUM_HEADS * HEAD_DIM),
-              (2 * INTER, HIDDEN), (HIDDEN, INTER)]
-    return [[torch.randn(n, k, device=device, dtype=torch.bfloat16) / k ** 0.5 for n, k in shapes]
-            for _ in range(LAYERS)]
+    shapes = [
+        ((NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM, HIDDEN),
+        (HIDDEN, NUM_HEADS * HEAD_DIM),
+        (2 * INTER, HIDDEN),
+        (HIDDEN, INTER),
+    ]
+    return [
+        [torch.randn(n, k, device=device, dtype=torch.bfloat16) / k**0.5 for n, k in shapes]
+        for _ in range(LAYERS)
+    ]
 
 
 def gemms(x: torch.Tensor, x_inter: torch.Tensor, weights: list[torch.Tensor]) -> None:
@@ -61,16 +70,19 @@ def attention_of(num_seqs: int, context: int):
     """A call running the decode attention of num_seqs sequences over `context` keys each."""
     q, kv_cache, meta, _, _ = make_case(num_seqs, context - 1, 1, NUM_HEADS, NUM_KV_HEADS)
     out = torch.empty_like(q)
-    return lambda: triton_paged.varlen_attention(q, kv_cache, meta, HEAD_DIM ** -0.5, None, out=out)
+    return lambda: triton_paged.varlen_attention(q, kv_cache, meta, HEAD_DIM**-0.5, None, out=out)
 
 
 def variants(num_seqs: int, context: int) -> dict[str, object]:
     """label -> a call running LAYERS layers of that schedule (or of one part alone)."""
     weights = layer_weights("cuda")
-    full_attention, half_attention = attention_of(num_seqs, context), attention_of(num_seqs // 2, context)
+    full_attention, half_attention = (
+        attention_of(num_seqs, context),
+        attention_of(num_seqs // 2, context),
+    )
     x_full = torch.randn(num_seqs, HIDDEN, device="cuda", dtype=torch.bfloat16)
     inter_full = torch.randn(num_seqs, INTER, device="cuda", dtype=torch.bfloat16)
-    x_half, inter_half = x_full[:num_seqs // 2], inter_full[:num_seqs // 2]
+    x_half, inter_half = x_full[: num_seqs // 2], inter_full[: num_seqs // 2]
     side_low, side_high = torch.cuda.Stream(), torch.cuda.Stream(priority=-1)
 
     def serial() -> None:
@@ -94,6 +106,7 @@ def variants(num_seqs: int, context: int) -> dict[str, object]:
                         half_attention()
                     gemms(x_half, inter_half, w)
                     main.wait_stream(side)
+
         return run
 
     def attention_alone() -> None:
@@ -104,9 +117,14 @@ def variants(num_seqs: int, context: int) -> dict[str, object]:
         for w in weights:
             gemms(x_full, inter_full, w)
 
-    return {"serial": serial, "serial halves": serial_halves, "overlap": overlap(side_low),
-            "overlap, attn hi": overlap(side_high), "attention alone": attention_alone,
-            "gemms alone": gemms_alone}
+    return {
+        "serial": serial,
+        "serial halves": serial_halves,
+        "overlap": overlap(side_low),
+        "overlap, attn hi": overlap(side_high),
+        "attention alone": attention_alone,
+        "gemms alone": gemms_alone,
+    }
 
 
 def main() -> None:
@@ -119,7 +137,9 @@ def main() -> None:
     for name in args.cases.split(","):
         num_seqs, context = CASES[name]
         for label, call in variants(num_seqs, context).items():
-            rows.append(dict(case=name, variant=label, ms_per_layer=time_ms(call, iters=5) / LAYERS))
+            rows.append(
+                dict(case=name, variant=label, ms_per_layer=time_ms(call, iters=5) / LAYERS)
+            )
             print(json.dumps(rows[-1]), flush=True)
         torch.cuda.empty_cache()
     if args.json:

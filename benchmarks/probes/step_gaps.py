@@ -15,6 +15,7 @@ a step (median of --rounds alternating rounds):
 The difference between a mode and `replay` is what those operations cost the GPU; the engine's step
 (first_token.py's step µs) minus the matching mode is the rest (the host behind, if anything).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,9 @@ from pathlib import Path
 
 import torch
 
-sys.path[:0] = [str(p) for p in Path(__file__).resolve().parents[:3]]  # probes/, benchmarks/, the repo
+sys.path[:0] = [
+    str(p) for p in Path(__file__).resolve().parents[:3]
+]  # probes/, benchmarks/, the repo
 
 from decode_replay import dummy_llm, fill_decode_batch  # noqa: E402
 from gpu_workloads import MODELS  # noqa: E402
@@ -68,7 +71,13 @@ def step_modes(runner) -> dict[str, Callable[[int], None]]:
         graphs.replay(1, 0)
         event.record(stream)
 
-    return {"replay": replay, "+event": with_event, "copies": copies, "staged": staged, "staged0": staged0}
+    return {
+        "replay": replay,
+        "+event": with_event,
+        "copies": copies,
+        "staged": staged,
+        "staged0": staged0,
+    }
 
 
 def main() -> None:
@@ -87,12 +96,16 @@ def main() -> None:
             for mode, step in modes.items():
                 times[mode].append(queued_gpu_us(step, NUM_STEPS))
     base = statistics.median(times["replay"])
-    print(f"\n{args.shape}, batch 1, context {args.context}: GPU µs a step (median of {args.rounds} rounds "
-          f"of {NUM_STEPS} steps)")
+    print(
+        f"\n{args.shape}, batch 1, context {args.context}: GPU µs a step (median of {args.rounds} rounds "
+        f"of {NUM_STEPS} steps)"
+    )
     print(f"{'mode':10} {'median':>8} {'min':>8} {'max':>8} {'vs replay':>10}")
     for mode, values in times.items():
         median = statistics.median(values)
-        print(f"{mode:10} {median:8.1f} {min(values):8.1f} {max(values):8.1f} {median - base:+10.1f}")
+        print(
+            f"{mode:10} {median:8.1f} {min(values):8.1f} {max(values):8.1f} {median - base:+10.1f}"
+        )
 
 
 if __name__ == "__main__":

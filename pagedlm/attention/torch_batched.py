@@ -12,6 +12,7 @@ keys and values in place: the query heads are laid out block-diagonally over the
 grouped product, which are cheap here; the bytes are what cost). The plan is made once per step
 and reused by every layer.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -74,22 +75,34 @@ def plan_step(meta: AttentionMetadata, block_size: int, sliding_window: int | No
         key_pos = torch.arange(num_blocks * block_size, device=device)[None, :]  # [1, kv_len]
         stale = key_pos >= lens  # [b, kv_len]
         hidden = stale if sliding_window is None else stale | (lens - 1 - key_pos >= sliding_window)
-        buckets.append(DecodeBucket(
-            rows=torch.tensor([starts[s] for s in seqs], device=device),
-            block_ids=meta.block_table[torch.tensor(seqs, device=device), :num_blocks].reshape(-1).long(),
-            num_blocks=num_blocks,
-            stale_keys=stale.reshape(-1).nonzero().squeeze(1),  # sync-ok: host-built, once a step
-            hidden=hidden[:, None, :]))
+        buckets.append(
+            DecodeBucket(
+                rows=torch.tensor([starts[s] for s in seqs], device=device),
+                block_ids=meta.block_table[torch.tensor(seqs, device=device), :num_blocks]
+                .reshape(-1)
+                .long(),
+                num_blocks=num_blocks,
+                stale_keys=stale.reshape(-1)
+                .nonzero()
+                .squeeze(1),  # sync-ok: host-built, once a step
+                hidden=hidden[:, None, :],
+            )
+        )
     return StepPlan(buckets=buckets, prefills=prefills)
 
 
-def attend_bucket(q: torch.Tensor, kv_cache: torch.Tensor, bucket: DecodeBucket, scale: float,
-                  scratch: torch.Tensor) -> torch.Tensor:
+def attend_bucket(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    bucket: DecodeBucket,
+    scale: float,
+    scratch: torch.Tensor,
+) -> torch.Tensor:
     """[b, num_heads, head_dim] float32: one bucket of one-query rows against their contexts.
     scratch: a flat buffer of kv_cache's dtype with room for the bucket's gathered blocks."""
     _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
     num_seqs, kv_len = bucket.rows.numel(), bucket.num_blocks * block_size
-    gathered = scratch[:2 * num_seqs * kv_len * num_kv_heads * head_dim]
+    gathered = scratch[: 2 * num_seqs * kv_len * num_kv_heads * head_dim]
     gathered = gathered.view(2, num_seqs * bucket.num_blocks, block_size, num_kv_heads, head_dim)
     torch.index_select(kv_cache, 1, bucket.block_ids, out=gathered)
     kv = gathered.view(2, num_seqs * kv_len, num_kv_heads * head_dim).float()
@@ -97,7 +110,9 @@ def attend_bucket(q: torch.Tensor, kv_cache: torch.Tensor, bucket: DecodeBucket,
     keys, values = kv.view(2, num_seqs, kv_len, num_kv_heads * head_dim)  # [b, kv_len, Hkv * D]
     q_grouped = q.index_select(0, bucket.rows).float().view(num_seqs, num_kv_heads, -1, head_dim)
     eye = torch.eye(num_kv_heads, device=q.device)
-    q_block_diag = torch.einsum("bhgd,hk->bhgkd", q_grouped * scale, eye)  # zero off the own kv head
+    q_block_diag = torch.einsum(
+        "bhgd,hk->bhgkd", q_grouped * scale, eye
+    )  # zero off the own kv head
     q_block_diag = q_block_diag.reshape(num_seqs, -1, num_kv_heads * head_dim)  # [b, H, Hkv * D]
     scores = torch.bmm(q_block_diag, keys.transpose(1, 2))  # [b, H, kv_len]
     probs = torch.softmax(scores.masked_fill_(bucket.hidden, float("-inf")), dim=-1)
@@ -122,8 +137,9 @@ class TorchBatchedAttentionBackend:
             scratch = self._scratch = kv_cache.new_empty(needed)
         return scratch
 
-    def _step_plan(self, meta: AttentionMetadata, block_size: int,
-                   sliding_window: int | None) -> StepPlan:
+    def _step_plan(
+        self, meta: AttentionMetadata, block_size: int, sliding_window: int | None
+    ) -> StepPlan:
         """Every layer of a step sees the same meta object (sliding windows are per model)."""
         if self._plan_meta is not meta:
             self._plan = plan_step(meta, block_size, sliding_window)
@@ -141,10 +157,16 @@ class TorchBatchedAttentionBackend:
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
         check_heads(q.shape[1], kv_cache.shape[3])
         plan = self._step_plan(meta, kv_cache.shape[2], sliding_window)
-        out = torch.zeros_like(q) if out is None else out.zero_()  # padding rows (outside every sequence) stay zero
+        out = (
+            torch.zeros_like(q) if out is None else out.zero_()
+        )  # padding rows (outside every sequence) stay zero
         scratch = self._scratch_for(kv_cache, plan)
         for bucket in plan.buckets:
-            out.index_copy_(0, bucket.rows, attend_bucket(q, kv_cache, bucket, scale, scratch).to(q.dtype))
+            out.index_copy_(
+                0, bucket.rows, attend_bucket(q, kv_cache, bucket, scale, scratch).to(q.dtype)
+            )
         for seq, seq_len, rows in plan.prefills:
-            attend_sequence(q, kv_cache, meta.block_table[seq], seq_len, rows, sliding_window, scale, out)
+            attend_sequence(
+                q, kv_cache, meta.block_table[seq], seq_len, rows, sliding_window, scale, out
+            )
         return out

@@ -25,6 +25,7 @@ constraint of its output (core/sched_output.py).
 The counter protocol and its memory ordering: pagedlm.ops.counters.last_to_arrive; the merge
 reads the partials with the .cg cache modifier, as it asks.
 """
+
 from __future__ import annotations
 
 import torch
@@ -33,7 +34,12 @@ import triton.language as tl
 
 from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.attention.triton_paged import (
-    LOG2_E, attend_key_range, cache_strides, kernel_constexprs, key_tile_offsets, online_softmax,
+    LOG2_E,
+    attend_key_range,
+    cache_strides,
+    kernel_constexprs,
+    key_tile_offsets,
+    online_softmax,
 )
 from pagedlm.ops import pdl
 from pagedlm.ops.counters import last_to_arrive, zeroed_counters
@@ -42,7 +48,9 @@ from pagedlm.ops.warm_up import WarmUpRequest
 DEFAULT_NUM_SMS = 132  # H100/H200; used where no CUDA device can be asked
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 32
-SPLIT_BLOCK_N = 64  # keys per tile; at batch 1 also per split (MIN_KEYS_PER_SPLIT spreads them wider)
+SPLIT_BLOCK_N = (
+    64  # keys per tile; at batch 1 also per split (MIN_KEYS_PER_SPLIT spreads them wider)
+)
 SPLIT_NUM_WARPS = 4
 # A one-tile split (batch 1 up to 32 x 64 keys) skips the loop, so its stages cost nothing there; longer
 # splits are pipelined, 2 stages fastest at long contexts (benchmarks/RESULTS.md, "Measured choices").
@@ -50,7 +58,9 @@ SPLIT_NUM_STAGES = 2
 
 
 @triton.jit
-def split_key_range(seq_len, window, num_splits, split, BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr):
+def split_key_range(
+    seq_len, window, num_splits, split, BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr
+):
     """Keys [kv_lo, kv_hi) of this split, and num_live: the splits with keys (the first num_live)."""
     first_key = 0
     if USE_WINDOW:
@@ -66,8 +76,12 @@ def split_key_range(seq_len, window, num_splits, split, BLOCK_N: tl.constexpr, U
 def merge_head_splits(
     out_row_ptr,  # [HEAD_DIM] this head's output row
     part_row,  # row of split 0 of this (sequence, head) in the partial buffers
-    num_live, part_out_ptr, part_max_ptr, part_sum_ptr,
-    HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    num_live,
+    part_out_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    HEAD_DIM: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
 ):
     """out = sum_s acc_s 2^(m_s - m) / sum_s l_s 2^(m_s - m) over the live splits s, m = max_s m_s."""
     offs_s = tl.arange(0, SPLITS_PAD)
@@ -76,8 +90,12 @@ def merge_head_splits(
     rows = part_row + offs_s  # [SPLITS_PAD]
     maxes = tl.load(part_max_ptr + rows, mask=live, other=float("-inf"), cache_modifier=".cg")
     sums = tl.load(part_sum_ptr + rows, mask=live, other=0.0, cache_modifier=".cg")
-    acc = tl.load(part_out_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=live[:, None], other=0.0,
-                  cache_modifier=".cg")  # [SPLITS_PAD, HEAD_DIM]
+    acc = tl.load(
+        part_out_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :],
+        mask=live[:, None],
+        other=0.0,
+        cache_modifier=".cg",
+    )  # [SPLITS_PAD, HEAD_DIM]
     weights = tl.exp2(maxes - tl.max(maxes, 0))  # [SPLITS_PAD]; unvisited splits (max -inf) weigh 0
     out = tl.sum(acc * weights[:, None], 0) / tl.sum(sums * weights, 0)  # [HEAD_DIM]
     tl.store(out_row_ptr + offs_d, out.to(out_row_ptr.dtype.element_ty))
@@ -87,17 +105,38 @@ def merge_head_splits(
 def decode_split_kernel(
     out_ptr,  # [T, num_heads, HEAD_DIM]
     part_out_ptr,  # [B, num_heads, num_splits, HEAD_DIM] fp32, unnormalised
-    part_max_ptr, part_sum_ptr,  # [B, num_heads, num_splits] fp32 (max in the log2 domain)
+    part_max_ptr,
+    part_sum_ptr,  # [B, num_heads, num_splits] fp32 (max in the log2 domain)
     counters_ptr,  # [>= B * num_kv_heads] int32, zero at launch; zero again when the launch ends
     q_ptr,  # [T, num_heads, HEAD_DIM]
-    k_cache_ptr, v_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
-    block_table_ptr, query_start_loc_ptr, seq_lens_ptr,
-    qk_scale, window, num_splits,
-    stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt,
-    stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+    k_cache_ptr,
+    v_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
+    block_table_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    qk_scale,
+    window,
+    num_splits,
+    stride_q_t,
+    stride_q_h,
+    stride_o_t,
+    stride_o_h,
+    stride_bt,
+    stride_kc_blk,
+    stride_kc_slot,
+    stride_kc_h,
+    stride_vc_blk,
+    stride_vc_slot,
+    stride_vc_h,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One program: one split of one sequence's keys x the GROUP query heads of one KV head; the
     group's last live split to finish also merges (see the module notes for the ordering)."""
@@ -107,7 +146,9 @@ def decode_split_kernel(
     q_token = tl.load(query_start_loc_ptr + seq)
     has_query = tl.load(query_start_loc_ptr + seq + 1) > q_token  # else a padding sequence
     seq_len = tl.load(seq_lens_ptr + seq)
-    kv_lo, kv_hi, num_live = split_key_range(seq_len, window, num_splits, split, BLOCK_N, USE_WINDOW)
+    kv_lo, kv_hi, num_live = split_key_range(
+        seq_len, window, num_splits, split, BLOCK_N, USE_WINDOW
+    )
     offs_d = tl.arange(0, HEAD_DIM)
     table_row = block_table_ptr + seq.to(tl.int64) * stride_bt
     # The split's first tile of keys [kv_lo, first_hi), read before the wait except the newest key
@@ -115,8 +156,20 @@ def decode_split_kernel(
     # from earlier steps. Empty (every mask false) for a padding sequence or a split with no keys.
     first_hi = tl.minimum(kv_lo + BLOCK_N, kv_hi)
     offs_n, in_first, k_offs, v_offs = key_tile_offsets(
-        kv_lo, first_hi, table_row, kv_head, stride_kc_blk, stride_kc_slot, stride_kc_h,
-        stride_vc_blk, stride_vc_slot, stride_vc_h, BLOCK_N, BLOCK_SIZE, True)
+        kv_lo,
+        first_hi,
+        table_row,
+        kv_head,
+        stride_kc_blk,
+        stride_kc_slot,
+        stride_kc_h,
+        stride_vc_blk,
+        stride_vc_slot,
+        stride_vc_h,
+        BLOCK_N,
+        BLOCK_SIZE,
+        True,
+    )
     older = in_first & (offs_n < seq_len - 1)
     k = tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=older[None, :], other=0.0)
     v = tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :], mask=older[:, None], other=0.0)
@@ -125,11 +178,19 @@ def decode_split_kernel(
     pdl.wait_for_producers(PDL)
     if not has_query or split >= num_live:  # no keys: stores nothing, does not count
         return
-    newest = in_first & (offs_n == seq_len - 1)  # in the last live split's first tile, or a later one
-    k = tl.where(newest[None, :], tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=newest[None, :],
-                                          other=0.0), k)
-    v = tl.where(newest[:, None], tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :], mask=newest[:, None],
-                                          other=0.0), v)
+    newest = in_first & (
+        offs_n == seq_len - 1
+    )  # in the last live split's first tile, or a later one
+    k = tl.where(
+        newest[None, :],
+        tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=newest[None, :], other=0.0),
+        k,
+    )
+    v = tl.where(
+        newest[:, None],
+        tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :], mask=newest[:, None], other=0.0),
+        v,
+    )
 
     rows = tl.arange(0, BLOCK_M)
     heads = kv_head * GROUP + rows  # [BLOCK_M]
@@ -138,8 +199,11 @@ def decode_split_kernel(
     q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0).to(k_cache_ptr.dtype.element_ty)
     # every key of the split is visible to the query (the window starts at kv_lo at the earliest)
     s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
-    p, alpha, m_i, l_i = online_softmax(tl.where(in_first[None, :], s, float("-inf")),
-                                        tl.full([BLOCK_M], float("-inf"), tl.float32), tl.zeros([BLOCK_M], tl.float32))
+    p, alpha, m_i, l_i = online_softmax(
+        tl.where(in_first[None, :], s, float("-inf")),
+        tl.full([BLOCK_M], float("-inf"), tl.float32),
+        tl.zeros([BLOCK_M], tl.float32),
+    )
     acc = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)  # [BLOCK_M, HEAD_DIM] fp32
     # the split's remaining keys [first_hi, kv_hi): whole tiles unmasked (no window), then a partial one
     kv_mid = first_hi
@@ -148,13 +212,38 @@ def decode_split_kernel(
     q_pos = tl.full([BLOCK_M], 0, tl.int32) + seq_len - 1
     if kv_hi > first_hi:  # skipped where the split is one tile (no pipeline prologue to pay for)
         acc, m_i, l_i = attend_key_range(
-            acc, m_i, l_i, q, q_pos, first_hi, kv_mid, kv_hi, k_cache_ptr, v_cache_ptr,
-            table_row, kv_head, window, qk_scale,
-            stride_kc_blk, stride_kc_slot, stride_kc_h, stride_vc_blk, stride_vc_slot, stride_vc_h,
-            HEAD_DIM, BLOCK_N, BLOCK_SIZE, USE_WINDOW, DOT_PRECISION,
+            acc,
+            m_i,
+            l_i,
+            q,
+            q_pos,
+            first_hi,
+            kv_mid,
+            kv_hi,
+            k_cache_ptr,
+            v_cache_ptr,
+            table_row,
+            kv_head,
+            window,
+            qk_scale,
+            stride_kc_blk,
+            stride_kc_slot,
+            stride_kc_h,
+            stride_vc_blk,
+            stride_vc_slot,
+            stride_vc_h,
+            HEAD_DIM,
+            BLOCK_N,
+            BLOCK_SIZE,
+            USE_WINDOW,
+            DOT_PRECISION,
         )
-    part_rows = ((seq * tl.num_programs(1) * GROUP + heads) * num_splits + split).to(tl.int64)  # [BLOCK_M]
-    tl.store(part_out_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None])
+    part_rows = ((seq * tl.num_programs(1) * GROUP + heads) * num_splits + split).to(
+        tl.int64
+    )  # [BLOCK_M]
+    tl.store(
+        part_out_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None]
+    )
     tl.store(part_max_ptr + part_rows, m_i, mask=row_ok)
     tl.store(part_sum_ptr + part_rows, l_i, mask=row_ok)
 
@@ -164,11 +253,18 @@ def decode_split_kernel(
             merge_head_splits(
                 out_ptr + q_token.to(tl.int64) * stride_o_t + head * stride_o_h,
                 (seq * tl.num_programs(1) * GROUP + head).to(tl.int64) * num_splits,
-                num_live, part_out_ptr, part_max_ptr, part_sum_ptr, HEAD_DIM, SPLITS_PAD,
+                num_live,
+                part_out_ptr,
+                part_max_ptr,
+                part_sum_ptr,
+                HEAD_DIM,
+                SPLITS_PAD,
             )
 
 
-def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int = DEFAULT_NUM_SMS) -> int:
+def choose_num_splits(
+    num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int = DEFAULT_NUM_SMS
+) -> int:
     """Splits per sequence for a decode-only batch: enough programs for ~2 waves over the SMs,
     each split at least MIN_KEYS_PER_SPLIT keys, at most MAX_SPLITS; 1 means: don't split."""
     num_programs = num_seqs * num_kv_heads
@@ -181,8 +277,11 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sm
 
 # ops/warm_up.py: its decode step reads more than MIN_KEYS_PER_SPLIT keys of one sequence, so it splits
 WARM_UP_REQUESTS = (
-    WarmUpRequest(MIN_KEYS_PER_SPLIT + 1, "the split decode, which a decode over a short context never "
-                                          "takes (with CUDA graphs the capture launched it already)"),
+    WarmUpRequest(
+        MIN_KEYS_PER_SPLIT + 1,
+        "the split decode, which a decode over a short context never "
+        "takes (with CUDA graphs the capture launched it already)",
+    ),
 )
 
 
@@ -195,26 +294,53 @@ def split_decode_attention(
     num_splits: int,
     out: torch.Tensor | None = None,  # [T, num_heads, head_dim], like q; allocated when None
 ) -> torch.Tensor:  # [T, num_heads, head_dim]; rows of no sequence's query are left unwritten
-    if meta.max_query_len > 1 or not 1 <= num_splits <= MAX_SPLITS:  # the merge reads SPLITS_PAD = MAX_SPLITS
-        raise ValueError(f"split decode needs max_query_len <= 1 and 1 <= num_splits <= {MAX_SPLITS}; "
-                         f"got {meta.max_query_len}, {num_splits}")
+    if (
+        meta.max_query_len > 1 or not 1 <= num_splits <= MAX_SPLITS
+    ):  # the merge reads SPLITS_PAD = MAX_SPLITS
+        raise ValueError(
+            f"split decode needs max_query_len <= 1 and 1 <= num_splits <= {MAX_SPLITS}; "
+            f"got {meta.max_query_len}, {num_splits}"
+        )
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = kv_cache.shape[3]
     out = torch.empty_like(q) if out is None else out
-    part_out = torch.empty(meta.num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
-    part_max = torch.empty(meta.num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    part_out = torch.empty(
+        meta.num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
+    )
+    part_max = torch.empty(
+        meta.num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device
+    )
     part_sum = torch.empty_like(part_max)
     counters = zeroed_counters(q.device, meta.num_seqs * num_kv_heads)
     constexprs = kernel_constexprs(q, kv_cache, sliding_window)
     if head_dim <= 128:
         constexprs["BLOCK_N"] = SPLIT_BLOCK_N
     decode_split_kernel[(meta.num_seqs, num_kv_heads, num_splits)](
-        out, part_out, part_max, part_sum, counters, q, kv_cache[0], kv_cache[1],
-        meta.block_table, meta.query_start_loc, meta.seq_lens, scale * LOG2_E, sliding_window or 0, num_splits,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), meta.block_table.stride(0),
-        *cache_strides(kv_cache), SPLITS_PAD=MAX_SPLITS,  # not from num_splits: one compile for all
-        BLOCK_M=max(16, triton.next_power_of_2(constexprs["GROUP"])), **constexprs,
-        num_warps=SPLIT_NUM_WARPS, num_stages=SPLIT_NUM_STAGES,
+        out,
+        part_out,
+        part_max,
+        part_sum,
+        counters,
+        q,
+        kv_cache[0],
+        kv_cache[1],
+        meta.block_table,
+        meta.query_start_loc,
+        meta.seq_lens,
+        scale * LOG2_E,
+        sliding_window or 0,
+        num_splits,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        meta.block_table.stride(0),
+        *cache_strides(kv_cache),
+        SPLITS_PAD=MAX_SPLITS,  # not from num_splits: one compile for all
+        BLOCK_M=max(16, triton.next_power_of_2(constexprs["GROUP"])),
+        **constexprs,
+        num_warps=SPLIT_NUM_WARPS,
+        num_stages=SPLIT_NUM_STAGES,
         **pdl.launch_args(q.device),
     )
     return out

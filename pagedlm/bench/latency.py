@@ -1,6 +1,7 @@
 """Latency of one batch end to end: `--batch-size` prompts of `--input-len` random tokens,
 `--output-len` tokens each (ignore_eos, greedy); warm-up runs, then timed runs with percentiles
 and the fraction of the hardware limit reached."""
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,10 @@ def run_latency(args: argparse.Namespace, engine_args: EngineArgs) -> dict[str, 
     llm = LLM(**vars(engine_args))
     model_config = llm.llm_engine.model_config
     rng = np.random.default_rng(0)
-    prompts = [{"prompt_token_ids": rng.integers(0, model_config.vocab_size, args.input_len).tolist()}
-               for _ in range(args.batch_size)]
+    prompts = [
+        {"prompt_token_ids": rng.integers(0, model_config.vocab_size, args.input_len).tolist()}
+        for _ in range(args.batch_size)
+    ]
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     for _ in range(args.num_iters_warmup):
         llm.generate(prompts, params, use_tqdm=False)
@@ -40,19 +43,27 @@ def run_latency(args: argparse.Namespace, engine_args: EngineArgs) -> dict[str, 
         start = time.perf_counter()
         llm.generate(prompts, params, use_tqdm=False)
         latencies.append(time.perf_counter() - start)
-    floor = generation_floor(ModelCost.of(model_config), [args.input_len] * args.batch_size,
-                             [args.output_len] * args.batch_size, args.batch_size)
+    floor = generation_floor(
+        ModelCost.of(model_config),
+        [args.input_len] * args.batch_size,
+        [args.output_len] * args.batch_size,
+        args.batch_size,
+    )
     results = summarize_latency(latencies, floor, args.batch_size * args.output_len)
-    print(f"Latency: mean {results['avg_latency']:.3f} s, median {results['p50_latency']:.3f} s, "
-          f"p99 {results['p99_latency']:.3f} s; {results['output_tokens_per_second']:.1f} output tokens/s; "
-          f"{floor.describe(results['p50_latency'])}")
+    print(
+        f"Latency: mean {results['avg_latency']:.3f} s, median {results['p50_latency']:.3f} s, "
+        f"p99 {results['p99_latency']:.3f} s; {results['output_tokens_per_second']:.1f} output tokens/s; "
+        f"{floor.describe(results['p50_latency'])}"
+    )
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump(results, f, indent=2)
     return results
 
 
-def summarize_latency(latencies: list[float], floor: HardwareFloor, num_output_tokens: int) -> dict[str, Any]:
+def summarize_latency(
+    latencies: list[float], floor: HardwareFloor, num_output_tokens: int
+) -> dict[str, Any]:
     values = np.asarray(latencies)
     median = float(np.median(values))
     return {

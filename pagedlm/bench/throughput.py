@@ -1,4 +1,5 @@
 """Offline throughput: every request submitted at once to LLM.generate, one warm-up, then timed."""
+
 from __future__ import annotations
 
 import argparse
@@ -15,11 +16,19 @@ from pagedlm.sampling_params import SamplingParams
 
 def add_throughput_args(parser: argparse.ArgumentParser) -> None:
     add_dataset_args(parser)
-    parser.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
-                        help="generate exactly the output length (default: on)")
+    parser.add_argument(
+        "--ignore-eos",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="generate exactly the output length (default: on)",
+    )
     parser.add_argument("--output-json", default=None, help="write the results to this JSON file")
-    parser.add_argument("--use-tqdm", action=argparse.BooleanOptionalAction, default=False,
-                        help="progress bar (default: off)")
+    parser.add_argument(
+        "--use-tqdm",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="progress bar (default: off)",
+    )
 
 
 def run_throughput(args: argparse.Namespace, engine_args: EngineArgs) -> dict[str, Any]:
@@ -35,25 +44,30 @@ def run_throughput(args: argparse.Namespace, engine_args: EngineArgs) -> dict[st
     outputs = llm.generate(prompts, params, use_tqdm=args.use_tqdm)
     elapsed = time.perf_counter() - start
     results = summarize(requests, outputs, elapsed)
-    floor = generation_floor(ModelCost.of(llm.llm_engine.model_config),
-                             [len(r.prompt_token_ids) for r in requests],
-                             [len(out.outputs[0].token_ids) for out in outputs],  # as generated (EOS)
-                             llm.llm_engine.config.scheduler.max_num_seqs)
+    floor = generation_floor(
+        ModelCost.of(llm.llm_engine.model_config),
+        [len(r.prompt_token_ids) for r in requests],
+        [len(out.outputs[0].token_ids) for out in outputs],  # as generated (EOS)
+        llm.llm_engine.config.scheduler.max_num_seqs,
+    )
     results.update(floor.results(elapsed))
-    print(f"Throughput: {results['requests_per_second']:.2f} requests/s, "
-          f"{results['tokens_per_second']:.2f} total tokens/s, "
-          f"{results['output_tokens_per_second']:.2f} output tokens/s "
-          f"({results['num_requests']} requests in {elapsed:.2f} s, "
-          f"{results['total_cached_tokens']} prompt tokens from the prefix cache); "
-          f"{floor.describe(elapsed)}")
+    print(
+        f"Throughput: {results['requests_per_second']:.2f} requests/s, "
+        f"{results['tokens_per_second']:.2f} total tokens/s, "
+        f"{results['output_tokens_per_second']:.2f} output tokens/s "
+        f"({results['num_requests']} requests in {elapsed:.2f} s, "
+        f"{results['total_cached_tokens']} prompt tokens from the prefix cache); "
+        f"{floor.describe(elapsed)}"
+    )
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump(results, f, indent=2)
     return results
 
 
-def summarize(requests: list[BenchRequest], outputs: list[RequestOutput],
-              elapsed: float) -> dict[str, Any]:
+def summarize(
+    requests: list[BenchRequest], outputs: list[RequestOutput], elapsed: float
+) -> dict[str, Any]:
     num_prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
     num_output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     return {
@@ -71,8 +85,11 @@ def summarize(requests: list[BenchRequest], outputs: list[RequestOutput],
 
 def _warm_up(llm: Any, vocab_size: int, ignore_eos: bool) -> None:
     request = warmup_request(vocab_size)
-    llm.generate({"prompt_token_ids": request.prompt_token_ids},
-                 _params(request.output_len, ignore_eos), use_tqdm=False)
+    llm.generate(
+        {"prompt_token_ids": request.prompt_token_ids},
+        _params(request.output_len, ignore_eos),
+        use_tqdm=False,
+    )
 
 
 def _params(output_len: int, ignore_eos: bool) -> SamplingParams:

@@ -1,4 +1,5 @@
 """The planner: block pool, KV cache manager with prefix caching, scheduler (pure Python)."""
+
 from __future__ import annotations
 
 from pagedlm.core.block_pool import NULL_BLOCK_ID, BlockPool

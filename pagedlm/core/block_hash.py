@@ -14,6 +14,7 @@ Python 3.12). The digests here are the same in every process and on every host.
 A request's `cache_salt` (vLLM's) is an extra key of its FIRST block only; every later block chains
 from that hash, so two requests share cached blocks only if their salts are equal (None included).
 """
+
 from __future__ import annotations
 
 import functools
@@ -27,17 +28,21 @@ _EXTRA_LEN = struct.Struct("<I")
 _CACHE_SALT_PREFIX = b"salt:"  # tags the salt apart from any other kind of extra key
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tokens_struct(num_tokens: int) -> struct.Struct:
     """u32 count, then the token ids as i64 (one Struct per block length)."""
     return struct.Struct(f"<I{num_tokens}q")
 
 
-def encode_block(parent: BlockHash | None, token_ids: Sequence[int], extra_keys: bytes = b"") -> bytes:
+def encode_block(
+    parent: BlockHash | None, token_ids: Sequence[int], extra_keys: bytes = b""
+) -> bytes:
     """The bytes `hash_block` digests; parent None is the first block (the root)."""
     parent = ROOT_BLOCK_HASH if parent is None else parent
     if len(parent) != len(ROOT_BLOCK_HASH):
-        raise ValueError(f"parent must be a {len(ROOT_BLOCK_HASH)}-byte block hash, got {len(parent)} bytes")
+        raise ValueError(
+            f"parent must be a {len(ROOT_BLOCK_HASH)}-byte block hash, got {len(parent)} bytes"
+        )
     try:
         tokens = _tokens_struct(len(token_ids)).pack(len(token_ids), *token_ids)
     except struct.error as exc:
@@ -45,7 +50,9 @@ def encode_block(parent: BlockHash | None, token_ids: Sequence[int], extra_keys:
     return b"".join((parent, tokens, _EXTRA_LEN.pack(len(extra_keys)), extra_keys))
 
 
-def hash_block(parent: BlockHash | None, token_ids: Sequence[int], extra_keys: bytes = b"") -> BlockHash:
+def hash_block(
+    parent: BlockHash | None, token_ids: Sequence[int], extra_keys: bytes = b""
+) -> BlockHash:
     """The hash of a full block given its parent's hash (None for the first block), its token ids
     and `extra_keys` (bytes that must also match for a hit, e.g. an adapter or a cache salt)."""
     return hashlib.sha256(encode_block(parent, token_ids, extra_keys)).digest()

@@ -7,6 +7,7 @@ Invariants (blocks 1..num_blocks-1):
 - `block_hashes[b] == h` iff `cached[h] == b`: a hashed block stays findable while it is in use
   and after it is freed (evictable), until allocation reuses it and drops the hash.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -20,7 +21,9 @@ NULL_BLOCK_ID = 0
 class BlockPool:
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 2:
-            raise ValueError(f"num_blocks must be at least 2 (block 0 is reserved), got {num_blocks}")
+            raise ValueError(
+                f"num_blocks must be at least 2 (block 0 is reserved), got {num_blocks}"
+            )
         self.num_blocks = num_blocks
         self.ref_cnts = [0] * num_blocks
         self.block_hashes: list[BlockHash | None] = [None] * num_blocks
@@ -44,7 +47,9 @@ class BlockPool:
     def allocate(self, num_blocks: int) -> list[int]:
         """Takes blocks from the front of the free queue (ref count 1), evicting their hashes."""
         if num_blocks > self.num_free_blocks:
-            raise ValueError(f"num_blocks: asked for {num_blocks}, only {self.num_free_blocks} free")
+            raise ValueError(
+                f"num_blocks: asked for {num_blocks}, only {self.num_free_blocks} free"
+            )
         block_ids = []
         for _ in range(num_blocks):
             block_id, _ = self.free_queue.popitem(last=False)
@@ -65,7 +70,9 @@ class BlockPool:
         in the order given (pass the tail of a sequence first to have it evicted first)."""
         for block_id in block_ids:
             if self.ref_cnts[block_id] <= 0:
-                raise ValueError(f"block_ids: block {block_id} is freed more often than it was taken")
+                raise ValueError(
+                    f"block_ids: block {block_id} is freed more often than it was taken"
+                )
             self.ref_cnts[block_id] -= 1
             if self.ref_cnts[block_id] == 0:
                 self.free_queue[block_id] = None

@@ -19,6 +19,7 @@ large max_tokens soon reserves little. An allowance counts at most MAX_ESTIMATED
 (up to max_model_len: 40k tokens on Qwen3) do not each hold a context's worth of blocks while the
 fraction is still being learned. Preemption stays the safety net when the estimate is short.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -70,8 +71,13 @@ class AdmissionReserve:
     """One step's admission: the blocks each candidate must leave free, from the running requests
     (sorted by sort_key, as Scheduler.running is) and those admitted so far in the step."""
 
-    def __init__(self, running: list[Request], growth: GrowthEstimate, block_size: int,
-                 sort_key: Callable[[Request], Hashable]) -> None:
+    def __init__(
+        self,
+        running: list[Request],
+        growth: GrowthEstimate,
+        block_size: int,
+        sort_key: Callable[[Request], Hashable],
+    ) -> None:
         self._growth = growth
         self._block_size = block_size
         self._keys = [sort_key(request) for request in running]
@@ -79,7 +85,9 @@ class AdmissionReserve:
         self._prefix_sums = list(itertools.accumulate(growth_blocks, initial=0))
         self._admitted: list[tuple[Hashable, int]] = []  # (sort key, growth blocks)
 
-    def blocks_to_keep(self, request: Request, key: Hashable, num_kv_tokens: int) -> tuple[int, int]:
+    def blocks_to_keep(
+        self, request: Request, key: Hashable, num_kv_tokens: int
+    ) -> tuple[int, int]:
         """-> (blocks to leave free if `request` is admitted holding num_kv_tokens, its own growth
         blocks): its growth plus that of everyone ranked before it; 0 when it would be alone."""
         own = self._growth.blocks(request, num_kv_tokens, self._block_size)

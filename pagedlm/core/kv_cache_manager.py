@@ -16,6 +16,7 @@ of one token (`get_computed_blocks` with the step's token budget; the scheduler 
 at each step's start): it recomputes from there. A block filled by a longer query is safe to hit:
 its step is not decode-only.
 """
+
 from __future__ import annotations
 
 from pagedlm.core.block_hash import cache_salt_keys, hash_block
@@ -51,7 +52,9 @@ class KVCacheManager:
     def get_block_ids(self, req_id: str) -> list[int]:
         return self.req_to_blocks.get(req_id, [])
 
-    def get_computed_blocks(self, request: Request, token_budget: int | None = None) -> tuple[list[int], int]:
+    def get_computed_blocks(
+        self, request: Request, token_budget: int | None = None
+    ) -> tuple[list[int], int]:
         """Longest cached prefix of full blocks, leaving at least one token to compute; with the step's
         token_budget, none from a block this step writes if the request would then compute one token
         (module notes). Returns (block ids, number of tokens they hold). Nothing is taken yet."""
@@ -82,8 +85,13 @@ class KVCacheManager:
                 return hit_blocks[:i]
         return hit_blocks
 
-    def allocate_slots(self, request: Request, num_new_tokens: int, computed_blocks: list[int] | None = None,
-                       num_reserved_blocks: int = 0) -> list[int] | None:
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        computed_blocks: list[int] | None = None,
+        num_reserved_blocks: int = 0,
+    ) -> list[int] | None:
         """Makes room for `num_computed_tokens` (+ the prefix hit in `computed_blocks`, for a request
         holding no blocks yet) + `num_new_tokens` tokens. Returns the newly taken block ids (hits
         excluded), or None, changing nothing, when the pool is short or would be left with fewer
@@ -98,7 +106,9 @@ class KVCacheManager:
         computed_blocks = computed_blocks or []
         is_first = held is None
         if computed_blocks and not is_first:
-            raise ValueError("computed_blocks: only a request that holds no blocks takes prefix hits")
+            raise ValueError(
+                "computed_blocks: only a request that holds no blocks takes prefix hits"
+            )
         num_total_tokens = self._num_total_tokens(request, num_new_tokens, computed_blocks)
         num_new_blocks = self.num_blocks_to_take(request, num_new_tokens, computed_blocks)
         # Hits on free (evictable) blocks take them out of the free queue too.
@@ -114,14 +124,18 @@ class KVCacheManager:
         self._cache_full_blocks(request, num_total_tokens, num_new_tokens == 1)
         return new_blocks
 
-    def num_blocks_to_take(self, request: Request, num_new_tokens: int, computed_blocks: list[int]) -> int:
+    def num_blocks_to_take(
+        self, request: Request, num_new_tokens: int, computed_blocks: list[int]
+    ) -> int:
         """The new blocks (prefix hits excluded) allocate_slots takes to hold `num_computed_tokens`, the
         hit in `computed_blocks` and `num_new_tokens` more tokens."""
         num_held = len(self.req_to_blocks.get(request.request_id, ()))
         num_total_tokens = self._num_total_tokens(request, num_new_tokens, computed_blocks)
         return max(cdiv(num_total_tokens, self.block_size) - num_held - len(computed_blocks), 0)
 
-    def _num_total_tokens(self, request: Request, num_new_tokens: int, computed_blocks: list[int]) -> int:
+    def _num_total_tokens(
+        self, request: Request, num_new_tokens: int, computed_blocks: list[int]
+    ) -> int:
         """The request's tokens once num_new_tokens more are scheduled after its prefix hit."""
         return request.num_computed_tokens + len(computed_blocks) * self.block_size + num_new_tokens
 
@@ -168,6 +182,7 @@ class KVCacheManager:
         parent = hashes[-1] if hashes else None
         for i in range(len(hashes), num_blocks):
             extra_keys = cache_salt_keys(request.cache_salt) if i == 0 else b""
-            parent = hash_block(parent, token_ids[i * self.block_size:(i + 1) * self.block_size],
-                                extra_keys)
+            parent = hash_block(
+                parent, token_ids[i * self.block_size : (i + 1) * self.block_size], extra_keys
+            )
             hashes.append(parent)

@@ -11,6 +11,7 @@ choices"). KVCacheManager keeps a one-token query off blocks registered in the s
 one-token allocation (get_computed_blocks with the step's token_budget; the scheduler calls
 begin_step at each step's start).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

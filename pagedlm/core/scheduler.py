@@ -24,6 +24,7 @@ the step idle (nothing else scheduled, no token in flight: sync mode with only t
 As a step that preempts admits nobody, the request is admitted the next step, unless running
 requests ranked after it grew into the room meanwhile (then that step preempts again).
 """
+
 from __future__ import annotations
 
 import bisect
@@ -34,8 +35,14 @@ from dataclasses import dataclass, field
 from pagedlm.config import CacheConfig, SchedulerConfig
 from pagedlm.core.growth import AdmissionReserve, GrowthEstimate
 from pagedlm.core.kv_cache_manager import KVCacheManager
-from pagedlm.core.sched_output import (CachedRequestData, EngineCoreOutput, Logprobs,
-                                       ModelRunnerOutput, NewRequestData, SchedulerOutput)
+from pagedlm.core.sched_output import (
+    CachedRequestData,
+    EngineCoreOutput,
+    Logprobs,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
 from pagedlm.request import Request, RequestStatus
 
 
@@ -73,12 +80,18 @@ class _Admission:
 
 
 class Scheduler:
-    def __init__(self, sched_config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int,
-                 max_model_len: int) -> None:
+    def __init__(
+        self,
+        sched_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        num_blocks: int,
+        max_model_len: int,
+    ) -> None:
         self.config = sched_config
         self.max_model_len = max_model_len
-        self.kv_cache_manager = KVCacheManager(num_blocks, cache_config.block_size,
-                                               cache_config.enable_prefix_caching)
+        self.kv_cache_manager = KVCacheManager(
+            num_blocks, cache_config.block_size, cache_config.enable_prefix_caching
+        )
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.waiting: list[Request] = []
         self.running: list[Request] = []
@@ -88,7 +101,9 @@ class Scheduler:
         self._num_prompt_logprobs_sent: dict[str, int] = {}  # prompt-logprob entries delivered
         self._num_added = 0
         self._step_id = 0
-        self._scheduled: dict[int, dict[str, Request]] = {}  # step_id -> its requests, until updated
+        self._scheduled: dict[
+            int, dict[str, Request]
+        ] = {}  # step_id -> its requests, until updated
         self.num_preemptions = 0
         self.growth = GrowthEstimate(max_model_len)
 
@@ -101,8 +116,9 @@ class Scheduler:
         # LLMEngine's OutputProcessor refuses a request id in use.
         assert req_id not in self.requests, f"request_id {req_id!r} is already in use"
         # LLMEngine.add_processed_request checks the priority.
-        assert isinstance(request.priority, int) and not isinstance(request.priority, bool), \
+        assert isinstance(request.priority, int) and not isinstance(request.priority, bool), (
             f"priority must be an integer, got {request.priority!r}"
+        )
         self._assert_fits(request)
         if self.config.policy == "priority":
             self._sort_keys[req_id] = (request.priority, request.arrival_time, self._num_added)
@@ -116,9 +132,15 @@ class Scheduler:
     def abort_requests(self, req_ids: Iterable[str]) -> list[EngineCoreOutput]:
         """Finishes the requests with reason "abort" and frees their blocks now; unknown ids are
         ignored (they may have finished already)."""
-        return [EngineCoreOutput(req.request_id, [], finish_reason=req.status.finish_reason,
-                                 num_cached_tokens=max(req.num_cached_tokens, 0))
-                for req in self._finish_ids(req_ids, RequestStatus.FINISHED_ABORTED)]
+        return [
+            EngineCoreOutput(
+                req.request_id,
+                [],
+                finish_reason=req.status.finish_reason,
+                num_cached_tokens=max(req.num_cached_tokens, 0),
+            )
+            for req in self._finish_ids(req_ids, RequestStatus.FINISHED_ABORTED)
+        ]
 
     def finish_requests(self, req_ids: Iterable[str], status: RequestStatus) -> None:
         """Finishes requests for a reason found outside (e.g. the detokenizer saw a stop string)."""
@@ -132,9 +154,13 @@ class Scheduler:
     def get_stats(self) -> SchedulerStats:
         kv = self.kv_cache_manager
         return SchedulerStats(
-            num_running=len(self.running), num_waiting=len(self.waiting), kv_cache_usage=kv.usage,
-            prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits,
-            num_preemptions=self.num_preemptions)
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_cache_usage=kv.usage,
+            prefix_cache_queries=kv.prefix_cache_queries,
+            prefix_cache_hits=kv.prefix_cache_hits,
+            num_preemptions=self.num_preemptions,
+        )
 
     # ---- one step ----
 
@@ -146,45 +172,65 @@ class Scheduler:
             self._schedule_waiting(plan)
         self._step_id += 1
         if plan.num_scheduled_tokens:  # an empty step is not launched, so never updated
-            self._scheduled[self._step_id] = {req_id: self.requests[req_id] for req_id in plan.num_scheduled_tokens}
+            self._scheduled[self._step_id] = {
+                req_id: self.requests[req_id] for req_id in plan.num_scheduled_tokens
+            }
         total = self.config.max_num_batched_tokens - plan.token_budget
         output = SchedulerOutput(
-            new_reqs=plan.new_reqs, cached_reqs=plan.cached_reqs,
-            num_scheduled_tokens=plan.num_scheduled_tokens, total_num_scheduled_tokens=total,
-            finished_req_ids=self._finished_req_ids, sampling_req_ids=plan.sampling_req_ids,
-            step_id=self._step_id)
+            new_reqs=plan.new_reqs,
+            cached_reqs=plan.cached_reqs,
+            num_scheduled_tokens=plan.num_scheduled_tokens,
+            total_num_scheduled_tokens=total,
+            finished_req_ids=self._finished_req_ids,
+            sampling_req_ids=plan.sampling_req_ids,
+            step_id=self._step_id,
+        )
         self._finished_req_ids = set()
         return output
 
-    def update_from_output(self, sched_output: SchedulerOutput,
-                           runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
+    def update_from_output(
+        self, sched_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> list[EngineCoreOutput]:
         """Appends the sampled tokens, checks token-level stops, frees finished requests."""
         expected = sched_output.sampling_req_ids
         if set(runner_output.req_ids) != expected:
-            raise ValueError(f"runner_output.req_ids must be the step's sampling_req_ids; got "
-                             f"{sorted(runner_output.req_ids)}, expected {sorted(expected)}")
+            raise ValueError(
+                f"runner_output.req_ids must be the step's sampling_req_ids; got "
+                f"{sorted(runner_output.req_ids)}, expected {sorted(expected)}"
+            )
         outputs = []
         # The request objects the step ran: a finished one's id may be in use again by now.
-        live = {req_id: request for req_id, request in self._scheduled.pop(sched_output.step_id, {}).items()
-                if not request.is_finished}
-        prompt_logprobs = self._new_prompt_logprobs(sched_output, runner_output.prompt_logprobs, live)
-        for i, (req_id, token_ids) in enumerate(zip(runner_output.req_ids, runner_output.sampled_token_ids)):
+        live = {
+            req_id: request
+            for req_id, request in self._scheduled.pop(sched_output.step_id, {}).items()
+            if not request.is_finished
+        }
+        prompt_logprobs = self._new_prompt_logprobs(
+            sched_output, runner_output.prompt_logprobs, live
+        )
+        for i, (req_id, token_ids) in enumerate(
+            zip(runner_output.req_ids, runner_output.sampled_token_ids)
+        ):
             request = live.get(req_id)
             if request is None:  # finished or aborted while the step ran
                 continue
             request.num_output_placeholders -= 1
             logprobs = runner_output.logprobs[i] if runner_output.logprobs is not None else None
-            outputs.append(self._append_tokens(request, token_ids, logprobs,
-                                               prompt_logprobs.get(req_id)))
+            outputs.append(
+                self._append_tokens(request, token_ids, logprobs, prompt_logprobs.get(req_id))
+            )
         for req_id, entries in prompt_logprobs.items():
             if req_id not in sched_output.sampling_req_ids:
                 outputs.append(EngineCoreOutput(req_id, [], prompt_logprobs=entries))
         self._drop_finished_running()
         return outputs
 
-    def _new_prompt_logprobs(self, sched_output: SchedulerOutput,
-                             runner_logprobs: dict[str, list[Logprobs | None]],
-                             live: dict[str, Request]) -> dict[str, list[Logprobs | None]]:
+    def _new_prompt_logprobs(
+        self,
+        sched_output: SchedulerOutput,
+        runner_logprobs: dict[str, list[Logprobs | None]],
+        live: dict[str, Request],
+    ) -> dict[str, list[Logprobs | None]]:
         """The prompt-logprob entries not delivered before, per unfinished request: a request
         recomputed after preemption sends its prompt's entries again. A step that computed
         prompt tokens from `start` sent the entries of tokens from `start + 1` (from 0 when
@@ -192,7 +238,9 @@ class Scheduler:
         if not runner_logprobs:
             return {}
         starts = {new.req_id: new.num_computed_tokens for new in sched_output.new_reqs}
-        starts.update((cached.req_id, cached.num_computed_tokens) for cached in sched_output.cached_reqs)
+        starts.update(
+            (cached.req_id, cached.num_computed_tokens) for cached in sched_output.cached_reqs
+        )
         result = {}
         for req_id, entries in runner_logprobs.items():
             if req_id not in live:
@@ -200,7 +248,7 @@ class Scheduler:
             first = 0 if starts[req_id] == 0 else starts[req_id] + 1
             num_sent = self._num_prompt_logprobs_sent.get(req_id, 0)
             if first + len(entries) > num_sent:
-                result[req_id] = entries[max(num_sent - first, 0):]
+                result[req_id] = entries[max(num_sent - first, 0) :]
                 self._num_prompt_logprobs_sent[req_id] = first + len(entries)
         return result
 
@@ -222,12 +270,15 @@ class Scheduler:
             new_blocks = self._allocate_or_preempt(request, num_new, plan)
             if new_blocks is None:  # the request was the lowest and preempted itself
                 break
-            plan.cached_reqs.append(CachedRequestData(request.request_id, new_blocks,
-                                                      request.num_computed_tokens))
+            plan.cached_reqs.append(
+                CachedRequestData(request.request_id, new_blocks, request.num_computed_tokens)
+            )
             self._commit(request, num_new, plan)
             i += 1
 
-    def _allocate_or_preempt(self, request: Request, num_new: int, plan: _StepPlan) -> list[int] | None:
+    def _allocate_or_preempt(
+        self, request: Request, num_new: int, plan: _StepPlan
+    ) -> list[int] | None:
         """Preempts from the end of `running` (never a request scheduled this step: those sit
         before `request`) until the allocation fits; None if `request` itself had to go."""
         while True:
@@ -244,7 +295,9 @@ class Scheduler:
         """Priority policy, a sequence slot free: the waiting request admission tries first."""
         if self.config.policy != "priority" or len(self.running) >= self.config.max_num_seqs:
             return None
-        return next((request for request in self.waiting if request.num_output_placeholders == 0), None)
+        return next(
+            (request for request in self.waiting if request.num_output_placeholders == 0), None
+        )
 
     def _preempt_for_waiting(self, head: Request, first_after: int, plan: _StepPlan) -> None:
         """`head` outranks running[first_after:], none of them scheduled this step: preempts the
@@ -252,25 +305,34 @@ class Scheduler:
         kv = self.kv_cache_manager
         reserve = AdmissionReserve(self.running, self.growth, kv.block_size, self._sort_key)
         admission = self._admission(head, plan.token_budget, reserve)
-        num_needed = (kv.num_blocks_to_take(head, admission.num_new, admission.hit_blocks)
-                      + admission.num_reserved)
+        num_needed = (
+            kv.num_blocks_to_take(head, admission.num_new, admission.hit_blocks)
+            + admission.num_reserved
+        )
         candidates = self.running[first_after:]
         num_victims = self._num_victims(num_needed, admission.hit_blocks, candidates)
-        if num_victims == len(candidates) and not plan.num_scheduled_tokens and not any(
-                request.num_output_placeholders > 0 for request in self.requests.values()):
+        if (
+            num_victims == len(candidates)
+            and not plan.num_scheduled_tokens
+            and not any(request.num_output_placeholders > 0 for request in self.requests.values())
+        ):
             return  # the step would idle: nothing else to run, no token in flight
         for _ in range(num_victims):
             self._preempt(self.running.pop())
             plan.num_preempted += 1
 
-    def _num_victims(self, num_needed: int, hit_blocks: list[int], candidates: list[Request]) -> int:
+    def _num_victims(
+        self, num_needed: int, hit_blocks: list[int], candidates: list[Request]
+    ) -> int:
         """How many of `candidates`, from the end, must be preempted before `num_needed` blocks outside
         `hit_blocks` are free; 0 if none need be, or if all of them would not do."""
         kv = self.kv_cache_manager
         ref_cnts = kv.pool.ref_cnts
         hits = set(hit_blocks)
         num_free = kv.pool.num_free_blocks - sum(1 for block_id in hits if ref_cnts[block_id] == 0)
-        num_holders: dict[int, int] = {}  # block id -> holders left once the victims so far are gone
+        num_holders: dict[
+            int, int
+        ] = {}  # block id -> holders left once the victims so far are gone
         for num_victims, victim in enumerate(reversed(candidates)):
             if num_free >= num_needed:
                 return num_victims
@@ -280,12 +342,17 @@ class Scheduler:
                     num_free += 1
         return len(candidates) if num_free >= num_needed else 0
 
-    def _admission(self, request: Request, token_budget: int, reserve: AdmissionReserve) -> _Admission:
+    def _admission(
+        self, request: Request, token_budget: int, reserve: AdmissionReserve
+    ) -> _Admission:
         """What admitting the waiting `request` with token_budget left would take (nothing taken yet)."""
-        hit_blocks, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request, token_budget)
+        hit_blocks, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(
+            request, token_budget
+        )
         num_new = min(request.num_tokens - num_hit_tokens, token_budget)
-        num_reserved, own_blocks = reserve.blocks_to_keep(request, self._sort_key(request),
-                                                          num_hit_tokens + num_new)
+        num_reserved, own_blocks = reserve.blocks_to_keep(
+            request, self._sort_key(request), num_hit_tokens + num_new
+        )
         return _Admission(hit_blocks, num_hit_tokens, num_new, num_reserved, own_blocks)
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
@@ -295,8 +362,11 @@ class Scheduler:
         kv = self.kv_cache_manager
         i = 0
         reserve = None  # built once something may be admitted
-        while (i < len(self.waiting) and plan.token_budget > 0
-               and len(self.running) < self.config.max_num_seqs):
+        while (
+            i < len(self.waiting)
+            and plan.token_budget > 0
+            and len(self.running) < self.config.max_num_seqs
+        ):
             request = self.waiting[i]
             if request.num_output_placeholders > 0:  # preempted with a token still in flight
                 i += 1
@@ -304,17 +374,27 @@ class Scheduler:
             if reserve is None:
                 reserve = AdmissionReserve(self.running, self.growth, kv.block_size, self._sort_key)
             admission = self._admission(request, plan.token_budget, reserve)
-            if kv.allocate_slots(request, admission.num_new, admission.hit_blocks,
-                                 admission.num_reserved) is None:
+            if (
+                kv.allocate_slots(
+                    request, admission.num_new, admission.hit_blocks, admission.num_reserved
+                )
+                is None
+            ):
                 break
             reserve.admit(self._sort_key(request), admission.own_blocks)
             del self.waiting[i]
             self._start_running(request, admission.num_hit_tokens)
-            plan.new_reqs.append(NewRequestData(
-                req_id=request.request_id, prompt_token_ids=request.prompt_token_ids,
-                output_token_ids=list(request.output_token_ids), sampling_params=request.sampling_params,
-                block_ids=list(kv.get_block_ids(request.request_id)),
-                num_computed_tokens=admission.num_hit_tokens, prompt_embeds=request.prompt_embeds))
+            plan.new_reqs.append(
+                NewRequestData(
+                    req_id=request.request_id,
+                    prompt_token_ids=request.prompt_token_ids,
+                    output_token_ids=list(request.output_token_ids),
+                    sampling_params=request.sampling_params,
+                    block_ids=list(kv.get_block_ids(request.request_id)),
+                    num_computed_tokens=admission.num_hit_tokens,
+                    prompt_embeds=request.prompt_embeds,
+                )
+            )
             self._commit(request, admission.num_new, plan)
 
     def _num_new_tokens(self, request: Request, token_budget: int) -> int:
@@ -364,8 +444,13 @@ class Scheduler:
 
     # ---- finishing ----
 
-    def _append_tokens(self, request: Request, token_ids: list[int], logprobs: list[Logprobs] | None,
-                       prompt_logprobs: list[Logprobs | None] | None) -> EngineCoreOutput:
+    def _append_tokens(
+        self,
+        request: Request,
+        token_ids: list[int],
+        logprobs: list[Logprobs] | None,
+        prompt_logprobs: list[Logprobs | None] | None,
+    ) -> EngineCoreOutput:
         new_token_ids: list[int] = []
         status = None
         for token_id in token_ids:
@@ -376,16 +461,21 @@ class Scheduler:
                 self._finish(request, status)
                 break
         return EngineCoreOutput(
-            req_id=request.request_id, new_token_ids=new_token_ids,
-            new_logprobs=logprobs[:len(new_token_ids)] if logprobs is not None else None,
-            prompt_logprobs=prompt_logprobs, finish_reason=request.status.finish_reason,
+            req_id=request.request_id,
+            new_token_ids=new_token_ids,
+            new_logprobs=logprobs[: len(new_token_ids)] if logprobs is not None else None,
+            prompt_logprobs=prompt_logprobs,
+            finish_reason=request.status.finish_reason,
             stop_reason=request.stop_reason if status is not None else None,
-            num_cached_tokens=max(request.num_cached_tokens, 0))
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+        )
 
     def _finish_ids(self, req_ids: Iterable[str], status: RequestStatus) -> list[Request]:
         if isinstance(req_ids, str):
             req_ids = [req_ids]
-        finished = [self.requests[req_id] for req_id in dict.fromkeys(req_ids) if req_id in self.requests]
+        finished = [
+            self.requests[req_id] for req_id in dict.fromkeys(req_ids) if req_id in self.requests
+        ]
         for request in finished:
             self._finish(request, status)
         self._drop_finished_running()
@@ -416,11 +506,13 @@ class Scheduler:
         the prompt against max_model_len and resolves max_tokens to at least 1; EngineCore's
         _check_kv_capacity makes the KV cache hold max_model_len - 1 tokens."""
         num_prompt = request.num_prompt_tokens
-        assert 0 < num_prompt < self.max_model_len, \
+        assert 0 < num_prompt < self.max_model_len, (
             f"prompt_token_ids: {num_prompt} tokens, max_model_len={self.max_model_len}"
+        )
         assert request.max_tokens >= 1, f"max_tokens must be at least 1, got {request.max_tokens}"
         # The last sampled token needs no KV.
         num_kv_tokens = min(num_prompt + request.max_tokens, self.max_model_len) - 1
         capacity = self.kv_cache_manager.capacity_tokens
-        assert num_kv_tokens <= capacity, \
+        assert num_kv_tokens <= capacity, (
             f"the request may need KV for {num_kv_tokens} tokens, the cache holds {capacity}"
+        )

@@ -1,4 +1,5 @@
 """The Llama-family model, its layers and its weight loader."""
+
 from __future__ import annotations
 
 from pagedlm.model.llama import LlamaForCausalLM

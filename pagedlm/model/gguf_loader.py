@@ -5,6 +5,7 @@ Both read one parse of the file (`reader`, cached until `release_readers`): pars
 model's file takes ~2 s on the CI machine (its tokenizer's 49k-entry arrays), and the model is
 built (rope_freqs) before its weights are filled. While `one_parse()` is open, transformers' config
 and tokenizer loads (which construct gguf.GGUFReader themselves) get that parse too."""
+
 from __future__ import annotations
 
 import contextlib
@@ -23,12 +24,22 @@ if TYPE_CHECKING:
 
 ROPE_FREQS = "rope_freqs.weight"
 
-_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
 _BLOCK_NAMES = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm", "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
 
@@ -111,7 +122,9 @@ def iter_gguf_tensors(config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]
     """(Hugging Face name, float32 tensor) for every tensor of config.model that the model knows."""
     path = Path(config.model)
     if path.suffix != ".gguf" or not path.is_file():
-        raise ValueError(f"model: load_format gguf needs an existing .gguf file; got {config.model!r}")
+        raise ValueError(
+            f"model: load_format gguf needs an existing .gguf file; got {config.model!r}"
+        )
     parsed = reader(str(path))
     arch_field = parsed.fields.get("general.architecture")
     # only llama.cpp's llama converter (also used for Mistral) permutes q/k rows
@@ -142,11 +155,15 @@ def gguf_rope_freqs(config: ModelConfig) -> torch.Tensor | None:
     factors = _dequantize(tensor, path).reshape(-1)
     num_freqs = config.head_dim // 2
     if factors.numel() != num_freqs:
-        raise ValueError(f"model: tensor {ROPE_FREQS} in {path} has {factors.numel()} factors; "
-                         f"head_dim {config.head_dim} needs {num_freqs}")
+        raise ValueError(
+            f"model: tensor {ROPE_FREQS} in {path} has {factors.numel()} factors; "
+            f"head_dim {config.head_dim} needs {num_freqs}"
+        )
     if not bool(torch.isfinite(factors).all() and (factors > 0).all()):  # sync-ok: CPU, at load
-        raise ValueError(f"model: tensor {ROPE_FREQS} in {path} must hold finite positive factors; "
-                         f"got {factors.tolist()}")  # sync-ok: a CPU tensor, at load, in an error
+        raise ValueError(
+            f"model: tensor {ROPE_FREQS} in {path} must hold finite positive factors; "
+            f"got {factors.tolist()}"
+        )  # sync-ok: a CPU tensor, at load, in an error
     return factors
 
 
@@ -157,6 +174,8 @@ def _dequantize(tensor: ReaderTensor, path: Path) -> torch.Tensor:
     try:
         data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
     except NotImplementedError as exc:
-        raise ValueError(f"model: tensor {tensor.name} in {path} has type "
-                         f"{tensor.tensor_type.name}, which cannot be dequantised") from exc
+        raise ValueError(
+            f"model: tensor {tensor.name} in {path} has type "
+            f"{tensor.tensor_type.name}, which cannot be dequantised"
+        ) from exc
     return torch.from_numpy(data.copy())

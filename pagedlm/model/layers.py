@@ -2,6 +2,7 @@
 pagedlm.ops: fused Triton kernels on CUDA tensors, plain torch elsewhere. Parameters are
 created uninitialised (torch.empty, in the model dtype): the loader fills every one of them.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,16 +32,27 @@ class Linear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), requires_grad=False)
-        self.bias = (nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False)
-                     if bias else None)
+        self.weight = nn.Parameter(
+            torch.empty(out_features, in_features, dtype=dtype), requires_grad=False
+        )
+        self.bias = (
+            nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False)
+            if bias
+            else None
+        )
 
-    def forward(self, x: torch.Tensor | PendingNorm, act: str | None = None,
-                residual: torch.Tensor | None = None) -> torch.Tensor | ResidualSum:
+    def forward(
+        self,
+        x: torch.Tensor | PendingNorm,
+        act: str | None = None,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor | ResidualSum:
         """x: [T, in_features] ([T, 2 * in_features] with act) -> y [T, out_features], or (GEMV path,
         residual [T, out_features] given) the ResidualSum of y + residual."""
         if takes_gemv(gemv.input_rows(x), self.weight):
-            return gemv.gemv(x, self.weight, self.bias, act=act, residual=residual if FUSE_NORMS else None)
+            return gemv.gemv(
+                x, self.weight, self.bias, act=act, residual=residual if FUSE_NORMS else None
+            )
         if isinstance(x, PendingNorm):
             x = x.materialize()
         if act is not None:
@@ -64,8 +76,9 @@ def takes_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
 class Embedding(nn.Module):
     def __init__(self, num_embeddings: int, embedding_dim: int, dtype: torch.dtype) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim, dtype=dtype),
-                                   requires_grad=False)
+        self.weight = nn.Parameter(
+            torch.empty(num_embeddings, embedding_dim, dtype=dtype), requires_grad=False
+        )
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.weight)  # [T, embedding_dim]
@@ -82,8 +95,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.empty(hidden_size, dtype=dtype), requires_grad=False)
 
-    def forward(self, x: torch.Tensor | ResidualSum, residual: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor | PendingNorm, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor | ResidualSum, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor | PendingNorm, torch.Tensor]:
         if isinstance(x, ResidualSum):
             return PendingNorm(x.h, x.sumsq, self.weight, self.eps), x.h
         if residual is None:
@@ -91,20 +105,25 @@ class RMSNorm(nn.Module):
         return ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
 
 
-def rope_inv_freq(head_dim: int, rope_theta: float, rope_scaling: dict | None,
-                  freq_factors: torch.Tensor | None = None) -> torch.Tensor:
+def rope_inv_freq(
+    head_dim: int,
+    rope_theta: float,
+    rope_scaling: dict | None,
+    freq_factors: torch.Tensor | None = None,
+) -> torch.Tensor:
     """[head_dim // 2] float32 inverse frequencies; plain, `linear` or `llama3` scaling, or llama.cpp's
     per-frequency factors (a GGUF's `rope_freqs`, [head_dim // 2]), which replace rope_scaling."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-    inv_freq = 1.0 / (rope_theta ** exponents)
+    inv_freq = 1.0 / (rope_theta**exponents)
     rope_type = (rope_scaling or {}).get("rope_type", "default")
     if freq_factors is not None:
         return _inv_freq_from_factors(inv_freq, freq_factors, rope_type, rope_scaling)
     return _scaled_inv_freq(inv_freq, rope_type, rope_scaling)
 
 
-def _inv_freq_from_factors(inv_freq: torch.Tensor, freq_factors: torch.Tensor, rope_type: str,
-                           rope_scaling: dict | None) -> torch.Tensor:
+def _inv_freq_from_factors(
+    inv_freq: torch.Tensor, freq_factors: torch.Tensor, rope_type: str, rope_scaling: dict | None
+) -> torch.Tensor:
     """llama.cpp divides each frequency by its factor (convert_hf_to_gguf writes llama3 RoPE scaling this
     way). A rope_scaling the config also claims must give the same frequencies: applying both would scale
     twice, and where they contradict, which one the model was trained with is unknown."""
@@ -114,20 +133,26 @@ def _inv_freq_from_factors(inv_freq: torch.Tensor, freq_factors: torch.Tensor, r
     claimed = _scaled_inv_freq(inv_freq, rope_type, rope_scaling)
     # rtol 1e-3: factors stored as float16 still agree
     if not torch.allclose(claimed, scaled, rtol=1e-3, atol=0.0):  # sync-ok: once, at model build
-        raise ValueError(f"rope_scaling: the config's {rope_type} scaling {rope_scaling} disagrees with the "
-                         f"checkpoint's rope_freqs factors {freq_factors.tolist()}")  # sync-ok: error path
+        raise ValueError(
+            f"rope_scaling: the config's {rope_type} scaling {rope_scaling} disagrees with the "
+            f"checkpoint's rope_freqs factors {freq_factors.tolist()}"
+        )  # sync-ok: error path
     return scaled
 
 
-def _scaled_inv_freq(inv_freq: torch.Tensor, rope_type: str, rope_scaling: dict | None) -> torch.Tensor:
+def _scaled_inv_freq(
+    inv_freq: torch.Tensor, rope_type: str, rope_scaling: dict | None
+) -> torch.Tensor:
     if rope_type == "default":
         return inv_freq
     if rope_type == "linear":
         return inv_freq / rope_scaling["factor"]
     if rope_type == "llama3":
         return _llama3_inv_freq(inv_freq, rope_scaling)
-    raise ValueError(f"rope_scaling: rope_type {rope_type!r} is not supported; "
-                     "supported: default, linear, llama3")
+    raise ValueError(
+        f"rope_scaling: rope_type {rope_type!r} is not supported; "
+        "supported: default, linear, llama3"
+    )
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
@@ -140,8 +165,9 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
     blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
     scaled = torch.where(wavelen > old_context_len / low_freq_factor, inv_freq / factor, inv_freq)
-    is_medium = ((wavelen >= old_context_len / high_freq_factor)
-                 & (wavelen <= old_context_len / low_freq_factor))
+    is_medium = (wavelen >= old_context_len / high_freq_factor) & (
+        wavelen <= old_context_len / low_freq_factor
+    )
     return torch.where(is_medium, blended, scaled)
 
 
@@ -150,12 +176,19 @@ class RotaryEmbedding(nn.Module):
     computed in float32 once: `cos_sin_cache` [max_position, head_dim] holds cos in the first
     half and sin in the second. The rotation itself is fused into attention's prepare_qkv."""
 
-    def __init__(self, head_dim: int, max_position: int, rope_theta: float,
-                 rope_scaling: dict | None, dtype: torch.dtype, freq_factors: torch.Tensor | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        head_dim: int,
+        max_position: int,
+        rope_theta: float,
+        rope_scaling: dict | None,
+        dtype: torch.dtype,
+        freq_factors: torch.Tensor | None = None,
+    ) -> None:
         super().__init__()
         inv_freq = rope_inv_freq(head_dim, rope_theta, rope_scaling, freq_factors)
         positions = torch.arange(max_position, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)  # [max_position, head_dim // 2]
-        self.register_buffer("cos_sin_cache", torch.cat((freqs.cos(), freqs.sin()), dim=-1),
-                             persistent=False)
+        self.register_buffer(
+            "cos_sin_cache", torch.cat((freqs.cos(), freqs.sin()), dim=-1), persistent=False
+        )

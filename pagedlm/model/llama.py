@@ -6,6 +6,7 @@ Parameter names follow Hugging Face, except the fused projections: q/k/v live in
 `qkv_proj` (rows q, then k, then v) and gate/up in `gate_up_proj` (rows gate, then up).
 `checkpoint_layout` says where each checkpoint tensor goes.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,32 +50,59 @@ def o_proj_bias(config: ModelConfig) -> bool:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int, attn_backend: AttentionBackend,
-                 rotary: RotaryEmbedding) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        layer: int,
+        attn_backend: AttentionBackend,
+        rotary: RotaryEmbedding,
+    ) -> None:
         super().__init__()
         self.num_heads = config.num_heads
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
-        self.scale = config.head_dim ** -0.5
+        self.scale = config.head_dim**-0.5
         self.sliding_window = layer_sliding_window(config, layer)
         self.attn_backend = attn_backend
         self.rotary = rotary
         dtype = config.dtype
-        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
-                               config.attention_bias, dtype)
+        self.qkv_proj = Linear(
+            config.hidden_size, self.q_size + 2 * self.kv_size, config.attention_bias, dtype
+        )
         self.o_proj = Linear(self.q_size, config.hidden_size, o_proj_bias(config), dtype)
         # Qwen3: per-head RMSNorm of q and k before RoPE; only their weights are used (prepare_qkv)
-        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
-        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
+        self.q_norm = (
+            RMSNorm(config.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
+        )
+        self.k_norm = (
+            RMSNorm(config.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
+        )
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor | PendingNorm, residual: torch.Tensor,
-                kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor | ResidualSum:
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor | PendingNorm,
+        residual: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor | ResidualSum:
         """o_proj's output, or its ResidualSum with residual (layers.Linear)."""
         qkv = self.qkv_proj(hidden)  # [T, q_size + 2 * kv_size]
-        qk_norm, eps = (None, 0.0) if self.q_norm is None else ((self.q_norm.weight, self.k_norm.weight),
-                                                                  self.q_norm.eps)
-        q = prepare_qkv(qkv, positions, self.rotary.cos_sin_cache, qk_norm, eps, kv_cache,
-                        attn_metadata.slot_mapping, self.num_heads)  # [T, num_heads, head_dim]; k, v cached
+        qk_norm, eps = (
+            (None, 0.0)
+            if self.q_norm is None
+            else ((self.q_norm.weight, self.k_norm.weight), self.q_norm.eps)
+        )
+        q = prepare_qkv(
+            qkv,
+            positions,
+            self.rotary.cos_sin_cache,
+            qk_norm,
+            eps,
+            kv_cache,
+            attn_metadata.slot_mapping,
+            self.num_heads,
+        )  # [T, num_heads, head_dim]; k, v cached
         out = self.attn_backend.attend(q, kv_cache, attn_metadata, self.scale, self.sliding_window)
         return self.o_proj(out.reshape(qkv.shape[0], self.q_size), residual=residual)
 
@@ -83,29 +111,47 @@ class LlamaMLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         bias = bool(getattr(config.hf_config, "mlp_bias", False))
-        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias, config.dtype)
+        self.gate_up_proj = Linear(
+            config.hidden_size, 2 * config.intermediate_size, bias, config.dtype
+        )
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias, config.dtype)
 
-    def forward(self, hidden: torch.Tensor | PendingNorm, residual: torch.Tensor) -> torch.Tensor | ResidualSum:
+    def forward(
+        self, hidden: torch.Tensor | PendingNorm, residual: torch.Tensor
+    ) -> torch.Tensor | ResidualSum:
         """down_proj's output, or its ResidualSum with residual (layers.Linear)."""
-        gated = self.gate_up_proj.gated(hidden)  # fused with the activation, for prefill-sized batches
+        gated = self.gate_up_proj.gated(
+            hidden
+        )  # fused with the activation, for prefill-sized batches
         if gated is not None:
             return self.down_proj(gated, residual=residual)
         return self.down_proj(self.gate_up_proj(hidden), act="silu_and_mul", residual=residual)
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int, attn_backend: AttentionBackend,
-                 rotary: RotaryEmbedding) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        layer: int,
+        attn_backend: AttentionBackend,
+        rotary: RotaryEmbedding,
+    ) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(config, layer, attn_backend, rotary)
         self.mlp = LlamaMLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.dtype)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.dtype)
+        self.post_attention_layernorm = RMSNorm(
+            config.hidden_size, config.rms_norm_eps, config.dtype
+        )
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor | ResidualSum, residual: torch.Tensor | None,
-                kv_cache: torch.Tensor, attn_metadata: AttentionMetadata
-                ) -> tuple[torch.Tensor | ResidualSum, torch.Tensor]:
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor | ResidualSum,
+        residual: torch.Tensor | None,
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+    ) -> tuple[torch.Tensor | ResidualSum, torch.Tensor]:
         """Returns (this layer's MLP output, the residual stream before it); the next norm adds them,
         unless down_proj already did (a ResidualSum: the norm is then folded into the next GEMV)."""
         normed, residual = self.input_layernorm(hidden, residual)
@@ -119,19 +165,34 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, config.dtype)
         # one cos/sin table shared by every layer; not a parameter, so not in the layout
-        rotary = RotaryEmbedding(config.head_dim, config.max_model_len, config.rope_theta,
-                                 config.rope_scaling, config.dtype, gguf_rope_freqs(config))
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, layer, attn_backend, rotary)
-                                    for layer in range(config.num_layers))
+        rotary = RotaryEmbedding(
+            config.head_dim,
+            config.max_model_len,
+            config.rope_theta,
+            config.rope_scaling,
+            config.dtype,
+            gguf_rope_freqs(config),
+        )
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, layer, attn_backend, rotary)
+            for layer in range(config.num_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.dtype)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, kv_caches: list[torch.Tensor],
-                attn_metadata: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden, residual = layer(positions, hidden, residual, kv_cache, attn_metadata)
         normed, _ = self.norm(hidden, residual)
-        return normed.materialize() if isinstance(normed, PendingNorm) else normed  # [T, hidden_size]
+        return (
+            normed.materialize() if isinstance(normed, PendingNorm) else normed
+        )  # [T, hidden_size]
 
 
 class LlamaForCausalLM(nn.Module):
@@ -143,18 +204,28 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = Linear(config.hidden_size, config.vocab_size, False, config.dtype)
         kv_rows = config.num_kv_heads * config.head_dim
         self._fused_splits = {
-            "qkv_proj": (("q_proj", config.num_heads * config.head_dim), ("k_proj", kv_rows),
-                         ("v_proj", kv_rows)),
-            "gate_up_proj": (("gate_proj", config.intermediate_size),
-                             ("up_proj", config.intermediate_size)),
+            "qkv_proj": (
+                ("q_proj", config.num_heads * config.head_dim),
+                ("k_proj", kv_rows),
+                ("v_proj", kv_rows),
+            ),
+            "gate_up_proj": (
+                ("gate_proj", config.intermediate_size),
+                ("up_proj", config.intermediate_size),
+            ),
         }
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)  # [T, hidden_size]
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
-                attn_metadata: AttentionMetadata, inputs_embeds: torch.Tensor | None = None
-                ) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        attn_metadata: AttentionMetadata,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         return self.model(positions, hidden, kv_caches, attn_metadata)  # [T, hidden_size]
 
@@ -163,7 +234,11 @@ class LlamaForCausalLM(nn.Module):
         float32 itself (cuBLAS epilogue): no 16-bit logits rounded and then copied (at 256 x 151936,
         that copy alone was 0.11 ms a step); at batch 1 the Triton GEMV writes them (4.4-4.5 TB/s
         against cuBLAS's 4.0-4.2 on both LM heads, gemv_bench.py)."""
-        weight = self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
+        weight = (
+            self.model.embed_tokens.weight
+            if self.config.tie_word_embeddings
+            else self.lm_head.weight
+        )
         if layers.takes_gemv(hidden, weight):
             return gemv.gemv(hidden, weight, out_dtype=torch.float32)
         if hidden.is_cuda and hidden.dtype != torch.float32:
@@ -174,7 +249,9 @@ class LlamaForCausalLM(nn.Module):
         """Hugging Face tensor name -> where it goes. Every entry must be filled by a loader."""
         layout: dict[str, WeightShard] = {}
         for name, param in self.named_parameters():
-            module, _, leaf = name.rpartition(".")  # e.g. "model.layers.0.mlp.gate_up_proj", "weight"
+            module, _, leaf = name.rpartition(
+                "."
+            )  # e.g. "model.layers.0.mlp.gate_up_proj", "weight"
             parent, _, kind = module.rpartition(".")
             if kind not in self._fused_splits:
                 layout[name] = WeightShard(name, 0, param.shape[0])

@@ -1,4 +1,5 @@
 """Build the model and fill its weights: a Hugging Face safetensors folder, a GGUF file, or dummy."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,9 @@ DUMMY_SEED = 0
 DUMMY_STD = 0.02
 
 
-def load_model(config: ModelConfig, attn_backend: AttentionBackend, device: torch.device
-               ) -> LlamaForCausalLM:
+def load_model(
+    config: ModelConfig, attn_backend: AttentionBackend, device: torch.device
+) -> LlamaForCausalLM:
     """The model in config.dtype on device, in eval mode, every weight filled, no grad."""
     try:
         with torch.device(device):
@@ -30,14 +32,17 @@ def load_model(config: ModelConfig, attn_backend: AttentionBackend, device: torc
             elif config.load_format == "gguf":
                 fill_weights(model, iter_gguf_tensors(config), config.model)
             else:
-                raise ValueError(f"load_format must be safetensors, gguf or dummy; got {config.load_format!r}")
+                raise ValueError(
+                    f"load_format must be safetensors, gguf or dummy; got {config.load_format!r}"
+                )
     finally:
         release_readers()  # the GGUF parse the model's build and its weights shared
     return model.eval()
 
 
-def fill_weights(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Tensor]],
-                 source: str) -> None:
+def fill_weights(
+    model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Tensor]], source: str
+) -> None:
     """Copy each known checkpoint tensor into its (slice of a) parameter; unknown names
     (rotary_emb.inv_freq, lm_head of a tied model) are ignored, a missing one is an error."""
     layout = model.checkpoint_layout()
@@ -48,12 +53,15 @@ def fill_weights(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Ten
         if shard is None:
             if name.endswith("rotary_emb.inv_freq") or name == "lm_head.weight":
                 continue  # RoPE tables are recomputed; lm_head of a tied model
-            raise ValueError(f"model: checkpoint {source} has tensor {name}, which the config "
-                             "does not describe")
+            raise ValueError(
+                f"model: checkpoint {source} has tensor {name}, which the config does not describe"
+            )
         target = params[shard.param].narrow(0, shard.row_start, shard.num_rows)
         if tensor.shape != target.shape:
-            raise ValueError(f"model: tensor {name} in {source} has shape {tuple(tensor.shape)}, "
-                             f"the config expects {tuple(target.shape)}")
+            raise ValueError(
+                f"model: tensor {name} in {source} has shape {tuple(tensor.shape)}, "
+                f"the config expects {tuple(target.shape)}"
+            )
         target.copy_(tensor)
         filled.add(name)
     missing = sorted(layout.keys() - filled)
@@ -61,8 +69,10 @@ def fill_weights(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Ten
         params["lm_head.weight"].copy_(params["model.embed_tokens.weight"])
         missing = []
     if missing:
-        raise ValueError(f"model: checkpoint {source} is missing tensor {missing[0]}"
-                         + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        raise ValueError(
+            f"model: checkpoint {source} is missing tensor {missing[0]}"
+            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+        )
 
 
 def fill_dummy_weights(model: LlamaForCausalLM, device: torch.device) -> None:
@@ -84,8 +94,10 @@ def safetensors_files(folder: str) -> list[Path]:
     if single.is_file():
         return [single]
     if not index.is_file():
-        raise ValueError(f"model: folder {folder!r} has neither model.safetensors nor "
-                         "model.safetensors.index.json")
+        raise ValueError(
+            f"model: folder {folder!r} has neither model.safetensors nor "
+            "model.safetensors.index.json"
+        )
     shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
     files = [root / shard for shard in shards]
     for file in files:

@@ -1,5 +1,6 @@
 """SiLU-and-multiply for gated MLPs: [..., 2d] (gate then up) -> [..., d] silu(gate) * up,
 computed in float32 and rounded once. Triton on CUDA, torch elsewhere."""
+
 from __future__ import annotations
 
 import torch
@@ -16,8 +17,11 @@ BLOCK_D = 1024
 def silu_and_mul_kernel(
     out_ptr,  # [N, d]
     x_ptr,  # [N, 2 * d]
-    d, stride_o, stride_x,
-    BLOCK: tl.constexpr, PDL: tl.constexpr,
+    d,
+    stride_o,
+    stride_x,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One program per (row, BLOCK columns)."""
     row = tl.program_id(0).to(tl.int64)
@@ -51,7 +55,13 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
     if out.numel() > 0:
         block = min(BLOCK_D, triton.next_power_of_2(d))
         silu_and_mul_kernel[(x_2d.shape[0], triton.cdiv(d, block))](
-            out, x_2d, d, out.stride(0), x_2d.stride(0), BLOCK=block, num_warps=4,
+            out,
+            x_2d,
+            d,
+            out.stride(0),
+            x_2d.stride(0),
+            BLOCK=block,
+            num_warps=4,
             **pdl.launch_args(x.device),
         )
     return out.view(*x.shape[:-1], d)

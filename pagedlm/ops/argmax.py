@@ -12,6 +12,7 @@ which the CUDA graphs of ops/stage_in.py's steps read their ids from without a c
 first NaN), so the id is always in [0, V), even for a graph's padding rows, whose hidden states are
 garbage.
 """
+
 from __future__ import annotations
 
 import torch
@@ -39,8 +40,11 @@ def argmax_chunks_kernel(
     logits_ptr,  # [N, V]
     vals_ptr,  # [N, NUM_CHUNKS] float32: the chunk's max
     idx_ptr,  # [N, NUM_CHUNKS] int32: its first index (>= V for a chunk with no logit)
-    vocab, stride_row,
-    NUM_CHUNKS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+    vocab,
+    stride_row,
+    NUM_CHUNKS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One program per (row, chunk): blocks chunk, chunk + NUM_CHUNKS, ... of the row. Each lane
     keeps its first maximum (it sees its indices in increasing order and takes only a larger
@@ -60,17 +64,22 @@ def argmax_chunks_kernel(
         best_idx = tl.where(better, offs, best_idx)
     top = tl.max(best, 0)
     tl.store(vals_ptr + row * NUM_CHUNKS + chunk, top)
-    tl.store(idx_ptr + row * NUM_CHUNKS + chunk, tl.min(tl.where(best == top, best_idx, 2147483647), 0))
+    tl.store(
+        idx_ptr + row * NUM_CHUNKS + chunk, tl.min(tl.where(best == top, best_idx, 2147483647), 0)
+    )
 
 
 @triton.jit
 def argmax_pick_kernel(
-    vals_ptr, idx_ptr,  # [N, NUM_CHUNKS] each, from argmax_chunks_kernel
+    vals_ptr,
+    idx_ptr,  # [N, NUM_CHUNKS] each, from argmax_chunks_kernel
     ids_ptr,  # [N] int64 out
     table_ptr,  # int64: the token table
     table_rows_ptr,  # [N] int64: the table entry of each row (a step input)
     host_ids_ptr,  # [N] int64 out, pinned host memory (unused unless HOST_IDS)
-    NUM_CHUNKS: tl.constexpr, HOST_IDS: tl.constexpr, PDL: tl.constexpr,
+    NUM_CHUNKS: tl.constexpr,
+    HOST_IDS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One program per row: the first index of the largest chunk max, into ids and the table (and
     host_ids)."""
@@ -87,8 +96,12 @@ def argmax_pick_kernel(
         tl.store(host_ids_ptr + row, pick)
 
 
-def greedy_pick(logits: torch.Tensor, table: torch.Tensor, table_rows: torch.Tensor,
-                host_ids: torch.Tensor | None = None) -> torch.Tensor:
+def greedy_pick(
+    logits: torch.Tensor,
+    table: torch.Tensor,
+    table_rows: torch.Tensor,
+    host_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
     """logits [N, V] -> [N] int64, each row's argmax, also written into table[table_rows]
     (table: int64 [M]; table_rows: [N] int64, entries < M) and, if given, into host_ids[:N] (int64,
     pinned host memory). Triton on CUDA, torch elsewhere."""
@@ -98,12 +111,16 @@ def greedy_pick(logits: torch.Tensor, table: torch.Tensor, table_rows: torch.Ten
     ids = logits.argmax(dim=-1)
     table.index_copy_(0, table_rows, ids)
     if host_ids is not None:
-        host_ids[:ids.shape[0]].copy_(ids)
+        host_ids[: ids.shape[0]].copy_(ids)
     return ids
 
 
-def greedy_pick_triton(logits: torch.Tensor, table: torch.Tensor, table_rows: torch.Tensor,
-                       host_ids: torch.Tensor | None = None) -> torch.Tensor:
+def greedy_pick_triton(
+    logits: torch.Tensor,
+    table: torch.Tensor,
+    table_rows: torch.Tensor,
+    host_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
     num_rows, vocab = logits.shape
     num_chunks = min(MAX_CHUNKS, triton.next_power_of_2(triton.cdiv(vocab, BLOCK)))
     vals = torch.empty(num_rows, num_chunks, dtype=torch.float32, device=logits.device)
@@ -113,25 +130,60 @@ def greedy_pick_triton(logits: torch.Tensor, table: torch.Tensor, table_rows: to
         return ids
     launch = pdl.launch_args(logits.device)
     argmax_chunks_kernel[(num_rows, num_chunks)](
-        logits, vals, idx, vocab, logits.stride(0), NUM_CHUNKS=num_chunks, BLOCK=BLOCK, num_warps=4, **launch)
-    argmax_pick_kernel[(num_rows,)](vals, idx, ids, table, table_rows, host_ids, NUM_CHUNKS=num_chunks,
-                                    HOST_IDS=host_ids is not None, num_warps=1, **launch)
+        logits,
+        vals,
+        idx,
+        vocab,
+        logits.stride(0),
+        NUM_CHUNKS=num_chunks,
+        BLOCK=BLOCK,
+        num_warps=4,
+        **launch,
+    )
+    argmax_pick_kernel[(num_rows,)](
+        vals,
+        idx,
+        ids,
+        table,
+        table_rows,
+        host_ids,
+        NUM_CHUNKS=num_chunks,
+        HOST_IDS=host_ids is not None,
+        num_warps=1,
+        **launch,
+    )
     return ids
 
 
-def _check(logits: torch.Tensor, table: torch.Tensor, table_rows: torch.Tensor,
-           host_ids: torch.Tensor | None) -> None:
+def _check(
+    logits: torch.Tensor,
+    table: torch.Tensor,
+    table_rows: torch.Tensor,
+    host_ids: torch.Tensor | None,
+) -> None:
     if logits.dim() != 2 or logits.shape[1] == 0 or logits.stride(1) != 1:
-        raise ValueError(f"logits must be [N, V >= 1] with stride 1 in V; got {tuple(logits.shape)}")
+        raise ValueError(
+            f"logits must be [N, V >= 1] with stride 1 in V; got {tuple(logits.shape)}"
+        )
     if table.dim() != 1 or table.dtype != torch.int64:
         raise ValueError(f"table must be 1-D int64; got {tuple(table.shape)} {table.dtype}")
     if table_rows.shape != (logits.shape[0],) or table_rows.dtype != torch.int64:
-        raise ValueError(f"table_rows must be [N={logits.shape[0]}] int64; "
-                         f"got {tuple(table_rows.shape)} {table_rows.dtype}")
-    if host_ids is not None and (host_ids.dim() != 1 or host_ids.dtype != torch.int64
-                                 or host_ids.shape[0] < logits.shape[0] or host_ids.device.type != "cpu"):
-        raise ValueError(f"host_ids must be 1-D int64 host memory of >= {logits.shape[0]} entries; "
-                         f"got {tuple(host_ids.shape)} {host_ids.dtype} on {host_ids.device}")
+        raise ValueError(
+            f"table_rows must be [N={logits.shape[0]}] int64; "
+            f"got {tuple(table_rows.shape)} {table_rows.dtype}"
+        )
+    if host_ids is not None and (
+        host_ids.dim() != 1
+        or host_ids.dtype != torch.int64
+        or host_ids.shape[0] < logits.shape[0]
+        or host_ids.device.type != "cpu"
+    ):
+        raise ValueError(
+            f"host_ids must be 1-D int64 host memory of >= {logits.shape[0]} entries; "
+            f"got {tuple(host_ids.shape)} {host_ids.dtype} on {host_ids.device}"
+        )
     if not logits.device == table.device == table_rows.device:
-        raise ValueError(f"logits, table and table_rows must share a device; got {logits.device}, "
-                         f"{table.device}, {table_rows.device}")
+        raise ValueError(
+            f"logits, table and table_rows must share a device; got {logits.device}, "
+            f"{table.device}, {table_rows.device}"
+        )

@@ -24,6 +24,7 @@ than it has, never during a CUDA graph capture: the runner runs every shape eage
 captures it (DecodeGraphs' warm-up). Older buffers stay alive, as a graph captured with one keeps
 using its address.
 """
+
 from __future__ import annotations
 
 import torch
@@ -42,9 +43,11 @@ def zeroed_counters(device: torch.device, num_counters: int) -> torch.Tensor:
     buffers = _buffers.setdefault(device, [])
     if not buffers or buffers[-1].numel() < num_counters:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"a kernel needs {num_counters} counters but the buffer has "
-                               f"{buffers[-1].numel() if buffers else 0}; it cannot grow during a CUDA "
-                               f"graph capture (run the largest shape eagerly first)")
+            raise RuntimeError(
+                f"a kernel needs {num_counters} counters but the buffer has "
+                f"{buffers[-1].numel() if buffers else 0}; it cannot grow during a CUDA "
+                f"graph capture (run the largest shape eagerly first)"
+            )
         size = max(num_counters, 2 * buffers[-1].numel() if buffers else MIN_COUNTERS)
         buffers.append(torch.zeros(size, dtype=torch.int32, device=device))
     return buffers[-1]

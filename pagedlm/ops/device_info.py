@@ -1,4 +1,5 @@
 """What the kernels' launch choices need to know about the device, asked once per device."""
+
 from __future__ import annotations
 
 import functools

@@ -12,6 +12,7 @@ partial sums. Where a consumer takes cuBLAS instead, `PendingNorm.materialize` r
 The kernel: pagedlm/ops/gemv_kernel.py.
 No host sync and no allocation that depends on device values: safe inside a CUDA graph.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -107,11 +108,15 @@ class GemvConfig:
             if value < 1 or value & (value - 1):
                 raise ValueError(f"GemvConfig.{name} must be a power of two >= 1; got {value}")
         if self.split_k < 1 or self.num_stages < 1:
-            raise ValueError(f"GemvConfig.split_k and num_stages must be >= 1; "
-                             f"got {self.split_k}, {self.num_stages}")
+            raise ValueError(
+                f"GemvConfig.split_k and num_stages must be >= 1; "
+                f"got {self.split_k}, {self.num_stages}"
+            )
         if self.use_dot and min(self.block_n, self.block_k) < MIN_DOT_ROWS:
-            raise ValueError(f"GemvConfig.block_n and block_k must be >= {MIN_DOT_ROWS} with use_dot; "
-                             f"got {self.block_n}, {self.block_k}")
+            raise ValueError(
+                f"GemvConfig.block_n and block_k must be >= {MIN_DOT_ROWS} with use_dot; "
+                f"got {self.block_n}, {self.block_k}"
+            )
 
 
 def prefer_gemv(num_rows: int, n: int, k: int) -> bool:
@@ -119,7 +124,7 @@ def prefer_gemv(num_rows: int, n: int, k: int) -> bool:
     return num_rows <= MAX_M and (n <= MAX_GEMV_N or (num_rows == 1 and k <= MAX_FMA_K))
 
 
-@functools.lru_cache(maxsize=None)  # pure, and called at every eager launch
+@functools.cache  # pure, and called at every eager launch
 def default_config(num_rows: int, n: int, k: int, dtype: torch.dtype) -> GemvConfig:
     """A rule from host ints, from the measurements above.
     Larger M (not fp32): tl.dot on 64 weight rows (wgmma m64n16 on Hopper; FMA at M=2 measured
@@ -131,20 +136,31 @@ def default_config(num_rows: int, n: int, k: int, dtype: torch.dtype) -> GemvCon
     STREAM_BLOCK_N x STREAM_BLOCK_K tiles over STREAM_WARPS warps, K split only where a narrow output
     would launch fewer than TARGET_WARPS warps."""
     if num_rows > 1 and dtype != torch.float32:
-        return with_auto_split_k(GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=3, use_dot=True), n, k)
+        return with_auto_split_k(
+            GemvConfig(block_n=64, block_k=128, num_warps=4, num_stages=3, use_dot=True), n, k
+        )
     min_block_k = 32 * (16 // dtype.itemsize)  # 32 lanes x one 16-byte vector
     block_k = max(triton.next_power_of_2(k), min_block_k)
     weight_bytes = n * k * dtype.itemsize
     if weight_bytes <= PRELOAD_MAX_BYTES and k <= PRELOAD_BLOCK_K:
         return GemvConfig(block_n=PRELOAD_BLOCK_N, block_k=block_k, num_warps=1, num_stages=1)
     if weight_bytes <= PRELOAD_MAX_BYTES and k <= WHOLE_K_MAX:
-        return GemvConfig(block_n=max(1, WHOLE_K_TILE_BYTES // (block_k * dtype.itemsize)), block_k=block_k,
-                          num_warps=WHOLE_K_WARPS, num_stages=1)
+        return GemvConfig(
+            block_n=max(1, WHOLE_K_TILE_BYTES // (block_k * dtype.itemsize)),
+            block_k=block_k,
+            num_warps=WHOLE_K_WARPS,
+            num_stages=1,
+        )
     block_k = min(block_k, STREAM_BLOCK_K)
     num_warps = min(STREAM_WARPS, block_k // min_block_k)
     launch_warps = triton.cdiv(n, STREAM_BLOCK_N) * num_warps
-    return GemvConfig(block_n=STREAM_BLOCK_N, block_k=block_k, split_k=max(1, TARGET_WARPS // launch_warps),
-                      num_warps=num_warps, num_stages=1)
+    return GemvConfig(
+        block_n=STREAM_BLOCK_N,
+        block_k=block_k,
+        split_k=max(1, TARGET_WARPS // launch_warps),
+        num_warps=num_warps,
+        num_stages=1,
+    )
 
 
 def with_auto_split_k(config: GemvConfig, n: int, k: int) -> GemvConfig:
@@ -152,7 +168,10 @@ def with_auto_split_k(config: GemvConfig, n: int, k: int) -> GemvConfig:
     at most MAX_CHUNKS_PER_SLICE chunks of K, within MAX_PROGRAMS programs."""
     num_blocks = triton.cdiv(n, config.block_n)
     by_warps = TARGET_WARPS // (num_blocks * config.num_warps)
-    by_chunks = min(triton.cdiv(triton.cdiv(k, config.block_k), MAX_CHUNKS_PER_SLICE), MAX_PROGRAMS // num_blocks)
+    by_chunks = min(
+        triton.cdiv(triton.cdiv(k, config.block_k), MAX_CHUNKS_PER_SLICE),
+        MAX_PROGRAMS // num_blocks,
+    )
     return dataclasses.replace(config, split_k=max(1, by_warps, by_chunks))
 
 
@@ -164,8 +183,13 @@ def launch_split_k(k: int, config: GemvConfig) -> tuple[int, int]:
 
 
 def gemv(
-    x: torch.Tensor | PendingNorm, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-    act: str | None = None, residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+    x: torch.Tensor | PendingNorm,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    act: str | None = None,
+    residual: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
     config: GemvConfig | None = None,
 ) -> torch.Tensor | ResidualSum:
     """x: [M, K] ([M, 2K] with act="silu_and_mul"; or a PendingNorm of [M, K]), weight: [N, K],
@@ -173,13 +197,20 @@ def gemv(
     ResidualSum of y + residual. M must be in [1, MAX_M]. config (Triton path only) overrides
     `default_config`."""
     if input_rows(x).is_cuda:
-        return gemv_triton(x, weight, bias, act=act, residual=residual, out_dtype=out_dtype, config=config)
+        return gemv_triton(
+            x, weight, bias, act=act, residual=residual, out_dtype=out_dtype, config=config
+        )
     return gemv_torch(x, weight, bias, act=act, residual=residual, out_dtype=out_dtype)
 
 
 def gemv_torch(
-    x: torch.Tensor | PendingNorm, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-    act: str | None = None, residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+    x: torch.Tensor | PendingNorm,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    act: str | None = None,
+    residual: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor | ResidualSum:
     """F.linear; with another out_dtype, the product is computed in it (as the kernel accumulates in
     float32 and rounds once). A PendingNorm is normalised by rms_norm_torch (the row's full sum)."""
@@ -197,8 +228,13 @@ def gemv_torch(
 
 
 def gemv_triton(
-    x: torch.Tensor | PendingNorm, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-    act: str | None = None, residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+    x: torch.Tensor | PendingNorm,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    act: str | None = None,
+    residual: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
     config: GemvConfig | None = None,
 ) -> torch.Tensor | ResidualSum:
     """The Triton kernel on any device the kernel can run on (CUDA, or CPU under TRITON_INTERPRET=1)."""
@@ -212,7 +248,11 @@ def gemv_triton(
     split_k, k_per_split = launch_split_k(k, config)
     out = torch.empty(num_rows, n, dtype=out_dtype or x.dtype, device=x.device)
     num_blocks_n = triton.cdiv(n, config.block_n)
-    partial, counters, sumsq_out = out, out, out  # placeholders: unused without split K or a residual
+    partial, counters, sumsq_out = (
+        out,
+        out,
+        out,
+    )  # placeholders: unused without split K or a residual
     if split_k > 1:
         partial = torch.empty(split_k, num_rows, n, dtype=torch.float32, device=x.device)
         counters = zeroed_counters(x.device, num_blocks_n)
@@ -224,15 +264,38 @@ def gemv_triton(
     has_bias = bias is not None
     num_parts = 1 if norm is None else norm.sumsq.shape[1]
     gemv_kernel[(num_blocks_n, split_k)](
-        out, partial, counters, x, weight, bias if has_bias else weight,
-        out if residual is None else residual, sumsq_out, out if norm is None else norm.sumsq,
-        weight if norm is None else norm.weight, num_rows, n, k, x.stride(0), weight.stride(0), k_per_split,
+        out,
+        partial,
+        counters,
+        x,
+        weight,
+        bias if has_bias else weight,
+        out if residual is None else residual,
+        sumsq_out,
+        out if norm is None else norm.sumsq,
+        weight if norm is None else norm.weight,
+        num_rows,
+        n,
+        k,
+        x.stride(0),
+        weight.stride(0),
+        k_per_split,
         0.0 if norm is None else norm.eps,
-        FMA_ROWS=0 if config.use_dot else block_m, BLOCK_M=block_m, BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, PARTIAL=split_k > 1, HAS_BIAS=has_bias, SILU_MUL=act == "silu_and_mul",
-        NORM=norm is not None, NUM_PARTS=num_parts, PARTS_PAD=triton.next_power_of_2(num_parts),
-        ADD_RESIDUAL=residual is not None, USE_DOT=config.use_dot, num_warps=config.num_warps,
-        num_stages=config.num_stages, **pdl.launch_args(x.device),
+        FMA_ROWS=0 if config.use_dot else block_m,
+        BLOCK_M=block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        PARTIAL=split_k > 1,
+        HAS_BIAS=has_bias,
+        SILU_MUL=act == "silu_and_mul",
+        NORM=norm is not None,
+        NUM_PARTS=num_parts,
+        PARTS_PAD=triton.next_power_of_2(num_parts),
+        ADD_RESIDUAL=residual is not None,
+        USE_DOT=config.use_dot,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        **pdl.launch_args(x.device),
     )
     return out if residual is None else ResidualSum(out, sumsq_out)
 
@@ -242,8 +305,14 @@ def input_rows(x: torch.Tensor | PendingNorm) -> torch.Tensor:
     return x.h if isinstance(x, PendingNorm) else x
 
 
-def _check_inputs(x: torch.Tensor | PendingNorm, weight: torch.Tensor, bias: torch.Tensor | None,
-                  act: str | None, residual: torch.Tensor | None, out_dtype: torch.dtype | None) -> None:
+def _check_inputs(
+    x: torch.Tensor | PendingNorm,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    act: str | None,
+    residual: torch.Tensor | None,
+    out_dtype: torch.dtype | None,
+) -> None:
     if act not in ACTS:
         raise ValueError(f"act must be one of {ACTS}; got {act!r}")
     if out_dtype is not None and not out_dtype.is_floating_point:
@@ -253,24 +322,35 @@ def _check_inputs(x: torch.Tensor | PendingNorm, weight: torch.Tensor, bias: tor
     if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_M:
         raise ValueError(f"x must be [M, K] with M (rows) in [1, {MAX_M}]; got {tuple(x.shape)}")
     if weight.dim() != 2 or min(weight.shape) < 1 or weight.stride(-1) != 1:
-        raise ValueError(f"weight must be [N, K] with N, K >= 1 and unit stride along K; got shape "
-                         f"{tuple(weight.shape)}, strides {weight.stride()}")
+        raise ValueError(
+            f"weight must be [N, K] with N, K >= 1 and unit stride along K; got shape "
+            f"{tuple(weight.shape)}, strides {weight.stride()}"
+        )
     k_in = weight.shape[1] * (2 if act == "silu_and_mul" else 1)
     if x.shape[1] != k_in:
-        raise ValueError(f"x's last dim must be {k_in} (weight's K{' x 2 for silu_and_mul' if act else ''}); "
-                         f"got {x.shape[1]}")
+        raise ValueError(
+            f"x's last dim must be {k_in} (weight's K{' x 2 for silu_and_mul' if act else ''}); "
+            f"got {x.shape[1]}"
+        )
     if weight.dtype != x.dtype or not x.is_floating_point():
         raise ValueError(f"weight's dtype must be x's float dtype {x.dtype}; got {weight.dtype}")
     if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != x.dtype):
-        raise ValueError(f"bias must be [{weight.shape[0]}] (weight's N) in {x.dtype}; "
-                         f"got {tuple(bias.shape)}, {bias.dtype}")
+        raise ValueError(
+            f"bias must be [{weight.shape[0]}] (weight's N) in {x.dtype}; "
+            f"got {tuple(bias.shape)}, {bias.dtype}"
+        )
     if norm is not None:
         _check_norm(norm, act)
-    if residual is not None and (residual.shape != (x.shape[0], weight.shape[0]) or residual.dtype != x.dtype
-                                 or out_dtype not in (None, x.dtype)):
-        raise ValueError(f"residual must be [{x.shape[0]}, {weight.shape[0]}] (x's rows, weight's N) in "
-                         f"x's dtype {x.dtype}, with out_dtype None; got {tuple(residual.shape)}, "
-                         f"{residual.dtype}, out_dtype {out_dtype}")
+    if residual is not None and (
+        residual.shape != (x.shape[0], weight.shape[0])
+        or residual.dtype != x.dtype
+        or out_dtype not in (None, x.dtype)
+    ):
+        raise ValueError(
+            f"residual must be [{x.shape[0]}, {weight.shape[0]}] (x's rows, weight's N) in "
+            f"x's dtype {x.dtype}, with out_dtype None; got {tuple(residual.shape)}, "
+            f"{residual.dtype}, out_dtype {out_dtype}"
+        )
 
 
 def _check_norm(norm: PendingNorm, act: str | None) -> None:
@@ -278,10 +358,20 @@ def _check_norm(norm: PendingNorm, act: str | None) -> None:
     (num_rows, hidden), sumsq = norm.h.shape, norm.sumsq
     if act is not None:
         raise ValueError(f"act must be None when x is a PendingNorm; got {act!r}")
-    if (sumsq.dim() != 2 or sumsq.shape[0] != num_rows or sumsq.shape[1] < 1 or sumsq.dtype != torch.float32
-            or not sumsq.is_contiguous() or sumsq.device != norm.h.device):
-        raise ValueError(f"PendingNorm.sumsq must be contiguous [{num_rows}, P >= 1] float32 on h's device "
-                         f"{norm.h.device}; got {tuple(sumsq.shape)}, {sumsq.dtype}, {sumsq.device}")
+    if (
+        sumsq.dim() != 2
+        or sumsq.shape[0] != num_rows
+        or sumsq.shape[1] < 1
+        or sumsq.dtype != torch.float32
+        or not sumsq.is_contiguous()
+        or sumsq.device != norm.h.device
+    ):
+        raise ValueError(
+            f"PendingNorm.sumsq must be contiguous [{num_rows}, P >= 1] float32 on h's device "
+            f"{norm.h.device}; got {tuple(sumsq.shape)}, {sumsq.dtype}, {sumsq.device}"
+        )
     if norm.weight.shape != (hidden,) or norm.weight.device != norm.h.device:
-        raise ValueError(f"PendingNorm.weight must be [{hidden}] (h's last dim) on h's device; "
-                         f"got {tuple(norm.weight.shape)} on {norm.weight.device}")
+        raise ValueError(
+            f"PendingNorm.weight must be [{hidden}] (h's last dim) on h's device; "
+            f"got {tuple(norm.weight.shape)} on {norm.weight.device}"
+        )

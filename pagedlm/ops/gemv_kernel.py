@@ -18,6 +18,7 @@ Fusions around the product, so that a batch-1 decoder layer needs no separate no
 Rounding is the unfused ops': y rounds to the model dtype before the add and after it; the norm
 rounds h * rstd and then the product with the weight (pagedlm/ops/norm.py).
 """
+
 from __future__ import annotations
 
 import triton
@@ -39,7 +40,9 @@ def _load_x(ptrs, mask, K, SILU_MUL: tl.constexpr):
 
 
 @triton.jit
-def _load_parts(sumsq_ptr, M, BLOCK_M: tl.constexpr, NUM_PARTS: tl.constexpr, PARTS_PAD: tl.constexpr):
+def _load_parts(
+    sumsq_ptr, M, BLOCK_M: tl.constexpr, NUM_PARTS: tl.constexpr, PARTS_PAD: tl.constexpr
+):
     """[BLOCK_M, PARTS_PAD] fp32: each row's partial sums of h**2 (0 past M and NUM_PARTS)."""
     offs_m = tl.arange(0, BLOCK_M)
     offs_p = tl.arange(0, PARTS_PAD)
@@ -58,14 +61,31 @@ def _normed(x, parts, K, eps, norm_w):
 
 
 @triton.jit
-def _fma_accumulate(acc, w, x_ptr, offs_k, mask_k, M, K, stride_x, parts, eps, norm_w,
-                    FMA_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr):
+def _fma_accumulate(
+    acc,
+    w,
+    x_ptr,
+    offs_k,
+    mask_k,
+    M,
+    K,
+    stride_x,
+    parts,
+    eps,
+    norm_w,
+    FMA_ROWS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    SILU_MUL: tl.constexpr,
+    NORM: tl.constexpr,
+):
     """acc[:, m] += w @ x[m] for each of the FMA_ROWS rows (x rows >= M read as 0), fp32 multiply
     + tl.sum over K."""
     w = w.to(tl.float32)  # [BLOCK_N, BLOCK_K]
     cols = tl.arange(0, BLOCK_M)
     for m in tl.static_range(FMA_ROWS):
-        x = _load_x(x_ptr + m * stride_x + offs_k[None, :], mask_k[None, :] & (m < M), K, SILU_MUL)  # [1, BLOCK_K]
+        x = _load_x(
+            x_ptr + m * stride_x + offs_k[None, :], mask_k[None, :] & (m < M), K, SILU_MUL
+        )  # [1, BLOCK_K]
         if NORM:
             row_parts = tl.sum(tl.where(cols[:, None] == m, parts, 0.0), 0)  # row m's [PARTS_PAD]
             x = _normed(x, row_parts[None, :], K, eps, norm_w)
@@ -78,19 +98,38 @@ def _fma_accumulate(acc, w, x_ptr, offs_k, mask_k, M, K, stride_x, parts, eps, n
 def _load_weight_tile(w_rows, mask_n, k0, K, BLOCK_K: tl.constexpr):
     """[BLOCK_N, BLOCK_K] of the weight at columns [k0, k0 + BLOCK_K); 0 past K."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
-    return tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & (offs_k < K)[None, :], other=0.0)
+    return tl.load(
+        w_rows + offs_k[None, :], mask=mask_n[:, None] & (offs_k < K)[None, :], other=0.0
+    )
 
 
 @triton.jit
-def _accumulate(acc, w, x_ptr, k0, M, K, stride_x, parts, eps, norm_w_ptr,
-                FMA_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                SILU_MUL: tl.constexpr, NORM: tl.constexpr, USE_DOT: tl.constexpr):
+def _accumulate(
+    acc,
+    w,
+    x_ptr,
+    k0,
+    M,
+    K,
+    stride_x,
+    parts,
+    eps,
+    norm_w_ptr,
+    FMA_ROWS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SILU_MUL: tl.constexpr,
+    NORM: tl.constexpr,
+    USE_DOT: tl.constexpr,
+):
     """acc [BLOCK_N, BLOCK_M] += w [BLOCK_N, BLOCK_K] @ x[:, k0:k0 + BLOCK_K].T"""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     mask_k = offs_k < K  # slices hold whole chunks: only K cuts one
     norm_w = tl.zeros([1, BLOCK_K], tl.float32)
     if NORM:
-        norm_w = tl.load(norm_w_ptr + offs_k[None, :], mask=mask_k[None, :], other=0.0).to(tl.float32)
+        norm_w = tl.load(norm_w_ptr + offs_k[None, :], mask=mask_k[None, :], other=0.0).to(
+            tl.float32
+        )
     if USE_DOT:
         offs_m = tl.arange(0, BLOCK_M)
         x_mask = (offs_m[:, None] < M) & mask_k[None, :]
@@ -98,8 +137,23 @@ def _accumulate(acc, w, x_ptr, k0, M, K, stride_x, parts, eps, norm_w_ptr,
         if NORM:
             x = _normed(x, parts, K, eps, norm_w)
         return tl.dot(w, tl.trans(x), acc, input_precision="ieee")
-    return _fma_accumulate(acc, w, x_ptr, offs_k, mask_k, M, K, stride_x, parts, eps, norm_w,
-                           FMA_ROWS, BLOCK_M, SILU_MUL, NORM)
+    return _fma_accumulate(
+        acc,
+        w,
+        x_ptr,
+        offs_k,
+        mask_k,
+        M,
+        K,
+        stride_x,
+        parts,
+        eps,
+        norm_w,
+        FMA_ROWS,
+        BLOCK_M,
+        SILU_MUL,
+        NORM,
+    )
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -114,10 +168,25 @@ def gemv_kernel(
     sumsq_out_ptr,  # [M, cdiv(N, BLOCK_N)] float32 (written only if ADD_RESIDUAL)
     sumsq_ptr,  # [M, NUM_PARTS] float32: partial sums of x**2 (read only if NORM)
     norm_w_ptr,  # [K] (read only if NORM)
-    M, N, K, stride_x, stride_w, k_per_split, eps,
-    FMA_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, NORM: tl.constexpr,
-    NUM_PARTS: tl.constexpr, PARTS_PAD: tl.constexpr, ADD_RESIDUAL: tl.constexpr, USE_DOT: tl.constexpr,
+    M,
+    N,
+    K,
+    stride_x,
+    stride_w,
+    k_per_split,
+    eps,
+    FMA_ROWS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PARTIAL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SILU_MUL: tl.constexpr,
+    NORM: tl.constexpr,
+    NUM_PARTS: tl.constexpr,
+    PARTS_PAD: tl.constexpr,
+    ADD_RESIDUAL: tl.constexpr,
+    USE_DOT: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Program (pid_n, pid_k): rows [pid_n * BLOCK_N, +BLOCK_N) of y over K slice pid_k. M is a
@@ -131,7 +200,9 @@ def gemv_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     mask_n = offs_n < N
     out_mask = mask_n[:, None] & (offs_m[None, :] < M)
-    y_offs = offs_m[None, :] * N + offs_n[:, None]  # [BLOCK_N, BLOCK_M] of y.T in a row-major [M, N]
+    y_offs = (
+        offs_m[None, :] * N + offs_n[:, None]
+    )  # [BLOCK_N, BLOCK_M] of y.T in a row-major [M, N]
     k_start = pid_k * k_per_split
     k_end = tl.minimum(K, k_start + k_per_split)
     w_rows = weight_ptr + offs_n[:, None].to(tl.int64) * stride_w  # [BLOCK_N, 1]
@@ -144,32 +215,107 @@ def gemv_kernel(
     if NORM:  # reduced only after the first x chunk's load is issued (_normed)
         parts = _load_parts(sumsq_ptr, M, BLOCK_M, NUM_PARTS, PARTS_PAD)
     residual = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-    if ADD_RESIDUAL:  # loaded early so its latency hides behind the loop; with split K only the last
+    if (
+        ADD_RESIDUAL
+    ):  # loaded early so its latency hides behind the loop; with split K only the last
         # slice to arrive uses it (a few redundant reads of BLOCK_N x M elements per row block)
         residual = tl.load(residual_ptr + y_offs, mask=out_mask, other=0.0).to(tl.float32)
-    acc = _accumulate(acc, w, x_ptr, k_start, M, K, stride_x, parts, eps, norm_w_ptr,
-                      FMA_ROWS, BLOCK_M, BLOCK_K, SILU_MUL, NORM, USE_DOT)
+    acc = _accumulate(
+        acc,
+        w,
+        x_ptr,
+        k_start,
+        M,
+        K,
+        stride_x,
+        parts,
+        eps,
+        norm_w_ptr,
+        FMA_ROWS,
+        BLOCK_M,
+        BLOCK_K,
+        SILU_MUL,
+        NORM,
+        USE_DOT,
+    )
     for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
         w = _load_weight_tile(w_rows, mask_n, k0, K, BLOCK_K)
-        acc = _accumulate(acc, w, x_ptr, k0, M, K, stride_x, parts, eps, norm_w_ptr,
-                          FMA_ROWS, BLOCK_M, BLOCK_K, SILU_MUL, NORM, USE_DOT)
+        acc = _accumulate(
+            acc,
+            w,
+            x_ptr,
+            k0,
+            M,
+            K,
+            stride_x,
+            parts,
+            eps,
+            norm_w_ptr,
+            FMA_ROWS,
+            BLOCK_M,
+            BLOCK_K,
+            SILU_MUL,
+            NORM,
+            USE_DOT,
+        )
     if PARTIAL:
         tl.store(partial_ptr + pid_k * M * N + y_offs, acc, mask=out_mask)
         num_splits = tl.num_programs(1)
         if last_to_arrive(counters_ptr + pid_n, num_splits):
             acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
             for s in range(num_splits):  # in slice order: deterministic
-                acc += tl.load(partial_ptr + s * M * N + y_offs, mask=out_mask, other=0.0, cache_modifier=".cg")
-            _store_y(out_ptr, bias_ptr, residual, sumsq_out_ptr, acc, y_offs, offs_n, offs_m, mask_n, out_mask,
-                     M, HAS_BIAS, ADD_RESIDUAL)
+                acc += tl.load(
+                    partial_ptr + s * M * N + y_offs, mask=out_mask, other=0.0, cache_modifier=".cg"
+                )
+            _store_y(
+                out_ptr,
+                bias_ptr,
+                residual,
+                sumsq_out_ptr,
+                acc,
+                y_offs,
+                offs_n,
+                offs_m,
+                mask_n,
+                out_mask,
+                M,
+                HAS_BIAS,
+                ADD_RESIDUAL,
+            )
     else:
-        _store_y(out_ptr, bias_ptr, residual, sumsq_out_ptr, acc, y_offs, offs_n, offs_m, mask_n, out_mask,
-                 M, HAS_BIAS, ADD_RESIDUAL)
+        _store_y(
+            out_ptr,
+            bias_ptr,
+            residual,
+            sumsq_out_ptr,
+            acc,
+            y_offs,
+            offs_n,
+            offs_m,
+            mask_n,
+            out_mask,
+            M,
+            HAS_BIAS,
+            ADD_RESIDUAL,
+        )
 
 
 @triton.jit
-def _store_y(out_ptr, bias_ptr, residual, sumsq_out_ptr, acc, y_offs, offs_n, offs_m, mask_n, out_mask, M,
-             HAS_BIAS: tl.constexpr, ADD_RESIDUAL: tl.constexpr):
+def _store_y(
+    out_ptr,
+    bias_ptr,
+    residual,
+    sumsq_out_ptr,
+    acc,
+    y_offs,
+    offs_n,
+    offs_m,
+    mask_n,
+    out_mask,
+    M,
+    HAS_BIAS: tl.constexpr,
+    ADD_RESIDUAL: tl.constexpr,
+):
     """y.T tile acc [BLOCK_N, BLOCK_M] (+ bias), rounded to out's dtype; with ADD_RESIDUAL, + residual
     (fp32 [BLOCK_N, BLOCK_M]) rounded again, and each row's sum of squares of the block's outputs."""
     if HAS_BIAS:
@@ -178,6 +324,9 @@ def _store_y(out_ptr, bias_ptr, residual, sumsq_out_ptr, acc, y_offs, offs_n, of
     if ADD_RESIDUAL:  # rows past N are 0 in acc, bias and residual, so they add nothing below
         y = (y.to(tl.float32) + residual).to(out_ptr.dtype.element_ty)
         squares = y.to(tl.float32) * y.to(tl.float32)
-        tl.store(sumsq_out_ptr + offs_m * tl.num_programs(0) + tl.program_id(0), tl.sum(squares, 0),
-                 mask=offs_m < M)
+        tl.store(
+            sumsq_out_ptr + offs_m * tl.num_programs(0) + tl.program_id(0),
+            tl.sum(squares, 0),
+            mask=offs_m < M,
+        )
     tl.store(out_ptr + y_offs, y, mask=out_mask)

@@ -4,6 +4,7 @@ launch of each specialisation: its constexprs, and its int/pointer arguments' "e
 meets it waits that long. The engine runs the specialisations it knows of at start-up; this module
 records every compile with its duration, and after `serving` logs each one as a warning, so a
 missed specialisation shows in the log instead of as an unexplained latency spike."""
+
 from __future__ import annotations
 
 import logging
@@ -61,12 +62,20 @@ class CompileWatch:
         now = time.perf_counter()
         with self._lock:
             started = self._started.pop(f"{fn.name}:{key}", now)
-        event = CompileEvent(kernel=fn.name, signature=describe(compile), seconds=now - started,
-                             while_serving=self._serving)
+        event = CompileEvent(
+            kernel=fn.name,
+            signature=describe(compile),
+            seconds=now - started,
+            while_serving=self._serving,
+        )
         self.events.append(event)
         if event.while_serving:
-            logger.warning("Triton compiled %s while serving (%.2f s; a step waited): %s",
-                           event.kernel, event.seconds, event.signature)
+            logger.warning(
+                "Triton compiled %s while serving (%.2f s; a step waited): %s",
+                event.kernel,
+                event.seconds,
+                event.signature,
+            )
 
 
 def describe(compile: dict) -> str:
@@ -80,8 +89,9 @@ def describe(compile: dict) -> str:
         if (i,) in constants:
             arg = f"{name}={constants[(i,)]!r}"
         args.append(arg)
-    return (f"({', '.join(args)}) num_warps={compile['num_warps']} "
-            f"num_stages={compile['num_stages']}")
+    return (
+        f"({', '.join(args)}) num_warps={compile['num_warps']} num_stages={compile['num_stages']}"
+    )
 
 
 _watch: CompileWatch | None = None

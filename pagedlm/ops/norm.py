@@ -1,5 +1,6 @@
 """RMSNorm, plain and with a fused residual add, as HF Llama computes it: normalise in float32,
 round to the input dtype, then scale by the weight. Triton on CUDA, torch elsewhere."""
+
 from __future__ import annotations
 
 import torch
@@ -13,10 +14,18 @@ from pagedlm.ops import pdl
 def rms_norm_kernel(
     out_ptr,  # [N, hidden]
     residual_out_ptr,  # [N, hidden]: x + residual (written only if HAS_RESIDUAL)
-    x_ptr, residual_ptr,  # [N, hidden]
+    x_ptr,
+    residual_ptr,  # [N, hidden]
     weight_ptr,  # [hidden]
-    eps, hidden, stride_o, stride_ro, stride_x, stride_r,
-    BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr,
+    eps,
+    hidden,
+    stride_o,
+    stride_ro,
+    stride_x,
+    stride_r,
+    BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One program per row."""
     row = tl.program_id(0).to(tl.int64)
@@ -26,13 +35,19 @@ def rms_norm_kernel(
     pdl.wait_for_producers(PDL)
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
-        residual = tl.load(residual_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
-        x = (x + residual).to(residual_out_ptr.dtype.element_ty)  # rounded like torch's x + residual
+        residual = tl.load(residual_ptr + row * stride_r + offs, mask=mask, other=0.0).to(
+            tl.float32
+        )
+        x = (x + residual).to(
+            residual_out_ptr.dtype.element_ty
+        )  # rounded like torch's x + residual
         tl.store(residual_out_ptr + row * stride_ro + offs, x, mask=mask)
         x = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, 0) / hidden + eps)
     normed = (x * rstd).to(out_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(out_ptr + row * stride_o + offs, (normed * weight).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        out_ptr + row * stride_o + offs, (normed * weight).to(out_ptr.dtype.element_ty), mask=mask
+    )
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -73,8 +88,10 @@ def fused_add_rms_norm_triton(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if residual.shape != x.shape or residual.dtype != x.dtype:
-        raise ValueError(f"residual must match x ({tuple(x.shape)}, {x.dtype}); "
-                         f"got {tuple(residual.shape)}, {residual.dtype}")
+        raise ValueError(
+            f"residual must match x ({tuple(x.shape)}, {x.dtype}); "
+            f"got {tuple(residual.shape)}, {residual.dtype}"
+        )
     return _launch(x, residual, weight, eps)
 
 
@@ -97,9 +114,20 @@ def _launch(
     if x_2d.shape[0] > 0:
         block = triton.next_power_of_2(hidden)
         rms_norm_kernel[(x_2d.shape[0],)](
-            out, residual_out, x_2d, residual_2d, weight, eps, hidden,
-            out.stride(0), residual_out.stride(0), x_2d.stride(0), residual_2d.stride(0),
-            BLOCK=block, HAS_RESIDUAL=residual is not None, num_warps=min(max(block // 512, 1), 16),
+            out,
+            residual_out,
+            x_2d,
+            residual_2d,
+            weight,
+            eps,
+            hidden,
+            out.stride(0),
+            residual_out.stride(0),
+            x_2d.stride(0),
+            residual_2d.stride(0),
+            BLOCK=block,
+            HAS_RESIDUAL=residual is not None,
+            num_warps=min(max(block // 512, 1), 16),
             **pdl.launch_args(x.device),
         )
     new_residual = None if residual is None else residual_out.view(x.shape)

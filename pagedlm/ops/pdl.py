@@ -25,6 +25,7 @@ A kernel launched without PDL (cuBLAS, torch) starts after everything before it,
 On by default where the device supports it; PAGEDLM_PDL=0 turns it off (for A/B measurements).
 Off on CPU, on ROCm and under the Triton interpreter (the constexpr compiles the instructions out).
 """
+
 from __future__ import annotations
 
 import functools
@@ -40,7 +41,7 @@ ENABLED_BY_ENV = envs.PAGEDLM_PDL  # read once: launch_args runs at every launch
 INTERPRETED = envs.TRITON_INTERPRET
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _device_supports_pdl(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= MIN_CAPABILITY
 
@@ -50,7 +51,9 @@ def pdl_enabled(device: torch.device) -> bool:
     (which cannot run griddepcontrol, even on CUDA tensors)."""
     if device.type != "cuda" or not ENABLED_BY_ENV or torch.version.hip is not None or INTERPRETED:
         return False
-    return _device_supports_pdl(device.index if device.index is not None else torch.cuda.current_device())
+    return _device_supports_pdl(
+        device.index if device.index is not None else torch.cuda.current_device()
+    )
 
 
 def launch_args(device: torch.device) -> dict[str, bool]:

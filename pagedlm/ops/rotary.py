@@ -5,6 +5,7 @@ cos_sin_cache: [max_position, head_dim]; row p holds cos(p * inv_freq) in its fi
 columns and sin(p * inv_freq) in the rest (inv_freq: [head_dim / 2]). For x = [x1, x2] (halves):
 out = [x1 * cos - x2 * sin, x2 * cos + x1 * sin], computed in float32 and rounded once.
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,14 +28,20 @@ def rotary_embedding_torch(
     return rotate(q), rotate(k)
 
 
-def _check_rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
+def _check_rotary(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> None:
     if q.dim() != 3 or k.dim() != 3 or k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
-        raise ValueError(f"q and k must be [T, num_heads, head_dim] and [T, num_kv_heads, head_dim]; "
-                         f"got {tuple(q.shape)}, {tuple(k.shape)}")
+        raise ValueError(
+            f"q and k must be [T, num_heads, head_dim] and [T, num_kv_heads, head_dim]; "
+            f"got {tuple(q.shape)}, {tuple(k.shape)}"
+        )
     head_dim = q.shape[2]
     if head_dim % 2 or cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] != head_dim:
-        raise ValueError(f"head_dim must be even and cos_sin_cache [max_position, {head_dim}]; "
-                         f"got head_dim {head_dim}, cos_sin_cache {tuple(cos_sin_cache.shape)}")
+        raise ValueError(
+            f"head_dim must be even and cos_sin_cache [max_position, {head_dim}]; "
+            f"got head_dim {head_dim}, cos_sin_cache {tuple(cos_sin_cache.shape)}"
+        )
     if positions.shape != (q.shape[0],):
         raise ValueError(f"positions must be [{q.shape[0]}]; got {tuple(positions.shape)}")
     if q.stride(2) != 1 or k.stride(2) != 1 or cos_sin_cache.stride(1) != 1:

@@ -21,6 +21,7 @@ Launched without PDL: it writes the buffers the previous step's kernels read, so
 they have all finished, and every PDL kernel of the graph starts two or more launches after it
 (pagedlm/ops/pdl.py, rules 1 and 3).
 """
+
 from __future__ import annotations
 
 import torch
@@ -45,21 +46,33 @@ def stage_in_kernel(
     """One program: src[:num_words] into dst."""
     offs = tl.arange(0, BLOCK)
     num_words = tl.load(header_ptr, cache_modifier=".cv").to(tl.int32)
-    first = tl.load(src_ptr + offs, mask=offs < capacity, cache_modifier=".cv")  # with the header, before it is known
+    first = tl.load(
+        src_ptr + offs, mask=offs < capacity, cache_modifier=".cv"
+    )  # with the header, before it is known
     tl.store(dst_ptr + offs, first, mask=offs < num_words)
     for start in range(BLOCK, num_words, BLOCK):
         words = start + offs
         in_range = words < num_words
-        tl.store(dst_ptr + words, tl.load(src_ptr + words, mask=in_range, cache_modifier=".cv"), mask=in_range)
+        tl.store(
+            dst_ptr + words,
+            tl.load(src_ptr + words, mask=in_range, cache_modifier=".cv"),
+            mask=in_range,
+        )
 
 
-def stage_in(header: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, block: int = BLOCK) -> None:
+def stage_in(
+    header: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, block: int = BLOCK
+) -> None:
     """header: int64 [>= 1] and src: int32, pinned host memory (CPU tensors under the Triton interpreter);
     dst: int32 [src's size], device. Copies src[:header[0]] into dst, `block` words (a power of two) at
     a time. Reads the header when it runs, not now."""
     if header.dtype != torch.int64 or header.numel() < 1:
-        raise ValueError(f"header must be int64 with >= 1 entry; got {header.dtype} {tuple(header.shape)}")
+        raise ValueError(
+            f"header must be int64 with >= 1 entry; got {header.dtype} {tuple(header.shape)}"
+        )
     if not src.dtype == dst.dtype == torch.int32 or src.numel() != dst.numel():
-        raise ValueError(f"src and dst must be int32 of one size; got {src.dtype} [{src.numel()}], "
-                         f"{dst.dtype} [{dst.numel()}]")
+        raise ValueError(
+            f"src and dst must be int32 of one size; got {src.dtype} [{src.numel()}], "
+            f"{dst.dtype} [{dst.numel()}]"
+        )
     stage_in_kernel[(1,)](header, src, dst, src.numel(), BLOCK=block, num_warps=4)

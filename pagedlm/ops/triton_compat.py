@@ -5,6 +5,7 @@ numpy >= 2.4 refuses ("only 0-dimensional arrays can be converted to Python scal
 `for i in range(lo, hi, STEP)` with run-time bounds fails there (triton-lang/triton#9171, fixed
 after 3.6). The patched function is used by the interpreter only: compiled kernels are unaffected.
 """
+
 from __future__ import annotations
 
 from triton.runtime import interpreter

@@ -6,6 +6,7 @@ Two kinds: a WarmUpRequest is run as steps of a made-up request (its prompt of z
 step budget, then one decode step); a WarmUpCall is called directly with the WarmUpTarget, for a
 kernel no short request reaches.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

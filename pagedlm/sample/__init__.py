@@ -1,4 +1,5 @@
 """Sampling: per-request parameters in persistent rows, one batched, sync-free step."""
+
 from __future__ import annotations
 
 from pagedlm.sample.sampler import SamplerOutput

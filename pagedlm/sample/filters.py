@@ -15,6 +15,7 @@ No sort of the vocabulary:
   whatever the distribution (a flat one puts tens of thousands of ids in the top-p set, where
   no top-k pre-cut helps).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,8 +45,9 @@ def truncate(probs: torch.Tensor, threshold: torch.Tensor) -> None:
     probs.mul_(probs >= threshold[:, None])
 
 
-def top_k_top_p_threshold(probs: torch.Tensor, floor: torch.Tensor | None,
-                          params: TopKTopP) -> torch.Tensor:
+def top_k_top_p_threshold(
+    probs: torch.Tensor, floor: torch.Tensor | None, params: TopKTopP
+) -> torch.Tensor:
     """probs [M, V] in [0, 1] (top value 1), floor [M] (min-p; None: 0) -> [M]: top-k and top-p
     keep the ids with probs >= it."""
     top = None
@@ -68,8 +70,12 @@ def top_k_top_p_threshold(probs: torch.Tensor, floor: torch.Tensor | None,
     return torch.where(params.top_p < 1.0, torch.maximum(nucleus, threshold), threshold)
 
 
-def radix_select(values: torch.Tensor, weights: torch.Tensor, fraction: torch.Tensor | float,
-                 at_most: torch.Tensor | None = None) -> torch.Tensor:
+def radix_select(
+    values: torch.Tensor,
+    weights: torch.Tensor,
+    fraction: torch.Tensor | float,
+    at_most: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The largest v with sum(weights[values >= v]) >= target = min(fraction * sum(weights),
     at_most): one of the values, of positive weight. values [M, V] float32 in [0, 1];
     weights [M, V] float32 >= 0 (broadcast); fraction [M] or a float in [0, 1]; at_most [M]."""
@@ -97,8 +103,9 @@ def radix_select(values: torch.Tensor, weights: torch.Tensor, fraction: torch.Te
     return (_ONE_BITS - found[:, 0]).view(torch.float32)
 
 
-def _level_keys(bits: torch.Tensor, found: torch.Tensor, shift: int, num_bins: int,
-                out: torch.Tensor) -> None:
+def _level_keys(
+    bits: torch.Tensor, found: torch.Tensor, shift: int, num_bins: int, out: torch.Tensor
+) -> None:
     """Into out [M, V] int32: row * num_bins + the bin of each key (_ONE_BITS - bits, bits [M, V]
     int32) inside the bin `found` [M, 1] (the key bits above the level), by its bits from `shift`
     up. Keys above that bin go to bin 0 (they count), keys below it to the last bin (never
@@ -111,17 +118,19 @@ def _level_keys(bits: torch.Tensor, found: torch.Tensor, shift: int, num_bins: i
     out.clamp_(0, num_bins - 1).add_(row_start * num_bins)  # scalar bounds: a fast clamp
 
 
-def _histogram(flat_keys: torch.Tensor, weights: torch.Tensor, buffer: torch.Tensor,
-               num_bins: int) -> torch.Tensor:
+def _histogram(
+    flat_keys: torch.Tensor, weights: torch.Tensor, buffer: torch.Tensor, num_bins: int
+) -> torch.Tensor:
     """flat_keys [M, V] int32 (row * num_bins + bin), weights [M, V] -> [M, num_bins]: the
     weight in each bin, a view of `buffer` (float32, large enough)."""
-    sums = buffer[:flat_keys.shape[0] * num_bins].zero_()
+    sums = buffer[: flat_keys.shape[0] * num_bins].zero_()
     sums.index_add_(0, flat_keys.view(-1), weights.expand(flat_keys.shape).reshape(-1))
     return sums.view(-1, num_bins)
 
 
-def _first_bin_reaching(chunks: torch.Tensor, chunk_sums: torch.Tensor,
-                        target: torch.Tensor) -> torch.Tensor:
+def _first_bin_reaching(
+    chunks: torch.Tensor, chunk_sums: torch.Tensor, target: torch.Tensor
+) -> torch.Tensor:
     """The first bin whose cumulative weight reaches target [M, 1], as [M, 1] int64: chunks
     [M, B / C, C] are the bins in chunks of C, chunk_sums [M, B / C] their cumulative sums.
     The chunk first, then the bin inside it: two short cumsums instead of one over B bins."""
@@ -133,8 +142,9 @@ def _first_bin_reaching(chunks: torch.Tensor, chunk_sums: torch.Tensor,
     return chunk * chunk_size + torch.searchsorted(inner, target).clamp_(max=chunk_size - 1)
 
 
-def _top_k_value(probs: torch.Tensor, top_k: torch.Tensor,
-                 top: torch.Tensor | None) -> torch.Tensor:
+def _top_k_value(
+    probs: torch.Tensor, top_k: torch.Tensor, top: torch.Tensor | None
+) -> torch.Tensor:
     """The k-th largest of probs [M, V] per row (0 where top_k is 0), from `top` [M, K] (the K
     largest, descending, K >= every k) when given."""
     if top is not None:
@@ -145,8 +155,9 @@ def _top_k_value(probs: torch.Tensor, top_k: torch.Tensor,
     return torch.where(top_k > 0, kth, 0.0)
 
 
-def _threshold_from_top(top: torch.Tensor, floor: torch.Tensor | None, top_k: torch.Tensor,
-                        top_p: torch.Tensor) -> torch.Tensor:
+def _threshold_from_top(
+    top: torch.Tensor, floor: torch.Tensor | None, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
     """top [M, K]: the K largest probs of each row, descending; every row has 0 < top_k <= K.
     top-p keeps the smallest prefix whose mass reaches top_p of what min-p and top-k left: an id
     stays iff the mass ranked above it is < top_p * that mass."""

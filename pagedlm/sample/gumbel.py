@@ -10,6 +10,7 @@ entries [0, num_blocks) for stage 1, the next B for stage 2. Stage 2 uses the sa
 block stage 1 picks; that is fine, G' being independent of G.
 The only pass over [N, V] is the block sums (one read); the rest is [N, num_blocks + B].
 """
+
 from __future__ import annotations
 
 import math

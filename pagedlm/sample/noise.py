@@ -10,6 +10,7 @@ win whatever its logit.) The torch version works on int64, whose arithmetic wrap
 complement) as the unsigned original needs; right shifts are made logical by masking the sign
 fill. The draw (gumbel.py) needs noise for about 2 sqrt(V) elements per row, not V.
 """
+
 from __future__ import annotations
 
 import numpy as np

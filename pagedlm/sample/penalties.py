@@ -4,6 +4,7 @@ sampled, since the host copy of a request's outputs can lag a step under async s
 
 A step reads and writes only the logits of the ids in each row's history ([M, W], W the longest
 history of the batch), never a whole [M, V] row."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -28,27 +29,30 @@ class PenaltyTables:
         self.device = device
         self.vocab_size = vocab_size
         self.output_counts = torch.zeros((num_rows, vocab_size), dtype=torch.int32, device=device)
-        self.token_ids = torch.full((num_rows, _MIN_WIDTH), NO_TOKEN, dtype=torch.int64,
-                                    device=device)
+        self.token_ids = torch.full(
+            (num_rows, _MIN_WIDTH), NO_TOKEN, dtype=torch.int64, device=device
+        )
         self.lengths_np = np.zeros(num_rows, dtype=np.int64)  # [num_rows]
 
-    def reset_row(self, row: int, prompt_token_ids: Sequence[int],
-                  output_token_ids: Sequence[int]) -> None:
+    def reset_row(
+        self, row: int, prompt_token_ids: Sequence[int], output_token_ids: Sequence[int]
+    ) -> None:
         prompt_np = np.asarray(prompt_token_ids, dtype=np.int64)
         output_np = np.asarray(output_token_ids, dtype=np.int64)
         length = prompt_np.size + output_np.size
         self._reserve(length + 1)
         history_np = np.full(self.token_ids.shape[1], NO_TOKEN, dtype=np.int64)
-        history_np[:prompt_np.size] = prompt_np
-        history_np[prompt_np.size:length] = output_np
+        history_np[: prompt_np.size] = prompt_np
+        history_np[prompt_np.size : length] = output_np
         self.token_ids[row] = upload(history_np, self.device)
         self.lengths_np[row] = length
         output_ids = upload(output_np, self.device)
         ones = torch.ones_like(output_ids, dtype=torch.int32)
         self.output_counts[row].zero_().index_add_(0, output_ids, ones)
 
-    def batch(self, rows_np: np.ndarray,
-              rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def batch(
+        self, rows_np: np.ndarray, rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The histories of rows [M] (rows_np on the host): token_ids [M, W] with the slots past
         a row's length repeating its first id, counts [M, W] int32, has_history [M] bool (False:
         an empty history, whose slots hold id 0)."""
@@ -59,8 +63,13 @@ class PenaltyTables:
         counts = self.output_counts[rows[:, None], token_ids]  # [M, W]
         return token_ids, counts, first[:, 0] != NO_TOKEN
 
-    def record(self, rows: torch.Tensor, positions: torch.Tensor, sampled_token_ids: torch.Tensor,
-               rows_np: np.ndarray) -> None:
+    def record(
+        self,
+        rows: torch.Tensor,
+        positions: torch.Tensor,
+        sampled_token_ids: torch.Tensor,
+        rows_np: np.ndarray,
+    ) -> None:
         """Append the tokens just sampled: rows [M] int64 (distinct; rows_np on the host),
         positions [M] (their lengths), sampled_token_ids [M] int64."""
         self._reserve(int(self.lengths_np[rows_np].max()) + 1)
@@ -76,8 +85,9 @@ class PenaltyTables:
         if width <= current:
             return
         extra = max(width, 2 * current) - current
-        fill = torch.full((self.token_ids.shape[0], extra), NO_TOKEN, dtype=torch.int64,
-                          device=self.device)
+        fill = torch.full(
+            (self.token_ids.shape[0], extra), NO_TOKEN, dtype=torch.int64, device=self.device
+        )
         self.token_ids = torch.cat([self.token_ids, fill], dim=1)
 
 

@@ -11,6 +11,7 @@ radix select, unless every row has a top-k of at most filters.TOP_K_LIMIT (torch
 then give the cuts, faster).
 A feature no row of the batch uses is None in the batch and launches nothing.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
@@ -84,8 +85,11 @@ class SamplingBatch:
     random: RandomParams | None = None  # None: every row is greedy
 
 
-def sample_batch(logits: torch.Tensor, batch: SamplingBatch,
-                 triton_device_types: Collection[str] = TRITON_DEVICE_TYPES) -> SamplerOutput:
+def sample_batch(
+    logits: torch.Tensor,
+    batch: SamplingBatch,
+    triton_device_types: Collection[str] = TRITON_DEVICE_TYPES,
+) -> SamplerOutput:
     """logits [N, V] float32, modified in place."""
     raw_logprobs = None if batch.num_logprobs is None else logits.log_softmax(dim=-1)  # [N, V]
     logits = process_logits(logits, batch)
@@ -102,20 +106,33 @@ def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         _on_rows(logits, allowed.index, lambda sub: _allow_only(sub, allowed.token_ids))
     if batch.bad_words is not None:
         bad = batch.bad_words
-        _on_rows(logits, bad.index,
-                 lambda sub: apply_bad_words(sub, bad.history, bad.prefixes, bad.last_ids))
+        _on_rows(
+            logits,
+            bad.index,
+            lambda sub: apply_bad_words(sub, bad.history, bad.prefixes, bad.last_ids),
+        )
     if banned is not None:
         _on_rows(logits, banned.index, lambda sub: sub.scatter_(1, banned.token_ids, float("-inf")))
     if bias is not None:
         _on_rows(logits, bias.index, lambda sub: sub.scatter_add_(1, bias.token_ids, bias.values))
     if pen is not None:
-        apply_penalties(logits, pen.index, pen.token_ids, pen.counts, pen.repetition,
-                        pen.frequency, pen.presence)
+        apply_penalties(
+            logits,
+            pen.index,
+            pen.token_ids,
+            pen.counts,
+            pen.repetition,
+            pen.frequency,
+            pen.presence,
+        )
     return logits
 
 
-def draw(logits: torch.Tensor, params: RandomParams | None,
-         triton_device_types: Collection[str] = TRITON_DEVICE_TYPES) -> torch.Tensor:
+def draw(
+    logits: torch.Tensor,
+    params: RandomParams | None,
+    triton_device_types: Collection[str] = TRITON_DEVICE_TYPES,
+) -> torch.Tensor:
     """Processed logits [N, V] (the torch path modifies them) -> sampled token ids [N] int64."""
     if params is None:
         return logits.argmax(dim=-1)
@@ -156,7 +173,9 @@ def _unnormalised_probs(logits: torch.Tensor, temperature: torch.Tensor | None) 
     return logits.exp_()
 
 
-def _truncation_threshold(probs: torch.Tensor, params: RandomParams, triton: bool) -> torch.Tensor | None:
+def _truncation_threshold(
+    probs: torch.Tensor, params: RandomParams, triton: bool
+) -> torch.Tensor | None:
     """[N]: min-p, top-k and top-p keep the ids with probs >= it; None: no row truncates. triton:
     whether the threshold kernel serves probs' device."""
     floor, tktp = params.min_p, params.top_k_top_p  # min-p keeps probs >= min_p
@@ -171,8 +190,9 @@ def _truncation_threshold(probs: torch.Tensor, params: RandomParams, triton: boo
     return base.index_copy(0, tktp.index, threshold)
 
 
-def _threshold_function(tktp: TopKTopP, triton: bool
-                        ) -> Callable[[torch.Tensor, torch.Tensor | None, TopKTopP], torch.Tensor]:
+def _threshold_function(
+    tktp: TopKTopP, triton: bool
+) -> Callable[[torch.Tensor, torch.Tensor | None, TopKTopP], torch.Tensor]:
     """The Triton kernel (triton_threshold.py) where it serves the device, except where every row has
     a top-k of at most TOP_K_LIMIT: torch.topk's values then give the cuts faster (measured:
     benchmarks/RESULTS.md, "Measured choices")."""
@@ -187,16 +207,22 @@ def warm_up_threshold_kernel(target: WarmUpTarget) -> None:
     and with one (a row with min-p and top-p, or in a batch where some row has no top-k: no short
     warm-up request reaches the floored one)."""
     device = target.device
-    params = TopKTopP(index=None, top_k=torch.ones(1, dtype=torch.int64, device=device),
-                      top_p=torch.full((1,), 0.5, device=device), max_top_k=1, every_row_top_k=False,
-                      any_top_p=True)
+    params = TopKTopP(
+        index=None,
+        top_k=torch.ones(1, dtype=torch.int64, device=device),
+        top_p=torch.full((1,), 0.5, device=device),
+        max_top_k=1,
+        every_row_top_k=False,
+        any_top_p=True,
+    )
     probs = torch.ones(1, target.vocab_size, device=device)
     for floor in (None, torch.zeros(1, device=device)):
         triton_top_k_top_p_threshold(probs, floor, params)
 
 
-def gather_logprobs(raw_logprobs: torch.Tensor, sampled: torch.Tensor,
-                    num_logprobs: int) -> Logprobs:
+def gather_logprobs(
+    raw_logprobs: torch.Tensor, sampled: torch.Tensor, num_logprobs: int
+) -> Logprobs:
     """raw_logprobs [N, V], sampled [N] -> (token_ids [N, 1+K], logprobs [N, 1+K], ranks [N]),
     K = min(num_logprobs, V): a request asking for more than the vocabulary gets all of it."""
     sampled_logprobs = raw_logprobs.gather(1, sampled[:, None])  # [N, 1]
@@ -208,8 +234,9 @@ def gather_logprobs(raw_logprobs: torch.Tensor, sampled: torch.Tensor,
     return token_ids, logprobs, ranks
 
 
-def _on_rows(logits: torch.Tensor, index: torch.Tensor | None,
-             fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+def _on_rows(
+    logits: torch.Tensor, index: torch.Tensor | None, fn: Callable[[torch.Tensor], torch.Tensor]
+) -> None:
     """Apply `fn` to the rows `index` [M] (distinct; None: all) of logits [N, V] only."""
     if index is not None:
         logits.index_copy_(0, index, fn(logits.index_select(0, index)))

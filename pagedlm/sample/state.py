@@ -5,6 +5,7 @@ the device when rows change and gathered there by row index. Each step the host 
 per-row feature flags which features the batch uses, uploads only what those need (pinned,
 non_blocking) and launches nothing for the rest. No Python loop over requests, no sync.
 """
+
 from __future__ import annotations
 
 import enum
@@ -18,8 +19,15 @@ from pagedlm.sample.bad_words import BadWordsTables
 from pagedlm.sample.filters import TopKTopP
 from pagedlm.sample.noise import MASK64, row_keys_np
 from pagedlm.sample.penalties import PenaltyTables
-from pagedlm.sample.sampler import (TRITON_DEVICE_TYPES, Penalties, RandomParams, SamplerOutput,
-                                    SamplingBatch, TokenLists, sample_batch)
+from pagedlm.sample.sampler import (
+    TRITON_DEVICE_TYPES,
+    Penalties,
+    RandomParams,
+    SamplerOutput,
+    SamplingBatch,
+    TokenLists,
+    sample_batch,
+)
 from pagedlm.sample.tables import MirroredTable, PaddedRows, upload
 from pagedlm.sampling_params import SamplingParams
 
@@ -56,8 +64,14 @@ class SamplingState:
     sampled is counted here (host counter, device token counts): the caller's history of a
     request is read once, at add_request."""
 
-    def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device | str,
-                 seed: int, triton_device_types: Collection[str] = TRITON_DEVICE_TYPES) -> None:
+    def __init__(
+        self,
+        max_num_reqs: int,
+        vocab_size: int,
+        device: torch.device | str,
+        seed: int,
+        triton_device_types: Collection[str] = TRITON_DEVICE_TYPES,
+    ) -> None:
         """triton_device_types: the device types the sampler's Triton kernels serve (sampler.py)."""
         if max_num_reqs < 1:
             raise ValueError(f"max_num_reqs must be at least 1, got {max_num_reqs}")
@@ -95,8 +109,14 @@ class SamplingState:
 
     # ---- rows ----------------------------------------------------------------------------
 
-    def add_request(self, row: int, params: SamplingParams, prompt_token_ids: list[int],
-                    output_token_ids: list[int], eos_token_ids: Sequence[int] = ()) -> None:
+    def add_request(
+        self,
+        row: int,
+        params: SamplingParams,
+        prompt_token_ids: list[int],
+        output_token_ids: list[int],
+        eos_token_ids: Sequence[int] = (),
+    ) -> None:
         """Give `row` to a request; `output_token_ids` is non-empty for a resumed one."""
         if not 0 <= row < self.max_num_reqs:
             raise ValueError(f"row must be in [0, {self.max_num_reqs}), got {row}")
@@ -114,7 +134,8 @@ class SamplingState:
         self._set_token_lists(row, params, len(output_token_ids), eos_token_ids)
         try:
             self._flags_np[row, Feature.BAD_WORDS] = self._bad_words.set_row(
-                row, params.bad_words_token_ids or [], output_token_ids)
+                row, params.bad_words_token_ids or [], output_token_ids
+            )
         except ValueError:  # a refused request leaves its row free
             self.remove_request(row)
             raise
@@ -141,19 +162,31 @@ class SamplingState:
         flags[Feature.TEMPERATURE] = temperature != 1.0
         flags[Feature.MIN_P] = min_p > 0.0
         flags[Feature.TOP_K_TOP_P] = top_k > 0 or top_p < 1.0
-        flags[Feature.PENALTIES] = (params.repetition_penalty != 1.0
-                                    or params.frequency_penalty != 0.0
-                                    or params.presence_penalty != 0.0)
+        flags[Feature.PENALTIES] = (
+            params.repetition_penalty != 1.0
+            or params.frequency_penalty != 0.0
+            or params.presence_penalty != 0.0
+        )
         flags[Feature.LOGPROBS] = params.logprobs is not None
         self._num_logprobs_np[row] = params.logprobs or 0
         repetition = min(max(params.repetition_penalty, _FLOAT32_TINY), _FLOAT32_MAX)
-        self._floats.set_row(row, (temperature, top_p, min_p, repetition,
-                                   params.frequency_penalty, params.presence_penalty))
+        self._floats.set_row(
+            row,
+            (
+                temperature,
+                top_p,
+                min_p,
+                repetition,
+                params.frequency_penalty,
+                params.presence_penalty,
+            ),
+        )
         self._seeds_np[row] = seed & MASK64
         self._ints.set_row(row, (top_k,))
 
-    def _set_token_lists(self, row: int, params: SamplingParams, num_outputs: int,
-                         eos_token_ids: Sequence[int]) -> None:
+    def _set_token_lists(
+        self, row: int, params: SamplingParams, num_outputs: int, eos_token_ids: Sequence[int]
+    ) -> None:
         flags = self._flags_np[row]
         flags[Feature.ALLOWED] = self._allowed.set_row(row, params.allowed_token_ids or [])
         bias = params.logit_bias or {}
@@ -185,8 +218,9 @@ class SamplingState:
         pen = batch.penalties
         if pen is not None:
             penalised_np = rows_np[self._flags_np[rows_np, Feature.PENALTIES]]
-            self._penalties().record(pen.rows, pen.positions, _pick(sampled, pen.index),
-                                     penalised_np)
+            self._penalties().record(
+                pen.rows, pen.positions, _pick(sampled, pen.index), penalised_np
+            )
         if batch.bad_words is not None:
             self._bad_words.record(batch.bad_words.rows, _pick(sampled, batch.bad_words.index))
         return output
@@ -234,7 +268,9 @@ class SamplingState:
             batch.bad_words = self._bad_words.batch(index, rows, rows_np[mask_np])
         if used[Feature.MIN_TOKENS]:
             below = self._num_sampled_np[rows_np] < self._min_tokens_np[rows_np]  # [N]
-            banning = flags_np[:, Feature.MIN_TOKENS] & below  # [N]: rows with ids to ban, still below
+            banning = (
+                flags_np[:, Feature.MIN_TOKENS] & below
+            )  # [N]: rows with ids to ban, still below
             if banning.any():
                 batch.banned = self._token_lists(rows_np, banning, self._banned)
         if used[Feature.BIAS]:
@@ -248,8 +284,10 @@ class SamplingState:
     def _check_batch(self, logits: torch.Tensor, rows_np: np.ndarray) -> np.ndarray:
         rows_np = self._check_rows(rows_np)
         if tuple(logits.shape) != (rows_np.size, self.vocab_size):
-            raise ValueError(f"logits must have shape [{rows_np.size}, {self.vocab_size}] "
-                             f"(num rows, vocab_size), got {list(logits.shape)}")
+            raise ValueError(
+                f"logits must have shape [{rows_np.size}, {self.vocab_size}] "
+                f"(num rows, vocab_size), got {list(logits.shape)}"
+            )
         return rows_np
 
     def _check_rows(self, rows_np: np.ndarray) -> np.ndarray:
@@ -271,8 +309,9 @@ class SamplingState:
         self._checked_rows = (original, self._rows_version, rows_np)
         return rows_np
 
-    def _select(self, rows_np: np.ndarray, mask_np: np.ndarray,
-                *extra_np: np.ndarray) -> tuple[torch.Tensor | None, ...]:
+    def _select(
+        self, rows_np: np.ndarray, mask_np: np.ndarray, *extra_np: np.ndarray
+    ) -> tuple[torch.Tensor | None, ...]:
         """The batch positions where mask_np [N] holds (None: all), their rows, and any
         per-row host values `extra_np` ([num_rows] each) of those rows, [M] each, in one upload."""
         index_np = np.flatnonzero(mask_np)
@@ -281,8 +320,9 @@ class SamplingState:
         index, *tensors = upload(np.stack(columns_np), self.device)
         return (None if index_np.size == rows_np.size else index), *tensors
 
-    def _token_lists(self, rows_np: np.ndarray, mask_np: np.ndarray,
-                     table: PaddedRows) -> TokenLists:
+    def _token_lists(
+        self, rows_np: np.ndarray, mask_np: np.ndarray, table: PaddedRows
+    ) -> TokenLists:
         index_np = np.flatnonzero(mask_np)
         ids_np, values_np = table.gather(rows_np[index_np])  # [M, W]
         packed = upload(np.concatenate([index_np[:, None], ids_np], axis=1), self.device)
@@ -297,12 +337,20 @@ class SamplingState:
         token_ids, counts, has_history = tables.batch(rows_np[mask_np], rows)
         floats = self._floats.gpu.index_select(0, rows)  # [M, 6]
         repetition = torch.where(has_history, floats[:, COL_REPETITION], 1.0)  # empty: no-op
-        return Penalties(index=index, rows=rows, positions=positions, token_ids=token_ids,
-                         counts=counts, repetition=repetition, frequency=floats[:, COL_FREQUENCY],
-                         presence=floats[:, COL_PRESENCE])
+        return Penalties(
+            index=index,
+            rows=rows,
+            positions=positions,
+            token_ids=token_ids,
+            counts=counts,
+            repetition=repetition,
+            frequency=floats[:, COL_FREQUENCY],
+            presence=floats[:, COL_PRESENCE],
+        )
 
-    def _random_params(self, rows_np: np.ndarray, flags_np: np.ndarray,
-                       used: np.ndarray) -> RandomParams:
+    def _random_params(
+        self, rows_np: np.ndarray, flags_np: np.ndarray, used: np.ndarray
+    ) -> RandomParams:
         self._floats.sync()
         self._ints.sync()
         is_random_np = flags_np[:, Feature.RANDOM]
@@ -324,10 +372,14 @@ class SamplingState:
         index, rows = self._select(rows_np, mask_np)
         top_k_np = self._ints.np[rows_np[mask_np], COL_TOP_K]  # [M]
         top_p_np = self._floats.np[rows_np[mask_np], COL_TOP_P]  # [M]
-        return TopKTopP(index=index, top_k=self._ints.gpu[:, COL_TOP_K].index_select(0, rows),
-                        top_p=self._floats.gpu[:, COL_TOP_P].index_select(0, rows),
-                        max_top_k=int(top_k_np.max()), every_row_top_k=bool(top_k_np.min() > 0),
-                        any_top_p=bool((top_p_np < 1.0).any()))
+        return TopKTopP(
+            index=index,
+            top_k=self._ints.gpu[:, COL_TOP_K].index_select(0, rows),
+            top_p=self._floats.gpu[:, COL_TOP_P].index_select(0, rows),
+            max_top_k=int(top_k_np.max()),
+            every_row_top_k=bool(top_k_np.min() > 0),
+            any_top_p=bool((top_p_np < 1.0).any()),
+        )
 
 
 def _pick(values: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:

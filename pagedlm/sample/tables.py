@@ -1,4 +1,5 @@
 """Per-row host tables of the sampling state, and the one way host data reaches the device."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

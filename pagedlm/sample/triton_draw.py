@@ -19,6 +19,7 @@ Blocks (B = gumbel.block_size_for(V)) and noise are gumbel.py's and noise.py's: 
 here on uint64 (wrapping multiply, logical shifts). On the same logits and keys both paths draw
 the same ids, except where float rounding flips a near-tie.
 """
+
 from __future__ import annotations
 
 import torch
@@ -70,15 +71,22 @@ def block_logmass_kernel(
     residual_ptr,  # [N, num_blocks] fp32 out: the exact log-mass minus logmass (finite)
     logits_ptr,  # [N, V] fp32, stride 1 along V
     temperature_ptr,  # [N] fp32 (read only if HAS_TEMPERATURE)
-    vocab_size, num_blocks, stride_logits, stride_logmass, stride_temperature,
-    BLOCK_SIZE: tl.constexpr, BLOCKS_PER_PROGRAM: tl.constexpr, HAS_TEMPERATURE: tl.constexpr,
+    vocab_size,
+    num_blocks,
+    stride_logits,
+    stride_logmass,
+    stride_temperature,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCKS_PER_PROGRAM: tl.constexpr,
+    HAS_TEMPERATURE: tl.constexpr,
 ):
     """One program: BLOCKS_PER_PROGRAM consecutive blocks of one row."""
     row = tl.program_id(0).to(tl.int64)
     blocks = tl.program_id(1) * BLOCKS_PER_PROGRAM + tl.arange(0, BLOCKS_PER_PROGRAM)  # [P]
     ids = blocks[:, None] * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)[None, :]  # [P, B]
-    logits = tl.load(logits_ptr + row * stride_logits + ids, mask=ids < vocab_size,
-                     other=float("-inf"))  # [P, B]
+    logits = tl.load(
+        logits_ptr + row * stride_logits + ids, mask=ids < vocab_size, other=float("-inf")
+    )  # [P, B]
     block_max = tl.max(logits, axis=1)  # [P]
     block_max = tl.where(block_max == float("-inf"), 0.0, block_max)  # all banned: log(0) = -inf
     x = logits - block_max[:, None]  # [P, B] <= 0
@@ -93,7 +101,9 @@ def block_logmass_kernel(
     rounded = logmass.to(tl.float32)
     residual = (logmass - rounded.to(tl.float64)).to(tl.float32)  # [P]
     offsets = row * stride_logmass + blocks
-    tl.store(logmass_ptr + offsets, tl.where(banned, float("-inf"), rounded), mask=blocks < num_blocks)
+    tl.store(
+        logmass_ptr + offsets, tl.where(banned, float("-inf"), rounded), mask=blocks < num_blocks
+    )
     tl.store(residual_ptr + offsets, residual, mask=blocks < num_blocks)
 
 
@@ -107,8 +117,15 @@ def pick_kernel(
     logits_ptr,  # [N, V] fp32, stride 1 along V
     temperature_ptr,  # [N] fp32 (read only if HAS_TEMPERATURE)
     keys_ptr,  # [N] int64
-    vocab_size, num_blocks, stride_logits, stride_logmass, stride_temperature, stride_keys,
-    BLOCK_SIZE: tl.constexpr, NUM_BLOCKS_P2: tl.constexpr, HAS_TEMPERATURE: tl.constexpr,
+    vocab_size,
+    num_blocks,
+    stride_logits,
+    stride_logmass,
+    stride_temperature,
+    stride_keys,
+    BLOCK_SIZE: tl.constexpr,
+    NUM_BLOCKS_P2: tl.constexpr,
+    HAS_TEMPERATURE: tl.constexpr,
 ):
     """One program per row: stage 1 picks a block, stage 2 an id inside it."""
     row = tl.program_id(0).to(tl.int64)
@@ -123,7 +140,9 @@ def pick_kernel(
 
     members = tl.arange(0, BLOCK_SIZE)
     ids = block * BLOCK_SIZE + members  # [B]
-    logits = tl.load(logits_ptr + row * stride_logits + ids, mask=ids < vocab_size, other=float("-inf"))
+    logits = tl.load(
+        logits_ptr + row * stride_logits + ids, mask=ids < vocab_size, other=float("-inf")
+    )
     x = _minus_max(logits)  # [B] <= 0: divided by T only now
     if HAS_TEMPERATURE:
         x = x / tl.load(temperature_ptr + row * stride_temperature)
@@ -139,8 +158,9 @@ def _minus_max(x):
     return x - tl.where(top == float("-inf"), 0.0, top)
 
 
-def fused_gumbel_draw(logits: torch.Tensor, temperature: torch.Tensor | None,
-                      keys: torch.Tensor) -> torch.Tensor:
+def fused_gumbel_draw(
+    logits: torch.Tensor, temperature: torch.Tensor | None, keys: torch.Tensor
+) -> torch.Tensor:
     """logits [N, V] float32 (-inf: banned; read only), temperature [N] float32 > 0 or None (1),
     keys [N] int64 (noise.row_keys_np) -> sampled ids [N] int64, drawn from softmax(logits / T)."""
     _check_inputs(logits, temperature, keys)
@@ -152,44 +172,83 @@ def fused_gumbel_draw(logits: torch.Tensor, temperature: torch.Tensor | None,
     return ids
 
 
-def launch_draw(logits: torch.Tensor, temperature: torch.Tensor | None, keys: torch.Tensor,
-                logmass: torch.Tensor, ids: torch.Tensor) -> None:
+def launch_draw(
+    logits: torch.Tensor,
+    temperature: torch.Tensor | None,
+    keys: torch.Tensor,
+    logmass: torch.Tensor,
+    ids: torch.Tensor,
+) -> None:
     """The two kernels on checked inputs, writing every entry of logmass [N, num_blocks] float32
     (stride 1 along blocks; the rounding error goes to a scratch buffer) and ids [N] int64 (stride 1)."""
     num_rows, vocab_size = logits.shape
     if num_rows == 0:
         return
-    residual = torch.empty_strided(logmass.shape, logmass.stride(), dtype=torch.float32,
-                                   device=logmass.device)  # [N, num_blocks], logmass's strides
+    residual = torch.empty_strided(
+        logmass.shape, logmass.stride(), dtype=torch.float32, device=logmass.device
+    )  # [N, num_blocks], logmass's strides
     block_size = block_size_for(vocab_size)
     num_blocks = logmass.shape[1]
-    blocks_per_program = min(triton.next_power_of_2(num_blocks), max(1, TILE_ELEMENTS // block_size))
+    blocks_per_program = min(
+        triton.next_power_of_2(num_blocks), max(1, TILE_ELEMENTS // block_size)
+    )
     has_temperature = temperature is not None
     temperature = temperature if has_temperature else logits  # a placeholder, never read
     strides = (logits.stride(0), logmass.stride(0), temperature.stride(0))
     block_logmass_kernel[(num_rows, triton.cdiv(num_blocks, blocks_per_program))](
-        logmass, residual, logits, temperature, vocab_size, num_blocks, *strides, BLOCK_SIZE=block_size,
-        BLOCKS_PER_PROGRAM=blocks_per_program, HAS_TEMPERATURE=has_temperature,
-        num_warps=NUM_WARPS_BLOCKS)
+        logmass,
+        residual,
+        logits,
+        temperature,
+        vocab_size,
+        num_blocks,
+        *strides,
+        BLOCK_SIZE=block_size,
+        BLOCKS_PER_PROGRAM=blocks_per_program,
+        HAS_TEMPERATURE=has_temperature,
+        num_warps=NUM_WARPS_BLOCKS,
+    )
     pick_kernel[(num_rows,)](
-        ids, logmass, residual, logits, temperature, keys, vocab_size, num_blocks, *strides,
+        ids,
+        logmass,
+        residual,
+        logits,
+        temperature,
+        keys,
+        vocab_size,
+        num_blocks,
+        *strides,
         keys.stride(0),
-        BLOCK_SIZE=block_size, NUM_BLOCKS_P2=triton.next_power_of_2(num_blocks),
-        HAS_TEMPERATURE=has_temperature, num_warps=NUM_WARPS_PICK)
+        BLOCK_SIZE=block_size,
+        NUM_BLOCKS_P2=triton.next_power_of_2(num_blocks),
+        HAS_TEMPERATURE=has_temperature,
+        num_warps=NUM_WARPS_PICK,
+    )
 
 
-def _check_inputs(logits: torch.Tensor, temperature: torch.Tensor | None, keys: torch.Tensor) -> None:
+def _check_inputs(
+    logits: torch.Tensor, temperature: torch.Tensor | None, keys: torch.Tensor
+) -> None:
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.shape[1] < 1:
-        raise ValueError(f"logits must be [N, V >= 1] float32; got {tuple(logits.shape)} {logits.dtype}")
+        raise ValueError(
+            f"logits must be [N, V >= 1] float32; got {tuple(logits.shape)} {logits.dtype}"
+        )
     if logits.stride(1) != 1:
         raise ValueError(f"logits must have stride 1 along V; got strides {logits.stride()}")
     num_rows = logits.shape[0]
     if keys.shape != (num_rows,) or keys.dtype != torch.int64 or keys.device != logits.device:
-        raise ValueError(f"keys must be [N={num_rows}] int64 on {logits.device}; "
-                         f"got {tuple(keys.shape)} {keys.dtype} on {keys.device}")
+        raise ValueError(
+            f"keys must be [N={num_rows}] int64 on {logits.device}; "
+            f"got {tuple(keys.shape)} {keys.dtype} on {keys.device}"
+        )
     if temperature is None:
         return
-    if (temperature.shape != (num_rows,) or temperature.dtype != torch.float32
-            or temperature.device != logits.device):
-        raise ValueError(f"temperature must be None or [N={num_rows}] float32 on {logits.device}; "
-                         f"got {tuple(temperature.shape)} {temperature.dtype} on {temperature.device}")
+    if (
+        temperature.shape != (num_rows,)
+        or temperature.dtype != torch.float32
+        or temperature.device != logits.device
+    ):
+        raise ValueError(
+            f"temperature must be None or [N={num_rows}] float32 on {logits.device}; "
+            f"got {tuple(temperature.shape)} {temperature.dtype} on {temperature.device}"
+        )

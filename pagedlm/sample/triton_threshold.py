@@ -27,6 +27,7 @@ The same cuts as filters.top_k_top_p_threshold, which tests/sample/test_triton_t
 to (and to a sort). Sums are float32 in a fixed order; where a cut's partial mass lands within
 rounding of its target, the two may pick neighbouring values.
 """
+
 from __future__ import annotations
 
 import torch
@@ -40,22 +41,29 @@ patch_interpreter()  # the block loops' bounds are run-time values
 
 RADIX_BITS: tl.constexpr = tl.constexpr(4)
 NUM_CANDIDATES: tl.constexpr = tl.constexpr(16)  # 2^RADIX_BITS
-TOP_SHIFT: tl.constexpr = tl.constexpr(26)  # the first pass's bits: [26, 30); 1.0 is 0x3F800000 < 2^30
+TOP_SHIFT: tl.constexpr = tl.constexpr(
+    26
+)  # the first pass's bits: [26, 30); 1.0 is 0x3F800000 < 2^30
 BLOCK = 1024  # values a program reads at a time: [BLOCK, NUM_CANDIDATES] float32 running sums
 NUM_WARPS = 8
-TINY_F32: tl.constexpr = tl.constexpr(torch.finfo(torch.float32).tiny)  # a top_p that rounds to 0 keeps one id
+TINY_F32: tl.constexpr = tl.constexpr(
+    torch.finfo(torch.float32).tiny
+)  # a top_p that rounds to 0 keeps one id
 
 
 @triton.jit
-def _sums_at_or_above(row_ptr, vocab_size, found, shift, floor_bits,
-                      WEIGHTED: tl.constexpr, BLOCK: tl.constexpr):
+def _sums_at_or_above(
+    row_ptr, vocab_size, found, shift, floor_bits, WEIGHTED: tl.constexpr, BLOCK: tl.constexpr
+):
     """[NUM_CANDIDATES] float32: for each j, the weight of the row's values whose bits are >= found +
     (j << shift): the value itself (WEIGHTED) or 1, counted only for values whose bits are >=
     floor_bits. A value above every candidate adds to all of them (one running sum), one below
     none; only a block holding a value between the first and the last candidate pays for the
     per-candidate sums, and after the first pass or two few blocks do."""
     candidates = found + (tl.arange(0, NUM_CANDIDATES) << shift)  # [C] int32
-    window_end = found + (NUM_CANDIDATES << shift)  # <= 2^30 + 2^30 - 1 (found < 2^30, shift 26: found 0)
+    window_end = found + (
+        NUM_CANDIDATES << shift
+    )  # <= 2^30 + 2^30 - 1 (found < 2^30, shift 26: found 0)
     sums = tl.zeros([BLOCK, NUM_CANDIDATES], tl.float32)
     above = tl.zeros([BLOCK], tl.float32)
     for start in range(0, vocab_size, BLOCK):
@@ -94,8 +102,15 @@ def _pick(sums, target, found, shift):
 
 
 @triton.jit
-def _largest_reaching(row_ptr, vocab_size, target, floor_bits, WEIGHTED: tl.constexpr,
-                      IS_FRACTION: tl.constexpr, BLOCK: tl.constexpr):
+def _largest_reaching(
+    row_ptr,
+    vocab_size,
+    target,
+    floor_bits,
+    WEIGHTED: tl.constexpr,
+    IS_FRACTION: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """The bits of the largest value v of the row with sum(weight of values >= v) >= target (the
     weights of _sums_at_or_above). IS_FRACTION: target is that fraction of the whole weight (at
     least TINY). Passes over bits [26, 30), [22, 26), ..., [2, 6), then [0, 2)."""
@@ -115,8 +130,17 @@ def _largest_reaching(row_ptr, vocab_size, target, floor_bits, WEIGHTED: tl.cons
 # a one-row batch's min-p is a column of the sampling table, 8 bytes into a row; each parameter is read
 # once per row: no alignment specialisation (one compile for every batch), as triton_draw's temperature
 @triton.jit(do_not_specialize_on_alignment=["floor_ptr", "top_k_ptr", "top_p_ptr"])
-def threshold_kernel(probs_ptr, stride_row, vocab_size, floor_ptr, top_k_ptr, top_p_ptr, out_ptr,
-                     HAS_FLOOR: tl.constexpr, BLOCK: tl.constexpr):
+def threshold_kernel(
+    probs_ptr,
+    stride_row,
+    vocab_size,
+    floor_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    out_ptr,
+    HAS_FLOOR: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """One program per row of probs [M, V] (float32 in [0, 1]): out[row] = its threshold."""
     row = tl.program_id(0)
     row_ptr = probs_ptr + row.to(tl.int64) * stride_row
@@ -131,12 +155,15 @@ def threshold_kernel(probs_ptr, stride_row, vocab_size, floor_ptr, top_k_ptr, to
     if top_p < 1.0:
         floor_bits = threshold.to(tl.int32, bitcast=True)
         nucleus = _largest_reaching(row_ptr, vocab_size, top_p, floor_bits, True, True, BLOCK)
-        threshold = tl.maximum(threshold, nucleus.to(tl.float32, bitcast=True))  # never under min-p or top-k
+        threshold = tl.maximum(
+            threshold, nucleus.to(tl.float32, bitcast=True)
+        )  # never under min-p or top-k
     tl.store(out_ptr + row, threshold)
 
 
-def triton_top_k_top_p_threshold(probs: torch.Tensor, floor: torch.Tensor | None,
-                                 params: TopKTopP) -> torch.Tensor:
+def triton_top_k_top_p_threshold(
+    probs: torch.Tensor, floor: torch.Tensor | None, params: TopKTopP
+) -> torch.Tensor:
     """filters.top_k_top_p_threshold in one launch: probs [M, V] float32 in [0, 1] (top value 1, unit
     stride in V), floor [M] (min-p; None: 0) -> [M]: keep the ids with probs >= it."""
     if probs.stride(-1) != 1:
@@ -145,8 +172,19 @@ def triton_top_k_top_p_threshold(probs: torch.Tensor, floor: torch.Tensor | None
     out = torch.empty(num_rows, dtype=torch.float32, device=probs.device)
     if num_rows == 0:
         return out
-    floor_arg = out if floor is None else floor.to(torch.float32).contiguous()  # unread without a floor
-    threshold_kernel[(num_rows,)](probs, probs.stride(0), vocab_size, floor_arg, params.top_k.contiguous(),
-                                  params.top_p.to(torch.float32).contiguous(), out, HAS_FLOOR=floor is not None,
-                                  BLOCK=BLOCK, num_warps=NUM_WARPS)
+    floor_arg = (
+        out if floor is None else floor.to(torch.float32).contiguous()
+    )  # unread without a floor
+    threshold_kernel[(num_rows,)](
+        probs,
+        probs.stride(0),
+        vocab_size,
+        floor_arg,
+        params.top_k.contiguous(),
+        params.top_p.to(torch.float32).contiguous(),
+        out,
+        HAS_FLOOR=floor is not None,
+        BLOCK=BLOCK,
+        num_warps=NUM_WARPS,
+    )
     return out

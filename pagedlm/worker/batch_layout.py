@@ -1,5 +1,6 @@
 """The host-side description of one step's ragged batch (what InputBatch.prepare returns) and
 the token layout it is built from."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -111,13 +112,21 @@ class StepKey:
     def reuses_seq_sections(self, previous: StepKey | None) -> bool:
         """Same rows in the same order (the previous step's rows array itself), both steady,
         the same placeholders."""
-        return (previous is not None and previous.rows_np is self.rows_np and self.steady
-                and previous.steady and previous.num_placeholders == self.num_placeholders)
+        return (
+            previous is not None
+            and previous.rows_np is self.rows_np
+            and self.steady
+            and previous.steady
+            and previous.num_placeholders == self.num_placeholders
+        )
 
     def reuses_block_table(self, previous: StepKey | None) -> bool:
         """Same rows in the same order (so as many sequences), the same layout, no block added
         since, as many columns."""
-        return (previous is not None and previous.rows_np is self.rows_np
-                and previous.bucket_tokens == self.bucket_tokens
-                and previous.blocks_version == self.blocks_version
-                and previous.num_block_cols == self.num_block_cols)
+        return (
+            previous is not None
+            and previous.rows_np is self.rows_np
+            and previous.bucket_tokens == self.bucket_tokens
+            and previous.blocks_version == self.blocks_version
+            and previous.num_block_cols == self.num_block_cols
+        )

@@ -56,6 +56,7 @@ max_query_len 1, max_seq_len = max_model_len. So the backend's choice of kernel 
 decode) and the number of splits are made once, at capture, for the longest possible context;
 the kernels read the real per-sequence lengths from seq_lens on the device at each replay.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -78,12 +79,17 @@ TIMED_ROUNDS = 3  # replays per size; its time is the least of them
 def graphs_enabled(config: EngineConfig) -> bool:
     """Graphs run on CUDA with the Triton backend (auto picks it there), unless enforce_eager:
     the torch reference reads host tensors, which a replay would not refresh."""
-    return (config.device.type == "cuda" and not config.enforce_eager
-            and config.attention_backend in ("auto", "triton"))
+    return (
+        config.device.type == "cuda"
+        and not config.enforce_eager
+        and config.attention_backend in ("auto", "triton")
+    )
 
 
 @torch.inference_mode()
-def least_times_ms(sizes: list[int], run: Callable[[int], None], device: torch.device) -> dict[int, float]:
+def least_times_ms(
+    sizes: list[int], run: Callable[[int], None], device: torch.device
+) -> dict[int, float]:
     """Size -> ms of run(size) on the device's current stream, the least of TIMED_ROUNDS: one call a
     round over the sizes, after an untimed round (a drift of the clocks touches every size alike).
     Start-up only: it waits for the GPU."""
@@ -98,7 +104,9 @@ def least_times_ms(sizes: list[int], run: Callable[[int], None], device: torch.d
             if round_index:
                 marks[size].append((start, end))
     torch.cuda.synchronize(device)  # sync-ok: start-up, the events' times
-    return {size: min(start.elapsed_time(end) for start, end in pairs) for size, pairs in marks.items()}
+    return {
+        size: min(start.elapsed_time(end) for start, end in pairs) for size, pairs in marks.items()
+    }
 
 
 class DecodeGraphs:
@@ -106,10 +114,18 @@ class DecodeGraphs:
     static step buffers. capture() once; then per decode step load_block_table() (when the
     table changed) and replay(size)."""
 
-    def __init__(self, config: EngineConfig, model: LlamaForCausalLM,
-                 kv_caches: list[torch.Tensor], inputs: StepBuffers,
-                 max_num_blocks_per_req: int, staging: Sequence[StepBuffers] = (),
-                 host_ids: Sequence[torch.Tensor] = (), *, sizes: SizePolicy) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        model: LlamaForCausalLM,
+        kv_caches: list[torch.Tensor],
+        inputs: StepBuffers,
+        max_num_blocks_per_req: int,
+        staging: Sequence[StepBuffers] = (),
+        host_ids: Sequence[torch.Tensor] = (),
+        *,
+        sizes: SizePolicy,
+    ) -> None:
         """staging, host_ids: per host staging set, the set and its pinned int64 output of sampled ids
         ([>= largest staged size]), for the staged graphs (none when empty); sizes: the runner's,
         whose decode sizes these graphs are (captured, then kept by keep_fastest)."""
@@ -121,15 +137,18 @@ class DecodeGraphs:
         self._inputs = inputs
         self._staging, self._host_ids = list(staging), list(host_ids)
         device = config.device
-        self.block_table = torch.zeros(self.max_size, max_num_blocks_per_req, dtype=torch.int32,
-                                       device=device)  # [max_size, max_blocks_per_req]
+        self.block_table = torch.zeros(
+            self.max_size, max_num_blocks_per_req, dtype=torch.int32, device=device
+        )  # [max_size, max_blocks_per_req]
         self.block_table_version: int | None = None  # the runner's table version it holds
         self.input_ids = torch.zeros(self.max_size, dtype=torch.int64, device=device)  # gathered
         # The host copies in the metadata describe the capture-time batch (all padding); the
         # Triton backend never reads them, and a replay could not refresh them.
         self._query_start_loc_cpu = torch.zeros(self.max_size + 1, dtype=torch.int32)
         self._seq_lens_cpu = torch.zeros(self.max_size, dtype=torch.int32)
-        self._graphs: dict[tuple[int, int | None], torch.cuda.CUDAGraph] = {}  # (size, slot or None)
+        self._graphs: dict[
+            tuple[int, int | None], torch.cuda.CUDAGraph
+        ] = {}  # (size, slot or None)
         # per graph, (size, slot or None) ->: [size, hidden_size]; [size, vocab_size] float32; [size] int64
         self._outputs: dict[tuple[int, int | None], torch.Tensor] = {}  # in the pool, all three
         self._logits: dict[tuple[int, int | None], torch.Tensor] = {}
@@ -182,7 +201,9 @@ class DecodeGraphs:
         size's ms)."""
         timed = [size for size in self.sizes if size > MAX_LOGITS_ROWS]
         times = self.replay_times(timed)
-        kinds = {size: decode_num_splits(size, self._kv_caches[0], self._max_model_len) for size in timed}
+        kinds = {
+            size: decode_num_splits(size, self._kv_caches[0], self._max_model_len) for size in timed
+        }
         moves = self._sizes.keep_fastest_decode(times, kinds)
         for key in [key for key in self._graphs if key[0] in moves]:
             for held in (self._graphs, self._outputs, self._logits, self._argmax):
@@ -222,7 +243,12 @@ class DecodeGraphs:
         header describes."""
         staging = self._staging[slot]
         steady_words = staging.num_words(staging.sections(size, size).copy_end(True, 0))  # A, B
-        stage_in(staging.head, staging.words, self._inputs.words, block=triton.next_power_of_2(steady_words))
+        stage_in(
+            staging.head,
+            staging.words,
+            self._inputs.words,
+            block=triton.next_power_of_2(steady_words),
+        )
 
     def logits(self, size: int, slot: int | None = None) -> torch.Tensor | None:
         """[size, vocab_size] float32: the logits of the last replay, which must be of this graph;
@@ -243,8 +269,9 @@ class DecodeGraphs:
         inputs = self._inputs.sections(size, size).tensors
         input_ids = self.input_ids[:size]
         torch.index_select(inputs["ids_table"], 0, inputs["input_src"], out=input_ids)
-        hidden = self._model(input_ids, inputs["positions"], self._kv_caches,
-                             self._metadata(size, inputs))  # [size, hidden_size]
+        hidden = self._model(
+            input_ids, inputs["positions"], self._kv_caches, self._metadata(size, inputs)
+        )  # [size, hidden_size]
         self._outputs[size, slot] = hidden
         if size <= MAX_LOGITS_ROWS:
             logits = self._model.compute_logits(hidden)  # [size, vocab_size]
@@ -255,15 +282,23 @@ class DecodeGraphs:
 
     def _metadata(self, size: int, inputs: dict[str, torch.Tensor]) -> AttentionMetadata:
         return AttentionMetadata(
-            num_tokens=size, num_seqs=size, max_query_len=1, max_seq_len=self._max_model_len,
-            query_start_loc=inputs["query_start_loc"], seq_lens=inputs["seq_lens"],
-            slot_mapping=inputs["slot_mapping"], block_table=self.block_table[:size],
-            query_start_loc_cpu=self._query_start_loc_cpu[:size + 1],
-            seq_lens_cpu=self._seq_lens_cpu[:size], decode_order=inputs["decode_order"])
+            num_tokens=size,
+            num_seqs=size,
+            max_query_len=1,
+            max_seq_len=self._max_model_len,
+            query_start_loc=inputs["query_start_loc"],
+            seq_lens=inputs["seq_lens"],
+            slot_mapping=inputs["slot_mapping"],
+            block_table=self.block_table[:size],
+            query_start_loc_cpu=self._query_start_loc_cpu[: size + 1],
+            seq_lens_cpu=self._seq_lens_cpu[:size],
+            decode_order=inputs["decode_order"],
+        )
 
     def _fill_padding(self, size: int) -> None:
         """Every row of the layout of this size a padding row (see the module notes and
         StepBuffers.pad_decode): input_src names the input_ids entries (token 0), sample_rows
         the scratch entries of last_sampled."""
-        self._inputs.pad_decode(self._inputs.sections(size, size), num_seqs=0, num_samples=0,
-                                seq_sections=True)
+        self._inputs.pad_decode(
+            self._inputs.sections(size, size), num_seqs=0, num_samples=0, seq_sections=True
+        )

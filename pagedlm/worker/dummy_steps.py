@@ -2,13 +2,19 @@
 for its start-up work (the memory profile, profile_run.py; the kernel warm-up, kernel_warmup.py).
 ModelRunner.dummy_steps makes one and, on exit, ends every request still in it and restores what it
 changed. The requests take blocks from a range of their own: no scheduler knows of them."""
+
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pagedlm.core.sched_output import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
+from pagedlm.core.sched_output import (
+    CachedRequestData,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
 from pagedlm.sampling_params import SamplingParams
 from pagedlm.worker.input_batch import cdiv
 
@@ -22,7 +28,9 @@ class _Request:
     num_prompt_tokens: int
     block_ids: list[int]
     num_computed: int = 0
-    num_sampled: int = 0  # tokens sampled (in flight or known): the request's tokens go on past its prompt
+    num_sampled: int = (
+        0  # tokens sampled (in flight or known): the request's tokens go on past its prompt
+    )
 
     @property
     def num_tokens(self) -> int:
@@ -32,7 +40,9 @@ class _Request:
 class DummySteps:
     """Made-up requests over blocks [first_block, end_block) of the runner's KV cache."""
 
-    def __init__(self, runner: ModelRunner, first_block: int, end_block: int, kv_cache_bytes: int) -> None:
+    def __init__(
+        self, runner: ModelRunner, first_block: int, end_block: int, kv_cache_bytes: int
+    ) -> None:
         """kv_cache_bytes: those of a KV cache made for these steps (0 on the runner's own)."""
         self._runner = runner
         self.kv_cache_bytes = kv_cache_bytes
@@ -46,18 +56,31 @@ class DummySteps:
         num_blocks = cdiv(num_prompt_tokens + num_decodes, self._runner.block_size)
         if num_blocks > len(self._free_blocks):
             return None
-        block_ids, self._free_blocks = self._free_blocks[:num_blocks], self._free_blocks[num_blocks:]
+        block_ids, self._free_blocks = (
+            self._free_blocks[:num_blocks],
+            self._free_blocks[num_blocks:],
+        )
         req_id = f"_dummy_{next(self._ids)}"
-        new = NewRequestData(req_id=req_id, prompt_token_ids=[0] * num_prompt_tokens, output_token_ids=[],
-                             sampling_params=params, block_ids=block_ids, num_computed_tokens=0)
+        new = NewRequestData(
+            req_id=req_id,
+            prompt_token_ids=[0] * num_prompt_tokens,
+            output_token_ids=[],
+            sampling_params=params,
+            block_ids=block_ids,
+            num_computed_tokens=0,
+        )
         self._requests[req_id] = _Request(new, num_prompt_tokens, block_ids)
         return req_id
 
     def step(self, num_tokens: dict[str, int]) -> ModelRunnerOutput:
         """One step of num_tokens[req_id] tokens of each request (in this order), waited for; a request
         samples where they reach its end."""
-        sched = SchedulerOutput(new_reqs=[], cached_reqs=[], num_scheduled_tokens=dict(num_tokens),
-                                total_num_scheduled_tokens=sum(num_tokens.values()))
+        sched = SchedulerOutput(
+            new_reqs=[],
+            cached_reqs=[],
+            num_scheduled_tokens=dict(num_tokens),
+            total_num_scheduled_tokens=sum(num_tokens.values()),
+        )
         for req_id, count in num_tokens.items():
             request = self._requests[req_id]
             if request.new is not None:
@@ -81,8 +104,15 @@ class DummySteps:
     def finish(self, *req_ids: str) -> None:
         """The requests leave the runner (a step that finishes them and runs nothing); their blocks
         are free again."""
-        self._runner.execute_model(SchedulerOutput(new_reqs=[], cached_reqs=[], num_scheduled_tokens={},
-                                                   total_num_scheduled_tokens=0, finished_req_ids=set(req_ids)))
+        self._runner.execute_model(
+            SchedulerOutput(
+                new_reqs=[],
+                cached_reqs=[],
+                num_scheduled_tokens={},
+                total_num_scheduled_tokens=0,
+                finished_req_ids=set(req_ids),
+            )
+        )
         for req_id in req_ids:
             self._free_blocks += self._requests.pop(req_id).block_ids
         self._free_blocks.sort()

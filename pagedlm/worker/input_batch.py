@@ -12,6 +12,7 @@ table while no block was added; prepare() marks those sections reused, and the d
 which still hold them, are not rewritten (the sequence sections only with the block table:
 step_buffers.py).
 """
+
 from __future__ import annotations
 
 import heapq
@@ -20,7 +21,14 @@ import numpy as np
 import torch
 
 from pagedlm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
-from pagedlm.worker.batch_layout import BatchLayout, EmbedsSpan, Ragged, Samples, StepKey, leading_decodes
+from pagedlm.worker.batch_layout import (
+    BatchLayout,
+    EmbedsSpan,
+    Ragged,
+    Samples,
+    StepKey,
+    leading_decodes,
+)
 from pagedlm.worker.prompt_logprobs import PromptLogprobsPlan, plan_prompt_logprobs
 from pagedlm.worker.step_buffers import StepBuffers
 
@@ -80,7 +88,7 @@ class InputBatch:
         row = heapq.heappop(self._free_rows)
         self.req_ids[row] = new.req_id
         self.req_id_to_row[new.req_id] = row
-        self.token_ids_np[row, :len(token_ids)] = token_ids
+        self.token_ids_np[row, : len(token_ids)] = token_ids
         self.num_tokens_np[row] = len(token_ids)
         self.num_prompt_tokens_np[row] = len(new.prompt_token_ids)
         self.num_computed_tokens_np[row] = new.num_computed_tokens
@@ -106,13 +114,17 @@ class InputBatch:
             raise ValueError(f"new_reqs: request {new.req_id} is already on the worker")
         assert num_tokens <= self.max_model_len, (
             f"request {new.req_id}: {num_tokens} tokens exceed max_model_len={self.max_model_len} "
-            "(checked at the engine boundary: llm_engine.fit_context)")
+            "(checked at the engine boundary: llm_engine.fit_context)"
+        )
         if not self._free_rows:
-            raise ValueError(f"request {new.req_id}: all max_num_seqs={self.max_num_reqs} rows "
-                             "are taken")
+            raise ValueError(
+                f"request {new.req_id}: all max_num_seqs={self.max_num_reqs} rows are taken"
+            )
         if new.num_computed_tokens > num_tokens:
-            raise ValueError(f"request {new.req_id}: num_computed_tokens={new.num_computed_tokens} "
-                             f"exceeds its {num_tokens} tokens")
+            raise ValueError(
+                f"request {new.req_id}: num_computed_tokens={new.num_computed_tokens} "
+                f"exceeds its {num_tokens} tokens"
+            )
         self._check_blocks(new.req_id, 0, new.block_ids)
 
     def remove_request(self, req_id: str) -> int | None:
@@ -142,18 +154,21 @@ class InputBatch:
     def _append_blocks(self, row: int, block_ids: list[int]) -> None:
         start = int(self.num_blocks_np[row])
         self._check_blocks(self.req_ids[row], start, block_ids)
-        self.block_table_np[row, start:start + len(block_ids)] = block_ids
+        self.block_table_np[row, start : start + len(block_ids)] = block_ids
         self.num_blocks_np[row] = start + len(block_ids)
         self._blocks_version += 1
 
     def _check_blocks(self, req_id: str | None, num_blocks: int, block_ids: list[int]) -> None:
         if num_blocks + len(block_ids) > self.max_num_blocks_per_req:
-            raise ValueError(f"request {req_id}: {num_blocks + len(block_ids)} blocks exceed "
-                             f"max_model_len / block_size = {self.max_num_blocks_per_req}")
+            raise ValueError(
+                f"request {req_id}: {num_blocks + len(block_ids)} blocks exceed "
+                f"max_model_len / block_size = {self.max_num_blocks_per_req}"
+            )
         limit = self.num_kv_blocks
         if block_ids and limit is not None and not 0 <= min(block_ids) <= max(block_ids) < limit:
-            raise ValueError(f"request {req_id}: block ids {block_ids[:8]} must lie in "
-                             f"[0, num_blocks={limit})")
+            raise ValueError(
+                f"request {req_id}: block ids {block_ids[:8]} must lie in [0, num_blocks={limit})"
+            )
 
     def record_sampled(self, layout: BatchLayout, token_ids_np: np.ndarray) -> None:
         """Store the tokens [N] a past step sampled, where their row still has the same owner
@@ -166,8 +181,11 @@ class InputBatch:
         if layout.max_seq_len >= self.max_model_len:  # a full row keeps its last token unstored
             stored &= positions_np < self.max_model_len
         if np.count_nonzero(stored) < stored.size:
-            rows_np, positions_np, token_ids_np = (rows_np[stored], positions_np[stored],
-                                                   token_ids_np[stored])
+            rows_np, positions_np, token_ids_np = (
+                rows_np[stored],
+                positions_np[stored],
+                token_ids_np[stored],
+            )
         self.token_ids_np[rows_np, positions_np] = token_ids_np
         self.num_tokens_np[rows_np] = positions_np + 1
 
@@ -177,8 +195,11 @@ class InputBatch:
         req_ids = list(sched.num_scheduled_tokens)
         num_seqs = len(req_ids)
         num_tokens = self._check_counts(sched, num_seqs)
-        if (previous is not None and previous.rows_version == self.rows_version
-                and previous.req_ids == req_ids):
+        if (
+            previous is not None
+            and previous.rows_version == self.rows_version
+            and previous.req_ids == req_ids
+        ):
             rows = previous.rows_np  # [B]: the same array marks the same rows
         else:
             rows = self._rows_of(req_ids)
@@ -188,28 +209,43 @@ class InputBatch:
         num_placeholders = placeholder_idx.size
         samples = self._samples(sched, req_ids, rows, ragged.seq_lens)
         bucket_tokens = buf.bucket(num_tokens)
-        key = StepKey(self.rows_version, req_ids, rows,
-                      steady=(num_tokens == num_seqs == len(samples.req_ids)
-                              and num_placeholders in (0, num_tokens)),
-                      num_placeholders=num_placeholders, blocks_version=self._blocks_version,
-                      num_block_cols=int(cdiv(max_seq_len, self.block_size)),
-                      bucket_tokens=bucket_tokens)
+        key = StepKey(
+            self.rows_version,
+            req_ids,
+            rows,
+            steady=(
+                num_tokens == num_seqs == len(samples.req_ids)
+                and num_placeholders in (0, num_tokens)
+            ),
+            num_placeholders=num_placeholders,
+            blocks_version=self._blocks_version,
+            num_block_cols=int(cdiv(max_seq_len, self.block_size)),
+            bucket_tokens=bucket_tokens,
+        )
         reuse_block_table = key.reuses_block_table(previous)
         layout = BatchLayout(
-            num_tokens=num_tokens, num_seqs=num_seqs,
+            num_tokens=num_tokens,
+            num_seqs=num_seqs,
             max_query_len=1 if num_tokens == num_seqs else int(ragged.num_scheduled.max()),
-            max_seq_len=max_seq_len, num_block_cols=key.num_block_cols,
-            num_placeholders=num_placeholders, sampling_req_ids=samples.req_ids,
-            sample_rows_np=samples.rows_np, sample_epochs_np=self.epochs_np.take(samples.rows_np),
+            max_seq_len=max_seq_len,
+            num_block_cols=key.num_block_cols,
+            num_placeholders=num_placeholders,
+            sampling_req_ids=samples.req_ids,
+            sample_rows_np=samples.rows_np,
+            sample_epochs_np=self.epochs_np.take(samples.rows_np),
             sample_positions_np=samples.positions_np,
             sample_num_logprobs_np=self.num_logprobs_np.take(samples.rows_np),
             embeds_spans=self._embeds_spans(rows, ragged),
             prompt_logprobs=self._plan_prompt_logprobs(req_ids, rows, ragged),
-            rows_version=self.rows_version, bucket_tokens=bucket_tokens,
+            rows_version=self.rows_version,
+            bucket_tokens=bucket_tokens,
             bucket_seqs=buf.bucket(num_seqs),
             reuse_seq_sections=reuse_block_table and key.reuses_seq_sections(previous),
             reuse_block_table=reuse_block_table,
-            num_decodes=num_seqs if num_tokens == num_seqs else leading_decodes(ragged.num_scheduled))
+            num_decodes=num_seqs
+            if num_tokens == num_seqs
+            else leading_decodes(ragged.num_scheduled),
+        )
         self._fill(buf, layout, ragged, samples, placeholder_idx)
         self.pending_position_np[samples.rows_np] = samples.positions_np
         self.num_computed_tokens_np[rows] = ragged.seq_lens
@@ -223,8 +259,10 @@ class InputBatch:
         if num_seqs and min(counts) < 1:
             raise ValueError("num_scheduled_tokens: every scheduled request needs at least 1 token")
         if sum(counts) != num_tokens:
-            raise ValueError(f"total_num_scheduled_tokens={num_tokens} differs from the sum of "
-                             f"num_scheduled_tokens ({sum(counts)})")
+            raise ValueError(
+                f"total_num_scheduled_tokens={num_tokens} differs from the sum of "
+                f"num_scheduled_tokens ({sum(counts)})"
+            )
         if not sched.sampling_req_ids <= sched.num_scheduled_tokens.keys():
             extra = sorted(sched.sampling_req_ids - sched.num_scheduled_tokens.keys())
             raise ValueError(f"sampling_req_ids: requests {extra[:5]} are not scheduled")
@@ -235,22 +273,37 @@ class InputBatch:
             return np.fromiter((self.req_id_to_row[r] for r in req_ids), np.int32, len(req_ids))
         except KeyError:
             missing = [r for r in req_ids if r not in self.req_id_to_row]
-            raise ValueError(f"num_scheduled_tokens: requests {missing[:5]} are not on the "
-                             "worker") from None
+            raise ValueError(
+                f"num_scheduled_tokens: requests {missing[:5]} are not on the worker"
+            ) from None
 
     def _ragged(self, sched: SchedulerOutput, rows: np.ndarray, num_tokens: int) -> Ragged:
         num_seqs = len(rows)
         num_computed = self.num_computed_tokens_np.take(rows)  # [B]
         if num_tokens == num_seqs:  # one token per request (decodes)
-            return Ragged(rows, self._arange_np[:num_seqs + 1], num_computed,
-                          self._ones_np[:num_seqs], num_computed + 1, rows, num_computed)
+            return Ragged(
+                rows,
+                self._arange_np[: num_seqs + 1],
+                num_computed,
+                self._ones_np[:num_seqs],
+                num_computed + 1,
+                rows,
+                num_computed,
+            )
         num_scheduled = np.fromiter(sched.num_scheduled_tokens.values(), np.int32, num_seqs)
         query_start_loc = np.zeros(num_seqs + 1, np.int32)
         np.cumsum(num_scheduled, out=query_start_loc[1:])
         token_req = np.repeat(np.arange(num_seqs), num_scheduled)  # [T]
         positions = num_computed[token_req] + np.arange(num_tokens) - query_start_loc[token_req]
-        return Ragged(rows, query_start_loc, num_computed, num_scheduled,
-                      num_computed + num_scheduled, rows[token_req], positions)
+        return Ragged(
+            rows,
+            query_start_loc,
+            num_computed,
+            num_scheduled,
+            num_computed + num_scheduled,
+            rows[token_req],
+            positions,
+        )
 
     def _check_lengths(self, req_ids: list[str], rows: np.ndarray, seq_lens: np.ndarray) -> int:
         """The longest sequence, after checking every one fits its blocks (and max_model_len, which
@@ -258,12 +311,15 @@ class InputBatch:
         max_seq_len = int(seq_lens.max())
         assert max_seq_len <= self.max_model_len, (
             f"sequence length {max_seq_len} exceeds max_model_len={self.max_model_len} "
-            "(checked at the engine boundary: llm_engine.fit_context)")
+            "(checked at the engine boundary: llm_engine.fit_context)"
+        )
         short = seq_lens > self.num_blocks_np.take(rows) * self.block_size  # [B]
         if np.count_nonzero(short):
             b = int(np.argmax(short))
-            raise ValueError(f"request {req_ids[b]}: {self.num_blocks_np[rows[b]]} blocks hold "
-                             f"fewer than its {seq_lens[b]} tokens (block_size={self.block_size})")
+            raise ValueError(
+                f"request {req_ids[b]}: {self.num_blocks_np[rows[b]]} blocks hold "
+                f"fewer than its {seq_lens[b]} tokens (block_size={self.block_size})"
+            )
         return max_seq_len
 
     def _placeholders(self, ragged: Ragged) -> np.ndarray:
@@ -275,23 +331,36 @@ class InputBatch:
             bad = positions.take(idx) != self.pending_position_np.take(token_rows.take(idx))
             if np.count_nonzero(bad):
                 i = idx[np.argmax(bad)]
-                raise ValueError(f"request {self.req_ids[token_rows[i]]}: position {positions[i]} "
-                                 "is scheduled but its token is neither known nor being sampled "
-                                 "by the previous step")
+                raise ValueError(
+                    f"request {self.req_ids[token_rows[i]]}: position {positions[i]} "
+                    "is scheduled but its token is neither known nor being sampled "
+                    "by the previous step"
+                )
         return idx
 
     @staticmethod
-    def _samples(sched: SchedulerOutput, req_ids: list[str], rows: np.ndarray,
-                 seq_lens: np.ndarray) -> Samples:
+    def _samples(
+        sched: SchedulerOutput, req_ids: list[str], rows: np.ndarray, seq_lens: np.ndarray
+    ) -> Samples:
         if len(sched.sampling_req_ids) == len(req_ids):  # every request samples
             return Samples(list(req_ids), None, rows, seq_lens)  # the step key keeps req_ids
         sampling = sched.sampling_req_ids
         batch_idx = np.fromiter((b for b, r in enumerate(req_ids) if r in sampling), np.int64)
-        return Samples([req_ids[b] for b in batch_idx.tolist()],  # sync-ok: numpy, host only
-                       batch_idx, rows[batch_idx], seq_lens[batch_idx])
+        return Samples(
+            [req_ids[b] for b in batch_idx.tolist()],  # sync-ok: numpy, host only
+            batch_idx,
+            rows[batch_idx],
+            seq_lens[batch_idx],
+        )
 
-    def _fill(self, buf: StepBuffers, layout: BatchLayout, ragged: Ragged, samples: Samples,
-              placeholder_idx: np.ndarray) -> None:
+    def _fill(
+        self,
+        buf: StepBuffers,
+        layout: BatchLayout,
+        ragged: Ragged,
+        samples: Samples,
+        placeholder_idx: np.ndarray,
+    ) -> None:
         """Writes the step into the staging set, but for the sections it reuses."""
         arrays = buf.sections(layout.bucket_tokens, layout.bucket_seqs).arrays
         num_seqs, num_tokens = layout.num_seqs, layout.num_tokens
@@ -302,21 +371,27 @@ class InputBatch:
         block_size = self.block_size
         arrays["slot_mapping"][:num_tokens] = (
             self.block_table_np[token_rows, positions // block_size] * block_size
-            + positions % block_size)
-        arrays["query_start_loc"][:num_seqs + 1] = ragged.query_start_loc
+            + positions % block_size
+        )
+        arrays["query_start_loc"][: num_seqs + 1] = ragged.query_start_loc
         arrays["seq_lens"][:num_seqs] = ragged.seq_lens
         if not layout.reuse_block_table:
             num_cols = layout.num_block_cols
-            table = arrays["block_table"][:num_seqs * num_cols].reshape(num_seqs, num_cols)
+            table = arrays["block_table"][: num_seqs * num_cols].reshape(num_seqs, num_cols)
             table[:] = self.block_table_np[ragged.rows, :num_cols]
         if not layout.reuse_seq_sections:
             self._fill_seq_sections(buf, arrays, ragged, samples, placeholder_idx)
             if layout.num_decodes:
-                self._fill_decode_order(arrays, ragged.seq_lens[:layout.num_decodes])
+                self._fill_decode_order(arrays, ragged.seq_lens[: layout.num_decodes])
 
     @staticmethod
-    def _fill_seq_sections(buf: StepBuffers, arrays: dict[str, np.ndarray], ragged: Ragged,
-                           samples: Samples, placeholder_idx: np.ndarray) -> None:
+    def _fill_seq_sections(
+        buf: StepBuffers,
+        arrays: dict[str, np.ndarray],
+        ragged: Ragged,
+        samples: Samples,
+        placeholder_idx: np.ndarray,
+    ) -> None:
         """Logits rows (the last token of each sampling request), the rows they sample for, and
         where each input token comes from in the device's ids table (StepBuffers): its row's
         last sampled token for a placeholder, else its own input_ids entry."""
@@ -347,15 +422,28 @@ class InputBatch:
         num_computed, num_scheduled = ragged.num_computed, ragged.num_scheduled
         num_prompt = self.num_prompt_tokens_np[rows]
         batch_idx = np.flatnonzero(self.has_embeds_np[rows] & (num_computed < num_prompt))
-        return [EmbedsSpan(row=int(rows[b]), batch_start=int(ragged.query_start_loc[b]),
-                           prompt_start=int(num_computed[b]),
-                           length=int(min(num_scheduled[b], num_prompt[b] - num_computed[b])))
-                for b in batch_idx.tolist()]  # sync-ok: numpy
+        return [
+            EmbedsSpan(
+                row=int(rows[b]),
+                batch_start=int(ragged.query_start_loc[b]),
+                prompt_start=int(num_computed[b]),
+                length=int(min(num_scheduled[b], num_prompt[b] - num_computed[b])),
+            )
+            for b in batch_idx.tolist()
+        ]  # sync-ok: numpy
 
-    def _plan_prompt_logprobs(self, req_ids: list[str], rows: np.ndarray,
-                              ragged: Ragged) -> PromptLogprobsPlan | None:
+    def _plan_prompt_logprobs(
+        self, req_ids: list[str], rows: np.ndarray, ragged: Ragged
+    ) -> PromptLogprobsPlan | None:
         if not self._num_rows_with_prompt_logprobs:
             return None
         return plan_prompt_logprobs(
-            req_ids, rows, self.num_prompt_logprobs_np[rows], self.num_prompt_tokens_np[rows],
-            ragged.num_computed, ragged.num_scheduled, ragged.query_start_loc, self.token_ids_np)
+            req_ids,
+            rows,
+            self.num_prompt_logprobs_np[rows],
+            self.num_prompt_tokens_np[rows],
+            ragged.num_computed,
+            ragged.num_scheduled,
+            ragged.query_start_loc,
+            self.token_ids_np,
+        )

@@ -6,6 +6,7 @@ dummy_steps: its prompt in chunks of the step budget, then one decode step, eage
 enforce_eager, with a new prompt beside it for a mixed step), and direct calls.
 Left uncompiled: the eager 2-8-row GEMV of a prompt_embeds step (which runs eagerly) when
 max_num_seqs is 1 (no decode graph of 2-8 rows compiled it); jit_watch logs it if it happens."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -20,7 +21,11 @@ from pagedlm.worker.dummy_steps import DummySteps
 if TYPE_CHECKING:
     from pagedlm.worker.model_runner import ModelRunner
 
-WARM_UP_REQUESTS = (*triton_paged.WARM_UP_REQUESTS, *triton_decode.WARM_UP_REQUESTS, *sampler.WARM_UP_REQUESTS)
+WARM_UP_REQUESTS = (
+    *triton_paged.WARM_UP_REQUESTS,
+    *triton_decode.WARM_UP_REQUESTS,
+    *sampler.WARM_UP_REQUESTS,
+)
 WARM_UP_CALLS = (gate_up_silu.warm_up, sampler.warm_up_threshold_kernel)
 
 
@@ -31,8 +36,12 @@ def warm_up_kernels(runner: ModelRunner) -> None:
         for request in WARM_UP_REQUESTS:
             _run(runner, steps, request)
     model = runner.config.model
-    target = WarmUpTarget(model=runner.model, device=runner.device, vocab_size=model.vocab_size,
-                          max_num_tokens=runner.max_num_tokens)
+    target = WarmUpTarget(
+        model=runner.model,
+        device=runner.device,
+        vocab_size=model.vocab_size,
+        max_num_tokens=runner.max_num_tokens,
+    )
     for call in WARM_UP_CALLS:
         call(target)
 
@@ -40,10 +49,13 @@ def warm_up_kernels(runner: ModelRunner) -> None:
 def _run(runner: ModelRunner, steps: DummySteps, request: WarmUpRequest) -> None:
     """The request's prompt, then its decode step (beside a new prompt of request.mixed_with tokens),
     then it leaves; skipped where no step or KV cache of the runner holds it (nor then a real one)."""
-    if request.mixed_with and (runner.max_num_reqs < 2 or 1 + request.mixed_with > runner.max_num_tokens):
+    if request.mixed_with and (
+        runner.max_num_reqs < 2 or 1 + request.mixed_with > runner.max_num_tokens
+    ):
         return
-    params = SamplingParams(temperature=request.temperature, top_p=request.top_p, seed=0, max_tokens=2,
-                            ignore_eos=True)
+    params = SamplingParams(
+        temperature=request.temperature, top_p=request.top_p, seed=0, max_tokens=2, ignore_eos=True
+    )
     num_prompt = min(request.num_prompt_tokens, runner.config.model.max_model_len - 1)
     req_ids = [steps.add(num_prompt, params, num_decodes=1)]
     if request.mixed_with:

@@ -9,37 +9,49 @@ or a chunk of its prompt-logprob rows, are copied into the first rows of a padde
 head runs on bucket(num_rows) of them. Rows past the copied ones are stale; their logits are
 computed and dropped.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
-
-LMHead = Callable[[torch.Tensor], torch.Tensor]  # hidden [n, hidden_size] -> logits [n, vocab_size] float32
+LMHead = Callable[
+    [torch.Tensor], torch.Tensor
+]  # hidden [n, hidden_size] -> logits [n, vocab_size] float32
 
 
 class PaddedLMHead:
     """The padded buffer and the row counts; the LM head itself (the model's compute_logits) is
     passed to each call, so that this holds no reference to the model or its owner."""
 
-    def __init__(self, bucket: Callable[[int], int], max_rows: int, hidden_size: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+    def __init__(
+        self,
+        bucket: Callable[[int], int],
+        max_rows: int,
+        hidden_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         """max_rows: the most rows the LM head takes at once."""
         self.bucket = bucket
-        self.hidden = torch.zeros(bucket(max_rows), hidden_size, dtype=dtype, device=device)  # [rows, hidden]
+        self.hidden = torch.zeros(
+            bucket(max_rows), hidden_size, dtype=dtype, device=device
+        )  # [rows, hidden]
 
     def run(self, compute_logits: LMHead, rows: torch.Tensor) -> torch.Tensor:
         """rows [m, hidden_size] -> logits [m, vocab_size] float32."""
         num_rows = rows.shape[0]
-        padded = self.hidden[:self.bucket(num_rows)]
+        padded = self.hidden[: self.bucket(num_rows)]
         padded[:num_rows].copy_(rows)
         return leading(compute_logits(padded), num_rows)
 
-    def gathered(self, compute_logits: LMHead, hidden: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    def gathered(
+        self, compute_logits: LMHead, hidden: torch.Tensor, indices: torch.Tensor
+    ) -> torch.Tensor:
         """hidden [T, hidden_size], indices [m] -> the logits [m, vocab_size] float32 of hidden[indices]."""
         num_rows = indices.shape[0]
-        padded = self.hidden[:self.bucket(num_rows)]
+        padded = self.hidden[: self.bucket(num_rows)]
         torch.index_select(hidden, 0, indices, out=padded[:num_rows])
         return leading(compute_logits(padded), num_rows)
 

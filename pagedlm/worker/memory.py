@@ -1,8 +1,10 @@
 """How many KV-cache blocks fit: an override, an explicit budget, or a measured GPU profile."""
+
 from __future__ import annotations
 
 import logging
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
@@ -22,8 +24,12 @@ def kv_cache_bytes_per_block(model: ModelConfig, block_size: int) -> int:
     return 2 * model.num_layers * block_size * model.num_kv_heads * model.head_dim * dtype_size
 
 
-def determine_num_blocks(config: EngineConfig, profile: Callable[[], int], weights_bytes: int,
-                         profile_graphs: Callable[[], int] | None = None) -> int:
+def determine_num_blocks(
+    config: EngineConfig,
+    profile: Callable[[], int],
+    weights_bytes: int,
+    profile_graphs: Callable[[], int] | None = None,
+) -> int:
     """num_gpu_blocks_override wins; then kv_cache_memory_gib (default 2 GiB on CPU); on CUDA
     without either, what the profile leaves of total x gpu_memory_utilization. `profile` runs
     one step of the largest batch and returns the bytes of the KV cache it used itself;
@@ -37,17 +43,29 @@ def determine_num_blocks(config: EngineConfig, profile: Callable[[], int], weigh
         gib = cache.kv_cache_memory_gib or DEFAULT_CPU_KV_CACHE_GIB
         num_blocks, source = int(gib * GiB) // bytes_per_block, f"a budget of {gib:.2f} GiB"
     else:
-        num_blocks = _profiled_num_blocks(config, profile, weights_bytes, bytes_per_block,
-                                          profile_graphs)
+        num_blocks = _profiled_num_blocks(
+            config, profile, weights_bytes, bytes_per_block, profile_graphs
+        )
         source = "what the memory profile leaves"
-    logger.info("KV cache: %d blocks of %d tokens, %.2f GiB (%d bytes a block): %s", num_blocks,
-                cache.block_size, num_blocks * bytes_per_block / GiB, bytes_per_block, source)
+    logger.info(
+        "KV cache: %d blocks of %d tokens, %.2f GiB (%d bytes a block): %s",
+        num_blocks,
+        cache.block_size,
+        num_blocks * bytes_per_block / GiB,
+        bytes_per_block,
+        source,
+    )
     check_max_model_len_fits(config, num_blocks)
     return num_blocks
 
 
-def _profiled_num_blocks(config: EngineConfig, profile: Callable[[], int], weights_bytes: int,
-                         bytes_per_block: int, profile_graphs: Callable[[], int] | None) -> int:
+def _profiled_num_blocks(
+    config: EngineConfig,
+    profile: Callable[[], int],
+    weights_bytes: int,
+    bytes_per_block: int,
+    profile_graphs: Callable[[], int] | None,
+) -> int:
     device = config.device
     torch.cuda.synchronize(device)  # sync-ok: start-up profiling, not a step
     torch.cuda.empty_cache()
@@ -67,13 +85,23 @@ def _profiled_num_blocks(config: EngineConfig, profile: Callable[[], int], weigh
         "GPU memory: total %.2f GiB x gpu_memory_utilization %.2f = %.2f GiB; weights %.2f GiB; "
         "other persistent buffers %.2f GiB; peak activation (profile of %d tokens) %.2f GiB; "
         "non-torch %.2f GiB; CUDA graphs (trial capture) %.3f GiB; left for the KV cache %.2f GiB",
-        total / GiB, config.cache.gpu_memory_utilization, budget / GiB, weights_bytes / GiB,
-        (baseline - weights_bytes) / GiB, config.scheduler.max_num_batched_tokens,
-        activation / GiB, non_torch / GiB, graph_bytes / GiB, kv_bytes / GiB)
+        total / GiB,
+        config.cache.gpu_memory_utilization,
+        budget / GiB,
+        weights_bytes / GiB,
+        (baseline - weights_bytes) / GiB,
+        config.scheduler.max_num_batched_tokens,
+        activation / GiB,
+        non_torch / GiB,
+        graph_bytes / GiB,
+        kv_bytes / GiB,
+    )
     if kv_bytes < bytes_per_block:
-        raise ValueError(f"no GPU memory is left for the KV cache ({kv_bytes / GiB:.2f} GiB after "
-                         "weights, activations and CUDA graphs); raise gpu_memory_utilization, "
-                         "lower max_num_batched_tokens / max_num_seqs or set enforce_eager")
+        raise ValueError(
+            f"no GPU memory is left for the KV cache ({kv_bytes / GiB:.2f} GiB after "
+            "weights, activations and CUDA graphs); raise gpu_memory_utilization, "
+            "lower max_num_batched_tokens / max_num_seqs or set enforce_eager"
+        )
     return int(kv_bytes) // bytes_per_block
 
 
@@ -97,4 +125,5 @@ def check_max_model_len_fits(config: EngineConfig, num_blocks: int) -> None:
             f"max_model_len={max_model_len} does not fit in the KV cache: {num_blocks} blocks of "
             f"{block_size} tokens hold {num_blocks * block_size} tokens; lower max_model_len to at "
             f"most {num_blocks * block_size} or give the cache more memory "
-            "(gpu_memory_utilization, kv_cache_memory_gib or num_gpu_blocks_override)")
+            "(gpu_memory_utilization, kv_cache_memory_gib or num_gpu_blocks_override)"
+        )

@@ -32,6 +32,7 @@ Outputs write no state: AsyncRunnerOutput.get_output() only reads the step's res
 records the sampled tokens into their rows (InputBatch.record_sampled) itself, in step order: at each
 execute_model, every output read by then, and before a staging set is reused, its step's output.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -63,8 +64,12 @@ from pagedlm.worker.profile_run import profile_run
 from pagedlm.worker.prompt_logprobs import MAX_ROWS_PER_CHUNK, compute_prompt_logprobs
 from pagedlm.worker.runner_output import AsyncRunnerOutput
 from pagedlm.worker.sizes import SizePolicy
-from pagedlm.worker.start_up_log import (log_every_size_kept, log_graph_sizes_kept, log_graphs_captured,
-                                        log_start_up_compiles)
+from pagedlm.worker.start_up_log import (
+    log_every_size_kept,
+    log_graph_sizes_kept,
+    log_graphs_captured,
+    log_start_up_compiles,
+)
 from pagedlm.worker.step_buffers import PrefixViews, Sections, StepBuffers
 from pagedlm.worker.step_plan import StepMode, StepPlan, plan_step
 
@@ -88,16 +93,20 @@ class ModelRunner:
         self.use_cuda_graphs = graphs_enabled(config)
         self.sizes = SizePolicy(self.max_num_reqs, self.max_num_tokens)  # every padded row count
         self.graphs: DecodeGraphs | None = None  # captured by init_kv_cache
-        self.piecewise: PiecewiseGraphs | None = None  # likewise, unless cudagraph_mode excludes them
+        self.piecewise: PiecewiseGraphs | None = (
+            None  # likewise, unless cudagraph_mode excludes them
+        )
         self.graph_bytes_reserved: int | None = None  # trial capture, before sizing the KV cache
         self.graph_bytes = 0  # what the captured graphs take
-        self.input_batch = InputBatch(self.max_num_reqs, config.model.max_model_len,
-                                      self.block_size)
+        self.input_batch = InputBatch(
+            self.max_num_reqs, config.model.max_model_len, self.block_size
+        )
         self._init_buffers()
         self._init_streams()
         self._inference_mode = torch.inference_mode()
-        self.sampler = SamplingState(self.max_num_reqs, config.model.vocab_size, self.device,
-                                     config.seed)
+        self.sampler = SamplingState(
+            self.max_num_reqs, config.model.vocab_size, self.device, config.seed
+        )
         self._num_steps = 0
         self._first_compile = compile_watch().start_up() if self.use_cuda else 0
 
@@ -105,23 +114,34 @@ class ModelRunner:
         sizes = (self.max_num_tokens, self.max_num_reqs, self.input_batch.max_num_blocks_per_req)
         # the device set's head: last_sampled by row, then one scratch entry per graph row
         # (on host sets: the stage-in header)
-        set_layout = dict(bucket=self.sizes.step_bucket,
-                          num_head_ids=self.max_num_reqs + self.sizes.max_decode_size)
+        set_layout = dict(
+            bucket=self.sizes.step_bucket,
+            num_head_ids=self.max_num_reqs + self.sizes.max_decode_size,
+        )
         cpu = torch.device("cpu")
-        self._staging = [StepBuffers(*sizes, cpu, pin=self.use_cuda, **set_layout)
-                         for _ in range(NUM_STAGING_SETS)]
+        self._staging = [
+            StepBuffers(*sizes, cpu, pin=self.use_cuda, **set_layout)
+            for _ in range(NUM_STAGING_SETS)
+        ]
         self._inputs = StepBuffers(*sizes, self.device, pin=False, **set_layout)
         self._last_sampled = self._inputs.head  # [max_num_reqs + largest graph size], by row
         self._table_version = 0  # bumped by each copy of a block table to the device
         # [max_num_tokens]: an eager step's input ids when some are gathered from last_sampled
-        self._gathered_ids = PrefixViews({"ids": torch.zeros(self.max_num_tokens, dtype=torch.int64,
-                                                             device=self.device)})
-        self._sampled_cpu = [torch.zeros(self.max_num_reqs, dtype=torch.int64, pin_memory=self.use_cuda)
-                             for _ in range(NUM_STAGING_SETS)]  # [max_num_reqs]
+        self._gathered_ids = PrefixViews(
+            {"ids": torch.zeros(self.max_num_tokens, dtype=torch.int64, device=self.device)}
+        )
+        self._sampled_cpu = [
+            torch.zeros(self.max_num_reqs, dtype=torch.int64, pin_memory=self.use_cuda)
+            for _ in range(NUM_STAGING_SETS)
+        ]  # [max_num_reqs]
         self._sampled_cpu_views = PrefixViews(dict(enumerate(self._sampled_cpu)))  # by slot
         self._sampled_np = [t.numpy() for t in self._sampled_cpu]  # sync-ok: host, at start-up
-        self._in_flight: list[AsyncRunnerOutput | None] = [None] * NUM_STAGING_SETS  # by staging set
-        self._unrecorded: deque[AsyncRunnerOutput] = deque()  # launched, in step order, not recorded yet
+        self._in_flight: list[AsyncRunnerOutput | None] = [
+            None
+        ] * NUM_STAGING_SETS  # by staging set
+        self._unrecorded: deque[AsyncRunnerOutput] = (
+            deque()
+        )  # launched, in step order, not recorded yet
 
     def _init_streams(self) -> None:
         if not self.use_cuda:
@@ -130,35 +150,46 @@ class ModelRunner:
             return
         # events record on a stream named explicitly: Event.record() asks torch.cuda.current_stream(),
         # a chain of device-index lookups that cost the host ~10 µs each time (a host profile)
-        self._device_index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        self._device_index = (
+            self.device.index if self.device.index is not None else torch.cuda.current_device()
+        )
         self._graph_stream = torch.cuda.Stream(self.device)  # warm-up and capture, trial and real
         # per staging set: recorded after all of a step's work, its output copies last
         self._step_events = [torch.cuda.Event() for _ in range(NUM_STAGING_SETS)]
 
     def load_model(self) -> None:
-        backend = self._attn_backend = get_attention_backend(self.config.attention_backend, self.device)
+        backend = self._attn_backend = get_attention_backend(
+            self.config.attention_backend, self.device
+        )
         before = torch.cuda.memory_allocated(self.device) if self.use_cuda else 0
         self.model = load_model(self.config.model, backend, self.device)
         if self.use_cuda:
             self.weights_bytes = torch.cuda.memory_allocated(self.device) - before
         # the most rows the LM head takes at once: a step's sampling rows (but a replay's where every
         # row samples, which runs at its graph size) or a chunk of prompt-logprob rows
-        max_rows = max(min(self.max_num_reqs, self.max_num_tokens), min(MAX_ROWS_PER_CHUNK, self.max_num_tokens))
+        max_rows = max(
+            min(self.max_num_reqs, self.max_num_tokens),
+            min(MAX_ROWS_PER_CHUNK, self.max_num_tokens),
+        )
         model = self.config.model
-        self.lm_head = PaddedLMHead(self.sizes.lm_head_rows, max_rows, model.hidden_size, model.dtype,
-                                    self.device)
+        self.lm_head = PaddedLMHead(
+            self.sizes.lm_head_rows, max_rows, model.hidden_size, model.dtype, self.device
+        )
 
     def determine_num_blocks(self) -> int:
         profile_graphs = self._profile_graphs if self.use_cuda_graphs else None
-        return memory.determine_num_blocks(self.config, functools.partial(profile_run, self),
-                                           self.weights_bytes, profile_graphs)
+        return memory.determine_num_blocks(
+            self.config, functools.partial(profile_run, self), self.weights_bytes, profile_graphs
+        )
 
     def init_kv_cache(self, num_blocks: int) -> None:
         """Allocates the KV cache, then captures the CUDA graphs, which bind its address."""
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self.graphs = self.piecewise = None  # graphs of a previous cache go first
-        self.kv_caches = [self._new_kv_cache(num_blocks) for _ in range(self.config.model.num_layers)]
+        self.kv_caches = [
+            self._new_kv_cache(num_blocks) for _ in range(self.config.model.num_layers)
+        ]
         self.input_batch.num_kv_blocks = num_blocks
         if self.use_cuda_graphs:
             self._capture_graphs()
@@ -180,7 +211,11 @@ class ModelRunner:
         if kv_cache_blocks is not None:  # one cache for every layer: their values matter to no one
             cache = self._new_kv_cache(kv_cache_blocks)
             self.kv_caches = [cache] * self.config.model.num_layers
-            self.input_batch.num_kv_blocks, self.graphs, self.piecewise = kv_cache_blocks, None, None
+            self.input_batch.num_kv_blocks, self.graphs, self.piecewise = (
+                kv_cache_blocks,
+                None,
+                None,
+            )
             first_block, cache_bytes = 0, cache.numel() * cache.element_size()
         steps = DummySteps(self, first_block, self.input_batch.num_kv_blocks, cache_bytes)
         try:
@@ -195,9 +230,15 @@ class ModelRunner:
     def _capture_graphs(self) -> None:
         start = time.perf_counter()
         (self.graphs, self.piecewise), self.graph_bytes = memory.device_bytes_taken(
-            self.device, lambda: self._new_graphs(self.kv_caches))
-        log_graphs_captured(self.graphs, self.piecewise, time.perf_counter() - start, self.graph_bytes,
-                            self.graph_bytes_reserved)
+            self.device, lambda: self._new_graphs(self.kv_caches)
+        )
+        log_graphs_captured(
+            self.graphs,
+            self.piecewise,
+            time.perf_counter() - start,
+            self.graph_bytes,
+            self.graph_bytes_reserved,
+        )
         self._keep_fastest_graph_sizes()
 
     def _keep_fastest_graph_sizes(self) -> None:
@@ -213,7 +254,9 @@ class ModelRunner:
         moved_piecewise = None if self.piecewise is None else self.piecewise.keep_fastest()
         log_graph_sizes_kept(moved, moved_piecewise, time.perf_counter() - start)
 
-    def _new_graphs(self, kv_caches: list[torch.Tensor]) -> tuple[DecodeGraphs, PiecewiseGraphs | None]:
+    def _new_graphs(
+        self, kv_caches: list[torch.Tensor]
+    ) -> tuple[DecodeGraphs, PiecewiseGraphs | None]:
         """The piecewise graphs first: captured after the decode graphs, they made every batch-1 decode
         step slower though the decode graphs are the same, likely from where their memory lands
         (benchmarks/RESULTS.md, "Measured choices")."""
@@ -221,16 +264,25 @@ class ModelRunner:
         return self._new_decode_graphs(kv_caches), piecewise
 
     def _new_decode_graphs(self, kv_caches: list[torch.Tensor]) -> DecodeGraphs:
-        graphs = DecodeGraphs(self.config, self.model, kv_caches, self._inputs,
-                              self.input_batch.max_num_blocks_per_req, self._staging, self._sampled_cpu,
-                              sizes=self.sizes)
+        graphs = DecodeGraphs(
+            self.config,
+            self.model,
+            kv_caches,
+            self._inputs,
+            self.input_batch.max_num_blocks_per_req,
+            self._staging,
+            self._sampled_cpu,
+            sizes=self.sizes,
+        )
         graphs.capture(self._graph_stream)
         return graphs
 
     def _new_piecewise_graphs(self, kv_caches: list[torch.Tensor]) -> PiecewiseGraphs | None:
         if self.config.cudagraph_mode != "FULL_AND_PIECEWISE":
             return None
-        piecewise = PiecewiseGraphs(self.model, self._attn_backend, kv_caches, self.sizes, self.device)
+        piecewise = PiecewiseGraphs(
+            self.model, self._attn_backend, kv_caches, self.sizes, self.device
+        )
         piecewise.capture(self._graph_stream)
         return piecewise
 
@@ -240,7 +292,8 @@ class ModelRunner:
         so they are captured once it exists."""
         trial_kv_caches = [self._new_kv_cache(1) for _ in range(self.config.model.num_layers)]
         graphs, num_bytes = memory.device_bytes_taken(
-            self.device, lambda: self._new_graphs(trial_kv_caches))
+            self.device, lambda: self._new_graphs(trial_kv_caches)
+        )
         del graphs
         torch.cuda.empty_cache()
         self.graph_bytes_reserved = num_bytes
@@ -270,7 +323,9 @@ class ModelRunner:
             output = self._launch(plan)
         except BaseException:
             if self.use_cuda:  # no event will guard this staging set's copy: wait for it here
-                torch.cuda.current_stream(self._device_index).synchronize()  # sync-ok: a failed step
+                torch.cuda.current_stream(
+                    self._device_index
+                ).synchronize()  # sync-ok: a failed step
             self.input_batch.forget_previous_step()  # a staged graph may not have brought the inputs
             raise
         self._in_flight[slot] = output
@@ -280,20 +335,29 @@ class ModelRunner:
     def _plan(self, step_id: int, slot: int, layout: BatchLayout) -> StepPlan:
         """The step's one plan (step_plan.py) over the graphs this runner holds."""
         graphs = self.graphs
-        return plan_step(step_id, slot, layout,
-                         self._staging[slot].sections(layout.bucket_tokens, layout.bucket_seqs),
-                         self._inputs.sections(layout.bucket_tokens, layout.bucket_seqs), self.sizes,
-                         decode_graphs=graphs is not None,
-                         staged_graphs=graphs is not None and graphs.stages_inputs,
-                         piecewise_graphs=self.piecewise is not None)
+        return plan_step(
+            step_id,
+            slot,
+            layout,
+            self._staging[slot].sections(layout.bucket_tokens, layout.bucket_seqs),
+            self._inputs.sections(layout.bucket_tokens, layout.bucket_seqs),
+            self.sizes,
+            decode_graphs=graphs is not None,
+            staged_graphs=graphs is not None and graphs.stages_inputs,
+            piecewise_graphs=self.piecewise is not None,
+        )
 
     def _send_inputs(self, plan: StepPlan) -> None:
         """The staging set's padding rows, then its one copy to the device buffers, or for a staged
         graph the header of the copy that graph makes itself."""
         layout, staging = plan.layout, self._staging[plan.slot]
         if plan.pads_decode:
-            staging.pad_decode(plan.staged, layout.num_seqs, layout.num_samples,
-                               seq_sections=not layout.reuse_seq_sections)
+            staging.pad_decode(
+                plan.staged,
+                layout.num_seqs,
+                layout.num_samples,
+                seq_sections=not layout.reuse_seq_sections,
+            )
         if plan.mode is StepMode.STAGED_GRAPH:
             staging.write_stage_header(plan.copy_end)
         else:
@@ -306,8 +370,15 @@ class ModelRunner:
         hidden = self._forward(plan)
         sample, ids_on_host = self._sample(hidden, plan)
         layout = plan.layout
-        prompt_logprobs = None if layout.prompt_logprobs is None else compute_prompt_logprobs(
-            layout.prompt_logprobs, hidden, functools.partial(self.lm_head.run, self.model.compute_logits))
+        prompt_logprobs = (
+            None
+            if layout.prompt_logprobs is None
+            else compute_prompt_logprobs(
+                layout.prompt_logprobs,
+                hidden,
+                functools.partial(self.lm_head.run, self.model.compute_logits),
+            )
+        )
         return self._launch_output(plan, sample, prompt_logprobs, ids_on_host)
 
     def _update_states(self, sched: SchedulerOutput) -> None:
@@ -322,10 +393,16 @@ class ModelRunner:
         self._remove_request(new.req_id)  # resumed after preemption
         row = self.input_batch.add_request(new, self._prompt_embeds_to_device(new))
         try:
-            prompt_ids = [] if new.prompt_embeds is not None else new.prompt_token_ids  # placeholders
-            self.sampler.add_request(row, new.sampling_params, prompt_ids,
-                                     new.output_token_ids,
-                                     eos_token_ids=self.config.model.eos_token_ids)
+            prompt_ids = (
+                [] if new.prompt_embeds is not None else new.prompt_token_ids
+            )  # placeholders
+            self.sampler.add_request(
+                row,
+                new.sampling_params,
+                prompt_ids,
+                new.output_token_ids,
+                eos_token_ids=self.config.model.eos_token_ids,
+            )
         except ValueError:
             self.input_batch.remove_request(new.req_id)
             raise
@@ -342,7 +419,8 @@ class ModelRunner:
         expected = (len(new.prompt_token_ids), self.config.model.hidden_size)
         assert tuple(embeds.shape) == expected, (
             f"prompt_embeds of request {new.req_id}: shape {list(embeds.shape)}, not [num_prompt_tokens, "
-            f"hidden_size] = {list(expected)} (checked at the engine boundary: LLMEngine._check_embeds)")
+            f"hidden_size] = {list(expected)} (checked at the engine boundary: LLMEngine._check_embeds)"
+        )
         return embeds.to(device=self.device, dtype=self.config.model.dtype, non_blocking=True)
 
     def _reclaim(self, slot: int) -> None:
@@ -369,7 +447,9 @@ class ModelRunner:
         layout, inputs, staged = plan.layout, plan.inputs, plan.staged
         num_tokens, num_seqs = layout.num_tokens, layout.num_seqs
         return AttentionMetadata(
-            num_tokens=num_tokens, num_seqs=num_seqs, max_query_len=layout.max_query_len,
+            num_tokens=num_tokens,
+            num_seqs=num_seqs,
+            max_query_len=layout.max_query_len,
             max_seq_len=layout.max_seq_len,
             query_start_loc=inputs.prefix("query_start_loc", num_seqs + 1),
             seq_lens=inputs.prefix("seq_lens", num_seqs),
@@ -377,8 +457,11 @@ class ModelRunner:
             block_table=block_table,
             query_start_loc_cpu=staged.prefix("query_start_loc", num_seqs + 1),
             seq_lens_cpu=staged.prefix("seq_lens", num_seqs),
-            decode_order=inputs.prefix("decode_order", layout.num_decodes) if layout.num_decodes else None,
-            num_decodes=layout.num_decodes)
+            decode_order=inputs.prefix("decode_order", layout.num_decodes)
+            if layout.num_decodes
+            else None,
+            num_decodes=layout.num_decodes,
+        )
 
     def _forward(self, plan: StepPlan) -> torch.Tensor:
         """[num_tokens (graph_size when a decode graph replays), hidden_size]: the model over the batch."""
@@ -387,8 +470,9 @@ class ModelRunner:
         if plan.replays_decode_graph:
             graphs = self.graphs
             if graphs.block_table_version != self._table_version:
-                graphs.load_block_table(inputs.prefix("block_table", num_seqs, num_cols),
-                                        self._table_version)
+                graphs.load_block_table(
+                    inputs.prefix("block_table", num_seqs, num_cols), self._table_version
+                )
             return graphs.replay(plan.graph_size, plan.stage_slot)
         input_ids = self._input_ids(inputs, layout)  # [T]
         block_table = inputs.prefix("block_table", num_seqs, num_cols)
@@ -396,8 +480,13 @@ class ModelRunner:
         positions = inputs.prefix("positions", num_tokens)  # [T]
         if plan.mode is StepMode.PIECEWISE:
             return self.piecewise.replay(plan.graph_size, input_ids, positions, meta)
-        return self.model(input_ids, positions, self.kv_caches, meta,
-                          inputs_embeds=self._inputs_embeds(input_ids, layout))
+        return self.model(
+            input_ids,
+            positions,
+            self.kv_caches,
+            meta,
+            inputs_embeds=self._inputs_embeds(input_ids, layout),
+        )
 
     def _input_ids(self, inputs: Sections, layout: BatchLayout) -> torch.Tensor:
         """[num_tokens]: the copied input ids or, when some are tokens the previous step sampled
@@ -406,8 +495,9 @@ class ModelRunner:
         if not layout.num_placeholders:
             return inputs.prefix("input_ids", num_tokens)
         input_ids = self._gathered_ids.get("ids", num_tokens)
-        torch.index_select(inputs.tensors["ids_table"], 0, inputs.prefix("input_src", num_tokens),
-                           out=input_ids)
+        torch.index_select(
+            inputs.tensors["ids_table"], 0, inputs.prefix("input_src", num_tokens), out=input_ids
+        )
         return input_ids
 
     def _inputs_embeds(self, input_ids: torch.Tensor, layout: BatchLayout) -> torch.Tensor | None:
@@ -418,8 +508,9 @@ class ModelRunner:
         embeds = self.model.embed_tokens(input_ids)  # [T, hidden_size]
         for span in layout.embeds_spans:
             source = self.input_batch.prompt_embeds[span.row]  # [num_prompt_tokens, hidden_size]
-            embeds[span.batch_start:span.batch_start + span.length] = \
-                source[span.prompt_start:span.prompt_start + span.length]
+            embeds[span.batch_start : span.batch_start + span.length] = source[
+                span.prompt_start : span.prompt_start + span.length
+            ]
         return embeds
 
     def _sample(self, hidden: torch.Tensor, plan: StepPlan) -> tuple[SamplerOutput | None, bool]:
@@ -433,15 +524,18 @@ class ModelRunner:
         if num_samples == 0:
             return None, False
         rows_np = layout.sample_rows_np
-        if plan.replays_decode_graph and layout.samples_every_token:  # the graph's rows 0..N-1 sample
+        if (
+            plan.replays_decode_graph and layout.samples_every_token
+        ):  # the graph's rows 0..N-1 sample
             argmax = self.graphs.argmax(plan.graph_size, plan.stage_slot)
             if argmax is not None and self.sampler.is_greedy(rows_np):
                 self.sampler.count_sampled(rows_np)
                 return SamplerOutput(argmax), plan.stage_slot is not None
         logits = self._logits(hidden, plan)
         sample = self.sampler.sample(logits, rows_np)
-        self._last_sampled.index_copy_(0, plan.inputs.prefix("sample_rows", num_samples),
-                                       sample.sampled_token_ids)
+        self._last_sampled.index_copy_(
+            0, plan.inputs.prefix("sample_rows", num_samples), sample.sampled_token_ids
+        )
         return sample, False
 
     def _logits(self, hidden: torch.Tensor, plan: StepPlan) -> torch.Tensor:
@@ -457,11 +551,17 @@ class ModelRunner:
             return leading(logits, num_samples)
         if layout.samples_every_token:  # rows 0..N-1: no gather
             return self.lm_head.run(self.model.compute_logits, hidden[:num_samples])
-        return self.lm_head.gathered(self.model.compute_logits, hidden,
-                                     plan.inputs.prefix("logits_indices", num_samples))
+        return self.lm_head.gathered(
+            self.model.compute_logits, hidden, plan.inputs.prefix("logits_indices", num_samples)
+        )
 
-    def _launch_output(self, plan: StepPlan, sample: SamplerOutput | None,
-                       prompt_logprobs: tuple[torch.Tensor, ...] | None, ids_on_host: bool) -> AsyncRunnerOutput:
+    def _launch_output(
+        self,
+        plan: StepPlan,
+        sample: SamplerOutput | None,
+        prompt_logprobs: tuple[torch.Tensor, ...] | None,
+        ids_on_host: bool,
+    ) -> AsyncRunnerOutput:
         """The device->host copies of the step's results (the sampled ids' unless a staged graph
         wrote them there), then the step's event (stream order: after all of the step's work)."""
         slot = plan.slot
@@ -469,16 +569,18 @@ class ModelRunner:
         if sample is not None:
             sampled_ids = sample.sampled_token_ids  # [num_samples] ([graph_size]: a graph's)
             if not ids_on_host:
-                self._sampled_cpu_views.get(slot, sampled_ids.shape[0]).copy_(sampled_ids,
-                                                                               non_blocking=True)
+                self._sampled_cpu_views.get(slot, sampled_ids.shape[0]).copy_(
+                    sampled_ids, non_blocking=True
+                )
             sampled_np = self._sampled_np[slot]
             logprobs_cpu = _to_host(sample.logprobs)
         prompt_logprobs_cpu = _to_host(prompt_logprobs)
         event = self._step_events[slot]
         if event is not None:
             event.record(self._compute_stream())
-        return AsyncRunnerOutput(plan.step_id, plan.layout, sampled_np, logprobs_cpu, event,
-                                 prompt_logprobs_cpu)
+        return AsyncRunnerOutput(
+            plan.step_id, plan.layout, sampled_np, logprobs_cpu, event, prompt_logprobs_cpu
+        )
 
     def _compute_stream(self) -> torch.cuda.Stream:
         """The stream the step's work goes to (CUDA only)."""

@@ -27,6 +27,7 @@ slot -1: prepare_qkv skips their KV write, so a padding row never touches the ca
 values are stale and their output rows are never read: every op inside a piece is row-independent).
 The attention reads the step's metadata and writes rows [0, n) of the static output.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -66,15 +67,22 @@ class _Cutter:
     def __init__(self, pieces: _Pieces, out: torch.Tensor, pool: tuple[int, int] | None) -> None:
         self._pieces, self._out, self._pool = pieces, out, pool  # pool None: the warm-up run
 
-    def attend(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-               sliding_window: int | None, out: torch.Tensor | None = None) -> torch.Tensor:
+    def attend(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if self._pool is not None:
             self._pieces.attentions.append(_Attention(_alias(q), kv_cache, scale, sliding_window))
             self._pieces.graphs[-1].capture_end()
             graph = torch.cuda.CUDAGraph()
             self._pieces.graphs.append(graph)
             graph.capture_begin(pool=self._pool)
-        return self._out[:q.shape[0]]
+        return self._out[: q.shape[0]]
 
 
 def _alias(t: torch.Tensor) -> torch.Tensor:
@@ -84,15 +92,25 @@ def _alias(t: torch.Tensor) -> torch.Tensor:
     every size allocated (~1 GB for llama3-8b). torch._C._construct_storage_from_data_pointer is
     private: checked on torch 2.11 (the GPU machine) and 2.13."""
     storage = t.untyped_storage()
-    alias = torch._C._construct_storage_from_data_pointer(storage.data_ptr(), t.device, storage.nbytes())
-    return torch.empty(0, dtype=t.dtype, device=t.device).set_(alias, t.storage_offset(), t.shape, t.stride())
+    alias = torch._C._construct_storage_from_data_pointer(
+        storage.data_ptr(), t.device, storage.nbytes()
+    )
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(
+        alias, t.storage_offset(), t.shape, t.stride()
+    )
 
 
 class PiecewiseGraphs:
     """capture() once; then replay(size, ...) for a step of at most size tokens, size one of `sizes`."""
 
-    def __init__(self, model: LlamaForCausalLM, backend: AttentionBackend, kv_caches: list[torch.Tensor],
-                 sizes: SizePolicy, device: torch.device) -> None:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        backend: AttentionBackend,
+        kv_caches: list[torch.Tensor],
+        sizes: SizePolicy,
+        device: torch.device,
+    ) -> None:
         """sizes: the runner's, whose piecewise sizes these graphs are (captured, then kept by
         keep_fastest)."""
         self._sizes = sizes
@@ -103,15 +121,22 @@ class PiecewiseGraphs:
         self._positions = torch.zeros(self.max_size, dtype=torch.int64, device=device)  # [P_max]
         self._slots = torch.full((self.max_size,), -1, dtype=torch.int64, device=device)  # [P_max]
         # [P_max, num_heads, head_dim]: every layer's attention output, which the next piece reads
-        self._out = torch.zeros(self.max_size, config.num_heads, config.head_dim, dtype=config.dtype,
-                                device=device)
+        self._out = torch.zeros(
+            self.max_size, config.num_heads, config.head_dim, dtype=config.dtype, device=device
+        )
         # what the pieces read of a captured step's metadata: slot_mapping (the rest is never read)
         self._capture_meta = AttentionMetadata(
-            num_tokens=0, num_seqs=1, max_query_len=0, max_seq_len=0,
+            num_tokens=0,
+            num_seqs=1,
+            max_query_len=0,
+            max_seq_len=0,
             query_start_loc=torch.zeros(2, dtype=torch.int32, device=device),
-            seq_lens=torch.zeros(1, dtype=torch.int32, device=device), slot_mapping=self._slots,
+            seq_lens=torch.zeros(1, dtype=torch.int32, device=device),
+            slot_mapping=self._slots,
             block_table=torch.zeros(1, 1, dtype=torch.int32, device=device),
-            query_start_loc_cpu=torch.zeros(2, dtype=torch.int32), seq_lens_cpu=torch.zeros(1, dtype=torch.int32))
+            query_start_loc_cpu=torch.zeros(2, dtype=torch.int32),
+            seq_lens_cpu=torch.zeros(1, dtype=torch.int32),
+        )
         self._pieces: dict[int, _Pieces] = {}
 
     @property
@@ -156,8 +181,9 @@ class PiecewiseGraphs:
         for graph in self._pieces[size].graphs:
             graph.replay()
 
-    def replay(self, size: int, input_ids: torch.Tensor, positions: torch.Tensor,
-               meta: AttentionMetadata) -> torch.Tensor:
+    def replay(
+        self, size: int, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
         """size: the policy's piecewise_size(n); input_ids, positions: [n] of the step (n =
         meta.num_tokens), its KV slots in meta.slot_mapping -> [n, hidden_size] hidden states, in the
         pool (valid until the next replay)."""
@@ -171,8 +197,14 @@ class PiecewiseGraphs:
         pieces = self._pieces[size]
         for graph, attention in zip(pieces.graphs, pieces.attentions):
             graph.replay()
-            self._backend.attend(attention.q[:n], attention.kv_cache, meta, attention.scale,
-                                 attention.sliding_window, out=out)
+            self._backend.attend(
+                attention.q[:n],
+                attention.kv_cache,
+                meta,
+                attention.scale,
+                attention.sliding_window,
+                out=out,
+            )
         pieces.graphs[-1].replay()
         return pieces.hidden[:n]
 

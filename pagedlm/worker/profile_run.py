@@ -1,5 +1,6 @@
 """The profiling step that sizes the KV cache (pagedlm/worker/memory.py): the runner's largest batch,
 run once on a KV cache of its own, with every costly sampling feature on."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

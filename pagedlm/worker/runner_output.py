@@ -1,5 +1,6 @@
 """AsyncRunnerOutput: a launched step whose results come back to the host on demand. Reading them
 changes no state: the runner records the sampled tokens into their rows itself (sampled())."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,13 +17,17 @@ class AsyncRunnerOutput:
     """A launched step. get_output() waits for this step's event (after its work and its
     device->host copies) and nothing else."""
 
-    def __init__(self, step_id: int, layout: BatchLayout | None = None,
-                 # [>= num_samples] int64, (a view of) pinned memory: the first num_samples
-                 # are the step's sampled ids
-                 sampled_np: np.ndarray | None = None,
-                 logprobs_cpu: HostTensors | None = None,
-                 event: torch.cuda.Event | None = None,
-                 prompt_logprobs_cpu: HostTensors | None = None) -> None:
+    def __init__(
+        self,
+        step_id: int,
+        layout: BatchLayout | None = None,
+        # [>= num_samples] int64, (a view of) pinned memory: the first num_samples
+        # are the step's sampled ids
+        sampled_np: np.ndarray | None = None,
+        logprobs_cpu: HostTensors | None = None,
+        event: torch.cuda.Event | None = None,
+        prompt_logprobs_cpu: HostTensors | None = None,
+    ) -> None:
         self._step_id = step_id
         self._layout = layout
         self._sampled_np = sampled_np
@@ -49,7 +54,7 @@ class AsyncRunnerOutput:
         layout = self._layout
         if layout is None or layout.num_samples == 0:
             return None
-        return layout, self._sampled_np[:layout.num_samples]
+        return layout, self._sampled_np[: layout.num_samples]
 
     def _build(self) -> ModelRunnerOutput:
         result = ModelRunnerOutput(req_ids=[], sampled_token_ids=[], step_id=self._step_id)
@@ -59,11 +64,12 @@ class AsyncRunnerOutput:
         if self._event is not None:
             self._event.synchronize()  # sync-ok: waits for this step (and its copies) only
         if layout.prompt_logprobs is not None:
-            result.prompt_logprobs = to_logprobs_lists(layout.prompt_logprobs,
-                                                       self._prompt_logprobs_cpu)
+            result.prompt_logprobs = to_logprobs_lists(
+                layout.prompt_logprobs, self._prompt_logprobs_cpu
+            )
         if layout.num_samples == 0:
             return result
-        token_ids_np = self._sampled_np[:layout.num_samples]  # host memory, copy complete
+        token_ids_np = self._sampled_np[: layout.num_samples]  # host memory, copy complete
         result.req_ids = layout.sampling_req_ids
         result.sampled_token_ids = [[t] for t in token_ids_np.tolist()]  # sync-ok: host memory
         result.logprobs = self._logprobs()
@@ -74,7 +80,9 @@ class AsyncRunnerOutput:
         not ask while others did)."""
         if self._logprobs_cpu is None:
             return None
-        ids_np, logprobs_np, ranks_np = (t.numpy() for t in self._logprobs_cpu)  # sync-ok: host copies, event waited
+        ids_np, logprobs_np, ranks_np = (
+            t.numpy() for t in self._logprobs_cpu
+        )  # sync-ok: host copies, event waited
         result: list[list[Logprobs]] = []
         for i, num in enumerate(self._layout.sample_num_logprobs_np.tolist()):  # sync-ok: numpy
             if num < 0:

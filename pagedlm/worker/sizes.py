@@ -14,17 +14,22 @@
 Timing only ever drops sizes below the largest, so a buffer sized for step_bucket(max) at start-up
 holds every later layout.
 """
+
 from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
 
 MAX_CAPTURE_SIZE = 1024  # the default max_num_seqs
-MAX_LOGITS_ROWS = 8  # decode graphs up to this size compute the logits too (<= 8 x vocab x 4 bytes each)
+MAX_LOGITS_ROWS = (
+    8  # decode graphs up to this size compute the logits too (<= 8 x vocab x 4 bytes each)
+)
 STAGED_MAX_SIZE = MAX_LOGITS_ROWS  # decode graphs up to this size also stage their inputs in
 LARGE_BUCKET = 256  # counts above the largest decode graph round up to a multiple of this
 MIN_PIECEWISE_SIZE = 16
-MAX_PIECEWISE_SIZE = 2048  # tokens; a larger step's GPU time hides its eager launches (piecewise_graphs.py)
+MAX_PIECEWISE_SIZE = (
+    2048  # tokens; a larger step's GPU time hides its eager launches (piecewise_graphs.py)
+)
 FINE_SIZES_FROM = 128  # tokens; above, SIZES_PER_DOUBLING sizes between two powers of two
 SIZES_PER_DOUBLING = 8
 # a size gives way to the next kept larger one when that replays in less than (1 - SPEED_MARGIN) of its
@@ -32,7 +37,9 @@ SIZES_PER_DOUBLING = 8
 SPEED_MARGIN = 0.1
 MIN_SAVING_MS = 0.05
 
-Moves = dict[int, tuple[int, float, float]]  # size -> (the size it takes from now on, its ms, that one's ms)
+Moves = dict[
+    int, tuple[int, float, float]
+]  # size -> (the size it takes from now on, its ms, that one's ms)
 
 
 def smallest_at_least(sizes: Sequence[int], n: int) -> int | None:
@@ -53,7 +60,14 @@ def capture_sizes(max_num_seqs: int, max_num_tokens: int) -> list[int]:
     the cap min(max_num_seqs, max_num_tokens, MAX_CAPTURE_SIZE), then the cap itself (51 sizes for a
     cap of 512, 67 for 1,024)."""
     cap = min(max_num_seqs, max_num_tokens, MAX_CAPTURE_SIZE)
-    steps = [1, 2, 4, *range(8, 257, 8), *range(272, 513, 16), *range(544, MAX_CAPTURE_SIZE + 1, 32)]
+    steps = [
+        1,
+        2,
+        4,
+        *range(8, 257, 8),
+        *range(272, 513, 16),
+        *range(544, MAX_CAPTURE_SIZE + 1, 32),
+    ]
     return [size for size in steps if size < cap] + [cap]
 
 
@@ -67,7 +81,9 @@ def piecewise_sizes(max_num_tokens: int) -> list[int]:
     sizes, size = [], MIN_PIECEWISE_SIZE
     while size < cap:
         sizes.append(size)
-        size += size if size < FINE_SIZES_FROM else (1 << (size.bit_length() - 1)) // SIZES_PER_DOUBLING
+        size += (
+            size if size < FINE_SIZES_FROM else (1 << (size.bit_length() - 1)) // SIZES_PER_DOUBLING
+        )
     return sizes + [cap]
 
 
@@ -88,8 +104,12 @@ def fastest_sizes(times: dict[int, float], kinds: dict[int, int]) -> list[int]:
 def moved_sizes(times: dict[int, float], kept: list[int]) -> Moves:
     """times: size -> ms; kept: fastest_sizes(times, ...). Each size not kept -> (the next kept size,
     which its batches take from now on, its ms, that size's ms)."""
-    return {size: (to, times[size], times[to]) for size in times if size not in kept
-            for to in (smallest_at_least(kept, size),)}
+    return {
+        size: (to, times[size], times[to])
+        for size in times
+        if size not in kept
+        for to in (smallest_at_least(kept, size),)
+    }
 
 
 class SizePolicy:
@@ -132,7 +152,9 @@ class SizePolicy:
         steps take from now on, its ms, that one's ms)."""
         kept = fastest_sizes(times, kinds)
         moves = moved_sizes(times, kept)
-        assert all(kinds[to] == kinds[size] for size, (to, _, _) in moves.items()), kinds  # one range a kind
+        assert all(kinds[to] == kinds[size] for size, (to, _, _) in moves.items()), (
+            kinds
+        )  # one range a kind
         self.decode_sizes = [size for size in self.decode_sizes if size not in moves]
         return moves
 

@@ -1,4 +1,5 @@
 """The runner's start-up log lines: what the CUDA graphs took and kept, and the Triton compiles."""
+
 from __future__ import annotations
 
 import logging
@@ -12,16 +13,31 @@ from pagedlm.worker.sizes import Moves
 logger = logging.getLogger("pagedlm")
 
 
-def log_graphs_captured(graphs: DecodeGraphs, piecewise: PiecewiseGraphs | None, seconds: float,
-                        graph_bytes: int, reserved_bytes: int | None) -> None:
+def log_graphs_captured(
+    graphs: DecodeGraphs,
+    piecewise: PiecewiseGraphs | None,
+    seconds: float,
+    graph_bytes: int,
+    reserved_bytes: int | None,
+) -> None:
     """reserved_bytes: what the trial capture reserved before the KV cache was sized (None: its size
     was given)."""
-    pieces = ("none" if piecewise is None else
-              f"{len(piecewise.sizes)} token counts ({piecewise.sizes[0]}..{piecewise.max_size})")
-    logger.info("CUDA graphs: %d pure-decode batch sizes (%d..%d), piecewise %s, captured in %.2f s; "
-                "they take %.3f GiB (reserved before sizing the KV cache: %s)",
-                len(graphs.sizes), graphs.sizes[0], graphs.max_size, pieces, seconds, graph_bytes / GiB,
-                "none, its size was given" if reserved_bytes is None else f"{reserved_bytes / GiB:.3f} GiB")
+    pieces = (
+        "none"
+        if piecewise is None
+        else f"{len(piecewise.sizes)} token counts ({piecewise.sizes[0]}..{piecewise.max_size})"
+    )
+    logger.info(
+        "CUDA graphs: %d pure-decode batch sizes (%d..%d), piecewise %s, captured in %.2f s; "
+        "they take %.3f GiB (reserved before sizing the KV cache: %s)",
+        len(graphs.sizes),
+        graphs.sizes[0],
+        graphs.max_size,
+        pieces,
+        seconds,
+        graph_bytes / GiB,
+        "none, its size was given" if reserved_bytes is None else f"{reserved_bytes / GiB:.3f} GiB",
+    )
 
 
 def log_every_size_kept() -> None:
@@ -31,9 +47,13 @@ def log_every_size_kept() -> None:
 def log_graph_sizes_kept(moved: Moves, moved_piecewise: Moves | None, seconds: float) -> None:
     """moved: the decode sizes the timing dropped; moved_piecewise: the piecewise graphs' (None: none
     captured)."""
-    logger.info("CUDA graphs: replays timed in %.2f s; batch sizes that take a larger graph, measured "
-                "faster: %s; piecewise token counts: %s", seconds, _moves(moved),
-                "none captured" if moved_piecewise is None else _moves(moved_piecewise))
+    logger.info(
+        "CUDA graphs: replays timed in %.2f s; batch sizes that take a larger graph, measured "
+        "faster: %s; piecewise token counts: %s",
+        seconds,
+        _moves(moved),
+        "none captured" if moved_piecewise is None else _moves(moved_piecewise),
+    )
 
 
 def log_start_up_compiles(first_event: int) -> None:
@@ -41,10 +61,20 @@ def log_start_up_compiles(first_event: int) -> None:
     one while serving."""
     watch = compile_watch()
     events = watch.since(first_event)
-    logger.info("Triton: %d kernel specialisations compiled (or loaded from the disk cache) in %.1f s "
-                "at start-up", len(events), sum(e.seconds for e in events))
+    logger.info(
+        "Triton: %d kernel specialisations compiled (or loaded from the disk cache) in %.1f s "
+        "at start-up",
+        len(events),
+        sum(e.seconds for e in events),
+    )
     watch.serving()
 
 
 def _moves(moved: Moves) -> str:
-    return ", ".join(f"{size} -> {to} ({ms:.2f} -> {to_ms:.2f} ms)" for size, (to, ms, to_ms) in moved.items()) or "none"
+    return (
+        ", ".join(
+            f"{size} -> {to} ({ms:.2f} -> {to_ms:.2f} ms)"
+            for size, (to, ms, to_ms) in moved.items()
+        )
+        or "none"
+    )

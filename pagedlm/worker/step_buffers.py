@@ -37,6 +37,7 @@ not write go over too (e.g. the input_ids of an all-placeholder step): nothing r
 the real ones of a decode-shaped step's sequence sections are padded (pad_decode) even when the
 step runs eagerly, since a later step of the same rows may replay a graph over them unchanged.
 """
+
 from __future__ import annotations
 
 import math
@@ -71,24 +72,32 @@ class PrefixViews:
         last = self._last.get(key)
         if last is not None and last[0] == shape:
             return last[1]
-        view = self._tensors[name][:math.prod(shape)].view(shape)
+        view = self._tensors[name][: math.prod(shape)].view(shape)
         self._last[key] = (shape, view)
         return view
 
 
-def _section_specs(num_tokens: int, num_seqs: int,
-                   max_num_blocks_per_req: int) -> list[tuple[str, int, torch.dtype]]:
+def _section_specs(
+    num_tokens: int, num_seqs: int, max_num_blocks_per_req: int
+) -> list[tuple[str, int, torch.dtype]]:
     """(name, capacity, dtype) of the sections A, B, C in layout order."""
-    return [("input_ids", num_tokens, torch.int64), ("positions", num_tokens, torch.int64),
-            ("slot_mapping", num_tokens, torch.int64), ("seq_lens", num_seqs, torch.int32),
-            ("query_start_loc", num_seqs + 1, torch.int32), ("decode_order", num_seqs, torch.int32),
-            ("logits_indices", num_seqs, torch.int64), ("sample_rows", num_seqs, torch.int64),
-            ("input_src", num_tokens, torch.int64),
-            ("block_table", num_seqs * max_num_blocks_per_req, torch.int32)]
+    return [
+        ("input_ids", num_tokens, torch.int64),
+        ("positions", num_tokens, torch.int64),
+        ("slot_mapping", num_tokens, torch.int64),
+        ("seq_lens", num_seqs, torch.int32),
+        ("query_start_loc", num_seqs + 1, torch.int32),
+        ("decode_order", num_seqs, torch.int32),
+        ("logits_indices", num_seqs, torch.int64),
+        ("sample_rows", num_seqs, torch.int64),
+        ("input_src", num_tokens, torch.int64),
+        ("block_table", num_seqs * max_num_blocks_per_req, torch.int32),
+    ]
 
 
-def _offsets(num_head_ids: int, num_tokens: int, num_seqs: int,
-             max_num_blocks_per_req: int) -> dict[str, tuple[int, int, torch.dtype]]:
+def _offsets(
+    num_head_ids: int, num_tokens: int, num_seqs: int, max_num_blocks_per_req: int
+) -> dict[str, tuple[int, int, torch.dtype]]:
     """name -> (first byte, byte past the last, dtype) of each section of one layout."""
     offsets = {}
     start = num_head_ids * 8
@@ -103,8 +112,13 @@ class Sections:
     """The section views of one layout (bucketed num_tokens, num_seqs) of a StepBuffers set:
     `tensors` (full capacity), `arrays` (numpy views, host sets), `prefix(name, *shape)`."""
 
-    def __init__(self, flat: torch.Tensor, flat_np: np.ndarray | None,
-                 offsets: dict[str, tuple[int, int, torch.dtype]], num_seqs: int) -> None:
+    def __init__(
+        self,
+        flat: torch.Tensor,
+        flat_np: np.ndarray | None,
+        offsets: dict[str, tuple[int, int, torch.dtype]],
+        num_seqs: int,
+    ) -> None:
         self.num_seqs = num_seqs  # S: capacity of the sequence sections
         self.tensors: dict[str, torch.Tensor] = {}
         self.arrays: dict[str, np.ndarray] = {}
@@ -113,7 +127,7 @@ class Sections:
             if flat_np is not None:
                 self.arrays[name] = flat_np[start:end].view(_NUMPY[dtype])
         # [num_head_ids + T]: the head and input_ids, the table input_src indexes
-        self.tensors["ids_table"] = flat[:offsets["input_ids"][1]].view(torch.int64)
+        self.tensors["ids_table"] = flat[: offsets["input_ids"][1]].view(torch.int64)
         self.prefix = PrefixViews(self.tensors).get
         self._end_a, self._end_b = offsets[_LAST_OF_A][1], offsets[_LAST_OF_B][1]
         self._table_start = offsets["block_table"][0]
@@ -131,28 +145,44 @@ class StepBuffers:
     bucket: the capacity a token or sequence count rounds up to (SizePolicy.step_bucket); it may
     change later (the graph timing) but never beyond what it gives for the largest counts now."""
 
-    def __init__(self, max_num_tokens: int, max_num_reqs: int, max_num_blocks_per_req: int,
-                 device: torch.device, pin: bool, bucket: Callable[[int], int],
-                 num_head_ids: int = 0) -> None:
+    def __init__(
+        self,
+        max_num_tokens: int,
+        max_num_reqs: int,
+        max_num_blocks_per_req: int,
+        device: torch.device,
+        pin: bool,
+        bucket: Callable[[int], int],
+        num_head_ids: int = 0,
+    ) -> None:
         self.max_num_reqs = max_num_reqs
         self.num_head_ids = num_head_ids = _align(num_head_ids * 8) // 8  # input_ids starts aligned
         self._max_num_blocks_per_req = max_num_blocks_per_req
         self.bucket = bucket  # few layouts: each new one costs ~0.1 ms of host per set to lay out
-        largest = _offsets(num_head_ids, bucket(max_num_tokens), bucket(max_num_reqs),
-                           max_num_blocks_per_req)
-        self.flat = torch.zeros(largest["block_table"][1], dtype=torch.uint8, device=device,
-                                pin_memory=pin)
+        largest = _offsets(
+            num_head_ids, bucket(max_num_tokens), bucket(max_num_reqs), max_num_blocks_per_req
+        )
+        self.flat = torch.zeros(
+            largest["block_table"][1], dtype=torch.uint8, device=device, pin_memory=pin
+        )
         on_host = self.flat.device.type == "cpu"
-        self._flat_np = self.flat.numpy() if on_host else None  # sync-ok: a host tensor, at start-up
-        self.head = self.flat[:num_head_ids * 8].view(torch.int64)  # [num_head_ids]
-        self._head_np = self._flat_np[:num_head_ids * 8].view(np.int64) if on_host else None
-        self.words = self.flat[num_head_ids * 8:].view(torch.int32)  # what copy_from and stage-in copy
+        self._flat_np = (
+            self.flat.numpy() if on_host else None
+        )  # sync-ok: a host tensor, at start-up
+        self.head = self.flat[: num_head_ids * 8].view(torch.int64)  # [num_head_ids]
+        self._head_np = self._flat_np[: num_head_ids * 8].view(np.int64) if on_host else None
+        self.words = self.flat[num_head_ids * 8 :].view(
+            torch.int32
+        )  # what copy_from and stage-in copy
         self._sections: dict[tuple[int, int], Sections] = {}
         self._ranges: dict[int, torch.Tensor] = {}  # end -> bytes [end of the head, end)
         num_rows = max(bucket(max_num_tokens), bucket(max_num_reqs))
         # [largest T or S] int64: numpy on a host set, else a tensor on the set's device
-        self.arange: Rows = (np.arange(num_rows, dtype=np.int64) if on_host
-                             else torch.arange(num_rows, device=self.flat.device))
+        self.arange: Rows = (
+            np.arange(num_rows, dtype=np.int64)
+            if on_host
+            else torch.arange(num_rows, device=self.flat.device)
+        )
 
     def sections(self, num_tokens: int, num_seqs: int) -> Sections:
         """The layout for a step of these (already bucketed) counts."""
@@ -161,8 +191,9 @@ class StepBuffers:
         if sections is None:
             if len(self._sections) >= MAX_CACHED_LAYOUTS:  # the oldest layout goes
                 del self._sections[next(iter(self._sections))]
-            offsets = _offsets(self.num_head_ids, num_tokens, num_seqs,
-                               self._max_num_blocks_per_req)
+            offsets = _offsets(
+                self.num_head_ids, num_tokens, num_seqs, self._max_num_blocks_per_req
+            )
             sections = Sections(self.flat, self._flat_np, offsets, num_seqs)
             self._sections[key] = sections
         return sections
@@ -184,11 +215,12 @@ class StepBuffers:
         if view is None:
             if len(self._ranges) >= MAX_CACHED_LAYOUTS:
                 del self._ranges[next(iter(self._ranges))]
-            view = self._ranges[end] = self.flat[self.num_head_ids * 8:end]
+            view = self._ranges[end] = self.flat[self.num_head_ids * 8 : end]
         return view
 
-    def pad_decode(self, sections: Sections, num_seqs: int, num_samples: int,
-                   seq_sections: bool) -> None:
+    def pad_decode(
+        self, sections: Sections, num_seqs: int, num_samples: int, seq_sections: bool
+    ) -> None:
         """Rows [num_seqs, S) of a decode batch (one token per sequence) as padding, for a CUDA graph
         of S = sections.num_seqs sequences: token 0 (input_src points at its input_ids entry) at
         position 0, slot -1 (no KV write), seq_len 0 and no query (query_start_loc stays at
@@ -207,7 +239,7 @@ class StepBuffers:
         rows["seq_lens"][pad] = 0
         if not seq_sections:
             return
-        rows["query_start_loc"][num_seqs:size + 1] = num_seqs  # [num_seqs]: the real rows' end
+        rows["query_start_loc"][num_seqs : size + 1] = num_seqs  # [num_seqs]: the real rows' end
         rows["decode_order"][pad] = arange[pad]
         rows["input_src"][pad] = arange[pad] + self.num_head_ids
         rows["sample_rows"][num_samples:size] = arange[num_samples:size] + self.max_num_reqs

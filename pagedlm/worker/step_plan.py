@@ -12,6 +12,7 @@ The mode, by precedence:
 A decode-shaped step within the decode graphs is padded to its graph size even when it runs eagerly
 (pads_decode): a later step over the same rows may replay a graph over its sequence sections.
 """
+
 from __future__ import annotations
 
 import enum
@@ -36,7 +37,9 @@ class StepPlan(NamedTuple):
     slot: int  # the staging set, pinned output of sampled ids and event the step uses
     layout: BatchLayout
     mode: StepMode
-    graph_size: int | None  # the replayed graphs' size (decode: sequences; piecewise: tokens); None: eager
+    graph_size: (
+        int | None
+    )  # the replayed graphs' size (decode: sequences; piecewise: tokens); None: eager
     pads_decode: bool  # rows [num_seqs, bucket_seqs) are written as a decode graph's padding rows
     copy_end: int  # the byte the step's input copy (or a staged graph's stage-in) ends at
     staged: Sections  # the staging set's sections of the layout (host)
@@ -52,8 +55,17 @@ class StepPlan(NamedTuple):
         return self.slot if self.mode is StepMode.STAGED_GRAPH else None
 
 
-def plan_step(step_id: int, slot: int, layout: BatchLayout, staged: Sections, inputs: Sections,
-              sizes: SizePolicy, decode_graphs: bool, staged_graphs: bool, piecewise_graphs: bool) -> StepPlan:
+def plan_step(
+    step_id: int,
+    slot: int,
+    layout: BatchLayout,
+    staged: Sections,
+    inputs: Sections,
+    sizes: SizePolicy,
+    decode_graphs: bool,
+    staged_graphs: bool,
+    piecewise_graphs: bool,
+) -> StepPlan:
     """The plan of a laid-out step (module notes); decode_graphs, staged_graphs, piecewise_graphs: which
     graphs the runner holds (staged ones: decode graphs that stage their inputs in up to
     SizePolicy.is_staged)."""
@@ -61,7 +73,10 @@ def plan_step(step_id: int, slot: int, layout: BatchLayout, staged: Sections, in
     if decode_graphs and layout.num_tokens == layout.num_seqs:
         decode_size = sizes.decode_graph_size(layout.num_seqs)
         # one source of truth: the step buffers laid the step out at the graph's size
-        assert decode_size is None or decode_size == layout.bucket_seqs, (decode_size, layout.bucket_seqs)
+        assert decode_size is None or decode_size == layout.bucket_seqs, (
+            decode_size,
+            layout.bucket_seqs,
+        )
     num_table_elems = layout.num_table_elems_to_copy
     copy_end = staged.copy_end(not layout.reuse_seq_sections, num_table_elems)
     mode, graph_size = StepMode.EAGER, None
@@ -69,9 +84,21 @@ def plan_step(step_id: int, slot: int, layout: BatchLayout, staged: Sections, in
         pass  # prompt_embeds rows replace the embedding lookup, which the graphs hold
     elif decode_size is not None:
         staged_in = staged_graphs and sizes.is_staged(decode_size) and not num_table_elems
-        mode, graph_size = (StepMode.STAGED_GRAPH if staged_in else StepMode.DECODE_GRAPH), decode_size
+        mode, graph_size = (
+            (StepMode.STAGED_GRAPH if staged_in else StepMode.DECODE_GRAPH),
+            decode_size,
+        )
     elif piecewise_graphs:
         graph_size = sizes.piecewise_size(layout.num_tokens)
         mode = StepMode.EAGER if graph_size is None else StepMode.PIECEWISE
-    return StepPlan(step_id=step_id, slot=slot, layout=layout, mode=mode, graph_size=graph_size,
-                    pads_decode=decode_size is not None, copy_end=copy_end, staged=staged, inputs=inputs)
+    return StepPlan(
+        step_id=step_id,
+        slot=slot,
+        layout=layout,
+        mode=mode,
+        graph_size=graph_size,
+        pads_decode=decode_size is not None,
+        copy_end=copy_end,
+        staged=staged,
+        inputs=inputs,
+    )

@@ -1,5 +1,6 @@
 """The torch backends (the per-sequence reference and the CPU one with batched decodes) against a
 dense per-query reference written independently of both."""
+
 from __future__ import annotations
 
 import math
@@ -8,9 +9,13 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from pagedlm.attention.backend import AttentionMetadata
-from pagedlm.attention.torch_batched import BUCKET_GROWTH, TorchBatchedAttentionBackend, bucket_bounds
 from pagedlm.attention import torch_ref
+from pagedlm.attention.backend import AttentionMetadata
+from pagedlm.attention.torch_batched import (
+    BUCKET_GROWTH,
+    TorchBatchedAttentionBackend,
+    bucket_bounds,
+)
 from pagedlm.attention.torch_ref import TorchAttentionBackend
 
 NUM_HEADS = 4
@@ -43,8 +48,9 @@ class Case:
     spare_slots: torch.Tensor  # slots nobody owns: must stay NaN
 
 
-def _block_tables(seqs: list[tuple[int, int]], block_size: int, gen: torch.Generator
-                  ) -> tuple[torch.Tensor, int, int]:
+def _block_tables(
+    seqs: list[tuple[int, int]], block_size: int, gen: torch.Generator
+) -> tuple[torch.Tensor, int, int]:
     """Random disjoint block ids per sequence; unused entries point at a poisoned spare block,
     the last one, which is also where a slot of -1 would land if it were not skipped."""
     needed = [math.ceil((ctx + qlen) / block_size) for ctx, qlen in seqs]
@@ -54,23 +60,30 @@ def _block_tables(seqs: list[tuple[int, int]], block_size: int, gen: torch.Gener
     table = torch.full((len(seqs), max(needed) + 1), spare_block, dtype=torch.int32)
     used = 0
     for seq, count in enumerate(needed):
-        table[seq, :count] = perm[used:used + count].to(torch.int32)
+        table[seq, :count] = perm[used : used + count].to(torch.int32)
         used += count
     return table, num_blocks, spare_block
 
 
-def make_case(seqs: list[tuple[int, int]], num_kv_heads: int, block_size: int,
-              dtype: torch.dtype, seed: int) -> Case:
+def make_case(
+    seqs: list[tuple[int, int]], num_kv_heads: int, block_size: int, dtype: torch.dtype, seed: int
+) -> Case:
     gen = torch.Generator().manual_seed(seed)
     table, num_blocks, spare_block = _block_tables(seqs, block_size, gen)
-    kv_cache = torch.full((2, num_blocks, block_size, num_kv_heads, HEAD_DIM), float("nan"), dtype=dtype)
+    kv_cache = torch.full(
+        (2, num_blocks, block_size, num_kv_heads, HEAD_DIM), float("nan"), dtype=dtype
+    )
     kv_flat = kv_cache.view(2, -1, num_kv_heads, HEAD_DIM)
     k_full, v_full, k_rows, v_rows, slots, starts = [], [], [], [], [], [0]
     for seq, (ctx, qlen) in enumerate(seqs):
         k_seq = torch.randn(ctx + qlen, num_kv_heads, HEAD_DIM, generator=gen).to(dtype)
         v_seq = torch.randn(ctx + qlen, num_kv_heads, HEAD_DIM, generator=gen).to(dtype)
-        seq_slots = torch.tensor([int(table[seq, t // block_size]) * block_size + t % block_size
-                                  for t in range(ctx + qlen)])
+        seq_slots = torch.tensor(
+            [
+                int(table[seq, t // block_size]) * block_size + t % block_size
+                for t in range(ctx + qlen)
+            ]
+        )
         kv_flat[0, seq_slots[:ctx]] = k_seq[:ctx]  # earlier steps already cached these
         kv_flat[1, seq_slots[:ctx]] = v_seq[:ctx]
         k_full.append(k_seq)
@@ -88,10 +101,17 @@ def make_case(seqs: list[tuple[int, int]], num_kv_heads: int, block_size: int,
     seq_lens = torch.tensor([ctx + qlen for ctx, qlen in seqs], dtype=torch.int32)
     query_start_loc = torch.tensor(starts, dtype=torch.int32)
     meta = AttentionMetadata(
-        num_tokens=num_tokens, num_seqs=len(seqs), max_query_len=max(q for _, q in seqs),
-        max_seq_len=int(seq_lens.max()), query_start_loc=query_start_loc.clone(),
-        seq_lens=seq_lens.clone(), slot_mapping=torch.cat(slots).to(torch.int64), block_table=table,
-        query_start_loc_cpu=query_start_loc, seq_lens_cpu=seq_lens)
+        num_tokens=num_tokens,
+        num_seqs=len(seqs),
+        max_query_len=max(q for _, q in seqs),
+        max_seq_len=int(seq_lens.max()),
+        query_start_loc=query_start_loc.clone(),
+        seq_lens=seq_lens.clone(),
+        slot_mapping=torch.cat(slots).to(torch.int64),
+        block_table=table,
+        query_start_loc_cpu=query_start_loc,
+        seq_lens_cpu=seq_lens,
+    )
     spare = torch.arange(spare_block * block_size, (spare_block + 1) * block_size)
     return Case(q, k_full, v_full, torch.cat(k_rows), torch.cat(v_rows), kv_cache, meta, spare)
 
@@ -102,8 +122,9 @@ def write_and_attend(backend, case: Case, scale: float, window: int | None) -> t
     return backend.attend(case.q, case.kv_cache, case.meta, scale, window)
 
 
-def dense_reference(q_seq: torch.Tensor, k_seq: torch.Tensor, v_seq: torch.Tensor,
-                    window: int | None, scale: float) -> torch.Tensor:
+def dense_reference(
+    q_seq: torch.Tensor, k_seq: torch.Tensor, v_seq: torch.Tensor, window: int | None, scale: float
+) -> torch.Tensor:
     """One query, one head at a time, in float64, over an explicit list of visible keys."""
     seq_len, qlen = k_seq.shape[0], q_seq.shape[0]
     group = NUM_HEADS // k_seq.shape[1]
@@ -112,8 +133,8 @@ def dense_reference(q_seq: torch.Tensor, k_seq: torch.Tensor, v_seq: torch.Tenso
         pos = seq_len - qlen + i
         first = 0 if window is None else max(0, pos - window + 1)
         for head in range(NUM_HEADS):
-            keys = k_seq[first:pos + 1, head // group].double()  # [num_visible, head_dim]
-            values = v_seq[first:pos + 1, head // group].double()
+            keys = k_seq[first : pos + 1, head // group].double()  # [num_visible, head_dim]
+            values = v_seq[first : pos + 1, head // group].double()
             weights = torch.softmax(keys @ q_seq[i, head].double() * scale, dim=0)
             out[i, head] = weights @ values
     return out
@@ -124,14 +145,23 @@ def dense_reference(q_seq: torch.Tensor, k_seq: torch.Tensor, v_seq: torch.Tenso
 @pytest.mark.parametrize("num_kv_heads", [4, 2, 1])  # GQA ratios 1, 2, 4
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 @pytest.mark.parametrize("backend", list(BACKENDS))
-def test_matches_dense_reference(backend: str, scenario: str, num_kv_heads: int, block_size: int,
-                                 dtype: torch.dtype) -> None:
+def test_matches_dense_reference(
+    backend: str, scenario: str, num_kv_heads: int, block_size: int, dtype: torch.dtype
+) -> None:
     seqs, window = SCENARIOS[scenario]
-    case = make_case(seqs, num_kv_heads, block_size, dtype, seed=list(SCENARIOS).index(scenario) * 10 + num_kv_heads)
-    scale = HEAD_DIM ** -0.5
+    case = make_case(
+        seqs,
+        num_kv_heads,
+        block_size,
+        dtype,
+        seed=list(SCENARIOS).index(scenario) * 10 + num_kv_heads,
+    )
+    scale = HEAD_DIM**-0.5
     out = write_and_attend(BACKENDS[backend](), case, scale, window)
     assert out.dtype == dtype and out.shape == case.q.shape
-    check_against_dense(case, out, seqs, window, scale, tol=1e-5 if dtype == torch.float32 else 2e-3)
+    check_against_dense(
+        case, out, seqs, window, scale, tol=1e-5 if dtype == torch.float32 else 2e-3
+    )
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
@@ -142,20 +172,27 @@ def test_query_tiles_match_dense_reference(backend: str, scenario: str, monkeypa
     monkeypatch.setattr(torch_ref, "QUERY_TILE", 8)
     seqs, window = SCENARIOS[scenario]
     case = make_case(seqs, 2, 16, torch.float32, seed=list(SCENARIOS).index(scenario) + 100)
-    scale = HEAD_DIM ** -0.5
+    scale = HEAD_DIM**-0.5
     out = write_and_attend(BACKENDS[backend](), case, scale, window)
     check_against_dense(case, out, seqs, window, scale, tol=1e-5)
 
 
-def check_against_dense(case: Case, out: torch.Tensor, seqs: list[tuple[int, int]],
-                        window: int | None, scale: float, tol: float) -> None:
+def check_against_dense(
+    case: Case,
+    out: torch.Tensor,
+    seqs: list[tuple[int, int]],
+    window: int | None,
+    scale: float,
+    tol: float,
+) -> None:
     starts = case.meta.query_start_loc_cpu.tolist()
     for seq in range(len(seqs)):
-        got = out[starts[seq]:starts[seq + 1]]
-        want = dense_reference(case.q[starts[seq]:starts[seq + 1]], case.k_full[seq], case.v_full[seq],
-                               window, scale)
+        got = out[starts[seq] : starts[seq + 1]]
+        want = dense_reference(
+            case.q[starts[seq] : starts[seq + 1]], case.k_full[seq], case.v_full[seq], window, scale
+        )
         torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
-    assert torch.all(out[starts[-1]:] == 0), "padding rows must not be attended"
+    assert torch.all(out[starts[-1] :] == 0), "padding rows must not be attended"
 
 
 @pytest.mark.parametrize("block_size", [16, 32])

@@ -7,17 +7,18 @@ read by the merge shows up as NaN. Each multi-split case holds a sequence shorte
 (at least 32 keys per split), so it has empty splits. The interpreter runs programs one after
 another: it checks the arithmetic and the counter protocol, not the memory ordering.
 """
+
 from __future__ import annotations
 
 import math
 
 import pytest
 import torch
+from test_triton_paged import DEVICE, check_output, make_batch, write_cache
 
 from pagedlm.attention.triton_decode import MAX_SPLITS, split_decode_attention
 from pagedlm.ops import counters
 from pagedlm.ops.counters import zeroed_counters
-from test_triton_paged import DEVICE, check_output, make_batch, write_cache
 
 # (ctx_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, sliding_window, dtype, num_splits);
 # a query_len of 0 is a padding sequence (seq_len 0 as in a CUDA graph's padding rows, or cached keys).
@@ -44,7 +45,9 @@ def nan_workspace(monkeypatch: pytest.MonkeyPatch) -> None:
         return t.fill_(math.nan) if t.is_floating_point() else t
 
     monkeypatch.setattr(torch, "empty", lambda *args, **kwargs: poison(empty(*args, **kwargs)))
-    monkeypatch.setattr(torch, "empty_like", lambda *args, **kwargs: poison(empty_like(*args, **kwargs)))
+    monkeypatch.setattr(
+        torch, "empty_like", lambda *args, **kwargs: poison(empty_like(*args, **kwargs))
+    )
 
 
 @pytest.fixture
@@ -55,17 +58,42 @@ def fresh_counters(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def run_case(batch, window: int | None, num_splits: int, scale: float = 0.3) -> torch.Tensor:
     """One call on a NaN-poisoned output, checked against the reference; the counters end at zero."""
-    out = split_decode_attention(batch.q, batch.kv_cache, batch.meta, scale, window, num_splits,
-                                 out=torch.full_like(batch.q, math.nan))
+    out = split_decode_attention(
+        batch.q,
+        batch.kv_cache,
+        batch.meta,
+        scale,
+        window,
+        num_splits,
+        out=torch.full_like(batch.q, math.nan),
+    )
     check_output(out, batch, scale, window)
     assert not zeroed_counters(batch.q.device, 0).any(), "every counter must be reset to 0"
     return out
 
 
 def case_batch(name: str, num_pad_tokens: int = 2):
-    ctx_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, window, dtype, num_splits = CASES[name]
-    batch = make_batch(ctx_lens, query_lens, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                       block_size=block_size, dtype=dtype, num_pad_tokens=num_pad_tokens)
+    (
+        ctx_lens,
+        query_lens,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        block_size,
+        window,
+        dtype,
+        num_splits,
+    ) = CASES[name]
+    batch = make_batch(
+        ctx_lens,
+        query_lens,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        dtype=dtype,
+        num_pad_tokens=num_pad_tokens,
+    )
     write_cache(batch)
     return batch, window, num_splits
 
@@ -78,7 +106,9 @@ def test_fused_split_decode(case: str) -> None:
 
 def test_bad_split_counts_are_refused() -> None:
     """The merge reads at most MAX_SPLITS partials: more splits would silently drop keys."""
-    batch = make_batch([70], [1], num_heads=2, num_kv_heads=2, head_dim=32, block_size=16, dtype=torch.float32)
+    batch = make_batch(
+        [70], [1], num_heads=2, num_kv_heads=2, head_dim=32, block_size=16, dtype=torch.float32
+    )
     for num_splits in (0, MAX_SPLITS + 1):
         with pytest.raises(ValueError, match=f"1 <= num_splits <= {MAX_SPLITS}"):
             split_decode_attention(batch.q, batch.kv_cache, batch.meta, 0.3, None, num_splits)
@@ -102,9 +132,21 @@ def test_same_call_twice_reuses_reset_counters() -> None:
 
 def test_batches_3_2_3_share_one_buffer(fresh_counters: None) -> None:
     buffers = []
-    for ctx_lens, query_lens in (([90, 7, 150], [1, 1, 1]), ([66, 0], [1, 1]), ([5, 120, 200], [1, 0, 1])):
-        batch = make_batch(ctx_lens, query_lens, num_heads=4, num_kv_heads=2, head_dim=32, block_size=16,
-                           dtype=torch.float32, num_pad_tokens=1)
+    for ctx_lens, query_lens in (
+        ([90, 7, 150], [1, 1, 1]),
+        ([66, 0], [1, 1]),
+        ([5, 120, 200], [1, 0, 1]),
+    ):
+        batch = make_batch(
+            ctx_lens,
+            query_lens,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=32,
+            block_size=16,
+            dtype=torch.float32,
+            num_pad_tokens=1,
+        )
         write_cache(batch)
         run_case(batch, None, 5)
         buffers.append(zeroed_counters(batch.q.device, 0))
@@ -115,10 +157,17 @@ def test_batches_3_2_3_share_one_buffer(fresh_counters: None) -> None:
 def test_counters_grow_for_a_larger_need(fresh_counters: None) -> None:
     device = torch.device(DEVICE)
     small = zeroed_counters(device, 4)
-    assert small.numel() == counters.MIN_COUNTERS and zeroed_counters(device, counters.MIN_COUNTERS) is small
+    assert (
+        small.numel() == counters.MIN_COUNTERS
+        and zeroed_counters(device, counters.MIN_COUNTERS) is small
+    )
     small[:] = 7  # a grown buffer is new and zero; the old one stays alive for graphs that hold it
     grown = zeroed_counters(device, counters.MIN_COUNTERS + 1)
-    assert grown.numel() == 2 * counters.MIN_COUNTERS and not grown.any() and grown.dtype == torch.int32
+    assert (
+        grown.numel() == 2 * counters.MIN_COUNTERS
+        and not grown.any()
+        and grown.dtype == torch.int32
+    )
     assert [t.data_ptr() for t in counters._buffers[device]] == [small.data_ptr(), grown.data_ptr()]
     small.zero_()
     batch, window, num_splits = case_batch("split2_gqa2_pad")

@@ -1,5 +1,6 @@
 """Test doubles for the planner: a fake model runner with a shadow KV cache, engine loops
 (sync and async) and a reference generator that needs no scheduler."""
+
 from __future__ import annotations
 
 import itertools
@@ -34,19 +35,33 @@ def position_next_token(context: list[int]) -> int:
 _arrival_clock = itertools.count()
 
 
-def make_request(req_id: str, prompt: list[int], max_tokens: int = 8, *, eos: tuple[int, ...] = (),
-                 priority: int = 0, arrival_time: float | None = None, **params) -> Request:
+def make_request(
+    req_id: str,
+    prompt: list[int],
+    max_tokens: int = 8,
+    *,
+    eos: tuple[int, ...] = (),
+    priority: int = 0,
+    arrival_time: float | None = None,
+    **params,
+) -> Request:
     """Requests made later arrive later, unless arrival_time says otherwise."""
     if arrival_time is None:
         arrival_time = float(next(_arrival_clock))
-    return Request(request_id=req_id, prompt_token_ids=list(prompt),
-                   sampling_params=SamplingParams(max_tokens=max_tokens, **params),
-                   eos_token_ids=frozenset(eos), max_tokens=max_tokens, priority=priority,
-                   arrival_time=arrival_time)
+    return Request(
+        request_id=req_id,
+        prompt_token_ids=list(prompt),
+        sampling_params=SamplingParams(max_tokens=max_tokens, **params),
+        eos_token_ids=frozenset(eos),
+        max_tokens=max_tokens,
+        priority=priority,
+        arrival_time=arrival_time,
+    )
 
 
-def engine_request(req_id: str, prompt: list[int], max_tokens: int, max_model_len: int,
-                   **kwargs) -> Request | None:
+def engine_request(
+    req_id: str, prompt: list[int], max_tokens: int, max_model_len: int, **kwargs
+) -> Request | None:
     """The request as LLMEngine hands it to the scheduler (max_tokens resolved by the engine's
     fit_context), or None when the engine refuses the prompt (empty, or no room to generate)."""
     try:
@@ -56,25 +71,40 @@ def engine_request(req_id: str, prompt: list[int], max_tokens: int, max_model_le
     return make_request(req_id, prompt, max_tokens, **kwargs)
 
 
-def make_scheduler(num_blocks: int = 64, block_size: int = 8, max_model_len: int = 256,
-                   max_num_seqs: int = 16, max_num_batched_tokens: int = 64, policy: str = "fcfs",
-                   enable_prefix_caching: bool = True, growth_reserve: bool = False) -> Scheduler:
+def make_scheduler(
+    num_blocks: int = 64,
+    block_size: int = 8,
+    max_model_len: int = 256,
+    max_num_seqs: int = 16,
+    max_num_batched_tokens: int = 64,
+    policy: str = "fcfs",
+    enable_prefix_caching: bool = True,
+    growth_reserve: bool = False,
+) -> Scheduler:
     """growth_reserve=False: admission by the prompt alone, so small pools preempt (what most tests
     here exercise); the reserve has its own tests."""
-    sched_config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                   policy=policy)
+    sched_config = SchedulerConfig(
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, policy=policy
+    )
     cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
     scheduler = Scheduler(sched_config, cache_config, num_blocks, max_model_len)
     scheduler.growth = GrowthEstimate(max_model_len, enabled=growth_reserve)
     return scheduler
 
 
-def reference_output(request: Request, max_model_len: int, next_token: NextToken) -> tuple[list[int], str]:
+def reference_output(
+    request: Request, max_model_len: int, next_token: NextToken
+) -> tuple[list[int], str]:
     """What the request must produce: the model run token by token, no scheduler."""
-    copy = make_request("ref", request.prompt_token_ids, request.max_tokens,
-                        eos=tuple(request.eos_token_ids), min_tokens=request.sampling_params.min_tokens,
-                        stop_token_ids=request.sampling_params.stop_token_ids,
-                        ignore_eos=request.sampling_params.ignore_eos)
+    copy = make_request(
+        "ref",
+        request.prompt_token_ids,
+        request.max_tokens,
+        eos=tuple(request.eos_token_ids),
+        min_tokens=request.sampling_params.min_tokens,
+        stop_token_ids=request.sampling_params.stop_token_ids,
+        ignore_eos=request.sampling_params.ignore_eos,
+    )
     while True:
         copy.append_output_token(next_token(copy.all_token_ids))
         status = copy.check_stop(max_model_len)
@@ -105,7 +135,9 @@ class FakeRunner:
         for req_id, num_tokens in so.num_scheduled_tokens.items():
             row = self.rows[req_id]
             for pos in range(row.num_computed, row.num_computed + num_tokens):
-                assert pos < len(row.token_ids), f"{req_id}: position {pos} scheduled before its token"
+                assert pos < len(row.token_ids), (
+                    f"{req_id}: position {pos} scheduled before its token"
+                )
                 self.kv[self._slot(row, pos)] = row.token_ids[pos]
             row.num_computed += num_tokens
         req_ids, sampled = [], []
@@ -122,8 +154,11 @@ class FakeRunner:
             self.rows.pop(req_id, None)
         for new in so.new_reqs:
             assert new.req_id not in self.rows
-            self.rows[new.req_id] = _Row(new.prompt_token_ids + new.output_token_ids,
-                                         list(new.block_ids), new.num_computed_tokens)
+            self.rows[new.req_id] = _Row(
+                new.prompt_token_ids + new.output_token_ids,
+                list(new.block_ids),
+                new.num_computed_tokens,
+            )
         for cached in so.cached_reqs:
             row = self.rows[cached.req_id]
             assert row.num_computed == cached.num_computed_tokens
@@ -166,8 +201,13 @@ def collect(results: dict[str, Result], outputs: list[EngineCoreOutput]) -> None
 StepHook = Callable[[Scheduler, SchedulerOutput], None]
 
 
-def run_engine(sched: Scheduler, runner: FakeRunner, depth: int = 0, on_step: StepHook | None = None,
-               max_steps: int = 2000) -> dict[str, Result]:
+def run_engine(
+    sched: Scheduler,
+    runner: FakeRunner,
+    depth: int = 0,
+    on_step: StepHook | None = None,
+    max_steps: int = 2000,
+) -> dict[str, Result]:
     """depth 0: schedule, execute, update (sync). depth d > 0: step N+d is scheduled (and run)
     before step N's output reaches the scheduler (async scheduling; the engine uses d = 1)."""
     results: dict[str, Result] = {}

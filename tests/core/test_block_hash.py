@@ -1,5 +1,6 @@
 """Prefix-cache block hashes (core/block_hash.py): sha256 chains over an injective encoding, equal in
 every process, with no collision where Python's tuple hash had one; prefix hits end to end."""
+
 from __future__ import annotations
 
 import hashlib
@@ -21,12 +22,13 @@ from pagedlm.core.kv_cache_manager import KVCacheManager
 from .fakes import make_request
 
 BLOCK_SIZE = 4
-INT64 = st.integers(-2**63, 2**63 - 1)
+INT64 = st.integers(-(2**63), 2**63 - 1)
 DIGESTS = st.binary(min_size=32, max_size=32)
 
 
-def _block_hashes(kv: KVCacheManager, prompt: list[int],
-                  cache_salt: str | None = None) -> list[bytes]:
+def _block_hashes(
+    kv: KVCacheManager, prompt: list[int], cache_salt: str | None = None
+) -> list[bytes]:
     """The chain over every full block but the one holding the last token (what a lookup hashes)."""
     request = make_request("probe", prompt)
     request.cache_salt = cache_salt
@@ -38,31 +40,47 @@ def _decode(data: bytes) -> tuple[bytes, list[int], bytes]:
     """The layout's inverse, written apart from the encoder: a left inverse proves injectivity."""
     parent, num_tokens = data[:32], int.from_bytes(data[32:36], "little")
     offset = 36 + 8 * num_tokens
-    tokens = [int.from_bytes(data[i:i + 8], "little", signed=True) for i in range(36, offset, 8)]
-    num_extra = int.from_bytes(data[offset:offset + 4], "little")
-    extra = data[offset + 4:]
+    tokens = [int.from_bytes(data[i : i + 8], "little", signed=True) for i in range(36, offset, 8)]
+    num_extra = int.from_bytes(data[offset : offset + 4], "little")
+    extra = data[offset + 4 :]
     assert len(extra) == num_extra, "trailing or missing bytes"
     return parent, tokens, extra
 
 
 def test_digest_follows_the_documented_layout():
     tokens = [1, 2, -3, 2**40]
-    layout = (hashlib.sha256(b"pagedlm prefix-cache block hash v1").digest() + (4).to_bytes(4, "little")
-              + b"".join(t.to_bytes(8, "little", signed=True) for t in tokens) + bytes(4))
+    layout = (
+        hashlib.sha256(b"pagedlm prefix-cache block hash v1").digest()
+        + (4).to_bytes(4, "little")
+        + b"".join(t.to_bytes(8, "little", signed=True) for t in tokens)
+        + bytes(4)
+    )
     digest = hash_block(None, tokens)
     assert isinstance(digest, bytes) and len(digest) == 32
     assert digest == hashlib.sha256(layout).digest()
-    assert hash_block(digest, [5]) == hashlib.sha256(
-        digest + (1).to_bytes(4, "little") + (5).to_bytes(8, "little") + bytes(4)).digest()
+    assert (
+        hash_block(digest, [5])
+        == hashlib.sha256(
+            digest + (1).to_bytes(4, "little") + (5).to_bytes(8, "little") + bytes(4)
+        ).digest()
+    )
 
 
-@given(parent=st.none() | DIGESTS, tokens=st.lists(INT64, max_size=20), extra=st.binary(max_size=40))
+@given(
+    parent=st.none() | DIGESTS, tokens=st.lists(INT64, max_size=20), extra=st.binary(max_size=40)
+)
 def test_encoding_decodes_back(parent: bytes | None, tokens: list[int], extra: bytes):
-    assert _decode(encode_block(parent, tokens, extra)) == (parent or ROOT_BLOCK_HASH, tokens, extra)
+    assert _decode(encode_block(parent, tokens, extra)) == (
+        parent or ROOT_BLOCK_HASH,
+        tokens,
+        extra,
+    )
 
 
-@given(a=st.tuples(DIGESTS, st.lists(st.integers(0, 300), max_size=6), st.binary(max_size=9)),
-       b=st.tuples(DIGESTS, st.lists(st.integers(0, 300), max_size=6), st.binary(max_size=9)))
+@given(
+    a=st.tuples(DIGESTS, st.lists(st.integers(0, 300), max_size=6), st.binary(max_size=9)),
+    b=st.tuples(DIGESTS, st.lists(st.integers(0, 300), max_size=6), st.binary(max_size=9)),
+)
 def test_different_inputs_never_share_an_encoding_or_a_hash(a, b):
     if a != b:
         assert encode_block(*a) != encode_block(*b)
@@ -72,9 +90,13 @@ def test_different_inputs_never_share_an_encoding_or_a_hash(a, b):
 def test_near_ambiguous_inputs_differ():
     """Splits a concatenating encoding would confuse: token boundaries, tokens vs extra keys."""
     two = (2).to_bytes(8, "little")
-    pairs = [((None, [1, 2], b""), (None, [1], two)), ((None, [12, 3], b""), (None, [1, 23], b"")),
-             ((None, [256], b""), (None, [1, 0], b"")), ((None, [], b""), (None, [0], b"")),
-             ((None, [1], b""), (None, [1], b"\0"))]
+    pairs = [
+        ((None, [1, 2], b""), (None, [1], two)),
+        ((None, [12, 3], b""), (None, [1, 23], b"")),
+        ((None, [256], b""), (None, [1, 0], b"")),
+        ((None, [], b""), (None, [0], b"")),
+        ((None, [1], b""), (None, [1], b"\0")),
+    ]
     for a, b in pairs:
         assert hash_block(*a) != hash_block(*b), (a, b)
 
@@ -94,7 +116,7 @@ def test_cache_salt_keys_the_first_block_and_so_the_whole_chain():
     salted = chains["tenant-a"]
     assert salted[0] == hash_block(None, prompt[:BLOCK_SIZE], b"salt:tenant-a")
     # no salt past block 0: the later blocks carry it through their parent only
-    assert salted[1] == hash_block(salted[0], prompt[BLOCK_SIZE:2 * BLOCK_SIZE])
+    assert salted[1] == hash_block(salted[0], prompt[BLOCK_SIZE : 2 * BLOCK_SIZE])
     assert chains[None][0] == hash_block(None, prompt[:BLOCK_SIZE])
 
 
@@ -154,12 +176,20 @@ def test_hashes_are_equal_across_processes_whatever_the_hash_seed():
     source = str(Path(__file__).resolve().parents[2] / "pagedlm" / "core" / "block_hash.py")
     for seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        done = subprocess.run([sys.executable, "-c", _CHILD, source, json.dumps(prompt)], env=env,
-                              capture_output=True, text=True, timeout=60, check=True)
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD, source, json.dumps(prompt)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
         assert json.loads(done.stdout) == expected
 
 
-@pytest.mark.parametrize("victim, attacker", [([-1] * 4, [-2] * 4), ([0, 1, 2, 3], [2**61 - 1, 1, 2, 3])])
+@pytest.mark.parametrize(
+    "victim, attacker", [([-1] * 4, [-2] * 4), ([0, 1, 2, 3], [2**61 - 1, 1, 2, 3])]
+)
 def test_old_tuple_hash_collisions_are_no_hit(victim: list[int], attacker: list[int]):
     """CPython's hash(-1) == hash(-2) and ints hash modulo 2**61 - 1, so the old key
     hash((parent, tuple(tokens), extras)) collided for these blocks; now the attacker's prompt misses.
@@ -170,7 +200,9 @@ def test_old_tuple_hash_collisions_are_no_hit(victim: list[int], attacker: list[
     hits, _ = kv.get_computed_blocks(owner)
     assert kv.allocate_slots(owner, owner.num_tokens, hits) is not None  # registers the full block
     assert kv.get_computed_blocks(make_request("attacker", attacker + [7]))[1] == 0
-    assert kv.get_computed_blocks(make_request("again", victim + [7]))[1] == BLOCK_SIZE  # the control
+    assert (
+        kv.get_computed_blocks(make_request("again", victim + [7]))[1] == BLOCK_SIZE
+    )  # the control
 
 
 def test_bad_input_names_the_parameter():
@@ -188,8 +220,15 @@ def test_prefix_hits_end_to_end_on_the_tiny_model(tmp_path: Path):
     model = save_tiny_model(tmp_path, "llama")
     (prefix,) = random_prompts(1, 32, 32, seed=3)
     prompts = [prefix + [5, 6, 7], prefix + [9, 10], [(prefix[0] + 1) % 256] + prefix[1:] + [9, 10]]
-    llm = LLM(str(tmp_path), dtype="float32", skip_tokenizer_init=True, max_model_len=64,
-              num_gpu_blocks_override=32, block_size=16, device="cpu")
+    llm = LLM(
+        str(tmp_path),
+        dtype="float32",
+        skip_tokenizer_init=True,
+        max_model_len=64,
+        num_gpu_blocks_override=32,
+        block_size=16,
+        device="cpu",
+    )
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     outputs = [llm.generate([prompt], params, use_tqdm=False)[0] for prompt in prompts]
     assert [o.num_cached_tokens for o in outputs] == [0, 32, 0]
@@ -204,11 +243,20 @@ def test_cache_salt_isolates_prefix_hits_on_the_tiny_model(tmp_path: Path):
 
     save_tiny_model(tmp_path, "llama")
     (prompt,) = random_prompts(1, 40, 40, seed=4)
-    llm = LLM(str(tmp_path), dtype="float32", skip_tokenizer_init=True, max_model_len=64,
-              num_gpu_blocks_override=32, block_size=16, device="cpu")
+    llm = LLM(
+        str(tmp_path),
+        dtype="float32",
+        skip_tokenizer_init=True,
+        max_model_len=64,
+        num_gpu_blocks_override=32,
+        block_size=16,
+        device="cpu",
+    )
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     salts = ["a", "a", "b", None, None]
-    outputs = [llm.generate({"prompt_token_ids": prompt, "cache_salt": salt}, params,
-                            use_tqdm=False)[0] for salt in salts]
+    outputs = [
+        llm.generate({"prompt_token_ids": prompt, "cache_salt": salt}, params, use_tqdm=False)[0]
+        for salt in salts
+    ]
     assert [o.num_cached_tokens for o in outputs] == [0, 32, 0, 0, 32]
     assert len({tuple(o.outputs[0].token_ids) for o in outputs}) == 1

@@ -38,7 +38,11 @@ class KVCacheMachine(RuleBasedStateMachine):
     def init(self, num_blocks: int, caching: bool) -> None:
         self.kv = KVCacheManager(num_blocks, BLOCK_SIZE, caching)
 
-    @rule(prefix=st.sampled_from(PREFIXES), suffix=st.lists(st.integers(0, 9), max_size=5), data=st.data())
+    @rule(
+        prefix=st.sampled_from(PREFIXES),
+        suffix=st.lists(st.integers(0, 9), max_size=5),
+        data=st.data(),
+    )
     def add(self, prefix: list[int], suffix: list[int], data: st.DataObject) -> None:
         self.num_added += 1
         self._admit(make_request(f"r{self.num_added}", prefix + suffix), data)
@@ -67,7 +71,9 @@ class KVCacheMachine(RuleBasedStateMachine):
         self._write(request, request.num_computed_tokens, request.num_computed_tokens + num_new)
         request.num_computed_tokens += num_new
 
-    @precondition(lambda self: any(r.num_computed_tokens >= r.num_tokens for r in self.reqs.values()))
+    @precondition(
+        lambda self: any(r.num_computed_tokens >= r.num_tokens for r in self.reqs.values())
+    )
     @rule(data=st.data(), token=st.integers(0, 9))
     def append_sampled_token(self, data: st.DataObject, token: int) -> None:
         ready = sorted(i for i, r in self.reqs.items() if r.num_computed_tokens >= r.num_tokens)
@@ -104,9 +110,15 @@ class KVCacheMachine(RuleBasedStateMachine):
 
     def _snapshot(self) -> tuple:
         pool = self.kv.pool
-        return (list(pool.ref_cnts), list(pool.free_queue), dict(pool.cached), list(pool.block_hashes),
-                {k: list(v) for k, v in self.kv.req_to_blocks.items()},
-                self.kv.prefix_cache_queries, self.kv.prefix_cache_hits)
+        return (
+            list(pool.ref_cnts),
+            list(pool.free_queue),
+            dict(pool.cached),
+            list(pool.block_hashes),
+            {k: list(v) for k, v in self.kv.req_to_blocks.items()},
+            self.kv.prefix_cache_queries,
+            self.kv.prefix_cache_hits,
+        )
 
     @invariant()
     def block_accounting(self) -> None:
@@ -165,7 +177,9 @@ def test_repeat_prompt_hits_full_blocks_and_leaves_one_token():
     kv.free(first)
     assert _computed(kv, make_request("b", list(range(10)))) == first_blocks[:2]
     assert kv.get_block_ids("b")[:2] == first_blocks[:2]
-    assert kv.get_computed_blocks(make_request("c", list(range(8))))[1] == 4  # one token left to compute
+    assert (
+        kv.get_computed_blocks(make_request("c", list(range(8))))[1] == 4
+    )  # one token left to compute
     assert kv.get_computed_blocks(make_request("d", [0, 1, 2, 3, 9, 9, 9, 9, 9]))[1] == 4
     assert kv.get_computed_blocks(make_request("e", [9, 1, 2, 3, 4, 5, 6, 7, 8]))[1] == 0
     # Lookups count once their allocation succeeds: "a" missed 10 tokens, "b" hit 8 of 10.

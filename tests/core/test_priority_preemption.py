@@ -3,6 +3,7 @@ takes their blocks, the victim being the running request of largest (priority, a
 in vLLM; the rules are in pagedlm/core/scheduler.py's module notes. FCFS is unchanged: its tests
 are test_scheduler.py's. CPU only: the scheduler with the fake runner, then the engine on a tiny
 model."""
+
 from __future__ import annotations
 
 import itertools
@@ -23,14 +24,24 @@ from pagedlm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagedlm.core.scheduler import Scheduler
 from pagedlm.request import Request
 
-from .fakes import (VOCAB, FakeRunner, Result, collect, make_request, make_scheduler,
-                    mixing_next_token, reference_output, run_engine)
+from .fakes import (
+    VOCAB,
+    FakeRunner,
+    Result,
+    collect,
+    make_request,
+    make_scheduler,
+    mixing_next_token,
+    reference_output,
+    run_engine,
+)
 from .test_scheduler import _check_step
 from .test_scheduler_robustness import _check_blocks, _ReadOrderRunner
 
 
-def _run(sched: Scheduler, depth: int, arrivals: dict[int, Request] | None = None
-         ) -> tuple[list[SchedulerOutput], dict[str, Result]]:
+def _run(
+    sched: Scheduler, depth: int, arrivals: dict[int, Request] | None = None
+) -> tuple[list[SchedulerOutput], dict[str, Result]]:
     """Runs to the end with the fake runner, checking every step; arrivals[n] is added right after
     the n-th schedule() (counting from 0), before the step runs."""
     arrivals = dict(arrivals or {})
@@ -43,22 +54,30 @@ def _run(sched: Scheduler, depth: int, arrivals: dict[int, Request] | None = Non
         if len(steps) - 1 in arrivals:
             s.add_request(arrivals.pop(len(steps) - 1))
 
-    results = run_engine(sched, FakeRunner(sched.kv_cache_manager.block_size), depth, on_step=on_step)
+    results = run_engine(
+        sched, FakeRunner(sched.kv_cache_manager.block_size), depth, on_step=on_step
+    )
     return steps, results
 
 
 def _steps_where(steps: list[SchedulerOutput], req_id: str, *, admitted: bool) -> list[int]:
     """Indexes of the steps that admit `req_id` (new_reqs), or that drop it from the worker first
     (finished_req_ids: preempted while planning the step, or finished before it)."""
-    return [n for n, so in enumerate(steps)
-            if req_id in ({new.req_id for new in so.new_reqs} if admitted else so.finished_req_ids)]
+    return [
+        n
+        for n, so in enumerate(steps)
+        if req_id in ({new.req_id for new in so.new_reqs} if admitted else so.finished_req_ids)
+    ]
 
 
-def _assert_reference(sched: Scheduler, requests: list[Request], results: dict[str, Result]) -> None:
+def _assert_reference(
+    sched: Scheduler, requests: list[Request], results: dict[str, Result]
+) -> None:
     for request in requests:
         got = results[request.request_id]
-        assert (got.token_ids, got.finish_reason) == \
-            reference_output(request, sched.max_model_len, mixing_next_token)
+        assert (got.token_ids, got.finish_reason) == reference_output(
+            request, sched.max_model_len, mixing_next_token
+        )
 
 
 @pytest.mark.parametrize("depth", [0, 1, 2])
@@ -80,7 +99,9 @@ def test_a_higher_priority_arrival_takes_the_lowest_running_requests_blocks(dept
     first, resumed = _steps_where(steps, "low", admitted=True)
     assert first == 0 and resumed > 2
     # Resumed with the one token it had sampled (in flight at the preemption when depth > 0).
-    assert [new.output_token_ids for new in steps[resumed].new_reqs] == [results["low"].token_ids[:1]]
+    assert [new.output_token_ids for new in steps[resumed].new_reqs] == [
+        results["low"].token_ids[:1]
+    ]
     assert (a.num_preemptions, low.num_preemptions, high.num_preemptions) == (0, 1, 0)
     _assert_reference(sched, [a, low, high], results)
 
@@ -88,7 +109,7 @@ def test_a_higher_priority_arrival_takes_the_lowest_running_requests_blocks(dept
 @pytest.mark.parametrize("depth", [0, 1])
 @pytest.mark.parametrize("arrival_priority, preempts", [(1, False), (0, False), (-1, True)])
 def test_only_a_higher_priority_arrival_preempts(arrival_priority: int, preempts: bool, depth: int):
-    """"h1" and "h2" (priority 0) run in 6 blocks of 8; "x" arrives needing 4 blocks it cannot get.
+    """ "h1" and "h2" (priority 0) run in 6 blocks of 8; "x" arrives needing 4 blocks it cannot get.
     A lower-priority arrival (1), or an equal one that came later (0), waits for blocks to free up;
     a higher one (-1) takes h2's blocks (the lowest running) while h1 runs on."""
     sched = make_scheduler(num_blocks=7, max_model_len=64, policy="priority")
@@ -105,8 +126,10 @@ def test_only_a_higher_priority_arrival_preempts(arrival_priority: int, preempts
     else:
         assert sched.get_stats().num_preemptions == 0
         # x needs 4 blocks: it gets them once h1 (2) and h2 (3 of the 6) have both finished.
-        assert _steps_where(steps, "x", admitted=True)[0] >= max(_steps_where(steps, "h1", admitted=False)[0],
-                                                                 _steps_where(steps, "h2", admitted=False)[0])
+        assert _steps_where(steps, "x", admitted=True)[0] >= max(
+            _steps_where(steps, "h1", admitted=False)[0],
+            _steps_where(steps, "h2", admitted=False)[0],
+        )
     _assert_reference(sched, [h1, h2, x], results)
 
 
@@ -151,13 +174,18 @@ def test_free_cached_blocks_the_arrival_hits_make_no_room():
     sched = make_scheduler(num_blocks=10, max_model_len=64, policy="priority")
     a = make_request("a", list(range(1, 9)), max_tokens=8)
     f = make_request("f", list(range(10, 26)), max_tokens=1)
-    v1 = make_request("v1", list(range(30, 44)), max_tokens=8, priority=1)  # no new block in steps 1-2
+    v1 = make_request(
+        "v1", list(range(30, 44)), max_tokens=8, priority=1
+    )  # no new block in steps 1-2
     v2 = make_request("v2", list(range(50, 66)), max_tokens=8, priority=2)
     x = make_request("x", f.prompt_token_ids + list(range(70, 87)), max_tokens=4)
     for request in (a, f, v1, v2):
         sched.add_request(request)
     steps, results = _run(sched, 0, arrivals={0: x})
-    assert steps[1].finished_req_ids == {"f", "v2"} and set(steps[1].num_scheduled_tokens) == {"a", "v1"}
+    assert steps[1].finished_req_ids == {"f", "v2"} and set(steps[1].num_scheduled_tokens) == {
+        "a",
+        "v1",
+    }
     assert _steps_where(steps, "x", admitted=True) == [2]
     assert [new.num_computed_tokens for new in steps[2].new_reqs] == [16]
     _assert_reference(sched, [a, f, v1, v2, x], results)
@@ -176,7 +204,10 @@ def test_a_preemption_never_idles_the_step(depth: int):
     steps, results = _run(sched, depth, arrivals={0: high})
     if depth == 0:
         assert low.num_preemptions == 0
-        assert _steps_where(steps, "high", admitted=True)[0] >= _steps_where(steps, "low", admitted=False)[0]
+        assert (
+            _steps_where(steps, "high", admitted=True)[0]
+            >= _steps_where(steps, "low", admitted=False)[0]
+        )
     else:
         assert low.num_preemptions == 1 and steps[1].is_empty and "low" in steps[1].finished_req_ids
         assert _steps_where(steps, "high", admitted=True) == [2]
@@ -189,12 +220,15 @@ BLOCK_SIZE = 16
 NUM_NEW_TOKENS = 16
 _rng = random.Random(0)
 # "a" (priority 0: 1 block, growing to 2), "low" (1: 2 blocks, to 3), "high" (0: 4 blocks), in 6.
-PROMPTS = {req_id: [_rng.randrange(2, tiny_hf_models.VOCAB_SIZE) for _ in range(length)]
-           for req_id, length in [("a", 16), ("low", 32), ("high", 49)]}
+PROMPTS = {
+    req_id: [_rng.randrange(2, tiny_hf_models.VOCAB_SIZE) for _ in range(length)]
+    for req_id, length in [("a", 16), ("low", 32), ("high", 49)]
+}
 PRIORITIES = {"a": 0, "low": 1, "high": 0}
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True)
-ENGINE_ARGS = dict(skip_tokenizer_init=True, dtype="float32", max_model_len=80, device="cpu",
-                   block_size=BLOCK_SIZE)
+ENGINE_ARGS = dict(
+    skip_tokenizer_init=True, dtype="float32", max_model_len=80, device="cpu", block_size=BLOCK_SIZE
+)
 
 
 @pytest.fixture(scope="module")
@@ -209,14 +243,20 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
-def test_engine_priority_preemption_keeps_the_tokens(tiny_llama: tuple[Path, dict[str, list[int]]],
-                                                     async_scheduling: bool):
+def test_engine_priority_preemption_keeps_the_tokens(
+    tiny_llama: tuple[Path, dict[str, list[int]]], async_scheduling: bool
+):
     """6 usable blocks of 16: "a" and "low" run; "high" arrives after the first step and cannot fit.
     The next step preempts low; the one after admits high; low resumes later by recompute. Every
     request's greedy tokens are those of the unconstrained run."""
     folder, expected = tiny_llama
-    llm = LLM(str(folder), **ENGINE_ARGS, num_gpu_blocks_override=7, scheduling_policy="priority",
-              async_scheduling=async_scheduling)
+    llm = LLM(
+        str(folder),
+        **ENGINE_ARGS,
+        num_gpu_blocks_override=7,
+        scheduling_policy="priority",
+        async_scheduling=async_scheduling,
+    )
     engine = llm.llm_engine
     scheduler = engine.engine_core.scheduler
     scheduler.growth.enabled = False  # admission by the prompt alone: the pool runs out
@@ -246,14 +286,17 @@ def test_engine_priority_preemption_keeps_the_tokens(tiny_llama: tuple[Path, dic
 
 # ---- fuzz: block accounting and tokens under priority preemption ----
 
+
 def _fuzz_scheduler(rng: random.Random) -> Scheduler:
     """Pools of 26-48 tokens for requests of up to 25 tokens of KV, blocks of 1-8 tokens (a duck-typed
     cache config: CacheConfig allows 8+), tiny budgets, the growth reserve on or off."""
     block_size = rng.choice([1, 2, 4, 8])
     max_model_len = 32
-    sched_config = SchedulerConfig(max_num_seqs=rng.choice([2, 4, 8]),
-                                   max_num_batched_tokens=rng.choice([3, 8, 16, 64]),
-                                   policy="priority")
+    sched_config = SchedulerConfig(
+        max_num_seqs=rng.choice([2, 4, 8]),
+        max_num_batched_tokens=rng.choice([3, 8, 16, 64]),
+        policy="priority",
+    )
     cache_config = SimpleNamespace(block_size=block_size, enable_prefix_caching=rng.random() < 0.8)
     num_blocks = cdiv(rng.randint(26, 48), block_size) + 1
     sched = Scheduler(sched_config, cache_config, num_blocks, max_model_len)
@@ -279,9 +322,14 @@ def _fuzz_one(seed: int) -> None:
     for step in range(3000):
         while arrivals and arrivals[0] <= step:  # made in arrival order: arrival_time grows
             arrivals.pop(0)
-            prompt = base[:rng.randint(1, 12)] + [rng.randrange(VOCAB) for _ in range(rng.randint(0, 2))]
-            added.append(make_request(f"r{len(added)}", prompt, rng.randint(1, 12),
-                                      priority=priorities[len(added)]))
+            prompt = base[: rng.randint(1, 12)] + [
+                rng.randrange(VOCAB) for _ in range(rng.randint(0, 2))
+            ]
+            added.append(
+                make_request(
+                    f"r{len(added)}", prompt, rng.randint(1, 12), priority=priorities[len(added)]
+                )
+            )
             sched.add_request(added[-1])
         if sched.has_unfinished_requests():
             so = sched.schedule()
@@ -313,7 +361,7 @@ def test_fuzz_priority_preemption(monkeypatch: pytest.MonkeyPatch, first_seed: i
     def counting(self: Scheduler, head: Request, first_after: int, plan: Any) -> None:
         running = list(self.running)
         preempt_for_waiting(self, head, first_after, plan)
-        victims = running[len(self.running):]
+        victims = running[len(self.running) :]
         assert all(self._sort_key(head) < self._sort_key(victim) for victim in victims)
         counts["steps"] += bool(victims)
         counts["victims"] += len(victims)

@@ -9,9 +9,19 @@ from pagedlm.core.sched_output import Logprobs, ModelRunnerOutput, SchedulerOutp
 from pagedlm.core.scheduler import Scheduler
 from pagedlm.request import Request, RequestStatus
 
-from .fakes import (VOCAB, FakeRunner, Result, collect, engine_request, make_request,
-                    make_scheduler, mixing_next_token, position_next_token, reference_output,
-                    run_engine)
+from .fakes import (
+    VOCAB,
+    FakeRunner,
+    Result,
+    collect,
+    engine_request,
+    make_request,
+    make_scheduler,
+    mixing_next_token,
+    position_next_token,
+    reference_output,
+    run_engine,
+)
 
 
 def _assert_all_free(sched: Scheduler) -> None:
@@ -21,8 +31,12 @@ def _assert_all_free(sched: Scheduler) -> None:
     assert (stats.num_running, stats.num_waiting, stats.kv_cache_usage) == (0, 0, 0.0)
 
 
-def _assert_reference(sched: Scheduler, requests: list[Request], results: dict[str, Result],
-                      next_token=mixing_next_token) -> None:
+def _assert_reference(
+    sched: Scheduler,
+    requests: list[Request],
+    results: dict[str, Result],
+    next_token=mixing_next_token,
+) -> None:
     for request in requests:
         got = results[request.request_id]
         expected = reference_output(request, sched.max_model_len, next_token)
@@ -35,15 +49,20 @@ def _check_step(sched: Scheduler, so: SchedulerOutput) -> None:
     assert so.total_num_scheduled_tokens <= config.max_num_batched_tokens
     if so.is_empty:  # no livelock: an empty step only waits for tokens in flight (async)
         assert any(r.num_output_placeholders > 0 for r in sched.requests.values())
-    assert len(sched.running) <= config.max_num_seqs and len(so.num_scheduled_tokens) <= config.max_num_seqs
+    assert (
+        len(sched.running) <= config.max_num_seqs
+        and len(so.num_scheduled_tokens) <= config.max_num_seqs
+    )
     assert all(n > 0 for n in so.num_scheduled_tokens.values())
     new_ids = {n.req_id for n in so.new_reqs}
     assert not new_ids & {c.req_id for c in so.cached_reqs}
     assert not so.finished_req_ids & set(so.num_scheduled_tokens)
     preempted = {req_id for req_id in so.finished_req_ids if req_id in sched.requests}
     assert not (preempted and new_ids)  # a step that preempts admits nobody
-    keys = [(r.priority, r.arrival_time) if config.policy == "priority" else (r.arrival_time,)
-            for r in sched.running]
+    keys = [
+        (r.priority, r.arrival_time) if config.policy == "priority" else (r.arrival_time,)
+        for r in sched.running
+    ]
     assert keys == sorted(keys)  # the last running request is the one preempted first
     for r in sched.running:  # no sample past max_tokens, no KV for the last token of max_model_len
         assert r.num_output_tokens + r.num_output_placeholders <= r.max_tokens
@@ -96,17 +115,22 @@ def test_max_num_seqs_is_respected():
     _assert_all_free(sched)
 
 
-@pytest.mark.parametrize("policy, expected", [("fcfs", ["a", "b", "c", "d", "e"]),
-                                              ("priority", ["e", "d", "b", "c", "a"])])
+@pytest.mark.parametrize(
+    "policy, expected",
+    [("fcfs", ["a", "b", "c", "d", "e"]), ("priority", ["e", "d", "b", "c", "a"])],
+)
 def test_admission_order(policy: str, expected: list[str]):
     sched = make_scheduler(max_num_seqs=1, policy=policy)
     # "d" has b's priority but arrived earlier, though it is added later.
     specs = [("a", 3, 1.0), ("b", 1, 2.0), ("c", 2, 3.0), ("d", 1, 0.5), ("e", 0, 5.0)]
     for req_id, priority, arrival in specs:
-        sched.add_request(make_request(req_id, [1, 2, 3], max_tokens=2, priority=priority,
-                                       arrival_time=arrival))
+        sched.add_request(
+            make_request(req_id, [1, 2, 3], max_tokens=2, priority=priority, arrival_time=arrival)
+        )
     order: list[str] = []
-    run_engine(sched, FakeRunner(8), on_step=lambda s, so: order.extend(n.req_id for n in so.new_reqs))
+    run_engine(
+        sched, FakeRunner(8), on_step=lambda s, so: order.extend(n.req_id for n in so.new_reqs)
+    )
     assert order == expected
 
 
@@ -114,8 +138,10 @@ def test_admission_order(policy: str, expected: list[str]):
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
 def test_preemption_in_a_tiny_pool(policy: str, depth: int):
     sched = make_scheduler(num_blocks=8, max_model_len=64, max_num_batched_tokens=32, policy=policy)
-    requests = [make_request(f"r{i}", prompt, max_tokens=16, priority=i % 2)
-                for i, prompt in enumerate(_prompts(5, 16))]
+    requests = [
+        make_request(f"r{i}", prompt, max_tokens=16, priority=i % 2)
+        for i, prompt in enumerate(_prompts(5, 16))
+    ]
     for request in requests:
         sched.add_request(request)
     num_in_flight_preemptions = 0
@@ -141,7 +167,7 @@ def test_the_lowest_request_is_preempted(policy: str):
     sched = make_scheduler(num_blocks=5, max_model_len=64, policy=policy)
     specs = {"low": (list(range(8)), 1), "high": (list(range(10, 18)), 0)}
     # fcfs: the newest is the lowest; priority: the higher value, though it came first.
-    for req_id in (["high", "low"] if policy == "fcfs" else ["low", "high"]):
+    for req_id in ["high", "low"] if policy == "fcfs" else ["low", "high"]:
         prompt, priority = specs[req_id]
         sched.add_request(make_request(req_id, prompt, max_tokens=20, priority=priority))
     low, high = sched.requests["low"], sched.requests["high"]
@@ -155,8 +181,11 @@ def test_preempted_request_goes_to_the_front_and_keeps_its_first_hit():
     # 4 usable blocks of 8, two sequences at a time: "b" is preempted when "a" grows past 16
     # tokens (3 blocks at most); "c", waiting since the start, must not overtake it.
     sched = make_scheduler(num_blocks=5, max_model_len=64, max_num_seqs=2)
-    requests = [make_request("a", list(range(8)), 12), make_request("b", list(range(10, 18)), 20),
-                make_request("c", [1, 2, 3, 4], 2)]
+    requests = [
+        make_request("a", list(range(8)), 12),
+        make_request("b", list(range(10, 18)), 20),
+        make_request("c", [1, 2, 3, 4], 2),
+    ]
     for request in requests:
         sched.add_request(request)
     admitted: list[tuple[str, int]] = []
@@ -185,7 +214,9 @@ def test_preempted_request_waits_for_its_tokens_in_flight(depth: int):
     def on_step(s: Scheduler, so: SchedulerOutput) -> None:
         _check_step(s, so)
         for new in so.new_reqs:
-            assert s.requests[new.req_id].num_output_placeholders == (new.req_id in so.sampling_req_ids)
+            assert s.requests[new.req_id].num_output_placeholders == (
+                new.req_id in so.sampling_req_ids
+            )
         if "b" in so.finished_req_ids and not aborted:
             num_in_flight_at_preemption.append(requests[1].num_output_placeholders)
             collect(aborted, s.abort_requests(["a"]))
@@ -197,7 +228,9 @@ def test_preempted_request_waits_for_its_tokens_in_flight(depth: int):
 
 def test_async_gives_the_same_tokens_as_sync():
     def run(depth: int) -> dict[str, Result]:
-        sched = make_scheduler(num_blocks=12, max_model_len=48, max_num_batched_tokens=20, max_num_seqs=3)
+        sched = make_scheduler(
+            num_blocks=12, max_model_len=48, max_num_batched_tokens=20, max_num_seqs=3
+        )
         for i, prompt in enumerate(_prompts(6)):
             sched.add_request(make_request(f"r{i}", prompt, max_tokens=3 + 2 * i, eos=(40,)))
         results = run_engine(sched, FakeRunner(8), depth)
@@ -243,15 +276,18 @@ def test_abort_frees_blocks_and_drops_late_outputs(async_scheduling: bool):
 
 
 @pytest.mark.parametrize("depth", [0, 1, 2])
-@pytest.mark.parametrize("params, max_model_len, expected", [
-    (dict(eos=(6,)), 64, ([4, 5, 6], "stop", None)),
-    (dict(eos=(6,), ignore_eos=True), 64, ([4, 5, 6, 7, 8], "length", None)),
-    (dict(eos=(5, 7), min_tokens=3), 64, ([4, 5, 6, 7], "stop", None)),
-    (dict(stop_token_ids=[5]), 64, ([4, 5], "stop", 5)),
-    (dict(stop_token_ids=[5], min_tokens=2), 64, ([4, 5], "stop", 5)),
-    (dict(max_tokens=3), 64, ([4, 5, 6], "length", None)),
-    (dict(), 7, ([4, 5, 6], "length", None)),  # max_model_len
-])
+@pytest.mark.parametrize(
+    "params, max_model_len, expected",
+    [
+        (dict(eos=(6,)), 64, ([4, 5, 6], "stop", None)),
+        (dict(eos=(6,), ignore_eos=True), 64, ([4, 5, 6, 7, 8], "length", None)),
+        (dict(eos=(5, 7), min_tokens=3), 64, ([4, 5, 6, 7], "stop", None)),
+        (dict(stop_token_ids=[5]), 64, ([4, 5], "stop", 5)),
+        (dict(stop_token_ids=[5], min_tokens=2), 64, ([4, 5], "stop", 5)),
+        (dict(max_tokens=3), 64, ([4, 5, 6], "length", None)),
+        (dict(), 7, ([4, 5, 6], "length", None)),  # max_model_len
+    ],
+)
 def test_token_level_stops(params: dict, max_model_len: int, expected: tuple, depth: int):
     sched = make_scheduler(max_model_len=max_model_len)
     params = {"max_tokens": 5, **params}
@@ -281,13 +317,17 @@ def test_logprobs_are_passed_along():
     sched.add_request(make_request("r", list(range(12)), max_tokens=2, eos=(99,)))
     prompt_lps = [None] + [Logprobs([i], [-0.5], 1) for i in range(1, 8)]
     chunk = sched.schedule()  # 8 of 12 prompt tokens: no sample, prompt logprobs only
-    outs = sched.update_from_output(chunk, ModelRunnerOutput([], [], prompt_logprobs={"r": prompt_lps}))
+    outs = sched.update_from_output(
+        chunk, ModelRunnerOutput([], [], prompt_logprobs={"r": prompt_lps})
+    )
     assert [(o.req_id, o.new_token_ids, o.prompt_logprobs) for o in outs] == [("r", [], prompt_lps)]
     last = sched.schedule()
     assert last.sampling_req_ids == {"r"}
     sampled = [Logprobs([99, 5], [-0.1, -2.0], 1), Logprobs([7], [-0.3], 1)]  # the 2nd is cut off
     outs = sched.update_from_output(last, ModelRunnerOutput(["r"], [[99, 7]], logprobs=[sampled]))
-    assert [(o.new_token_ids, o.new_logprobs, o.finish_reason) for o in outs] == [([99], sampled[:1], "stop")]
+    assert [(o.new_token_ids, o.new_logprobs, o.finish_reason) for o in outs] == [
+        ([99], sampled[:1], "stop")
+    ]
     _assert_all_free(sched)
 
 
@@ -323,7 +363,9 @@ def test_a_one_token_query_takes_no_hit_on_kv_written_in_its_step():
     sched.update_from_output(second, ModelRunnerOutput(["a", "b"], [[5], [6]]))
     sched.add_request(make_request("c", prompt + [99], max_tokens=2))
     third = sched.schedule()
-    assert third.num_scheduled_tokens["c"] == 1 and [n.num_computed_tokens for n in third.new_reqs] == [16]
+    assert third.num_scheduled_tokens["c"] == 1 and [
+        n.num_computed_tokens for n in third.new_reqs
+    ] == [16]
 
 
 def test_a_one_token_query_hits_blocks_a_longer_query_fills_in_its_step():
@@ -362,11 +404,13 @@ def test_requests_the_engine_would_refuse_fail_an_assert():
     sched.add_request(make_request("ok", [1] * 4, max_tokens=13))
     no_room = make_request("no_room", [1])
     no_room.max_tokens = 0  # the engine resolves max_tokens to at least 1
-    for bad, fragment in ((make_request("ok", [1, 2]), "request_id 'ok' is already in use"),
-                          (make_request("empty", []), "0 tokens, max_model_len=32"),
-                          (make_request("long", [1] * 32), "32 tokens, max_model_len=32"),
-                          (no_room, "max_tokens must be at least 1"),
-                          (make_request("big", [1] * 4, max_tokens=14), "KV for 17 tokens")):
+    for bad, fragment in (
+        (make_request("ok", [1, 2]), "request_id 'ok' is already in use"),
+        (make_request("empty", []), "0 tokens, max_model_len=32"),
+        (make_request("long", [1] * 32), "32 tokens, max_model_len=32"),
+        (no_room, "max_tokens must be at least 1"),
+        (make_request("big", [1] * 4, max_tokens=14), "KV for 17 tokens"),
+    ):
         with pytest.raises(AssertionError, match=fragment):
             sched.add_request(bad)
     assert list(sched.requests) == ["ok"]
@@ -377,27 +421,52 @@ def test_requests_the_engine_would_refuse_fail_an_assert():
     sched.update_from_output(step, runner.execute(step))
 
 
-_request_spec = st.tuples(st.integers(0, 1), st.lists(st.integers(0, VOCAB - 1), max_size=10),
-                          st.integers(1, 12), st.integers(0, 2), st.integers(0, 8))
+_request_spec = st.tuples(
+    st.integers(0, 1),
+    st.lists(st.integers(0, VOCAB - 1), max_size=10),
+    st.integers(1, 12),
+    st.integers(0, 2),
+    st.integers(0, 8),
+)
 
 
 @settings(max_examples=80, deadline=None)
 # 4+ blocks of 8: the KV cache holds max_model_len - 1 = 23 tokens, as EngineCore makes sure.
-@given(specs=st.lists(_request_spec, min_size=1, max_size=6), num_blocks=st.integers(4, 14),
-       budget=st.integers(1, 40), max_num_seqs=st.integers(1, 4),
-       policy=st.sampled_from(["fcfs", "priority"]),
-       depth=st.integers(0, 3), caching=st.booleans(),
-       aborts=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 5)), max_size=2))
-def test_random_workloads_match_the_reference(specs, num_blocks, budget, max_num_seqs, policy,
-                                              depth, caching, aborts):
-    sched = make_scheduler(num_blocks=num_blocks, max_model_len=24, max_num_seqs=max_num_seqs,
-                           max_num_batched_tokens=budget, policy=policy, enable_prefix_caching=caching)
+@given(
+    specs=st.lists(_request_spec, min_size=1, max_size=6),
+    num_blocks=st.integers(4, 14),
+    budget=st.integers(1, 40),
+    max_num_seqs=st.integers(1, 4),
+    policy=st.sampled_from(["fcfs", "priority"]),
+    depth=st.integers(0, 3),
+    caching=st.booleans(),
+    aborts=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 5)), max_size=2),
+)
+def test_random_workloads_match_the_reference(
+    specs, num_blocks, budget, max_num_seqs, policy, depth, caching, aborts
+):
+    sched = make_scheduler(
+        num_blocks=num_blocks,
+        max_model_len=24,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        policy=policy,
+        enable_prefix_caching=caching,
+    )
     bases = _prompts(2, 10)
     arrivals: dict[int, list[Request]] = {}  # step -> requests that arrive then
     # Made in arrival order, so arrival_time grows with the add order.
-    for i, (base, suffix, max_tokens, priority, step) in enumerate(sorted(specs, key=lambda x: x[-1])):
-        request = engine_request(f"r{i}", bases[base] + suffix, max_tokens, sched.max_model_len,
-                                 eos=(3,), priority=priority)
+    for i, (base, suffix, max_tokens, priority, step) in enumerate(
+        sorted(specs, key=lambda x: x[-1])
+    ):
+        request = engine_request(
+            f"r{i}",
+            bases[base] + suffix,
+            max_tokens,
+            sched.max_model_len,
+            eos=(3,),
+            priority=priority,
+        )
         if request is not None:
             arrivals.setdefault(step, []).append(request)
     requests: list[Request] = []

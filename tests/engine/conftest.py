@@ -1,4 +1,5 @@
 """Fixtures for the engine tests: a tiny model (the tokenizers are in tests/conftest.py)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,5 +21,11 @@ def tiny_llm(tiny_llama_dir: Path) -> Any:
     """Token ids only (no tokenizer); max_model_len 64."""
     from pagedlm import LLM
 
-    return LLM(str(tiny_llama_dir), skip_tokenizer_init=True, dtype="float32", max_model_len=64,
-               num_gpu_blocks_override=64, device="cpu")
+    return LLM(
+        str(tiny_llama_dir),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        max_model_len=64,
+        num_gpu_blocks_override=64,
+        device="cpu",
+    )

@@ -1,4 +1,5 @@
 """Bad input gets an error whose message names the parameter and the limit."""
+
 from __future__ import annotations
 
 import json
@@ -16,11 +17,23 @@ def test_missing_model_path(tmp_path: Path) -> None:
 
 
 def test_unsupported_architecture(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps(
-        {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 64, "n_layer": 2,
-         "n_head": 4, "vocab_size": 256}))
-    with pytest.raises(ValueError, match=r"architecture 'GPT2LMHeadModel' is not supported; "
-                                         r"supported: LlamaForCausalLM"):
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["GPT2LMHeadModel"],
+                "model_type": "gpt2",
+                "n_embd": 64,
+                "n_layer": 2,
+                "n_head": 4,
+                "vocab_size": 256,
+            }
+        )
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"architecture 'GPT2LMHeadModel' is not supported; "
+        r"supported: LlamaForCausalLM",
+    ):
         LLM(str(tmp_path))
 
 
@@ -30,26 +43,34 @@ def test_unknown_llm_keyword_names_it(tmp_path: Path) -> None:
 
 
 def test_prompt_over_max_model_len_gives_both_numbers(tiny_llm: LLM) -> None:
-    with pytest.raises(ValueError, match=r"^prompt 0: prompt has 64 tokens but max_model_len is 64"):
+    with pytest.raises(
+        ValueError, match=r"^prompt 0: prompt has 64 tokens but max_model_len is 64"
+    ):
         tiny_llm.generate([[5] * 64], use_tqdm=False)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(max_tokens=-1), r"max_tokens must be at least 1, got -1"),
-    (dict(max_tokens=0), r"max_tokens must be at least 1, got 0"),
-    (dict(top_p=0.0), r"top_p must be in \(0, 1\], got 0.0"),
-    (dict(top_p=1.5), r"top_p must be in \(0, 1\], got 1.5"),
-    (dict(temperature=-0.1), r"temperature must be non-negative, got -0.1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(max_tokens=-1), r"max_tokens must be at least 1, got -1"),
+        (dict(max_tokens=0), r"max_tokens must be at least 1, got 0"),
+        (dict(top_p=0.0), r"top_p must be in \(0, 1\], got 0.0"),
+        (dict(top_p=1.5), r"top_p must be in \(0, 1\], got 1.5"),
+        (dict(temperature=-0.1), r"temperature must be non-negative, got -0.1"),
+    ],
+)
 def test_bad_sampling_params(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
 
 
 def test_sampling_params_checked_against_the_model(tiny_llm: LLM) -> None:
-    with pytest.raises(ValueError, match=r"^prompt 1: stop_token_ids token ids must be in \[0, 256\)"):
-        tiny_llm.generate([[5], [6]], [SamplingParams(), SamplingParams(stop_token_ids=[256])],
-                          use_tqdm=False)
+    with pytest.raises(
+        ValueError, match=r"^prompt 1: stop_token_ids token ids must be in \[0, 256\)"
+    ):
+        tiny_llm.generate(
+            [[5], [6]], [SamplingParams(), SamplingParams(stop_token_ids=[256])], use_tqdm=False
+        )
     with pytest.raises(ValueError, match=r"stop: stop strings need detokenisation"):
         tiny_llm.generate([[5]], SamplingParams(stop=["x"]), use_tqdm=False)
     with pytest.raises(ValueError, match=r"sampling_params: got 1 values for 2 prompts"):

@@ -7,6 +7,7 @@ keep the same beams: transformers takes the global top 2k of (beam score + logpr
 the best k; each of those is among its own beam's top 2k, which vLLM's rule extends. The final
 beams come out in cum_logprob order in both.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,17 +23,25 @@ PROMPTS = [[5, 6, 7], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 5
 MAX_TOKENS = 6
 
 
-def _hf_beams(model: torch.nn.Module, prompt: list[int], beam_width: int,
-              length_penalty: float) -> list[list[int]]:
-    config = GenerationConfig(do_sample=False, num_beams=beam_width,
-                              num_return_sequences=beam_width, max_new_tokens=MAX_TOKENS,
-                              length_penalty=length_penalty, early_stopping=True,
-                              eos_token_id=None, pad_token_id=0)
+def _hf_beams(
+    model: torch.nn.Module, prompt: list[int], beam_width: int, length_penalty: float
+) -> list[list[int]]:
+    config = GenerationConfig(
+        do_sample=False,
+        num_beams=beam_width,
+        num_return_sequences=beam_width,
+        max_new_tokens=MAX_TOKENS,
+        length_penalty=length_penalty,
+        early_stopping=True,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
     model.generation_config = config
     input_ids = torch.tensor([prompt])
     with torch.no_grad():
-        out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
-                             generation_config=config)
+        out = model.generate(
+            input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config
+        )
     return out.tolist()
 
 
@@ -43,19 +52,22 @@ def _cum_logprob(model: torch.nn.Module, tokens: list[int], num_prompt: int) -> 
 
 
 @pytest.mark.parametrize("beam_width, length_penalty", [(2, 1.0), (4, 0.5)])
-def test_beam_search_equals_transformers(tiny_llm: LLM, tiny_llama_dir: Path, beam_width: int,
-                                         length_penalty: float) -> None:
+def test_beam_search_equals_transformers(
+    tiny_llm: LLM, tiny_llama_dir: Path, beam_width: int, length_penalty: float
+) -> None:
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
-    params = BeamSearchParams(beam_width=beam_width, max_tokens=MAX_TOKENS, ignore_eos=True,
-                              length_penalty=length_penalty)
+    params = BeamSearchParams(
+        beam_width=beam_width, max_tokens=MAX_TOKENS, ignore_eos=True, length_penalty=length_penalty
+    )
     outputs = tiny_llm.beam_search([{"prompt_token_ids": p} for p in PROMPTS], params)
     for prompt, output in zip(PROMPTS, outputs):
         expected = _hf_beams(model, prompt, beam_width, length_penalty)
         assert [seq.tokens for seq in output.sequences] == expected
         for seq in output.sequences:
             assert len(seq.logprobs) == MAX_TOKENS and seq.finish_reason == "length"
-            assert seq.cum_logprob == pytest.approx(_cum_logprob(model, seq.tokens, len(prompt)),
-                                                    abs=1e-4)
+            assert seq.cum_logprob == pytest.approx(
+                _cum_logprob(model, seq.tokens, len(prompt)), abs=1e-4
+            )
 
 
 def test_beam_search_completes_beams_at_eos(tiny_llm: LLM) -> None:
@@ -69,7 +81,7 @@ def test_beam_search_completes_beams_at_eos(tiny_llm: LLM) -> None:
     for seq in output.sequences:
         ends_in_eos = seq.tokens[-1] in eos
         assert seq.finish_reason == ("stop" if ends_in_eos else "length")
-        assert all(t not in eos for t in seq.tokens[len(prompt):-1])
+        assert all(t not in eos for t in seq.tokens[len(prompt) : -1])
     assert any(seq.finish_reason == "stop" for seq in output.sequences)
     assert beam_search_score([3, 4, 1], -2.0, {1}, 1.0) == -1.0
 
@@ -87,6 +99,10 @@ def test_beam_search_steps_keep_the_prompt_cache_salt(tiny_llm: LLM) -> None:
     params = BeamSearchParams(beam_width=2, max_tokens=2, ignore_eos=True)
     tiny_llm.beam_search([{"prompt_token_ids": prompt, "cache_salt": "beam"}], params)
     one_token = SamplingParams(max_tokens=1)
-    hits = {salt: tiny_llm.generate({"prompt_token_ids": prompt, "cache_salt": salt}, one_token,
-                                    use_tqdm=False)[0].num_cached_tokens for salt in ("beam", None)}
+    hits = {
+        salt: tiny_llm.generate(
+            {"prompt_token_ids": prompt, "cache_salt": salt}, one_token, use_tqdm=False
+        )[0].num_cached_tokens
+        for salt in ("beam", None)
+    }
     assert hits == {"beam": 32, None: 0}

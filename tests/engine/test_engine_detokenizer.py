@@ -1,5 +1,6 @@
 """IncrementalDetokenizer: text built token by token must equal the text of a full decode, with
 multi-byte characters held back until complete, word-start spaces kept, and stop strings."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -9,19 +10,20 @@ import pytest
 from pagedlm.engine.detokenizer import IncrementalDetokenizer
 from pagedlm.sampling_params import SamplingParams
 
-EMOJI = "\U0001F600"  # 4 UTF-8 bytes
+EMOJI = "\U0001f600"  # 4 UTF-8 bytes
 
 
 def _split(tokenizer: Any, prompt: str, completion: str) -> tuple[list[int], list[int]]:
     """Token ids of prompt + completion, split where the prompt's own tokens end."""
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
     all_ids = tokenizer.encode(prompt + completion, add_special_tokens=False)
-    assert all_ids[:len(prompt_ids)] == prompt_ids, "the split must fall on a token boundary"
-    return prompt_ids, all_ids[len(prompt_ids):]
+    assert all_ids[: len(prompt_ids)] == prompt_ids, "the split must fall on a token boundary"
+    return prompt_ids, all_ids[len(prompt_ids) :]
 
 
-def _stream(tokenizer: Any, prompt_ids: list[int], output_ids: list[int],
-            params: SamplingParams) -> tuple[IncrementalDetokenizer, list[str], str | None, int]:
+def _stream(
+    tokenizer: Any, prompt_ids: list[int], output_ids: list[int], params: SamplingParams
+) -> tuple[IncrementalDetokenizer, list[str], str | None, int]:
     """Pushes tokens until a stop; returns the detokenizer, the streamed texts after each
     token, the stop string and how many tokens were pushed."""
     detok = IncrementalDetokenizer(tokenizer, prompt_ids, params)
@@ -39,12 +41,13 @@ def _reference(tokenizer: Any, prompt_ids: list[int], output_ids: list[int]) -> 
     prompt_text = tokenizer.decode(prompt_ids, skip_special_tokens=True)
     full_text = tokenizer.decode(prompt_ids + output_ids, skip_special_tokens=True)
     assert full_text.startswith(prompt_text)
-    return full_text[len(prompt_text):]
+    return full_text[len(prompt_text) :]
 
 
 @pytest.mark.parametrize("kind", ["byte_level_tokenizer", "sentencepiece_tokenizer"])
-def test_emoji_split_over_tokens_is_held_back_until_complete(kind: str,
-                                                             request: pytest.FixtureRequest) -> None:
+def test_emoji_split_over_tokens_is_held_back_until_complete(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
     tokenizer = request.getfixturevalue(kind)
     prompt_ids, output_ids = _split(tokenizer, "hello world", f" {EMOJI} cat {EMOJI}")
     emoji_ids = tokenizer.encode(EMOJI, add_special_tokens=False)
@@ -58,7 +61,9 @@ def test_emoji_split_over_tokens_is_held_back_until_complete(kind: str,
 
 
 @pytest.mark.parametrize("kind", ["byte_level_tokenizer", "sentencepiece_tokenizer"])
-def test_word_start_spaces_survive_token_by_token(kind: str, request: pytest.FixtureRequest) -> None:
+def test_word_start_spaces_survive_token_by_token(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
     tokenizer = request.getfixturevalue(kind)
     prompt_ids, output_ids = _split(tokenizer, "Hello", " world again")
     _, texts, _, _ = _stream(tokenizer, prompt_ids, output_ids, SamplingParams())
@@ -78,24 +83,33 @@ def test_sentencepiece_first_output_token_keeps_its_space(sentencepiece_tokenize
 def test_special_tokens_skipped_or_kept(byte_level_tokenizer: Any, skip: bool) -> None:
     prompt_ids, output_ids = _split(byte_level_tokenizer, "Hello", " world")
     output_ids = output_ids + [byte_level_tokenizer.eos_token_id]
-    _, texts, _, _ = _stream(byte_level_tokenizer, prompt_ids, output_ids,
-                             SamplingParams(skip_special_tokens=skip))
+    _, texts, _, _ = _stream(
+        byte_level_tokenizer, prompt_ids, output_ids, SamplingParams(skip_special_tokens=skip)
+    )
     assert texts[-1] == (" world" if skip else " world</s>")
 
 
 COMPLETION = " the cat sat on the mat. The end."
 
 
-@pytest.mark.parametrize("stop, include, expected_text, expected_stop", [
-    (["sat"], False, " the cat ", "sat"),
-    (["sat"], True, " the cat sat", "sat"),
-    (["t s"], False, " the ca", "t s"),  # straddles the tokens of "cat" and " sat"
-    (["mat", "cat"], False, " the ", "cat"),
-    (["sat", "t sat"], False, " the ca", "t sat"),  # both end in " sat": the earlier start wins
-    (["Hello"], False, COMPLETION, None),  # the prompt's text is not searched
-])
-def test_stop_strings(byte_level_tokenizer: Any, stop: list[str], include: bool,
-                      expected_text: str, expected_stop: str | None) -> None:
+@pytest.mark.parametrize(
+    "stop, include, expected_text, expected_stop",
+    [
+        (["sat"], False, " the cat ", "sat"),
+        (["sat"], True, " the cat sat", "sat"),
+        (["t s"], False, " the ca", "t s"),  # straddles the tokens of "cat" and " sat"
+        (["mat", "cat"], False, " the ", "cat"),
+        (["sat", "t sat"], False, " the ca", "t sat"),  # both end in " sat": the earlier start wins
+        (["Hello"], False, COMPLETION, None),  # the prompt's text is not searched
+    ],
+)
+def test_stop_strings(
+    byte_level_tokenizer: Any,
+    stop: list[str],
+    include: bool,
+    expected_text: str,
+    expected_stop: str | None,
+) -> None:
     prompt_ids, output_ids = _split(byte_level_tokenizer, "Hello", COMPLETION)
     params = SamplingParams(stop=stop, include_stop_str_in_output=include)
     detok, texts, found, num_pushed = _stream(byte_level_tokenizer, prompt_ids, output_ids, params)
@@ -103,16 +117,19 @@ def test_stop_strings(byte_level_tokenizer: Any, stop: list[str], include: bool,
     assert detok.output_text(finished=True) == expected_text
     if found is not None:
         # It stopped at the token that completed the stop string, not later.
-        before = _reference(byte_level_tokenizer, prompt_ids, output_ids[:num_pushed - 1])
+        before = _reference(byte_level_tokenizer, prompt_ids, output_ids[: num_pushed - 1])
         assert found not in before
         assert found in _reference(byte_level_tokenizer, prompt_ids, output_ids[:num_pushed])
         assert num_pushed < len(output_ids)
 
 
-def test_streamed_text_never_shows_a_stop_string_it_later_removes(byte_level_tokenizer: Any) -> None:
+def test_streamed_text_never_shows_a_stop_string_it_later_removes(
+    byte_level_tokenizer: Any,
+) -> None:
     prompt_ids, output_ids = _split(byte_level_tokenizer, "Hello", COMPLETION)
-    _, texts, found, _ = _stream(byte_level_tokenizer, prompt_ids, output_ids,
-                                 SamplingParams(stop=["sat on"]))
+    _, texts, found, _ = _stream(
+        byte_level_tokenizer, prompt_ids, output_ids, SamplingParams(stop=["sat on"])
+    )
     assert found == "sat on"
     final = texts[-1]
     assert final == " the cat "

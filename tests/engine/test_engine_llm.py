@@ -1,5 +1,6 @@
 """LLM / LLMEngine on a tiny random Llama (token ids only): request isolation, parallel sampling,
 priority order, prompt forms, max_tokens resolution, abort."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -41,13 +42,17 @@ def test_bad_request_among_good_ones_fails_alone(tiny_llm: LLM) -> None:
     engine.add_request("good-1", PROMPTS[1], GREEDY)
     finished = _drain(engine)
     assert set(finished) == {"good-0", "good-1"}
-    assert [finished["good-0"].outputs[0].token_ids, finished["good-1"].outputs[0].token_ids] == expected
+    assert [
+        finished["good-0"].outputs[0].token_ids,
+        finished["good-1"].outputs[0].token_ids,
+    ] == expected
 
 
 def test_request_id_colliding_with_a_sample_id_is_refused(tiny_llm: LLM) -> None:
     engine = tiny_llm.llm_engine
-    engine.add_request("a", PROMPTS[0], SamplingParams(n=2, temperature=0.0, max_tokens=4,
-                                                       ignore_eos=True))
+    engine.add_request(
+        "a", PROMPTS[0], SamplingParams(n=2, temperature=0.0, max_tokens=4, ignore_eos=True)
+    )
     with pytest.raises(ValueError, match=r"request_id 'a_0' is already in use"):
         engine.add_request("a_0", PROMPTS[1], GREEDY)  # "a" runs as core requests a_0, a_1
     finished = _drain(engine)
@@ -73,9 +78,14 @@ def test_n_samples_are_seed_plus_index(tiny_llm: LLM) -> None:
     (out,) = tiny_llm.generate(PROMPTS[0], params, use_tqdm=False)
     assert [c.index for c in out.outputs] == [0, 1]
     assert all(len(c.token_ids) == 8 for c in out.outputs)
-    singles = [tiny_llm.generate(PROMPTS[0], SamplingParams(seed=7 + i, temperature=1.0, max_tokens=8,
-                                                            ignore_eos=True), use_tqdm=False)[0]
-               for i in range(2)]
+    singles = [
+        tiny_llm.generate(
+            PROMPTS[0],
+            SamplingParams(seed=7 + i, temperature=1.0, max_tokens=8, ignore_eos=True),
+            use_tqdm=False,
+        )[0]
+        for i in range(2)
+    ]
     assert [c.token_ids for c in out.outputs] == _token_ids(singles)
     assert out.outputs[0].token_ids != out.outputs[1].token_ids
 
@@ -91,8 +101,9 @@ def test_max_tokens_none_fills_the_model_length(tiny_llm: LLM) -> None:
 def test_prompt_embeds_match_token_ids(tiny_llm: LLM, tiny_llama_dir: Path) -> None:
     weights = load_file(str(tiny_llama_dir / "model.safetensors"))["model.embed_tokens.weight"]
     embeds = weights[torch.tensor(PROMPTS[2])]  # [num_tokens, hidden_size]
-    out_ids, out_embeds = tiny_llm.generate([PROMPTS[2], {"prompt_embeds": embeds}], GREEDY,
-                                            use_tqdm=False)
+    out_ids, out_embeds = tiny_llm.generate(
+        [PROMPTS[2], {"prompt_embeds": embeds}], GREEDY, use_tqdm=False
+    )
     assert out_embeds.outputs[0].token_ids == out_ids.outputs[0].token_ids
     with pytest.raises(ValueError, match=r"hidden_size=64"):
         tiny_llm.generate({"prompt_embeds": embeds[:, :10]}, GREEDY, use_tqdm=False)
@@ -110,27 +121,52 @@ def test_abort_removes_the_request(tiny_llm: LLM) -> None:
 
 
 def test_priority_policy_runs_lower_values_first(tiny_llama_dir: Path) -> None:
-    llm = LLM(str(tiny_llama_dir), skip_tokenizer_init=True, dtype="float32", max_model_len=64,
-              num_gpu_blocks_override=64, device="cpu", scheduling_policy="priority", max_num_seqs=1)
+    llm = LLM(
+        str(tiny_llama_dir),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        max_model_len=64,
+        num_gpu_blocks_override=64,
+        device="cpu",
+        scheduling_policy="priority",
+        max_num_seqs=1,
+    )
     outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False, priority=[2, 0, 1])
     order = sorted(range(3), key=lambda i: outs[i].metrics.first_token_time)
     assert order == [1, 2, 0]
-    assert all(outs[a].metrics.finished_time <= outs[b].metrics.first_token_time
-               for a, b in zip(order, order[1:]))
+    assert all(
+        outs[a].metrics.finished_time <= outs[b].metrics.first_token_time
+        for a, b in zip(order, order[1:])
+    )
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
-def test_stop_strings_end_requests_and_free_them(tiny_llama_with_tokenizer_dir: Path,
-                                                  async_scheduling: bool) -> None:
-    llm = LLM(str(tiny_llama_with_tokenizer_dir), dtype="float32", device="cpu", max_model_len=128,
-              num_gpu_blocks_override=64, async_scheduling=async_scheduling)
+def test_stop_strings_end_requests_and_free_them(
+    tiny_llama_with_tokenizer_dir: Path, async_scheduling: bool
+) -> None:
+    llm = LLM(
+        str(tiny_llama_with_tokenizer_dir),
+        dtype="float32",
+        device="cpu",
+        max_model_len=128,
+        num_gpu_blocks_override=64,
+        async_scheduling=async_scheduling,
+    )
     prompts = ["hello world", "the cat sat", "Stop here."]
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     texts = [o.outputs[0].text for o in llm.generate(prompts, params, use_tqdm=False)]
     assert all(len(text) >= 8 for text in texts)
     stops = [text[5:8] for text in texts]
-    stop_params = [SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop],
-                                  include_stop_str_in_output=i == 2) for i, stop in enumerate(stops)]
+    stop_params = [
+        SamplingParams(
+            temperature=0.0,
+            max_tokens=24,
+            ignore_eos=True,
+            stop=[stop],
+            include_stop_str_in_output=i == 2,
+        )
+        for i, stop in enumerate(stops)
+    ]
     outputs = llm.generate(prompts, stop_params, use_tqdm=False)
     for i, (text, stop, output) in enumerate(zip(texts, stops, outputs)):
         completion = output.outputs[0]
@@ -162,7 +198,10 @@ def test_a_dropped_engine_is_freed_without_the_cyclic_gc(tiny_llama_dir: Path) -
 
     llm = LLM(str(tiny_llama_dir), skip_tokenizer_init=True, seed=0)
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3), use_tqdm=False)
-    model, engine = weakref.ref(llm.llm_engine.engine_core.model_runner.model), weakref.ref(llm.llm_engine)
+    model, engine = (
+        weakref.ref(llm.llm_engine.engine_core.model_runner.model),
+        weakref.ref(llm.llm_engine),
+    )
     gc.disable()
     try:
         del llm

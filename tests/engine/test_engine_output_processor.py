@@ -1,5 +1,6 @@
 """OutputProcessor on hand-made core outputs: parallel samples gathered, stop strings finishing
 requests (and telling the core), logprobs, aborts."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -27,8 +28,9 @@ def test_parallel_samples_are_gathered_in_index_order(byte_level_tokenizer: Any)
     assert out.outputs[1].text == " cat" and out.outputs[1].finish_reason == "length"
     assert out.outputs[0].token_ids == [] and out.outputs[0].finish_reason is None
 
-    second = processor.process_outputs([EngineCoreOutput("r_0", world, finish_reason="stop",
-                                                         stop_reason=7, num_cached_tokens=16)])
+    second = processor.process_outputs(
+        [EngineCoreOutput("r_0", world, finish_reason="stop", stop_reason=7, num_cached_tokens=16)]
+    )
     (out,) = second.request_outputs
     assert out.finished and out.num_cached_tokens == 16
     assert out.outputs[0].text == " world" and out.outputs[0].stop_reason == 7
@@ -68,10 +70,13 @@ def test_core_finished_request_is_not_finished_again(byte_level_tokenizer: Any) 
 def test_logprobs_become_dicts_with_ranks() -> None:
     processor = OutputProcessor(None)  # no tokenizer: token ids only, empty text
     processor.add_request("a", None, [3, 4], SamplingParams(logprobs=2), 1.0, [3, 4])
-    lp = [Logprobs(token_ids=[9, 5, 9], logprobs=[-0.5, -0.1, -0.5], sampled_rank=2),
-          Logprobs(token_ids=[6, 6, 8], logprobs=[-0.2, -0.2, -2.0], sampled_rank=1)]
-    result = processor.process_outputs([EngineCoreOutput("a", [9, 6], new_logprobs=lp,
-                                                         finish_reason="length")])
+    lp = [
+        Logprobs(token_ids=[9, 5, 9], logprobs=[-0.5, -0.1, -0.5], sampled_rank=2),
+        Logprobs(token_ids=[6, 6, 8], logprobs=[-0.2, -0.2, -2.0], sampled_rank=1),
+    ]
+    result = processor.process_outputs(
+        [EngineCoreOutput("a", [9, 6], new_logprobs=lp, finish_reason="length")]
+    )
     completion = result.request_outputs[0].outputs[0]
     assert completion.text == "" and completion.token_ids == [9, 6]
     assert completion.cumulative_logprob == -0.5 + -0.2
@@ -93,8 +98,9 @@ def test_final_only_request_is_reported_once_finished() -> None:
     processor = OutputProcessor(None)
     processor.add_request("f", None, [3], SamplingParams(n=2), 1.0, [3], final_only=True)
     processor.add_request("s", None, [3], SamplingParams(), 1.0, [3])  # streamed
-    step = processor.process_outputs([EngineCoreOutput("f_0", [5]), EngineCoreOutput("f_1", [6]),
-                                      EngineCoreOutput("s", [7])])
+    step = processor.process_outputs(
+        [EngineCoreOutput("f_0", [5]), EngineCoreOutput("f_1", [6]), EngineCoreOutput("s", [7])]
+    )
     assert [out.request_id for out in step.request_outputs] == ["s"]
     one_done = processor.process_outputs([EngineCoreOutput("f_0", [8], finish_reason="length")])
     assert one_done.request_outputs == []  # sample 1 still runs

@@ -1,5 +1,6 @@
 """Through the engine: bad words (sync and async scheduling), parallel samples sharing the
 prompt's KV blocks, and prompt embeddings kept out of the prefix cache."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -32,23 +33,35 @@ def _first_ban(greedy: list[int], words: list[list[int]]) -> int:
     for k, token_id in enumerate(greedy):
         for word in words:
             prefix = word[:-1]
-            if word[-1] == token_id and len(prefix) <= k and greedy[k - len(prefix):k] == prefix:
+            if word[-1] == token_id and len(prefix) <= k and greedy[k - len(prefix) : k] == prefix:
                 return k
     raise AssertionError("no word bans a greedy token")
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
-def test_bad_words_ban_single_and_multi_token_words(tiny_llama_dir: Path,
-                                                    async_scheduling: bool) -> None:
-    llm = LLM(str(tiny_llama_dir), skip_tokenizer_init=True, dtype="float32", max_model_len=64,
-              num_gpu_blocks_override=64, device="cpu", async_scheduling=async_scheduling)
+def test_bad_words_ban_single_and_multi_token_words(
+    tiny_llama_dir: Path, async_scheduling: bool
+) -> None:
+    llm = LLM(
+        str(tiny_llama_dir),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        max_model_len=64,
+        num_gpu_blocks_override=64,
+        device="cpu",
+        async_scheduling=async_scheduling,
+    )
     prompt = [5, 6, 7, 8]
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     (base,) = llm.generate(prompt, greedy, use_tqdm=False)
     g = base.outputs[0].token_ids
     cases = [[[g[0]]], [[g[2], g[3]]], [[g[1], g[2], g[3]], [250, 251]]]
-    params = [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
-                             bad_words_token_ids=words) for words in cases]
+    params = [
+        SamplingParams(
+            temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, bad_words_token_ids=words
+        )
+        for words in cases
+    ]
     outputs = llm.generate([prompt] * (1 + len(cases)), [greedy] + params, use_tqdm=False)
     assert outputs[0].outputs[0].token_ids == g  # a batch-mate's bad words change nothing
     for words, output in zip(cases, outputs[1:]):
@@ -63,8 +76,14 @@ def test_parallel_samples_share_prompt_blocks(long_context_dir: Path) -> None:
     under 1.3x of n=1 (without sharing it would be 8x). The children are admitted in the same
     step as the first sample and take its full prompt blocks from the prefix cache; each
     recomputes its own partial last block (1,000 = 62 x 16 + 8)."""
-    llm = LLM(str(long_context_dir), skip_tokenizer_init=True, dtype="float32", device="cpu",
-              max_model_len=1100, num_gpu_blocks_override=600)
+    llm = LLM(
+        str(long_context_dir),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        device="cpu",
+        max_model_len=1100,
+        num_gpu_blocks_override=600,
+    )
     engine = llm.llm_engine
     kv = engine.engine_core.scheduler.kv_cache_manager
     prompt = torch.randint(2, 256, (1000,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -90,9 +109,14 @@ def test_parallel_samples_equal_separate_seeded_requests(tiny_llm: LLM) -> None:
     prompt = list(range(10, 50))
     params = SamplingParams(n=4, seed=11, temperature=1.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     (out,) = tiny_llm.generate(prompt, params, use_tqdm=False)
-    singles = tiny_llm.generate([prompt] * 4, [SamplingParams(
-        seed=11 + i, temperature=1.0, max_tokens=MAX_TOKENS, ignore_eos=True) for i in range(4)],
-        use_tqdm=False)
+    singles = tiny_llm.generate(
+        [prompt] * 4,
+        [
+            SamplingParams(seed=11 + i, temperature=1.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+            for i in range(4)
+        ],
+        use_tqdm=False,
+    )
     assert [c.token_ids for c in out.outputs] == [s.outputs[0].token_ids for s in singles]
     assert len({tuple(c.token_ids) for c in out.outputs}) > 1
 
@@ -104,9 +128,13 @@ def test_prompt_embeds_never_share_cached_blocks(tiny_llm: LLM, tiny_llama_dir: 
     prompts = [list(range(20, 60)), list(range(100, 140))]  # 40 tokens: two full blocks each
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     hits_before = tiny_llm.get_stats().prefix_cache_hits
-    from_embeds = [tiny_llm.generate({"prompt_embeds": weights[torch.tensor(p)]}, greedy,
-                                     use_tqdm=False)[0] for p in prompts]
+    from_embeds = [
+        tiny_llm.generate({"prompt_embeds": weights[torch.tensor(p)]}, greedy, use_tqdm=False)[0]
+        for p in prompts
+    ]
     assert tiny_llm.get_stats().prefix_cache_hits == hits_before
     from_ids = tiny_llm.generate(prompts, greedy, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in from_embeds] == [o.outputs[0].token_ids for o in from_ids]
+    assert [o.outputs[0].token_ids for o in from_embeds] == [
+        o.outputs[0].token_ids for o in from_ids
+    ]
     assert from_ids[0].outputs[0].token_ids != from_ids[1].outputs[0].token_ids

@@ -15,6 +15,7 @@ Qwen3 in fp32 and bf16, decode batches whose sizes are mostly not capture sizes 
 - KV sizing reserves what the graphs take (all 51 sizes captured, against the trial capture),
   every term logged.
 """
+
 from __future__ import annotations
 
 import gc
@@ -35,13 +36,19 @@ pytestmark = pytest.mark.gpu
 # max_num_seqs 16: sizes 1, 2, 4, 8, 16; 11 prompts with ragged max_tokens make decode batches of
 # 10, 9, 7, 5, 4, 2, 1 sequences as requests finish (padded to 16, 8, 4, 2). max_model_len 512:
 # the graphs take the split-decode kernel (2 splits), eager the varlen one.
-ENGINE_ARGS = dict(skip_tokenizer_init=True, device="cuda", attention_backend="triton",
-                   max_model_len=512, max_num_seqs=16, max_num_batched_tokens=64,
-                   num_gpu_blocks_override=256, async_scheduling=True)
+ENGINE_ARGS = dict(
+    skip_tokenizer_init=True,
+    device="cuda",
+    attention_backend="triton",
+    max_model_len=512,
+    max_num_seqs=16,
+    max_num_batched_tokens=64,
+    num_gpu_blocks_override=256,
+    async_scheduling=True,
+)
 PROMPTS = random_prompts(11, 2, 40, seed=3)
 MAX_TOKENS = [4 + (3 * i) % 13 for i in range(len(PROMPTS))]  # 4..16
 LOGITS_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2}  # of the largest |logit|
-
 
 
 @dataclass
@@ -62,8 +69,12 @@ class Run:
     num_staged: int = 0  # replays of graphs that staged their inputs in
 
 
-def _generate(folder, dtype: str, enforce_eager: bool, logprobs: int | None = None, **engine_args) -> Run:
-    llm = LLM(str(folder), dtype=dtype, enforce_eager=enforce_eager, **{**ENGINE_ARGS, **engine_args})
+def _generate(
+    folder, dtype: str, enforce_eager: bool, logprobs: int | None = None, **engine_args
+) -> Run:
+    llm = LLM(
+        str(folder), dtype=dtype, enforce_eager=enforce_eager, **{**ENGINE_ARGS, **engine_args}
+    )
     runner: ModelRunner = llm.llm_engine.engine_core.model_runner
     assert (runner.graphs is None) == enforce_eager
     for kv_cache in runner.kv_caches:  # in place: the graphs keep the cache's address
@@ -78,8 +89,10 @@ def _generate(folder, dtype: str, enforce_eager: bool, logprobs: int | None = No
         count_sampled(rows_np)
 
     runner.sampler.count_sampled = counted
-    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True, logprobs=logprobs)
-              for m in MAX_TOKENS]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True, logprobs=logprobs)
+        for m in MAX_TOKENS
+    ]
     outputs = llm.generate(PROMPTS, params, use_tqdm=False)
     run.tokens = [out.outputs[0].token_ids for out in outputs]
     run.logprobs = [out.outputs[0].logprobs for out in outputs]
@@ -93,13 +106,17 @@ def _eager_decode(runner: ModelRunner, size: int, num_seqs: int) -> torch.Tensor
     inputs = runner._inputs.sections(size, size).tensors
     seq_lens = inputs["seq_lens"][:num_seqs]
     meta = AttentionMetadata(
-        num_tokens=num_seqs, num_seqs=num_seqs, max_query_len=1,
+        num_tokens=num_seqs,
+        num_seqs=num_seqs,
+        max_query_len=1,
         max_seq_len=int(seq_lens.max().item()),
-        query_start_loc=inputs["query_start_loc"][:num_seqs + 1], seq_lens=seq_lens,
+        query_start_loc=inputs["query_start_loc"][: num_seqs + 1],
+        seq_lens=seq_lens,
         slot_mapping=inputs["slot_mapping"][:num_seqs],
         block_table=runner.graphs.block_table[:num_seqs],
-        query_start_loc_cpu=inputs["query_start_loc"][:num_seqs + 1].cpu(),
-        seq_lens_cpu=seq_lens.cpu())
+        query_start_loc_cpu=inputs["query_start_loc"][: num_seqs + 1].cpu(),
+        seq_lens_cpu=seq_lens.cpu(),
+    )
     input_ids = inputs["ids_table"][inputs["input_src"][:num_seqs]]
     return runner.model(input_ids, inputs["positions"][:num_seqs], runner.kv_caches, meta)
 
@@ -113,24 +130,36 @@ def _check_each_replay(runner: ModelRunner, run: Run) -> None:
     replay, compute_logits = graphs.replay, runner.model.compute_logits
 
     def checked_replay(size: int, slot: int | None = None) -> torch.Tensor:
-        if slot is not None:  # a staged graph's first step, run eagerly: the inputs are then in place
+        if (
+            slot is not None
+        ):  # a staged graph's first step, run eagerly: the inputs are then in place
             graphs.stage_in(size, slot)
             run.num_staged += 1
         num_seqs = len(runner.input_batch._previous.req_ids)
         expected = compute_logits(_eager_decode(runner, size, num_seqs))
-        graphs._outputs[size, slot].fill_(float("nan"))  # the replay must write every real row again
-        if slot is not None:  # the staged graph must copy its inputs again and write the ids to the host
+        graphs._outputs[size, slot].fill_(
+            float("nan")
+        )  # the replay must write every real row again
+        if (
+            slot is not None
+        ):  # the staged graph must copy its inputs again and write the ids to the host
             staged_inputs = runner._inputs.words.clone()
-            runner._inputs.words[:int(runner._staging[slot].head[0])] = -1  # the words its header names
+            runner._inputs.words[
+                : int(runner._staging[slot].head[0])
+            ] = -1  # the words its header names
             runner._sampled_cpu[slot].fill_(-1)
         hidden = replay(size, slot)
         if slot is not None:
             assert torch.equal(runner._inputs.words, staged_inputs)
         run.replays.append(ReplayCheck(num_seqs, size, compute_logits(hidden[:num_seqs]), expected))
-        graph_logits = graphs.logits(size, slot)  # the graph's own LM head, up to MAX_LOGITS_ROWS rows
+        graph_logits = graphs.logits(
+            size, slot
+        )  # the graph's own LM head, up to MAX_LOGITS_ROWS rows
         assert (graph_logits is None) == (size > MAX_LOGITS_ROWS)
         if graph_logits is not None:
-            run.replays.append(ReplayCheck(num_seqs, size, graph_logits[:num_seqs].clone(), expected))
+            run.replays.append(
+                ReplayCheck(num_seqs, size, graph_logits[:num_seqs].clone(), expected)
+            )
             argmax = graphs.argmax(size, slot)
             assert torch.equal(argmax, torch.argmax(graph_logits, dim=-1))
             sample_rows = runner._inputs.sections(size, size).tensors["sample_rows"]
@@ -187,9 +216,13 @@ def test_fp32_a_slow_size_gives_way_to_the_larger_graph(checkpoints, monkeypatch
 
     def slow_16(graphs: DecodeGraphs, sizes: list[int]) -> dict[int, float]:
         assert sizes == [16, 24], sizes  # the others hold the LM head
-        logits_rows: list[int] = []  # the timed window holds the LM head the runner runs after a replay
+        logits_rows: list[
+            int
+        ] = []  # the timed window holds the LM head the runner runs after a replay
         compute_logits = graphs._model.compute_logits
-        graphs._model.compute_logits = lambda hidden: logits_rows.append(hidden.shape[0]) or compute_logits(hidden)
+        graphs._model.compute_logits = lambda hidden: (
+            logits_rows.append(hidden.shape[0]) or compute_logits(hidden)
+        )
         try:
             times = replay_times(graphs, sizes)
         finally:
@@ -236,16 +269,28 @@ def test_kv_sizing_reserves_graph_memory(checkpoints, caplog, max_num_seqs, num_
     gc.collect()
     torch.cuda.empty_cache()
     with caplog.at_level(logging.INFO, logger="pagedlm"):
-        llm = LLM(str(folder), dtype="bfloat16", skip_tokenizer_init=True, device="cuda",
-                  max_model_len=256, max_num_seqs=max_num_seqs, gpu_memory_utilization=0.3)
+        llm = LLM(
+            str(folder),
+            dtype="bfloat16",
+            skip_tokenizer_init=True,
+            device="cuda",
+            max_model_len=256,
+            max_num_seqs=max_num_seqs,
+            gpu_memory_utilization=0.3,
+        )
     runner: ModelRunner = llm.llm_engine.engine_core.model_runner
-    assert runner.graphs.max_size == max_num_seqs  # all captured (the log), the slower ones dropped after timing
+    assert (
+        runner.graphs.max_size == max_num_seqs
+    )  # all captured (the log), the slower ones dropped after timing
     reserved, taken = runner.graph_bytes_reserved, runner.graph_bytes
     assert reserved is not None and 0 < taken <= reserved + (16 << 20), (taken, reserved)
     assert "CUDA graphs (trial capture)" in caplog.text and "left for the KV cache" in caplog.text
-    assert (f"{num_sizes} pure-decode batch sizes (1..{max_num_seqs}), piecewise 36 token counts (16..2048), "
-            "captured in") in caplog.text
+    assert (
+        f"{num_sizes} pure-decode batch sizes (1..{max_num_seqs}), piecewise 36 token counts (16..2048), "
+        "captured in"
+    ) in caplog.text
     assert "CUDA graphs: replays timed in" in caplog.text
-    outputs = llm.generate(PROMPTS[:3], SamplingParams(temperature=0.0, max_tokens=8,
-                                                       ignore_eos=True), use_tqdm=False)
+    outputs = llm.generate(
+        PROMPTS[:3], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False
+    )
     assert [len(out.outputs[0].token_ids) for out in outputs] == [8, 8, 8]

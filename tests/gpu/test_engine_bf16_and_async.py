@@ -21,6 +21,7 @@ against itself with async scheduling on and off.
 
 The bodies are functions of (device, dtype), so they can also be run on the CPU in fp32.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -41,8 +42,9 @@ pytestmark = pytest.mark.gpu
 # max_num_seqs and the KV pool kept small only to shorten start-up (fewer decode graphs to capture
 # and time) and leave GPU memory to transformers; graphs, attention backend, async scheduling and
 # the token budget are the GPU defaults.
-SMALL_ENGINE = dict(skip_tokenizer_init=True, max_model_len=512, max_num_seqs=32,
-                    num_gpu_blocks_override=512)
+SMALL_ENGINE = dict(
+    skip_tokenizer_init=True, max_model_len=512, max_num_seqs=32, num_gpu_blocks_override=512
+)
 
 NUM_NEW_TOKENS = 16
 AGREEMENT_PROMPTS = random_prompts(16, 2, 64, seed=21)
@@ -58,8 +60,9 @@ def pagedlm_greedy(folder: Path, device: str, dtype: str) -> list[list[int]]:
     return [out.outputs[0].token_ids for out in outputs]
 
 
-def transformers_logits(folder: Path, generated: list[list[int]], device: str, dtype: torch.dtype
-                        ) -> torch.Tensor:
+def transformers_logits(
+    folder: Path, generated: list[list[int]], device: str, dtype: torch.dtype
+) -> torch.Tensor:
     """[positions, vocab] float32: transformers' logits at the positions that predict each generated
     token, from one teacher-forced forward per prompt over prompt + generated."""
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
@@ -67,25 +70,37 @@ def transformers_logits(folder: Path, generated: list[list[int]], device: str, d
     with torch.no_grad():
         for prompt, tokens in zip(AGREEMENT_PROMPTS, generated):
             input_ids = torch.tensor([prompt + tokens], device=device)
-            rows = model(input_ids).logits[0, len(prompt) - 1:len(prompt) - 1 + len(tokens)]
+            rows = model(input_ids).logits[0, len(prompt) - 1 : len(prompt) - 1 + len(tokens)]
             logits.append(rows.float().cpu())
     return torch.cat(logits)
 
 
-def assert_top1_agreement(generated: list[list[int]], truth: torch.Tensor, reference_bf16: torch.Tensor) -> None:
+def assert_top1_agreement(
+    generated: list[list[int]], truth: torch.Tensor, reference_bf16: torch.Tensor
+) -> None:
     """generated: pagedlm's tokens; truth, reference_bf16: transformers' float32 and bf16 logits at the
     same positions ([positions, vocab])."""
     assert [len(tokens) for tokens in generated] == [NUM_NEW_TOKENS] * len(AGREEMENT_PROMPTS)
     tokens = torch.tensor(generated).flatten()  # [positions]
-    assert truth.shape == reference_bf16.shape and truth.shape[0] == len(AGREEMENT_PROMPTS) * NUM_NEW_TOKENS
+    assert (
+        truth.shape == reference_bf16.shape
+        and truth.shape[0] == len(AGREEMENT_PROMPTS) * NUM_NEW_TOKENS
+    )
     assert torch.isfinite(truth).all() and torch.isfinite(reference_bf16).all()
     best = truth.max(dim=-1).values
     gap = best - truth.gather(1, tokens[:, None])[:, 0]  # 0 where pagedlm took float32's argmax
     agreement = (gap == 0).float().mean().item()
-    reference_agreement = (truth.argmax(dim=-1) == reference_bf16.argmax(dim=-1)).float().mean().item()
-    assert agreement >= min(reference_agreement - AGREEMENT_SLACK, MIN_AGREEMENT), (agreement, reference_agreement)
+    reference_agreement = (
+        (truth.argmax(dim=-1) == reference_bf16.argmax(dim=-1)).float().mean().item()
+    )
+    assert agreement >= min(reference_agreement - AGREEMENT_SLACK, MIN_AGREEMENT), (
+        agreement,
+        reference_agreement,
+    )
     margin = NEAR_TIE_STDS * truth.std(dim=-1)
-    far = [(i, gap[i].item(), margin[i].item()) for i in (gap > margin).nonzero().flatten().tolist()]
+    far = [
+        (i, gap[i].item(), margin[i].item()) for i in (gap > margin).nonzero().flatten().tolist()
+    ]
     assert not far, far  # (position, float32's max - its logit of pagedlm's token, margin)
 
 
@@ -94,7 +109,9 @@ def test_bf16_top1_agrees_with_transformers(checkpoints, family):
     folder, _ = checkpoints[family]
     generated = pagedlm_greedy(folder, "cuda", "bfloat16")
     truth = transformers_logits(folder, generated, "cuda", torch.float32)
-    assert_top1_agreement(generated, truth, transformers_logits(folder, generated, "cuda", torch.bfloat16))
+    assert_top1_agreement(
+        generated, truth, transformers_logits(folder, generated, "cuda", torch.bfloat16)
+    )
 
 
 # Ten prompts (1..100 tokens), each twice: first with seeded random sampling (three temperatures,
@@ -104,12 +121,19 @@ BASE_PROMPTS = random_prompts(10, 1, 100, seed=31)
 ASYNC_PROMPTS = BASE_PROMPTS + BASE_PROMPTS
 ASYNC_MAX_TOKENS = [4 + (7 * i) % 29 for i in range(len(BASE_PROMPTS))] * 2
 ASYNC_PARAMS = [
-    SamplingParams(temperature=(0.6, 1.0, 1.5)[i % 3], top_k=(0, 40, 8, 0)[i % 4],
-                   top_p=(1.0, 1.0, 0.9, 0.7)[i % 4], seed=100 + i, max_tokens=max_tokens,
-                   ignore_eos=True)
-    for i, max_tokens in enumerate(ASYNC_MAX_TOKENS[:len(BASE_PROMPTS)])
-] + [SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-     for max_tokens in ASYNC_MAX_TOKENS[len(BASE_PROMPTS):]]
+    SamplingParams(
+        temperature=(0.6, 1.0, 1.5)[i % 3],
+        top_k=(0, 40, 8, 0)[i % 4],
+        top_p=(1.0, 1.0, 0.9, 0.7)[i % 4],
+        seed=100 + i,
+        max_tokens=max_tokens,
+        ignore_eos=True,
+    )
+    for i, max_tokens in enumerate(ASYNC_MAX_TOKENS[: len(BASE_PROMPTS)])
+] + [
+    SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    for max_tokens in ASYNC_MAX_TOKENS[len(BASE_PROMPTS) :]
+]
 
 
 @dataclass
@@ -120,10 +144,17 @@ class EngineRun:
     mixed_piecewise_steps: int = 0  # piecewise replays of prefill chunks beside decodes
 
 
-def run_engine(folder: Path, device: str, dtype: str, async_scheduling: bool,
-               graph_size_timing: bool = True) -> EngineRun:
-    llm = LLM(str(folder), dtype=dtype, device=device, async_scheduling=async_scheduling,
-              graph_size_timing=graph_size_timing, **{**SMALL_ENGINE, "max_num_batched_tokens": 32})
+def run_engine(
+    folder: Path, device: str, dtype: str, async_scheduling: bool, graph_size_timing: bool = True
+) -> EngineRun:
+    llm = LLM(
+        str(folder),
+        dtype=dtype,
+        device=device,
+        async_scheduling=async_scheduling,
+        graph_size_timing=graph_size_timing,
+        **{**SMALL_ENGINE, "max_num_batched_tokens": 32},
+    )
     core = llm.llm_engine.engine_core
     run = EngineRun(tokens=[], steps=[])
     schedule = core.scheduler.schedule
@@ -151,8 +182,9 @@ def _record_replays(runner: ModelRunner, run: EngineRun) -> None:
         run.decode_graph_sizes.append(size)
         return decode_replay(size, slot)
 
-    def recorded_piecewise(size: int, input_ids: torch.Tensor, positions: torch.Tensor,
-                           meta: AttentionMetadata) -> torch.Tensor:
+    def recorded_piecewise(
+        size: int, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
         run.mixed_piecewise_steps += meta.max_query_len > 1 and meta.num_decodes > 0
         return piecewise_replay(size, input_ids, positions, meta)
 
@@ -165,8 +197,10 @@ def assert_async_changes_nothing(sync: EngineRun, async_: EngineRun) -> None:
     for index, (want, got) in enumerate(zip(sync.tokens, async_.tokens)):
         assert got == want, (index, ASYNC_PARAMS[index])
     num_sampled = len(BASE_PROMPTS)
-    differ = sum(sampled != greedy for sampled, greedy in zip(sync.tokens[:num_sampled],
-                                                               sync.tokens[num_sampled:]))
+    differ = sum(
+        sampled != greedy
+        for sampled, greedy in zip(sync.tokens[:num_sampled], sync.tokens[num_sampled:])
+    )
     assert differ >= num_sampled // 2, differ  # they really sampled
 
 

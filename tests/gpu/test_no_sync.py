@@ -14,6 +14,7 @@ It misses two things, checked here another way:
 - non_blocking copies between the device and pageable host memory (issued as cudaMemcpyAsync,
   which the driver runs synchronously with the host): the profiler names each copy's memory kinds.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -45,10 +46,17 @@ def folder(tmp_path_factory):
 
 def _engine(folder) -> EngineCore:
     """bf16, max_num_seqs 16 (graph sizes 1, 2, 4, 8, 16), a 64-token budget, async scheduling."""
-    config = EngineArgs(model=str(folder), dtype="bfloat16", device="cuda",
-                        skip_tokenizer_init=True, max_model_len=512, max_num_seqs=16,
-                        max_num_batched_tokens=64, num_gpu_blocks_override=512,
-                        async_scheduling=True).create_engine_config()
+    config = EngineArgs(
+        model=str(folder),
+        dtype="bfloat16",
+        device="cuda",
+        skip_tokenizer_init=True,
+        max_model_len=512,
+        max_num_seqs=16,
+        max_num_batched_tokens=64,
+        num_gpu_blocks_override=512,
+        async_scheduling=True,
+    ).create_engine_config()
     core = EngineCore(config)
     assert core.model_runner.graphs is not None
     return core
@@ -70,8 +78,14 @@ class Workload:
         index = len(self.max_tokens)
         prompt = random_prompts(1, prompt_len, prompt_len, seed=index)[0]
         self.max_tokens[f"r{index}"] = max_tokens
-        self.core.add_request(Request(request_id=f"r{index}", prompt_token_ids=prompt,
-                                      sampling_params=params, max_tokens=max_tokens))
+        self.core.add_request(
+            Request(
+                request_id=f"r{index}",
+                prompt_token_ids=prompt,
+                sampling_params=params,
+                max_tokens=max_tokens,
+            )
+        )
 
     def step(self, arrivals: bool = True) -> int:
         """One engine step (a new arrival first, every ARRIVAL_EVERY); the tokens it returned."""
@@ -80,8 +94,9 @@ class Workload:
         self.num_steps += 1
         num_tokens = 0
         for output in self.core.step():
-            self.received[output.req_id] = self.received.get(output.req_id, 0) + \
-                len(output.new_token_ids)
+            self.received[output.req_id] = self.received.get(output.req_id, 0) + len(
+                output.new_token_ids
+            )
             num_tokens += len(output.new_token_ids)
         return num_tokens
 

@@ -12,6 +12,7 @@ Llama, Qwen3 and Mistral (sliding window), ragged prompts chunked over mixed ste
   token budget of 8 (one size, whose GEMMs are the batch <= 8 GEMVs with their fused norms), and
   seeded sampling with logprobs and prompt_logprobs (the hidden states read after the replay).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,13 +31,19 @@ pytestmark = pytest.mark.gpu
 # max_num_batched_tokens 96: piecewise sizes 16, 32, 64, 96; max_num_seqs 4: each prompt (2..120
 # tokens, in chunks of the budget) is admitted as an earlier request finishes, beside the decodes of
 # the others (mixed steps of every padding; with more rows, every step was a full 96)
-ENGINE_ARGS = dict(skip_tokenizer_init=True, device="cuda", attention_backend="triton", max_model_len=512,
-                   max_num_seqs=4, max_num_batched_tokens=96, num_gpu_blocks_override=512,
-                   async_scheduling=True)
+ENGINE_ARGS = dict(
+    skip_tokenizer_init=True,
+    device="cuda",
+    attention_backend="triton",
+    max_model_len=512,
+    max_num_seqs=4,
+    max_num_batched_tokens=96,
+    num_gpu_blocks_override=512,
+    async_scheduling=True,
+)
 PROMPTS = random_prompts(12, 2, 120, seed=5)
 MAX_TOKENS = [3 + (5 * i) % 11 for i in range(len(PROMPTS))]  # 3..13
 TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2}  # of the largest |hidden|
-
 
 
 @dataclass
@@ -52,8 +59,9 @@ def _greedy(max_tokens: list[int]) -> list[SamplingParams]:
     return [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in max_tokens]
 
 
-def _run(folder, dtype: str, mode: str, prompts=PROMPTS, params=None, **overrides
-         ) -> tuple[list[RequestOutput], list[ReplayCheck]]:
+def _run(
+    folder, dtype: str, mode: str, prompts=PROMPTS, params=None, **overrides
+) -> tuple[list[RequestOutput], list[ReplayCheck]]:
     llm = LLM(str(folder), dtype=dtype, cudagraph_mode=mode, **{**ENGINE_ARGS, **overrides})
     runner: ModelRunner = llm.llm_engine.engine_core.model_runner
     assert (runner.piecewise is None) == (mode == "FULL_DECODE_ONLY")
@@ -66,8 +74,9 @@ def _run(folder, dtype: str, mode: str, prompts=PROMPTS, params=None, **override
     return outputs, checks
 
 
-def _generate(folder, dtype: str, mode: str, prompts=PROMPTS, max_tokens=MAX_TOKENS, **overrides
-              ) -> tuple[list[list[int]], list[ReplayCheck]]:
+def _generate(
+    folder, dtype: str, mode: str, prompts=PROMPTS, max_tokens=MAX_TOKENS, **overrides
+) -> tuple[list[list[int]], list[ReplayCheck]]:
     outputs, checks = _run(folder, dtype, mode, prompts, _greedy(max_tokens), **overrides)
     return [out.outputs[0].token_ids for out in outputs], checks
 
@@ -84,7 +93,9 @@ def _check_each_replay(runner: ModelRunner, checks: list[ReplayCheck]) -> None:
         piecewise._pieces[size].hidden.fill_(float("nan"))
         piecewise._out.fill_(float("nan"))
         hidden = replay(size, input_ids, positions, meta)
-        checks.append(ReplayCheck(meta.num_tokens, size, meta.max_query_len, hidden.clone(), expected))
+        checks.append(
+            ReplayCheck(meta.num_tokens, size, meta.max_query_len, hidden.clone(), expected)
+        )
         return hidden
 
     piecewise.replay = checked_replay
@@ -146,7 +157,9 @@ def test_fp32_a_slow_token_count_gives_way_to_the_larger_pieces(checkpoints, mon
     reference = hf_greedy(hf_model, PROMPTS, max(MAX_TOKENS))
     assert tokens == [ref[:num] for ref, num in zip(reference, MAX_TOKENS)]
     moved = [check for check in checks if 16 < check.num_tokens <= 32]
-    assert moved and {check.size for check in moved} == {64}, [(c.num_tokens, c.size) for c in checks]
+    assert moved and {check.size for check in moved} == {64}, [
+        (c.num_tokens, c.size) for c in checks
+    ]
     _assert_close(checks, "float32")
 
 
@@ -156,7 +169,9 @@ def test_a_step_above_the_largest_size_runs_eagerly(checkpoints):
     folder, hf_model = checkpoints["qwen3"]
     prompts = random_prompts(10, 250, 250, seed=7) + random_prompts(1, 300, 300, seed=8)
     max_tokens = [4] * 10 + [6]
-    args = dict(prompts=prompts, max_tokens=max_tokens, max_num_batched_tokens=4096, max_num_seqs=10)
+    args = dict(
+        prompts=prompts, max_tokens=max_tokens, max_num_batched_tokens=4096, max_num_seqs=10
+    )
     tokens, checks = _generate(folder, "float32", "FULL_AND_PIECEWISE", **args)
     eager_tokens, _ = _generate(folder, "float32", "FULL_DECODE_ONLY", **args)
     assert tokens == eager_tokens
@@ -170,23 +185,32 @@ def test_decode_steps_above_the_largest_decode_graph(checkpoints):
     (decode graphs stop at 1,024): piecewise replays of the varlen decode launch, in LPT order."""
     folder, _ = checkpoints["llama"]
     prompts = random_prompts(1040, 2, 2, seed=11)
-    args = dict(prompts=prompts, max_tokens=[3] * 1040, max_num_seqs=1100, max_num_batched_tokens=4096,
-                num_gpu_blocks_override=2048)
+    args = dict(
+        prompts=prompts,
+        max_tokens=[3] * 1040,
+        max_num_seqs=1100,
+        max_num_batched_tokens=4096,
+        num_gpu_blocks_override=2048,
+    )
     tokens, checks = _generate(folder, "float32", "FULL_AND_PIECEWISE", **args)
     eager_tokens, _ = _generate(folder, "float32", "FULL_DECODE_ONLY", **args)
     assert tokens == eager_tokens
     decode_checks = [c for c in checks if c.max_query_len == 1]
-    assert len(decode_checks) >= 2 and all(c.num_tokens == 1040 and c.size == 1152 for c in decode_checks)
+    assert len(decode_checks) >= 2 and all(
+        c.num_tokens == 1040 and c.size == 1152 for c in decode_checks
+    )
     _assert_close(checks, "float32")
 
 
 def test_a_budget_of_eight_tokens_replays_the_gemv_pieces(checkpoints):
     folder, hf_model = checkpoints["qwen3"]
     prompts, max_tokens = PROMPTS[:6], MAX_TOKENS[:6]
-    tokens, checks = _generate(folder, "float32", "FULL_AND_PIECEWISE", prompts, max_tokens,
-                               max_num_batched_tokens=8)
-    eager_tokens, _ = _generate(folder, "float32", "FULL_DECODE_ONLY", prompts, max_tokens,
-                                max_num_batched_tokens=8)
+    tokens, checks = _generate(
+        folder, "float32", "FULL_AND_PIECEWISE", prompts, max_tokens, max_num_batched_tokens=8
+    )
+    eager_tokens, _ = _generate(
+        folder, "float32", "FULL_DECODE_ONLY", prompts, max_tokens, max_num_batched_tokens=8
+    )
     reference = hf_greedy(hf_model, prompts, max(max_tokens))
     assert tokens == eager_tokens == [ref[:num] for ref, num in zip(reference, max_tokens)]
     assert checks and {c.size for c in checks} == {8}
@@ -195,19 +219,36 @@ def test_a_budget_of_eight_tokens_replays_the_gemv_pieces(checkpoints):
 
 def test_seeded_sampling_with_logprobs_on_piecewise_steps(checkpoints):
     folder, _ = checkpoints["llama"]
-    params = [SamplingParams(temperature=0.8, top_p=0.9, seed=i, max_tokens=m, ignore_eos=True, logprobs=2,
-                             prompt_logprobs=2) for i, m in enumerate(MAX_TOKENS)]
+    params = [
+        SamplingParams(
+            temperature=0.8,
+            top_p=0.9,
+            seed=i,
+            max_tokens=m,
+            ignore_eos=True,
+            logprobs=2,
+            prompt_logprobs=2,
+        )
+        for i, m in enumerate(MAX_TOKENS)
+    ]
     outputs, checks = _run(folder, "float32", "FULL_AND_PIECEWISE", params=params)
     expected, _ = _run(folder, "float32", "FULL_DECODE_ONLY", params=params)
     assert len(checks) >= 8
     for got, want in zip(outputs, expected):
         assert got.outputs[0].token_ids == want.outputs[0].token_ids
         got_prompt, want_prompt = got.prompt_logprobs, want.prompt_logprobs
-        assert len(got_prompt) == len(want_prompt) and got_prompt[0] is None and want_prompt[0] is None
+        assert (
+            len(got_prompt) == len(want_prompt) and got_prompt[0] is None and want_prompt[0] is None
+        )
         for got_pos, want_pos in zip(got_prompt[1:], want_prompt[1:]):
             assert got_pos.keys() == want_pos.keys()
             for token_id, logprob in want_pos.items():
-                assert abs(got_pos[token_id].logprob - logprob.logprob) < 1e-4, (token_id, got_pos, want_pos)
-        for token_id, got_pos, want_pos in zip(got.outputs[0].token_ids, got.outputs[0].logprobs,
-                                               want.outputs[0].logprobs):
+                assert abs(got_pos[token_id].logprob - logprob.logprob) < 1e-4, (
+                    token_id,
+                    got_pos,
+                    want_pos,
+                )
+        for token_id, got_pos, want_pos in zip(
+            got.outputs[0].token_ids, got.outputs[0].logprobs, want.outputs[0].logprobs
+        ):
             assert abs(got_pos[token_id].logprob - want_pos[token_id].logprob) < 1e-4

@@ -1,4 +1,5 @@
 """The default GGUF model against transformers reading the same file; dummy weights."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,8 +35,9 @@ def test_default_gguf_matches_transformers() -> None:
     config = build_model_config(None, "auto", "float32", CPU, 64, True)
     assert config.load_format == "gguf" and config.tie_word_embeddings
     got = run_prompt(load_model(config, TorchAttentionBackend(), CPU), PROMPT_IDS)
-    hf_model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                    dtype=torch.float32).eval()
+    hf_model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
     with torch.no_grad():
         want = hf_model(torch.tensor([PROMPT_IDS])).logits[0]
     assert (got - want).abs().max() <= GGUF_TOL
@@ -48,7 +50,9 @@ def test_unpermute_matches_transformers_and_inverts_llama_cpp() -> None:
     num_heads, head_dim, cols = 3, 8, 5
     original = torch.randn(num_heads * head_dim, cols)
     # llama.cpp convert_hf_to_gguf: reshape(n_head, 2, rows // n_head // 2, ...).swapaxes(1, 2)
-    permuted = original.reshape(num_heads, 2, head_dim // 2, cols).transpose(1, 2).reshape(original.shape)
+    permuted = (
+        original.reshape(num_heads, 2, head_dim // 2, cols).transpose(1, 2).reshape(original.shape)
+    )
     assert not torch.equal(permuted, original)
     assert torch.equal(unpermute_rows(permuted, num_heads), original)
     bias = torch.randn(num_heads * head_dim)
@@ -69,8 +73,14 @@ def test_gguf_names() -> None:
 
 
 def test_dummy_from_config_only(tmp_path: Path) -> None:
-    LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2).save_pretrained(tmp_path)
+    LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    ).save_pretrained(tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["config.json"]
     config = build_model_config(str(tmp_path), "dummy", "float32", CPU, 32, True)
     first = run_prompt(load_model(config, TorchAttentionBackend(), CPU), [5, 17, 200])

@@ -1,5 +1,6 @@
 """A Llama 3.1-style GGUF (llama3 RoPE scaling stored, as llama.cpp's convert_hf_to_gguf stores it, only as
 the frequency factors `rope_freqs.weight`) against transformers on the equivalent HF checkpoint."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,11 +20,22 @@ CPU = torch.device("cpu")
 # ragged, with positions well past original_max_position_embeddings (32), below max_position_embeddings (64)
 PROMPT_LENS = (45, 7, 60, 33)
 # llama.cpp's names for the HF tensors (written out here, not taken from the loader under test)
-GLOBAL_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
-BLOCK_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-               "self_attn.o_proj": "attn_output", "input_layernorm": "attn_norm",
-               "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-               "mlp.down_proj": "ffn_down"}
+GLOBAL_NAMES = {
+    "model.embed_tokens": "token_embd",
+    "model.norm": "output_norm",
+    "lm_head": "output",
+}
+BLOCK_NAMES = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
 
 
 def gguf_name(hf_name: str) -> str:
@@ -37,8 +49,11 @@ def gguf_name(hf_name: str) -> str:
 def llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
     """convert_hf_to_gguf's q/k row order (the two rotary halves of each head interleaved)."""
     rows = weight.shape[0]
-    return weight.reshape(num_heads, 2, rows // num_heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(
-        weight.shape)
+    return (
+        weight.reshape(num_heads, 2, rows // num_heads // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
 
 
 def llama3_factors(hf_model: torch.nn.Module) -> torch.Tensor:
@@ -92,15 +107,21 @@ def load_gguf(path: Path) -> LlamaForCausalLM:
 
 @pytest.fixture(scope="module")
 def hf_llama3(tmp_path_factory: pytest.TempPathFactory) -> torch.nn.Module:
-    return save_tiny_model(LlamaConfig(**SHAPE, rope_scaling=LLAMA3_ROPE), tmp_path_factory.mktemp("hf"))
+    return save_tiny_model(
+        LlamaConfig(**SHAPE, rope_scaling=LLAMA3_ROPE), tmp_path_factory.mktemp("hf")
+    )
 
 
 def max_logit_diff(model: LlamaForCausalLM, hf_model: torch.nn.Module) -> float:
     gen = torch.Generator().manual_seed(2)
-    batch = [torch.randint(model.config.vocab_size, (n,), generator=gen).tolist() for n in PROMPT_LENS]
+    batch = [
+        torch.randint(model.config.vocab_size, (n,), generator=gen).tolist() for n in PROMPT_LENS
+    ]
     assert max(PROMPT_LENS) > LLAMA3_ROPE["original_max_position_embeddings"]
-    diffs = [(got - hf_logits(hf_model, ids)).abs().max() for ids, got in
-             zip(batch, ragged_logits(model, batch), strict=True)]
+    diffs = [
+        (got - hf_logits(hf_model, ids)).abs().max()
+        for ids, got in zip(batch, ragged_logits(model, batch), strict=True)
+    ]
     return float(max(diffs))
 
 
@@ -108,30 +129,43 @@ def test_factors_cover_all_three_llama3_regimes(hf_llama3: torch.nn.Module) -> N
     factors = llama3_factors(hf_llama3)
     assert factors.shape == (8,)
     torch.testing.assert_close(factors[0], torch.tensor(1.0))  # short wavelength: kept
-    torch.testing.assert_close(factors[2:], torch.full((6,), LLAMA3_ROPE["factor"]))  # long: divided
+    torch.testing.assert_close(
+        factors[2:], torch.full((6,), LLAMA3_ROPE["factor"])
+    )  # long: divided
     assert 1.0 < factors[1] < LLAMA3_ROPE["factor"]  # blended
 
 
-def test_gguf_with_rope_freqs_matches_transformers_llama3(hf_llama3: torch.nn.Module, tmp_path: Path) -> None:
+def test_gguf_with_rope_freqs_matches_transformers_llama3(
+    hf_llama3: torch.nn.Module, tmp_path: Path
+) -> None:
     path = tmp_path / "llama31.gguf"
     write_gguf(hf_llama3, path, llama3_factors(hf_llama3))
     assert max_logit_diff(load_gguf(path), hf_llama3) <= TOL
 
 
 @pytest.mark.parametrize("rope_freqs", ["ones", "absent"])
-def test_plain_rope_differs_materially(hf_llama3: torch.nn.Module, tmp_path: Path, rope_freqs: str) -> None:
+def test_plain_rope_differs_materially(
+    hf_llama3: torch.nn.Module, tmp_path: Path, rope_freqs: str
+) -> None:
     """What the loader did before reading rope_freqs: the parity test above cannot pass by accident."""
     path = tmp_path / "plain.gguf"
     write_gguf(hf_llama3, path, torch.ones(8) if rope_freqs == "ones" else None)
     assert max_logit_diff(load_gguf(path), hf_llama3) > 1000 * TOL
 
 
-@pytest.mark.parametrize("factors, message", [
-    (torch.ones(4), r"rope_freqs\.weight.*4 factors.*head_dim 16 needs 8"),
-    (torch.tensor([1.0, 2.0, 0.0, 8.0, 8.0, 8.0, 8.0, 8.0]), r"rope_freqs\.weight.*finite positive"),
-])
-def test_bad_rope_freqs_are_named(hf_llama3: torch.nn.Module, tmp_path: Path, factors: torch.Tensor,
-                                  message: str) -> None:
+@pytest.mark.parametrize(
+    "factors, message",
+    [
+        (torch.ones(4), r"rope_freqs\.weight.*4 factors.*head_dim 16 needs 8"),
+        (
+            torch.tensor([1.0, 2.0, 0.0, 8.0, 8.0, 8.0, 8.0, 8.0]),
+            r"rope_freqs\.weight.*finite positive",
+        ),
+    ],
+)
+def test_bad_rope_freqs_are_named(
+    hf_llama3: torch.nn.Module, tmp_path: Path, factors: torch.Tensor, message: str
+) -> None:
     path = tmp_path / "bad.gguf"
     write_gguf(hf_llama3, path, factors)
     with pytest.raises(ValueError, match=message):
@@ -142,14 +176,19 @@ def test_claimed_rope_scaling_must_agree_with_factors(hf_llama3: torch.nn.Module
     factors = llama3_factors(hf_llama3)
     theta = hf_llama3.config.rope_parameters["rope_theta"]
     # the same llama3 scaling claimed twice is applied once
-    torch.testing.assert_close(rope_inv_freq(16, theta, LLAMA3_ROPE, factors),
-                               hf_llama3.model.rotary_emb.inv_freq.float(), rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        rope_inv_freq(16, theta, LLAMA3_ROPE, factors),
+        hf_llama3.model.rotary_emb.inv_freq.float(),
+        rtol=1e-6,
+        atol=0,
+    )
     with pytest.raises(ValueError, match="rope_scaling.*linear.*rope_freqs"):
         rope_inv_freq(16, theta, {"rope_type": "linear", "factor": 8.0}, factors)
 
 
-def test_a_safetensors_model_loads_without_the_gguf_package(hf_llama3: torch.nn.Module, tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_safetensors_model_loads_without_the_gguf_package(
+    hf_llama3: torch.nn.Module, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The GPU machine has no gguf package: a safetensors model must never import it (the GPU suite
     caught gguf_rope_freqs importing it for every model)."""
     import sys
@@ -161,8 +200,9 @@ def test_a_safetensors_model_loads_without_the_gguf_package(hf_llama3: torch.nn.
     assert model.config.gguf_file is None
 
 
-def test_one_parse_of_the_file_per_load(hf_llama3: torch.nn.Module, tmp_path: Path,
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_parse_of_the_file_per_load(
+    hf_llama3: torch.nn.Module, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The model's build (rope_freqs) and its weights read one parse of the GGUF file (~2 s for the
     default model's), released once loaded, also when the load fails. (transformers parses it again for
     the config, before.)"""
@@ -178,14 +218,17 @@ def test_one_parse_of_the_file_per_load(hf_llama3: torch.nn.Module, tmp_path: Pa
     monkeypatch.setattr(gguf, "GGUFReader", lambda name: parses.append(name) or parse(name))
     load_model(config, TorchAttentionBackend(), CPU)
     assert parses == [str(path.resolve())] and gguf_loader._parse.cache_info().currsize == 0
-    write_gguf(hf_llama3, path, torch.ones(4))  # the same path, now a bad file: parsed again, and released
+    write_gguf(
+        hf_llama3, path, torch.ones(4)
+    )  # the same path, now a bad file: parsed again, and released
     with pytest.raises(ValueError, match="4 factors"):
         load_model(config, TorchAttentionBackend(), CPU)
     assert parses == [str(path.resolve())] * 2 and gguf_loader._parse.cache_info().currsize == 0
 
 
-def test_one_parse_spans_nest_and_restore(hf_llama3: torch.nn.Module, tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_parse_spans_nest_and_restore(
+    hf_llama3: torch.nn.Module, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A span opened inside another shares its parse (no second patch, no recursion); at the outer
     exit gguf.GGUFReader is the constructor it was and the parse is released."""
     import gguf

@@ -1,5 +1,6 @@
 """pagedlm's Llama-family model against Hugging Face transformers on tiny random-weight
 checkpoints, float32 on CPU with the torch attention backend."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,8 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 from paged_batch import make_cache, make_step
-from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, PretrainedConfig,
-                          Qwen2Config, Qwen3Config)
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    MistralConfig,
+    PretrainedConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 from pagedlm.attention.torch_ref import TorchAttentionBackend
 from pagedlm.config import build_model_config
@@ -17,24 +24,38 @@ from pagedlm.model import LlamaForCausalLM, load_model
 TOL = 1e-4
 BLOCK_SIZE = 8
 PROMPT_LENS = (13, 5, 20, 1)  # ragged; longer than the Mistral window of 8
-SHAPE = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+SHAPE = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
 
 FAMILIES = {
     "llama": lambda: LlamaConfig(**SHAPE),
     # llama3 frequencies (all three regimes at head_dim 16), biases on q/k/v/o and the MLP
-    "llama3_rope_bias": lambda: LlamaConfig(**SHAPE, rope_scaling=LLAMA3_ROPE, attention_bias=True,
-                                            mlp_bias=True),
+    "llama3_rope_bias": lambda: LlamaConfig(
+        **SHAPE, rope_scaling=LLAMA3_ROPE, attention_bias=True, mlp_bias=True
+    ),
     "mistral": lambda: MistralConfig(**SHAPE, sliding_window=8),
     "qwen2_tied": lambda: Qwen2Config(**SHAPE, tie_word_embeddings=True),
     "qwen3": lambda: Qwen3Config(**SHAPE, head_dim=32),  # head_dim != hidden / heads
 }
 
 
-def save_tiny_model(hf_config: PretrainedConfig, folder: Path, **save_kwargs: object
-                    ) -> torch.nn.Module:
+def save_tiny_model(
+    hf_config: PretrainedConfig, folder: Path, **save_kwargs: object
+) -> torch.nn.Module:
     """A random transformers model, perturbed so that norms and biases are not 1s and 0s."""
     torch.manual_seed(0)
     hf_config._attn_implementation = "eager"
@@ -71,14 +92,17 @@ def ragged_logits(model: LlamaForCausalLM, batch: list[list[int]]) -> list[torch
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
-def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-           ) -> tuple[torch.nn.Module, LlamaForCausalLM]:
+def family(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[torch.nn.Module, LlamaForCausalLM]:
     folder = tmp_path_factory.mktemp(request.param)
     hf_model = save_tiny_model(FAMILIES[request.param](), folder)
     return hf_model, load_ours(folder)
 
 
-def test_ragged_batch_matches_transformers(family: tuple[torch.nn.Module, LlamaForCausalLM]) -> None:
+def test_ragged_batch_matches_transformers(
+    family: tuple[torch.nn.Module, LlamaForCausalLM],
+) -> None:
     hf_model, model = family
     batch = prompts(model.config.vocab_size)
     for ids, got in zip(batch, ragged_logits(model, batch), strict=True):
@@ -94,8 +118,10 @@ def test_chunked_prefill_matches_one_pass(family: tuple[torch.nn.Module, LlamaFo
     split = 11
     cache = make_cache(model.config, 2, len(long_ids), BLOCK_SIZE)
     with torch.no_grad():
-        for chunks in ([(long_ids[:split], 0), (short_ids[:-1], 0)],
-                       [(long_ids[split:], split), (short_ids[-1:], len(short_ids) - 1)]):
+        for chunks in (
+            [(long_ids[:split], 0), (short_ids[:-1], 0)],
+            [(long_ids[split:], split), (short_ids[-1:], len(short_ids) - 1)],
+        ):
             input_ids, positions, meta = make_step(cache, chunks)
             logits = model.compute_logits(model(input_ids, positions, cache.kv_caches, meta))
     want_long, want_short = hf_logits(hf_model, long_ids), hf_logits(hf_model, short_ids)
@@ -111,14 +137,23 @@ def test_chunked_prefill_matches_one_pass(family: tuple[torch.nn.Module, LlamaFo
 ROUTINGS = {
     "all": (lambda x, weight: True, 4, ["rms_norm", "materialize"]),
     "all_one_row": (lambda x, weight: True, 1, ["rms_norm", "materialize"]),
-    "narrow": (lambda x, weight: weight.shape[0] <= x.shape[1], 4, ["rms_norm"] + ["materialize"] * 4),
-    "wide": (lambda x, weight: weight.shape[0] > x.shape[1], 4, ["rms_norm"] + ["fused_add_rms_norm"] * 4),
+    "narrow": (
+        lambda x, weight: weight.shape[0] <= x.shape[1],
+        4,
+        ["rms_norm"] + ["materialize"] * 4,
+    ),
+    "wide": (
+        lambda x, weight: weight.shape[0] > x.shape[1],
+        4,
+        ["rms_norm"] + ["fused_add_rms_norm"] * 4,
+    ),
 }
 
 
 @pytest.mark.parametrize("routing", list(ROUTINGS))
 def test_decode_through_fused_gemvs_matches_transformers(
-        family: tuple[torch.nn.Module, LlamaForCausalLM], routing: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    family: tuple[torch.nn.Module, LlamaForCausalLM], routing: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A decode step with the Linears that `routing` picks on the Triton GEMV (the interpreter on CPU),
     the rest on torch: the residual is added once and each norm applied once, where the routing puts
     them (ROUTINGS: the norm calls left, including the final norm before the logits rows are picked)."""
@@ -136,16 +171,25 @@ def test_decode_through_fused_gemvs_matches_transformers(
         monkeypatch.setattr(layers, "takes_gemv", takes_gemv)
         monkeypatch.setattr(gemv_module, "gemv", gemv_triton)
         norm_calls = []
-        for module, name in ((layers.ops, "rms_norm"), (layers.ops, "fused_add_rms_norm"), (gemv_module, "rms_norm")):
+        for module, name in (
+            (layers.ops, "rms_norm"),
+            (layers.ops, "fused_add_rms_norm"),
+            (gemv_module, "rms_norm"),
+        ):
             norm = getattr(module, name)
             label = "materialize" if module is gemv_module else name
-            monkeypatch.setattr(module, name, lambda *args, norm=norm, label=label: norm_calls.append(label)
-                                or norm(*args))
+            monkeypatch.setattr(
+                module,
+                name,
+                lambda *args, norm=norm, label=label: norm_calls.append(label) or norm(*args),
+            )
         input_ids, positions, meta = make_step(cache, [(ids[-1:], len(ids) - 1) for ids in batch])
         logits = model.compute_logits(model(input_ids, positions, cache.kv_caches, meta))
     assert norm_calls == expected_norm_calls
     for ids, got in zip(batch, logits, strict=True):
-        assert (got - hf_logits(hf_model, ids)[-1]).abs().max() <= TOL, f"prompt of {len(ids)} tokens"
+        assert (got - hf_logits(hf_model, ids)[-1]).abs().max() <= TOL, (
+            f"prompt of {len(ids)} tokens"
+        )
 
 
 def test_inputs_embeds_replace_input_ids(family: tuple[torch.nn.Module, LlamaForCausalLM]) -> None:
@@ -154,8 +198,13 @@ def test_inputs_embeds_replace_input_ids(family: tuple[torch.nn.Module, LlamaFor
     cache = make_cache(model.config, 1, len(ids), BLOCK_SIZE)
     input_ids, positions, meta = make_step(cache, [(ids, 0)])
     with torch.no_grad():
-        hidden = model(torch.zeros_like(input_ids), positions, cache.kv_caches, meta,
-                       inputs_embeds=model.embed_tokens(input_ids))
+        hidden = model(
+            torch.zeros_like(input_ids),
+            positions,
+            cache.kv_caches,
+            meta,
+            inputs_embeds=model.embed_tokens(input_ids),
+        )
     torch.testing.assert_close(model.compute_logits(hidden), ragged_logits(model, [ids])[0])
 
 

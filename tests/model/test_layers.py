@@ -1,29 +1,43 @@
 """Model layers against their transformers counterparts, with fresh random inputs."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-from transformers.models.llama.modeling_llama import (LlamaRMSNorm, LlamaRotaryEmbedding,
-                                                      apply_rotary_pos_emb)
+from transformers.models.llama.modeling_llama import (
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+)
 
 from pagedlm.model.layers import RMSNorm, RotaryEmbedding, rope_inv_freq
-from pagedlm.ops.rotary import rotary_embedding_torch
 from pagedlm.ops import silu_and_mul
+from pagedlm.ops.rotary import rotary_embedding_torch
 
 HEAD_DIM = 16
 ROPE_SCALINGS = {
     "default": None,
     "linear": {"rope_type": "linear", "factor": 4.0},
-    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32,
+    },
 }
 
 
 def hf_rope_config(scaling: dict | None) -> LlamaConfig:
-    return LlamaConfig(hidden_size=4 * HEAD_DIM, num_attention_heads=4, max_position_embeddings=64,
-                       rope_theta=500.0, rope_scaling=scaling)
+    return LlamaConfig(
+        hidden_size=4 * HEAD_DIM,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+        rope_theta=500.0,
+        rope_scaling=scaling,
+    )
 
 
 @pytest.mark.parametrize("name", list(ROPE_SCALINGS))
@@ -48,7 +62,9 @@ def test_rotary_matches_transformers(name: str) -> None:
     got_q, got_k = rotary_embedding_torch(positions, q, k, rotary.cos_sin_cache)
     cos, sin = hf_rotary(q, positions[None])  # [1, T, head_dim]
     # HF layout [batch, heads, T, head_dim]
-    want_q, want_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
+    want_q, want_k = apply_rotary_pos_emb(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin
+    )
     torch.testing.assert_close(got_q, want_q[0].transpose(0, 1))
     torch.testing.assert_close(got_k, want_k[0].transpose(0, 1))
 
@@ -76,5 +92,6 @@ def test_rms_norm_with_residual(dtype: torch.dtype) -> None:
 
 def test_silu_and_mul() -> None:
     gate, up = torch.randn(3, 8), torch.randn(3, 8)
-    torch.testing.assert_close(silu_and_mul(torch.cat([gate, up], dim=-1)),
-                               torch.nn.functional.silu(gate) * up)
+    torch.testing.assert_close(
+        silu_and_mul(torch.cat([gate, up], dim=-1)), torch.nn.functional.silu(gate) * up
+    )

@@ -3,6 +3,7 @@ variants not covered by test_hf_parity (linear RoPE, Qwen2 layers mixing sliding
 match transformers; bad input (an unknown device, an extra checkpoint tensor, a GGUF tensor type the
 dequantiser lacks, chat_template_kwargs overriding a template argument) gets a ValueError naming the
 parameter, or is honoured as vLLM does."""
+
 from __future__ import annotations
 
 import sys
@@ -26,10 +27,13 @@ from tiny_hf_models import save_tiny_model_with_tokenizer  # noqa: E402
 CPU = torch.device("cpu")
 TOL = 1e-4
 VARIANTS = {
-    "llama_linear_rope": lambda: LlamaConfig(**SHAPE, rope_scaling={"rope_type": "linear", "factor": 4.0}),
+    "llama_linear_rope": lambda: LlamaConfig(
+        **SHAPE, rope_scaling={"rope_type": "linear", "factor": 4.0}
+    ),
     # layer_types [full, sliding]: only layer 1 has the window of 4 (shorter than the prompts)
-    "qwen2_mixed_layer_types": lambda: Qwen2Config(**SHAPE, use_sliding_window=True, sliding_window=4,
-                                                   max_window_layers=1),
+    "qwen2_mixed_layer_types": lambda: Qwen2Config(
+        **SHAPE, use_sliding_window=True, sliding_window=4, max_window_layers=1
+    ),
     # a sliding_window key in a Llama config.json: transformers' Llama attends to every key anyway
     "llama_ignores_sliding_window": lambda: LlamaConfig(**SHAPE, sliding_window=4),
 }
@@ -59,7 +63,9 @@ def test_unknown_device_is_a_value_error_naming_device() -> None:
         EngineArgs(device="foo").create_engine_config()
 
 
-def test_cli_unknown_device_exits_with_an_error_not_a_traceback(capsys: pytest.CaptureFixture) -> None:
+def test_cli_unknown_device_exits_with_an_error_not_a_traceback(
+    capsys: pytest.CaptureFixture,
+) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["generate", "--device", "foo", "hi"])
     assert exited.value.code == 2
@@ -80,12 +86,20 @@ def _write_tiny_llama_gguf(path: Path, float64_tensor: str | None) -> None:
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_freq_base(10000.0)
     writer.add_vocab_size(32)
-    shapes = {"token_embd.weight": (32, 16), "output_norm.weight": (16,), "output.weight": (32, 16),
-              "blk.0.attn_norm.weight": (16,), "blk.0.ffn_norm.weight": (16,),
-              "blk.0.attn_q.weight": (16, 16), "blk.0.attn_k.weight": (8, 16),
-              "blk.0.attn_v.weight": (8, 16), "blk.0.attn_output.weight": (16, 16),
-              "blk.0.ffn_gate.weight": (32, 16), "blk.0.ffn_up.weight": (32, 16),
-              "blk.0.ffn_down.weight": (16, 32)}
+    shapes = {
+        "token_embd.weight": (32, 16),
+        "output_norm.weight": (16,),
+        "output.weight": (32, 16),
+        "blk.0.attn_norm.weight": (16,),
+        "blk.0.ffn_norm.weight": (16,),
+        "blk.0.attn_q.weight": (16, 16),
+        "blk.0.attn_k.weight": (8, 16),
+        "blk.0.attn_v.weight": (8, 16),
+        "blk.0.attn_output.weight": (16, 16),
+        "blk.0.ffn_gate.weight": (32, 16),
+        "blk.0.ffn_up.weight": (32, 16),
+        "blk.0.ffn_down.weight": (16, 32),
+    }
     rng = np.random.default_rng(0)
     for name, shape in shapes.items():
         dtype = np.float64 if name == float64_tensor else np.float32
@@ -109,17 +123,23 @@ def test_chat_template_kwargs_override_add_generation_prompt(tmp_path: Path) -> 
     from pagedlm import LLM, SamplingParams
 
     save_tiny_model_with_tokenizer(tmp_path)
-    llm = LLM(str(tmp_path), dtype="float32", device="cpu", num_gpu_blocks_override=16,
-              max_model_len=64)
+    llm = LLM(
+        str(tmp_path), dtype="float32", device="cpu", num_gpu_blocks_override=16, max_model_len=64
+    )
     conversation = [{"role": "user", "content": "hello"}]
-    (output,) = llm.chat(conversation, SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False,
-                         chat_template_kwargs={"add_generation_prompt": False})
+    (output,) = llm.chat(
+        conversation,
+        SamplingParams(temperature=0.0, max_tokens=1),
+        use_tqdm=False,
+        chat_template_kwargs={"add_generation_prompt": False},
+    )
     assert output.prompt == "user: hello\n"
 
 
 @pytest.mark.parametrize("variant, limit", [("plain", 64), ("llama_linear_rope", 256)])
-def test_max_model_len_above_the_models_maximum_is_refused(variant: str, limit: int, tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_max_model_len_above_the_models_maximum_is_refused(
+    variant: str, limit: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """vLLM refuses a max_model_len past max_position_embeddings (times a linear RoPE factor) unless
     its environment variable allows it; None takes max_position_embeddings."""
     config = LlamaConfig(**SHAPE) if variant == "plain" else VARIANTS[variant]()
@@ -127,9 +147,18 @@ def test_max_model_len_above_the_models_maximum_is_refused(variant: str, limit: 
     assert config.max_position_embeddings == 64
     monkeypatch.delenv("PAGEDLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
     assert build_model_config(str(tmp_path), "auto", "float32", CPU, None, True).max_model_len == 64
-    assert build_model_config(str(tmp_path), "auto", "float32", CPU, limit, True).max_model_len == limit
-    with pytest.raises(ValueError, match=rf"max_model_len \({limit + 1}\) is greater than the model's maximum, "
-                                         rf"{limit} \(max_position_embeddings 64.*PAGEDLM_ALLOW_LONG_MAX_MODEL_LEN=1"):
+    assert (
+        build_model_config(str(tmp_path), "auto", "float32", CPU, limit, True).max_model_len
+        == limit
+    )
+    with pytest.raises(
+        ValueError,
+        match=rf"max_model_len \({limit + 1}\) is greater than the model's maximum, "
+        rf"{limit} \(max_position_embeddings 64.*PAGEDLM_ALLOW_LONG_MAX_MODEL_LEN=1",
+    ):
         build_model_config(str(tmp_path), "auto", "float32", CPU, limit + 1, True)
     monkeypatch.setenv("PAGEDLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
-    assert build_model_config(str(tmp_path), "auto", "float32", CPU, limit + 1, True).max_model_len == limit + 1
+    assert (
+        build_model_config(str(tmp_path), "auto", "float32", CPU, limit + 1, True).max_model_len
+        == limit + 1
+    )

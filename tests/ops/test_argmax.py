@@ -1,6 +1,7 @@
 """The greedy pick (ops/argmax.py) against torch.argmax + index_copy_: random rows, ties across
 chunks and lanes, rows of -inf, several loop iterations a program (Triton under the interpreter
 on CPU, bf16 on the GPU)."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,6 @@
 """Fused Triton ops (interpreter on CPU) and their torch fallbacks against transformers / torch."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 import pytest
 import torch
@@ -62,13 +62,17 @@ def test_rotary_embedding(dtype: torch.dtype, head_dim: int) -> None:
     cos, sin = hf_cos_sin(max_position, head_dim)
     cos_sin_cache = torch.cat((cos[:, : head_dim // 2], sin[:, : head_dim // 2]), dim=-1).to(DEVICE)
     # q and k as views into one fused qkv projection output: rows strided, heads contiguous
-    qkv = torch.randn(num_tokens, (num_heads + num_kv_heads) * head_dim + 8, device=DEVICE).to(dtype)
+    qkv = torch.randn(num_tokens, (num_heads + num_kv_heads) * head_dim + 8, device=DEVICE).to(
+        dtype
+    )
     q = qkv[:, : num_heads * head_dim].view(num_tokens, num_heads, head_dim)
     k = qkv[:, num_heads * head_dim : -8].view(num_tokens, num_kv_heads, head_dim)
     positions = torch.randint(max_position, (num_tokens,), device=DEVICE)
     q_out, k_out = rotary.rotary_embedding_torch(positions, q, k, cos_sin_cache)
     pos_cpu = positions.cpu()
-    q_ref, k_ref = apply_rotary_pos_emb(q.float().cpu(), k.float().cpu(), cos[pos_cpu], sin[pos_cpu], unsqueeze_dim=1)
+    q_ref, k_ref = apply_rotary_pos_emb(
+        q.float().cpu(), k.float().cpu(), cos[pos_cpu], sin[pos_cpu], unsqueeze_dim=1
+    )
     assert q_out.dtype == dtype and k_out.shape == k.shape
     torch.testing.assert_close(q_out.float().cpu(), q_ref, **TOL[dtype])
     torch.testing.assert_close(k_out.float().cpu(), k_ref, **TOL[dtype])
@@ -77,8 +81,9 @@ def test_rotary_embedding(dtype: torch.dtype, head_dim: int) -> None:
 def test_rotary_rejects_bad_cache() -> None:
     q, k = torch.randn(2, 2, 8, device=DEVICE), torch.randn(2, 1, 8, device=DEVICE)
     with pytest.raises(ValueError, match="cos_sin_cache"):
-        rotary.rotary_embedding_torch(torch.zeros(2, dtype=torch.long, device=DEVICE), q, k,
-                                      torch.zeros(10, 6, device=DEVICE))
+        rotary.rotary_embedding_torch(
+            torch.zeros(2, dtype=torch.long, device=DEVICE), q, k, torch.zeros(10, 6, device=DEVICE)
+        )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -100,4 +105,6 @@ def test_public_ops_dispatch_to_the_device() -> None:
     weight = torch.randn(32, device=DEVICE)
     expected = (norm.rms_norm_triton if x.is_cuda else norm.rms_norm_torch)(x, weight, 1e-6)
     torch.testing.assert_close(ops.rms_norm(x, weight, 1e-6), expected, rtol=0, atol=0)
-    torch.testing.assert_close(ops.silu_and_mul(x), activation.silu_and_mul_torch(x), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(
+        ops.silu_and_mul(x), activation.silu_and_mul_torch(x), atol=1e-6, rtol=1e-6
+    )

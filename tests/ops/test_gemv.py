@@ -1,5 +1,6 @@
 """The small-batch GEMV (pagedlm/ops/gemv.py): the Triton kernel (interpreter on CPU) and the torch
 fallback against a float64 torch reference on fresh random inputs, fresh tensors poisoned with NaN."""
+
 from __future__ import annotations
 
 import math
@@ -14,8 +15,11 @@ from pagedlm.ops.gemv import GemvConfig, PendingNorm, ResidualSum, gemv, gemv_to
 from pagedlm.ops.norm import rms_norm_torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=2e-2, rtol=2e-2),
-       torch.bfloat16: dict(atol=6e-2, rtol=3e-2)}
+TOL = {
+    torch.float32: dict(atol=1e-4, rtol=1e-4),
+    torch.float16: dict(atol=2e-2, rtol=2e-2),
+    torch.bfloat16: dict(atol=6e-2, rtol=3e-2),
+}
 # N=45 and K=100 are multiples of neither block size. K=100 in chunks of 16 is 7 chunks, the last partial:
 # split_k=3 launches slices of 3, 3 and 1 chunks; split_k=8 launches 7 slices of one chunk.
 CONFIGS = {
@@ -26,14 +30,18 @@ CONFIGS = {
 }
 
 
-def make_inputs(num_rows: int, n: int, k: int, dtype: torch.dtype, act: str | None, with_bias: bool):
+def make_inputs(
+    num_rows: int, n: int, k: int, dtype: torch.dtype, act: str | None, with_bias: bool
+):
     x = torch.randn(num_rows, 2 * k if act else k, device=DEVICE).to(dtype)
     weight = (torch.randn(n, k, device=DEVICE) / math.sqrt(k)).to(dtype)
     bias = torch.randn(n, device=DEVICE).to(dtype) if with_bias else None
     return x, weight, bias
 
 
-def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str | None) -> torch.Tensor:
+def reference(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str | None
+) -> torch.Tensor:
     """float64 product; the silu_and_mul input is rounded to x's dtype first, as the fused prologue does."""
     if act:
         gate, up = x.double().chunk(2, dim=-1)
@@ -42,8 +50,13 @@ def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
     return out if bias is None else out + bias.double()
 
 
-def check(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-          act: str | None) -> None:
+def check(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    act: str | None,
+) -> None:
     assert out.dtype == x.dtype and out.shape == (x.shape[0], weight.shape[0])
     assert not out.isnan().any()
     torch.testing.assert_close(out.double(), reference(x, weight, bias, act), **TOL[x.dtype])
@@ -62,8 +75,13 @@ def test_gemv_triton(dtype: torch.dtype, num_rows: int, config_name: str) -> Non
 def test_gemv_triton_silu_and_mul(dtype: torch.dtype, config_name: str) -> None:
     x, weight, bias = make_inputs(3, 45, 100, dtype, act="silu_and_mul", with_bias=True)
     x = 3 * x  # gates well into silu's curved part
-    check(gemv_triton(x, weight, bias, act="silu_and_mul", config=CONFIGS[config_name]), x, weight, bias,
-          "silu_and_mul")
+    check(
+        gemv_triton(x, weight, bias, act="silu_and_mul", config=CONFIGS[config_name]),
+        x,
+        weight,
+        bias,
+        "silu_and_mul",
+    )
 
 
 @pytest.mark.parametrize("config_name", ["fma", "dot"])
@@ -91,7 +109,9 @@ def test_gemv_residual_epilogue(dtype: torch.dtype, num_rows: int, config_name: 
     assert result.sumsq.shape == (num_rows, triton.cdiv(45, config.block_n))
     y = gemv_triton(x, weight, bias, config=config)  # the same product, rounded once
     torch.testing.assert_close(result.h, y + residual, rtol=0, atol=0)
-    torch.testing.assert_close(result.sumsq.sum(1), result.h.float().square().sum(1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        result.sumsq.sum(1), result.h.float().square().sum(1), rtol=1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -102,7 +122,9 @@ def test_gemv_norm_prologue(dtype: torch.dtype, num_rows: int, config_name: str)
     to the rounding of an rstd summed in another order."""
     h_in, first_weight, _ = make_inputs(num_rows, 100, 60, dtype, act=None, with_bias=False)
     residual = torch.randn(num_rows, 100, device=DEVICE).to(dtype)
-    summed = gemv_triton(h_in, first_weight, residual=residual, config=CONFIGS["fma-split"])  # 7 parts
+    summed = gemv_triton(
+        h_in, first_weight, residual=residual, config=CONFIGS["fma-split"]
+    )  # 7 parts
     norm_weight = (1 + torch.randn(100, device=DEVICE) / 4).to(dtype)
     pending = PendingNorm(summed.h, summed.sumsq, norm_weight, 1e-5)
     _, weight, bias = make_inputs(num_rows, 45, 100, dtype, act=None, with_bias=True)
@@ -116,7 +138,7 @@ def test_gemv_norm_prologue_rounds_like_rms_norm() -> None:
     bit (a product with unit weights reads it back), as rms_norm_torch rounds it."""
     h = torch.randint(-64, 64, (2, 64), device=DEVICE).half() / 8
     sumsq = h.float().square().sum(1, keepdim=True)  # exact: small integers / 64
-    norm_weight = (1 + torch.randint(-16, 16, (64,), device=DEVICE).half() / 32)
+    norm_weight = 1 + torch.randint(-16, 16, (64,), device=DEVICE).half() / 32
     eye = torch.eye(64, device=DEVICE).half()
     for config in (CONFIGS["fma"], CONFIGS["dot"]):
         out = gemv_triton(PendingNorm(h, sumsq, norm_weight, 1e-6), eye, config=config)
@@ -131,7 +153,9 @@ def test_gemv_residual_and_norm_torch_fallback() -> None:
     torch.testing.assert_close(result.h.double(), want, **TOL[torch.float32])
     torch.testing.assert_close(result.sumsq[:, 0], result.h.square().sum(1))
     pending = PendingNorm(result.h, result.sumsq, torch.ones(24, device=DEVICE), 1e-6)
-    torch.testing.assert_close(pending.materialize(), rms_norm_torch(result.h, pending.weight, 1e-6))
+    torch.testing.assert_close(
+        pending.materialize(), rms_norm_torch(result.h, pending.weight, 1e-6)
+    )
 
 
 @pytest.mark.parametrize("impl", [gemv_triton, gemv_torch])
@@ -147,8 +171,11 @@ def test_gemv_rejects_bad_residual_and_norm(impl) -> None:
     with pytest.raises(ValueError, match="PendingNorm.weight must be \\[16\\]"):
         impl(PendingNorm(x, sumsq, torch.ones(8, device=DEVICE), 1e-6), weight)
     with pytest.raises(ValueError, match="act must be None"):
-        impl(PendingNorm(x, sumsq, torch.ones(16, device=DEVICE), 1e-6), torch.randn(8, 8, device=DEVICE),
-             act="silu_and_mul")
+        impl(
+            PendingNorm(x, sumsq, torch.ones(16, device=DEVICE), 1e-6),
+            torch.randn(8, 8, device=DEVICE),
+            act="silu_and_mul",
+        )
 
 
 def test_gemv_triton_strided_views() -> None:
@@ -161,10 +188,17 @@ def test_gemv_triton_strided_views() -> None:
     check(gemv_triton(x.T.contiguous().T, weight), x, weight, None, None)  # column-major x
 
 
-@pytest.mark.parametrize("num_rows, n, k", [
-    (1, 20, 1000), (1, 20, 1500), (1, 20, 5000),  # one warp, all of K; 4 warps, all of K; long K (split)
-    (2, 20, 1500), (5, 20, 1500), (8, 20, 1500),  # tl.dot, split K (few N tiles)
-])
+@pytest.mark.parametrize(
+    "num_rows, n, k",
+    [
+        (1, 20, 1000),
+        (1, 20, 1500),
+        (1, 20, 5000),  # one warp, all of K; 4 warps, all of K; long K (split)
+        (2, 20, 1500),
+        (5, 20, 1500),
+        (8, 20, 1500),  # tl.dot, split K (few N tiles)
+    ],
+)
 def test_gemv_default_config(num_rows: int, n: int, k: int) -> None:
     """The default launch rule (FMA for small M, tl.dot above) is correct on each of its branches."""
     x, weight, bias = make_inputs(num_rows, n, k, torch.float16, act=None, with_bias=True)
@@ -195,36 +229,67 @@ def test_gemv_float32_output(impl) -> None:
         impl(x, weight, out_dtype=torch.int32, **kwargs)
 
 
-@pytest.mark.parametrize("num_rows, n, k, takes_gemv", [
-    (1, 6144, 4096, True), (1, 28672, 4096, True), (1, 128256, 4096, True),  # llama3-8b qkv, gate_up, LM head
-    (1, 4096, 14336, True), (1, 8192, 28672, False),  # down_proj: llama3-8b's (K <= MAX_FMA_K), 70b's
-    (4, 4096, 1024, False), (4, 1024, 3072, True),  # M > 1: narrow outputs only
-    (9, 1024, 2048, False),  # more rows than MAX_M
-])
-def test_prefer_gemv_follows_the_measured_rule(num_rows: int, n: int, k: int, takes_gemv: bool) -> None:
+@pytest.mark.parametrize(
+    "num_rows, n, k, takes_gemv",
+    [
+        (1, 6144, 4096, True),
+        (1, 28672, 4096, True),
+        (1, 128256, 4096, True),  # llama3-8b qkv, gate_up, LM head
+        (1, 4096, 14336, True),
+        (1, 8192, 28672, False),  # down_proj: llama3-8b's (K <= MAX_FMA_K), 70b's
+        (4, 4096, 1024, False),
+        (4, 1024, 3072, True),  # M > 1: narrow outputs only
+        (9, 1024, 2048, False),  # more rows than MAX_M
+    ],
+)
+def test_prefer_gemv_follows_the_measured_rule(
+    num_rows: int, n: int, k: int, takes_gemv: bool
+) -> None:
     assert gemv_mod.prefer_gemv(num_rows, n, k) == takes_gemv
 
 
-@pytest.mark.parametrize("n, k, split_k, block_n, num_warps", [
-    # llama3-8b (streamed): qkv, o_proj, gate_up, LM head, down_proj (K = 14,336): 8 x 1024 over 4 warps
-    (6144, 4096, 1, 8, 4), (4096, 4096, 1, 8, 4), (28672, 4096, 1, 8, 4), (128256, 4096, 1, 8, 4),
-    (4096, 14336, 1, 8, 4), (256, 14336, 7, 8, 4),  # ... K split only for a narrow output
-    # qwen3-0.6b (every weight <= PRELOAD_MAX_BYTES): all of K in one program
-    (4096, 1024, 1, 4, 1), (6144, 1024, 1, 4, 1),  # qkv, gate_up: one warp, 4 x 1024
-    (1024, 2048, 1, 8, 4), (1024, 3072, 1, 4, 4),  # o_proj 8 x 2048, down_proj 4 x 4096 over 4 warps
-])
-def test_default_config_at_one_row(n: int, k: int, split_k: int, block_n: int, num_warps: int) -> None:
+@pytest.mark.parametrize(
+    "n, k, split_k, block_n, num_warps",
+    [
+        # llama3-8b (streamed): qkv, o_proj, gate_up, LM head, down_proj (K = 14,336): 8 x 1024 over 4 warps
+        (6144, 4096, 1, 8, 4),
+        (4096, 4096, 1, 8, 4),
+        (28672, 4096, 1, 8, 4),
+        (128256, 4096, 1, 8, 4),
+        (4096, 14336, 1, 8, 4),
+        (256, 14336, 7, 8, 4),  # ... K split only for a narrow output
+        # qwen3-0.6b (every weight <= PRELOAD_MAX_BYTES): all of K in one program
+        (4096, 1024, 1, 4, 1),
+        (6144, 1024, 1, 4, 1),  # qkv, gate_up: one warp, 4 x 1024
+        (1024, 2048, 1, 8, 4),
+        (1024, 3072, 1, 4, 4),  # o_proj 8 x 2048, down_proj 4 x 4096 over 4 warps
+    ],
+)
+def test_default_config_at_one_row(
+    n: int, k: int, split_k: int, block_n: int, num_warps: int
+) -> None:
     config = gemv_mod.default_config(1, n, k, torch.bfloat16)
     assert gemv_mod.launch_split_k(k, config)[0] == split_k
     assert (config.block_n, config.num_warps) == (block_n, num_warps)
-    assert config.block_k % (config.num_warps * 32 * 8) == 0  # the warps side by side along K, 16-byte vectors
+    assert (
+        config.block_k % (config.num_warps * 32 * 8) == 0
+    )  # the warps side by side along K, 16-byte vectors
 
 
-@pytest.mark.parametrize("n, k, dtype", [
-    (4096, 1024, torch.bfloat16), (1024, 2048, torch.bfloat16), (6144, 1024, torch.bfloat16),  # qwen3-0.6b
-    (1024, 3072, torch.bfloat16), (64, 100, torch.float32), (64, 3000, torch.float32),
-])
-def test_small_weights_are_read_whole_before_the_wait_at_one_row(n: int, k: int, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(
+    "n, k, dtype",
+    [
+        (4096, 1024, torch.bfloat16),
+        (1024, 2048, torch.bfloat16),
+        (6144, 1024, torch.bfloat16),  # qwen3-0.6b
+        (1024, 3072, torch.bfloat16),
+        (64, 100, torch.float32),
+        (64, 3000, torch.float32),
+    ],
+)
+def test_small_weights_are_read_whole_before_the_wait_at_one_row(
+    n: int, k: int, dtype: torch.dtype
+) -> None:
     """Each program's slice of K is one tile, all of K, which the kernel reads before its PDL wait."""
     config = gemv_mod.default_config(1, n, k, dtype)
     assert gemv_mod.launch_split_k(k, config) == (1, config.block_k) and config.block_k >= k
@@ -292,7 +357,11 @@ def test_gemv_bf16_cuda(num_rows: int, act: str | None) -> None:
     """The real kernel in bf16 on every config kind and the default one, against fp32 torch."""
     n, k = 1000, 3000
     x, weight, bias = make_inputs(num_rows, n, k, torch.bfloat16, act, with_bias=True)
-    for config in [None, *CONFIGS.values(), GemvConfig(block_n=64, block_k=128, split_k=8, use_dot=True)]:
+    for config in [
+        None,
+        *CONFIGS.values(),
+        GemvConfig(block_n=64, block_k=128, split_k=8, use_dot=True),
+    ]:
         out = gemv_triton(x, weight, bias, act=act, config=config)
         x_in = gemv_mod.silu_and_mul_torch(x) if act else x
         expected = F.linear(x_in.float(), weight.float(), bias.float())
@@ -311,9 +380,11 @@ def test_gemv_residual_then_norm_bf16_cuda(num_rows: int) -> None:
     norm_weight = (1 + torch.randn(1024, device=DEVICE) / 4).to(torch.bfloat16)
     _, up_weight, _ = make_inputs(num_rows, 6144, 1024, torch.bfloat16, act=None, with_bias=False)
     summed = gemv_triton(attn, o_weight, residual=residual)
-    h = (F.linear(attn.float(), o_weight.float()).to(torch.bfloat16) + residual)
+    h = F.linear(attn.float(), o_weight.float()).to(torch.bfloat16) + residual
     torch.testing.assert_close(summed.h.float(), h.float(), **TOL[torch.bfloat16])
-    torch.testing.assert_close(summed.sumsq.sum(1), summed.h.float().square().sum(1), rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(
+        summed.sumsq.sum(1), summed.h.float().square().sum(1), rtol=1e-4, atol=1e-3
+    )
     out = gemv_triton(PendingNorm(summed.h, summed.sumsq, norm_weight, 1e-6), up_weight)
     expected = F.linear(rms_norm_torch(summed.h, norm_weight, 1e-6).float(), up_weight.float())
     assert out.dtype == torch.bfloat16 and not out.isnan().any()
@@ -336,4 +407,6 @@ def test_gemv_cuda_graph_replay_without_syncs() -> None:
         out = gemv_triton(x, weight, bias, act="silu_and_mul", config=config)
     x.copy_(torch.randn_like(x))
     graph.replay()
-    torch.testing.assert_close(out, gemv_triton(x, weight, bias, act="silu_and_mul", config=config), rtol=0, atol=0)
+    torch.testing.assert_close(
+        out, gemv_triton(x, weight, bias, act="silu_and_mul", config=config), rtol=0, atol=0
+    )

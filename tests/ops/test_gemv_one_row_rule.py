@@ -7,27 +7,38 @@ torch.empty with NaN) against a float64 reference; its invariants are checked ov
 The interpreter runs a program as whole-tile numpy ops and ignores num_warps: these tests check the tiling,
 masks, split-K slices and fusions of each branch's config, not the multi-warp layouts on the GPU
 (tests/gpu/test_kernels_gpu.py)."""
+
 from __future__ import annotations
 
 import math
 
 import pytest
-from test_gemv import reference  # the float64 product (silu_and_mul rounded to x's dtype first)
 import torch
 import torch.nn.functional as F
 import triton
+from test_gemv import reference  # the float64 product (silu_and_mul rounded to x's dtype first)
 
 from pagedlm.model import layers
 from pagedlm.ops import gemv as gemv_mod
 from pagedlm.ops.activation import silu_and_mul_torch
-from pagedlm.ops.gemv import (GemvConfig, PendingNorm, ResidualSum, default_config, gemv_torch, gemv_triton,
-                              launch_split_k)
+from pagedlm.ops.gemv import (
+    GemvConfig,
+    PendingNorm,
+    ResidualSum,
+    default_config,
+    gemv_torch,
+    gemv_triton,
+    launch_split_k,
+)
 from pagedlm.ops.norm import rms_norm_torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=2e-2, rtol=2e-2),
-       torch.bfloat16: dict(atol=6e-2, rtol=3e-2)}
+TOL = {
+    torch.float32: dict(atol=1e-4, rtol=1e-4),
+    torch.float16: dict(atol=2e-2, rtol=2e-2),
+    torch.bfloat16: dict(atol=6e-2, rtol=3e-2),
+}
 BIG_N = 1 << 22  # a weight of this many rows is above PRELOAD_MAX_BYTES for every K and dtype here
 
 # name -> (the shape default_config sees (n, k), the shape run (n, k), the branch it must pick).
@@ -51,10 +62,15 @@ def branch(config: GemvConfig, n: int, k: int, dtype: torch.dtype) -> str:
     num_slices = launch_split_k(k, config)[0]
     if config.block_n == gemv_mod.PRELOAD_BLOCK_N and config.num_warps == 1 and config.block_k >= k:
         return "preload"
-    if config.num_warps == gemv_mod.WHOLE_K_WARPS and config.block_k * config.block_n * dtype.itemsize == \
-            gemv_mod.WHOLE_K_TILE_BYTES and config.block_k >= k:
+    if (
+        config.num_warps == gemv_mod.WHOLE_K_WARPS
+        and config.block_k * config.block_n * dtype.itemsize == gemv_mod.WHOLE_K_TILE_BYTES
+        and config.block_k >= k
+    ):
         return "whole_k"
-    assert config.block_n == gemv_mod.STREAM_BLOCK_N and config.block_k <= gemv_mod.STREAM_BLOCK_K, config
+    assert (
+        config.block_n == gemv_mod.STREAM_BLOCK_N and config.block_k <= gemv_mod.STREAM_BLOCK_K
+    ), config
     return "stream" if num_slices == 1 else "stream_split"
 
 
@@ -63,12 +79,17 @@ def case_config(name: str, dtype: torch.dtype) -> tuple[GemvConfig, int, int]:
     (config_n, config_k), (n, k), expected = CASES[name]
     config = default_config(1, config_n, config_k, dtype)
     assert branch(config, config_n, config_k, dtype) == expected, config
-    assert branch(config, n, k, dtype) == expected, (config, n, k)  # the run keeps the branch's slicing
+    assert branch(config, n, k, dtype) == expected, (
+        config,
+        n,
+        k,
+    )  # the run keeps the branch's slicing
     return config, n, k
 
 
-def make_inputs(n: int, k: int, dtype: torch.dtype, act: str | None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def make_inputs(
+    n: int, k: int, dtype: torch.dtype, act: str | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [1, K] ([1, 2K] with act), weight [N, K] scaled to unit-size outputs, bias [N]."""
     x = torch.randn(1, 2 * k if act else k, device=DEVICE)
     x = (3 * x if act else x).to(dtype)  # gates well into silu's curved part
@@ -81,7 +102,9 @@ def round_like_the_kernel(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     bfloat16 toward zero (interpreter.py cast_impl: _convert_float with no rounding mode), the GPU to
     nearest even."""
     if dtype == torch.bfloat16 and not t.is_cuda:
-        return (t.float().view(torch.int32) & ~0xFFFF).view(torch.float32).to(dtype)  # exact: low bits zero
+        return (
+            (t.float().view(torch.int32) & ~0xFFFF).view(torch.float32).to(dtype)
+        )  # exact: low bits zero
     return t.to(dtype)
 
 
@@ -105,15 +128,18 @@ def test_each_branch_silu_prologue_and_residual_epilogue(name: str, dtype: torch
     residual = torch.randn(1, n, device=DEVICE).to(dtype)
     result = gemv_triton(x, weight, act="silu_and_mul", residual=residual, config=config)
     assert isinstance(result, ResidualSum) and result.h.dtype == dtype
-    assert result.sumsq.shape == (1, triton.cdiv(n, config.block_n)) and not result.sumsq.isnan().any()
+    assert (
+        result.sumsq.shape == (1, triton.cdiv(n, config.block_n)) and not result.sumsq.isnan().any()
+    )
     y = gemv_triton(x, weight, act="silu_and_mul", config=config)  # the same product, rounded once
     want_h = round_like_the_kernel(y.float() + residual.float(), dtype)
     torch.testing.assert_close(result.h, want_h, rtol=0, atol=0)
     torch.testing.assert_close(y.double(), reference(x, weight, None, "silu_and_mul"), **TOL[dtype])
     want_sumsq = result.h.double().square().sum(1)
     torch.testing.assert_close(result.sumsq.double().sum(1), want_sumsq, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(result.h, gemv_torch(x, weight, act="silu_and_mul", residual=residual).h,
-                               **TOL[dtype])
+    torch.testing.assert_close(
+        result.h, gemv_torch(x, weight, act="silu_and_mul", residual=residual).h, **TOL[dtype]
+    )
 
 
 def stream_parts(h: torch.Tensor) -> torch.Tensor:
@@ -134,8 +160,11 @@ def test_each_branch_norm_prologue(name: str, dtype: torch.dtype) -> None:
     _, weight, bias = make_inputs(n, k, dtype, act=None)
     out = gemv_triton(pending, weight, bias, config=config)
     assert not out.isnan().any()
-    torch.testing.assert_close(out.double(), reference(rms_norm_torch(h, norm_weight, 1e-5), weight, bias, None),
-                               **TOL[dtype])
+    torch.testing.assert_close(
+        out.double(),
+        reference(rms_norm_torch(h, norm_weight, 1e-5), weight, bias, None),
+        **TOL[dtype],
+    )
     torch.testing.assert_close(out, gemv_torch(pending, weight, bias), **TOL[dtype])
 
 
@@ -149,8 +178,11 @@ def test_streamed_residual_epilogue_feeds_the_norm_prologue() -> None:
     norm_weight = (1 + torch.randn(hidden, device=DEVICE) / 4).to(dtype)
     _, weight, bias = make_inputs(20, hidden, dtype, act=None)
     out = gemv_triton(PendingNorm(summed.h, summed.sumsq, norm_weight, 1e-5), weight, bias)
-    torch.testing.assert_close(out.double(), reference(rms_norm_torch(summed.h, norm_weight, 1e-5), weight,
-                                                       bias, None), **TOL[dtype])
+    torch.testing.assert_close(
+        out.double(),
+        reference(rms_norm_torch(summed.h, norm_weight, 1e-5), weight, bias, None),
+        **TOL[dtype],
+    )
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -168,14 +200,60 @@ def test_default_config_at_one_row_runs_every_branch_without_a_config() -> None:
     for n, k in ((45, 100), (45, 1500), (20, 5000)):
         x, weight, bias = make_inputs(n, k, torch.float16, act=None)
         out = gemv_triton(x, weight, bias)
-        torch.testing.assert_close(out.double(), reference(x, weight, bias, None), **TOL[torch.float16])
+        torch.testing.assert_close(
+            out.double(), reference(x, weight, bias, None), **TOL[torch.float16]
+        )
 
 
 # ---- the rule's invariants over many shapes ----------------------------------------------------------------
 
-NS = (1, 3, 8, 20, 45, 64, 256, 1000, 1024, 2048, 2049, 4096, 6144, 8192, 14336, 28672, 128256, 151936)
-KS = (1, 7, 64, 100, 128, 255, 256, 257, 512, 1000, 1024, 1025, 2048, 2049, 3000, 3072, 4095, 4096, 4097,
-      8192, 14336, 16384, 16385, 28672, 65536)
+NS = (
+    1,
+    3,
+    8,
+    20,
+    45,
+    64,
+    256,
+    1000,
+    1024,
+    2048,
+    2049,
+    4096,
+    6144,
+    8192,
+    14336,
+    28672,
+    128256,
+    151936,
+)
+KS = (
+    1,
+    7,
+    64,
+    100,
+    128,
+    255,
+    256,
+    257,
+    512,
+    1000,
+    1024,
+    1025,
+    2048,
+    2049,
+    3000,
+    3072,
+    4095,
+    4096,
+    4097,
+    8192,
+    14336,
+    16384,
+    16385,
+    28672,
+    65536,
+)
 # Weight elements per thread of a program's tile. The rule's preloaded and whole-K tiles hold 256 bytes a
 # thread (16-bit: 4 x 1024 over 1 warp, 8 x 2048 or 4 x 4096 over 4 warps: 128 elements, 128 fp32 registers
 # once converted for the FMA), twice the streamed tiles' 8 x 1024 over 4 warps (64): a measured choice
@@ -198,16 +276,23 @@ def test_one_row_rule_invariants() -> None:
         lane_elements = 16 // dtype.itemsize  # one 16-byte vector per lane
         assert not config.use_dot and config.num_stages == 1, where
         assert config.block_k & (config.block_k - 1) == 0, where
-        assert config.block_k % (config.num_warps * 32 * lane_elements) == 0, where  # warps side by side on K
+        assert config.block_k % (config.num_warps * 32 * lane_elements) == 0, (
+            where
+        )  # warps side by side on K
         num_slices, k_per_split = launch_split_k(k, config)
         assert k_per_split % config.block_k == 0 and 1 <= num_slices <= config.split_k, where
-        assert (num_slices - 1) * k_per_split < k <= num_slices * k_per_split, where  # no empty slice
+        assert (num_slices - 1) * k_per_split < k <= num_slices * k_per_split, (
+            where
+        )  # no empty slice
         assert num_slices <= 65535, where  # grid dimension y
         preloaded = n * k * dtype.itemsize <= gemv_mod.PRELOAD_MAX_BYTES
         if preloaded and k <= gemv_mod.WHOLE_K_MAX:  # the whole weight read before the PDL wait
             assert config.split_k == 1 and num_slices == 1 and config.block_k >= k, where
         else:
-            assert config.block_n == gemv_mod.STREAM_BLOCK_N and config.block_k <= gemv_mod.STREAM_BLOCK_K, where
+            assert (
+                config.block_n == gemv_mod.STREAM_BLOCK_N
+                and config.block_k <= gemv_mod.STREAM_BLOCK_K
+            ), where
         row_blocks = triton.cdiv(n, config.block_n)
         if num_slices > 1:  # split only for a narrow output, and only up to about TARGET_WARPS
             assert num_slices * row_blocks * config.num_warps <= gemv_mod.TARGET_WARPS, where
@@ -225,11 +310,20 @@ def test_tiles_above_64_elements_a_thread_are_exactly_the_preloaded_and_whole_k_
     assert over == {(4, 1024, 1), (8, 2048, 4), (4, 4096, 4)}
 
 
-@pytest.mark.parametrize("n, k, num_slices", [
-    (4096, 14336, 1), (6144, 4096, 1), (4096, 4096, 1), (28672, 4096, 1), (128256, 4096, 1),  # llama3-8b
-    (151936, 1024, 1),  # qwen3-0.6b's LM head (311 MB): streamed, one 1024-column chunk
-    (256, 14336, 7), (8, 16384, 16), (20, 5000, 5),  # narrow outputs: K split, <= TARGET_WARPS warps
-])
+@pytest.mark.parametrize(
+    "n, k, num_slices",
+    [
+        (4096, 14336, 1),
+        (6144, 4096, 1),
+        (4096, 4096, 1),
+        (28672, 4096, 1),
+        (128256, 4096, 1),  # llama3-8b
+        (151936, 1024, 1),  # qwen3-0.6b's LM head (311 MB): streamed, one 1024-column chunk
+        (256, 14336, 7),
+        (8, 16384, 16),
+        (20, 5000, 5),  # narrow outputs: K split, <= TARGET_WARPS warps
+    ],
+)
 def test_streamed_llama_shapes(n: int, k: int, num_slices: int) -> None:
     config = default_config(1, n, k, torch.bfloat16)
     assert (config.block_n, config.block_k, config.num_warps) == (8, 1024, 4)
@@ -249,15 +343,20 @@ def test_streamed_down_proj_at_one_row_bf16_cuda(n: int, k: int, num_slices: int
     summed = gemv_triton(x, weight, act="silu_and_mul", residual=residual)
     y = F.linear(silu_and_mul_torch(x).float(), weight.float()).to(torch.bfloat16)
     torch.testing.assert_close(summed.h.float(), (y + residual).float(), **TOL[torch.bfloat16])
-    torch.testing.assert_close(summed.sumsq.sum(1), summed.h.float().square().sum(1), rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(
+        summed.sumsq.sum(1), summed.h.float().square().sum(1), rtol=1e-4, atol=1e-3
+    )
 
 
 # ---- which path a one-row Linear takes ---------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("k", [4096, 14336, 16384, 16385, 28672])
 def test_prefer_gemv_at_one_row(k: int) -> None:
     wide = k <= gemv_mod.MAX_FMA_K
-    assert gemv_mod.prefer_gemv(1, 4096, k) == wide  # llama3-8b's down_proj (K = 14,336) takes the GEMV
+    assert (
+        gemv_mod.prefer_gemv(1, 4096, k) == wide
+    )  # llama3-8b's down_proj (K = 14,336) takes the GEMV
     assert gemv_mod.prefer_gemv(1, 128256, k) == wide
     assert gemv_mod.prefer_gemv(1, 2048, k) and gemv_mod.prefer_gemv(1, 8, k)  # narrow: always
     assert not gemv_mod.prefer_gemv(2, 4096, k)  # wide outputs at M > 1: cuBLAS
@@ -267,6 +366,7 @@ def test_prefer_gemv_at_one_row(k: int) -> None:
 def test_linear_on_cpu_goes_to_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     """down_proj at one row with K = 14,336 (prefer_gemv: yes) on a CPU tensor: F.linear on the SiLU
     product, a plain tensor even with the residual given (the add is left to the next norm)."""
+
     def no_triton(*args, **kwargs):
         raise AssertionError("the Triton GEMV is CUDA-only in Linear")
 
@@ -283,4 +383,6 @@ def test_linear_on_cpu_goes_to_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     h = torch.randn(1, k)
     norm_weight = torch.randn(k)
     pending = PendingNorm(h, h.square().sum(1, keepdim=True), norm_weight, 1e-6)
-    torch.testing.assert_close(linear(pending), F.linear(rms_norm_torch(h, norm_weight, 1e-6), linear.weight))
+    torch.testing.assert_close(
+        linear(pending), F.linear(rms_norm_torch(h, norm_weight, 1e-6), linear.weight)
+    )

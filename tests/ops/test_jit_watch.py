@@ -1,6 +1,7 @@
 """The compile watch: its hooks record compiles and warn only while serving (CPU, hooks called as
 Triton calls them); on CUDA, a real compile is seen, and run-time ints that vary from step to step
 (GEMV rows, split counts) do not make new specialisations."""
+
 from __future__ import annotations
 
 import logging
@@ -16,12 +17,23 @@ from pagedlm.ops.jit_watch import CompileWatch, compile_watch
 
 def _compile(watch: CompileWatch, key: str, name: str) -> None:
     """What Triton's JITFunction._do_compile does around a compile (the hook data of 3.6)."""
-    data = {"key": key, "signature": {"x_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"},
-            "constants": {(2,): 128}, "configs": [{(0,): [["tt.divisibility", 16]]}],
-            "num_warps": 4, "num_stages": 3}
+    data = {
+        "key": key,
+        "signature": {"x_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"},
+        "constants": {(2,): 128},
+        "configs": [{(0,): [["tt.divisibility", 16]]}],
+        "num_warps": 4,
+        "num_stages": 3,
+    }
     for hook in (watch._before, watch._after):
-        hook(key=key, repr=f"{name}[num_warps=4](...)", fn=SimpleNamespace(name=name), compile=data,
-             is_manual_warmup=False, already_compiled=False)
+        hook(
+            key=key,
+            repr=f"{name}[num_warps=4](...)",
+            fn=SimpleNamespace(name=name),
+            compile=data,
+            is_manual_warmup=False,
+            already_compiled=False,
+        )
 
 
 def test_events_and_warnings_only_while_serving(caplog: pytest.LogCaptureFixture) -> None:
@@ -46,7 +58,9 @@ def test_the_process_count_of_compiles_while_serving(monkeypatch: pytest.MonkeyP
     from pagedlm.ops import jit_watch
 
     monkeypatch.setattr(jit_watch, "_watch", None)
-    assert jit_watch.num_compiles_while_serving() == 0  # no engine watches: nothing installed either
+    assert (
+        jit_watch.num_compiles_while_serving() == 0
+    )  # no engine watches: nothing installed either
     watch = CompileWatch()
     monkeypatch.setattr(jit_watch, "_watch", watch)
     _compile(watch, "k1", "start_kernel")
@@ -86,7 +100,8 @@ def test_step_varying_ints_make_no_new_specialisation() -> None:
     first = len(watch.events)
     for num_rows in (3, 5, 6, 7, 8):
         x = torch.randn(num_rows, 3000, device="cuda", dtype=torch.bfloat16)
-        torch.testing.assert_close(gemv_triton(x, weight).float(), (x.float() @ weight.float().T),
-                                   rtol=2e-2, atol=2e-1)
+        torch.testing.assert_close(
+            gemv_triton(x, weight).float(), (x.float() @ weight.float().T), rtol=2e-2, atol=2e-1
+        )
     late = [f"{e.kernel}{e.signature}" for e in watch.since(first)]
     assert not late, "compiled again:\n" + "\n".join(late)

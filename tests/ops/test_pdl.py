@@ -1,6 +1,7 @@
 """When kernels launch with programmatic dependent launch (pagedlm/ops/pdl.py). That the kernels
 wait before they read their producer's output is checked in their sm_90 PTX
 (tests/attention/test_triton_aot.py) and on the GPU (tests/gpu/test_kernels_gpu.py)."""
+
 from __future__ import annotations
 
 import os
@@ -35,6 +36,12 @@ def test_the_switches_are_read_through_the_registry() -> None:
     Triton's true), read once, at import."""
     code = "from pagedlm.ops import pdl; print(pdl.ENABLED_BY_ENV, pdl.INTERPRETED)"
     env = {**os.environ, "PAGEDLM_PDL": "off", "TRITON_INTERPRET": "true"}
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                            timeout=120, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert result.stdout.split() == ["False", "True"]

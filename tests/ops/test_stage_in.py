@@ -2,6 +2,7 @@
 at and around the block size (several loop iterations with a small block); Triton under the interpreter
 on CPU. On the GPU the source and header are pinned host memory, as in the engine, and a rewrite of that
 memory between two launches must show in the second (no stale cached line)."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,12 +17,17 @@ POISON = -7
 
 def _buffers(device: str, generator: torch.Generator) -> dict[str, torch.Tensor]:
     pin = device == "cuda"
-    words = torch.randint(-2**31, 2**31 - 1, (CAPACITY,), dtype=torch.int32, generator=generator)
-    return dict(header=torch.zeros(2, dtype=torch.int64, pin_memory=pin), src=words.pin_memory() if pin else words,
-                dst=torch.full((CAPACITY,), POISON, dtype=torch.int32, device=device))
+    words = torch.randint(-(2**31), 2**31 - 1, (CAPACITY,), dtype=torch.int32, generator=generator)
+    return dict(
+        header=torch.zeros(2, dtype=torch.int64, pin_memory=pin),
+        src=words.pin_memory() if pin else words,
+        dst=torch.full((CAPACITY,), POISON, dtype=torch.int32, device=device),
+    )
 
 
-def _run_and_check(bufs: dict[str, torch.Tensor], num_words: int, block: int = stage_in_module.BLOCK) -> None:
+def _run_and_check(
+    bufs: dict[str, torch.Tensor], num_words: int, block: int = stage_in_module.BLOCK
+) -> None:
     bufs["header"][0] = num_words
     bufs["dst"].fill_(POISON)
     stage_in(bufs["header"], bufs["src"], bufs["dst"], block)

@@ -1,5 +1,6 @@
 """Bad words against a plain-Python reference of vLLM's rule, over steps, with resumed
 histories, rows changing hands and the tables growing; a batch without bad words builds none."""
+
 from __future__ import annotations
 
 import random
@@ -16,7 +17,9 @@ VOCAB_SIZE = 8
 HOT_TOKENS = [0, 1, 2]  # words and likely samples come from these, so prefixes match often
 
 
-def reference_logits(logits: list[float], words: list[list[int]], outputs: list[int]) -> list[float]:
+def reference_logits(
+    logits: list[float], words: list[list[int]], outputs: list[int]
+) -> list[float]:
     """vLLM: the last token of a word is banned when the outputs end with the word's other
     tokens (always, for a one-token word)."""
     x = list(logits)
@@ -28,12 +31,14 @@ def reference_logits(logits: list[float], words: list[list[int]], outputs: list[
 
 def _matches(word: list[int], outputs: list[int]) -> bool:
     prefix = word[:-1]
-    return len(prefix) <= len(outputs) and outputs[len(outputs) - len(prefix):] == prefix
+    return len(prefix) <= len(outputs) and outputs[len(outputs) - len(prefix) :] == prefix
 
 
 def _random_words(rng: random.Random, max_len: int) -> list[list[int]]:
-    return [[rng.choice(HOT_TOKENS) for _ in range(rng.randint(1, max_len))]
-            for _ in range(rng.randint(1, 3))]
+    return [
+        [rng.choice(HOT_TOKENS) for _ in range(rng.randint(1, max_len))]
+        for _ in range(rng.randint(1, 3))
+    ]
 
 
 def test_bad_words_match_reference_over_steps() -> None:

@@ -1,4 +1,5 @@
 """Sampled frequencies against the exact target distribution (chi-square at a fixed seed)."""
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,14 @@ NUM_ROWS = 2000
 NUM_STEPS = 10  # 20,000 samples
 
 
-def target_probs(temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-                 allowed: list[int] | None = None, top_p_shift: int = 0) -> np.ndarray:
+def target_probs(
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    allowed: list[int] | None = None,
+    top_p_shift: int = 0,
+) -> np.ndarray:
     """The exact distribution, in float64: allowed mask, temperature, min-p, top-k, then top-p
     on the renormalised rest. `top_p_shift` moves the top-p cut by that many tokens (wrong on
     purpose, for the negative checks)."""
@@ -39,7 +46,7 @@ def target_probs(temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, m
         mass_above += probs[token]
         num_kept += 1
     keep = np.zeros(VOCAB_SIZE, dtype=bool)
-    keep[order[:num_kept + top_p_shift]] = True
+    keep[order[: num_kept + top_p_shift]] = True
     probs = np.where(keep, probs, 0.0)
     return probs / probs.sum()
 

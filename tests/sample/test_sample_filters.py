@@ -1,4 +1,5 @@
 """The truncation thresholds without a sort (top-k values, radix select) against a sort."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,8 +18,9 @@ def random_probs(num_rows: int, vocab_size: int, seed: int) -> torch.Tensor:
     return (logits - logits.amax(dim=-1, keepdim=True)).exp()
 
 
-def reference_threshold(probs: torch.Tensor, floor: torch.Tensor, top_k: torch.Tensor,
-                        top_p: torch.Tensor) -> torch.Tensor:
+def reference_threshold(
+    probs: torch.Tensor, floor: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
     """By a full sort, in float64: min-p floor, top-k, then the smallest prefix of the rest
     whose mass reaches top_p of it (an id stays iff the mass ranked above it is < the target)."""
     out = []
@@ -81,8 +83,14 @@ def test_threshold_paths_equal_the_sort(path: str) -> None:
     if path != "top_k_values":
         top_k[1::3] = 0
     max_top_k = TOP_K_LIMIT + 1 if path == "radix_only" else int(top_k.max())
-    params = TopKTopP(index=None, top_k=top_k, top_p=top_p, max_top_k=max_top_k,
-                      every_row_top_k=path == "top_k_values", any_top_p=True)
+    params = TopKTopP(
+        index=None,
+        top_k=top_k,
+        top_p=top_p,
+        max_top_k=max_top_k,
+        every_row_top_k=path == "top_k_values",
+        any_top_p=True,
+    )
     got = top_k_top_p_threshold(probs, floor, params)
     want = reference_threshold(probs, floor, top_k, top_p)
     assert torch.equal(got, want), (got - want).abs().max()
@@ -95,8 +103,14 @@ def test_threshold_without_top_k_or_floor() -> None:
     """Only top-p: no floor, no k; rows with top_p = 1 keep everything."""
     probs = random_probs(8, 500, seed=4)
     top_p = torch.tensor([0.3, 1.0, 0.9, 0.99, 1e-30, 0.5, 1.0, 0.7])
-    params = TopKTopP(index=None, top_k=torch.zeros(8, dtype=torch.int64), top_p=top_p,
-                      max_top_k=0, every_row_top_k=False, any_top_p=True)
+    params = TopKTopP(
+        index=None,
+        top_k=torch.zeros(8, dtype=torch.int64),
+        top_p=top_p,
+        max_top_k=0,
+        every_row_top_k=False,
+        any_top_p=True,
+    )
     got = top_k_top_p_threshold(probs, None, params)
     want = reference_threshold(probs, torch.zeros(8), torch.zeros(8, dtype=torch.int64), top_p)
     want[top_p == 1.0] = 0.0

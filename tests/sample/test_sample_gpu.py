@@ -1,4 +1,5 @@
 """On CUDA: steady-state sampling steps never sync the host, and CPU and GPU agree."""
+
 from __future__ import annotations
 
 import random
@@ -18,14 +19,22 @@ NUM_ROWS = 48
 
 
 def mixed_params(rng: random.Random) -> SamplingParams:
-    return rng.choice([
-        SamplingParams(temperature=0.0),
-        SamplingParams(temperature=0.8, top_p=0.9, seed=rng.randrange(1000)),
-        SamplingParams(temperature=1.2, top_k=40, min_p=0.05),
-        SamplingParams(temperature=1.0, repetition_penalty=1.3, frequency_penalty=0.4, logprobs=5),
-        SamplingParams(temperature=0.7, logit_bias={11: 3.0, 12: -2.0}, min_tokens=6, stop_token_ids=[13]),
-        SamplingParams(temperature=0.0, allowed_token_ids=list(range(100, 300)), presence_penalty=1.0),
-    ])
+    return rng.choice(
+        [
+            SamplingParams(temperature=0.0),
+            SamplingParams(temperature=0.8, top_p=0.9, seed=rng.randrange(1000)),
+            SamplingParams(temperature=1.2, top_k=40, min_p=0.05),
+            SamplingParams(
+                temperature=1.0, repetition_penalty=1.3, frequency_penalty=0.4, logprobs=5
+            ),
+            SamplingParams(
+                temperature=0.7, logit_bias={11: 3.0, 12: -2.0}, min_tokens=6, stop_token_ids=[13]
+            ),
+            SamplingParams(
+                temperature=0.0, allowed_token_ids=list(range(100, 300)), presence_penalty=1.0
+            ),
+        ]
+    )
 
 
 def build(device: str) -> SamplingState:
@@ -53,8 +62,12 @@ def test_steady_state_steps_do_not_sync() -> None:
         for step in range(2, 6):
             out = state.sample(logits_gpu[step].clone(), rows_np)
             state.remove_request(step)  # rows change hands between steps, penalised ones too
-            state.add_request(step, SamplingParams(temperature=0.9, repetition_penalty=1.2,
-                                                   logprobs=3), [5, 6, 7], [8])
+            state.add_request(
+                step,
+                SamplingParams(temperature=0.9, repetition_penalty=1.2, logprobs=3),
+                [5, 6, 7],
+                [8],
+            )
     finally:
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
@@ -62,7 +75,7 @@ def test_steady_state_steps_do_not_sync() -> None:
 
 
 def test_hash_is_bitwise_equal_on_gpu() -> None:
-    values = torch.randint(-2**63, 2**63 - 1, (10000,), dtype=torch.int64)
+    values = torch.randint(-(2**63), 2**63 - 1, (10000,), dtype=torch.int64)
     assert torch.equal(mix64_(values.cuda()).cpu(), mix64_(values.clone()))
 
 

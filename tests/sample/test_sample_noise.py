@@ -1,5 +1,6 @@
 """The counter-based noise: splitmix64 in numpy and torch int64 equals the unsigned original;
 the noise is finite even where the hash is all ones; the two-stage draw follows the distribution."""
+
 from __future__ import annotations
 
 import random
@@ -9,8 +10,17 @@ import pytest
 import torch
 
 from pagedlm.sample.gumbel import block_size_for, gumbel_draw
-from pagedlm.sample.noise import (GOLDEN, MIX1, MIX2, exponential_noise, gumbel_noise, mix64_,
-                                  mix64_np, row_keys_np, to_int64)
+from pagedlm.sample.noise import (
+    GOLDEN,
+    MIX1,
+    MIX2,
+    exponential_noise,
+    gumbel_noise,
+    mix64_,
+    mix64_np,
+    row_keys_np,
+    to_int64,
+)
 
 MASK64 = (1 << 64) - 1
 

@@ -1,4 +1,5 @@
 """Masks, logit_bias and penalties against a per-request Python reference; logprobs; greedy."""
+
 from __future__ import annotations
 
 import random
@@ -16,8 +17,9 @@ VOCAB_SIZE = 40
 EOS = [2, 3]
 
 
-def reference_logits(logits: list[float], params: SamplingParams, prompt: list[int],
-                     outputs: list[int]) -> list[float]:
+def reference_logits(
+    logits: list[float], params: SamplingParams, prompt: list[int], outputs: list[int]
+) -> list[float]:
     """One request, plain Python: allowed, min_tokens, logit_bias, then the penalties."""
     x = list(logits)
     if params.allowed_token_ids is not None:
@@ -44,7 +46,9 @@ def random_params(rng: random.Random, every_feature: bool) -> SamplingParams:
         repetition_penalty=maybe(rng.uniform(0.5, 2.0), 1.0),
         frequency_penalty=maybe(rng.uniform(-2.0, 2.0), 0.0),
         presence_penalty=maybe(rng.uniform(-2.0, 2.0), 0.0),
-        logit_bias=maybe({t: rng.uniform(-5, 5) for t in rng.sample(range(VOCAB_SIZE), rng.randint(1, 6))}, None),
+        logit_bias=maybe(
+            {t: rng.uniform(-5, 5) for t in rng.sample(range(VOCAB_SIZE), rng.randint(1, 6))}, None
+        ),
         allowed_token_ids=maybe(rng.sample(range(VOCAB_SIZE), rng.randint(3, 20)), None),
         min_tokens=maybe(rng.randint(1, 4), 0),
         stop_token_ids=maybe(rng.sample(range(VOCAB_SIZE), 2), None),
@@ -110,15 +114,29 @@ def test_greedy_rows_take_the_argmax_of_processed_logits() -> None:
 
 def test_min_tokens_masks_eos_and_stop_ids_until_reached() -> None:
     state = SamplingState(3, VOCAB_SIZE, "cpu", seed=0)
-    state.add_request(0, SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[9]), [1], [],
-                      eos_token_ids=EOS)
-    state.add_request(1, SamplingParams(temperature=0.0, min_tokens=3), [1], [5, 5], eos_token_ids=EOS)
-    state.add_request(2, SamplingParams(temperature=0.8, min_tokens=2, ignore_eos=True,
-                                        stop_token_ids=[9]), [1], [], eos_token_ids=EOS)
+    state.add_request(
+        0,
+        SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[9]),
+        [1],
+        [],
+        eos_token_ids=EOS,
+    )
+    state.add_request(
+        1, SamplingParams(temperature=0.0, min_tokens=3), [1], [5, 5], eos_token_ids=EOS
+    )
+    state.add_request(
+        2,
+        SamplingParams(temperature=0.8, min_tokens=2, ignore_eos=True, stop_token_ids=[9]),
+        [1],
+        [],
+        eos_token_ids=EOS,
+    )
     logits = torch.full((3, VOCAB_SIZE), -10.0)
     logits[:, 2], logits[:, 3], logits[:, 9], logits[:, 11] = 10.0, 9.0, 8.0, 0.0
     logits[2, 2] = 40.0  # row 2 samples at random: make EOS all but certain
-    tokens = [state.sample(logits.clone(), np.arange(3)).sampled_token_ids.tolist() for _ in range(4)]
+    tokens = [
+        state.sample(logits.clone(), np.arange(3)).sampled_token_ids.tolist() for _ in range(4)
+    ]
     assert [t[0] for t in tokens] == [11, 11, 11, 2]
     assert [t[1] for t in tokens] == [9, 2, 2, 2]  # resumed: one output short of min_tokens
     assert [t[2] for t in tokens] == [2, 2, 2, 2]  # ignore_eos: EOS is not banned
@@ -142,8 +160,12 @@ def test_allowed_token_ids_restrict_random_and_greedy() -> None:
 def test_logprobs_are_log_softmax_of_raw_logits() -> None:
     state = SamplingState(6, VOCAB_SIZE, "cpu", seed=0)
     state.add_request(0, SamplingParams(temperature=0.0, logprobs=0), [1], [])
-    state.add_request(1, SamplingParams(temperature=0.9, logprobs=3, repetition_penalty=1.8), [1, 4], [])
-    state.add_request(2, SamplingParams(temperature=1.0, logprobs=5, top_k=4, logit_bias={6: 3.0}), [1], [])
+    state.add_request(
+        1, SamplingParams(temperature=0.9, logprobs=3, repetition_penalty=1.8), [1, 4], []
+    )
+    state.add_request(
+        2, SamplingParams(temperature=1.0, logprobs=5, top_k=4, logit_bias={6: 3.0}), [1], []
+    )
     state.add_request(3, SamplingParams(temperature=2.0), [1], [])
     state.add_request(4, SamplingParams(temperature=0.0, presence_penalty=2.0, logprobs=2), [1], [])
     rows = np.array([4, 2, 0, 3, 1])
@@ -172,8 +194,9 @@ def test_penalties_over_growing_and_empty_histories() -> None:
     """A history that outgrows the device table while sampling, one that arrives longer than
     it, and an empty prompt (prompt_embeds: no id may be penalised before the first output)."""
     rng = random.Random(1)
-    params = SamplingParams(temperature=1.0, repetition_penalty=1.7, frequency_penalty=0.6,
-                            presence_penalty=-0.4)
+    params = SamplingParams(
+        temperature=1.0, repetition_penalty=1.7, frequency_penalty=0.6, presence_penalty=-0.4
+    )
     state = SamplingState(3, VOCAB_SIZE, "cpu", seed=0)
     histories: dict[int, tuple[list[int], list[int]]] = {}
 

@@ -1,4 +1,5 @@
 """SamplingState: seeded reproducibility, the all-greedy short path, rows, bad input."""
+
 from __future__ import annotations
 
 import random
@@ -23,19 +24,26 @@ def step_logits(step: int) -> torch.Tensor:
 
 
 def mixed_params(rng: random.Random) -> SamplingParams:
-    return rng.choice([
-        SamplingParams(temperature=0.0),
-        SamplingParams(temperature=0.7, top_p=0.8),
-        SamplingParams(temperature=1.3, top_k=5, min_p=0.1),
-        SamplingParams(temperature=1.0, repetition_penalty=1.5, presence_penalty=0.5),
-        SamplingParams(temperature=0.9, logit_bias={3: 4.0}, logprobs=2),
-        SamplingParams(temperature=1.0, allowed_token_ids=[1, 2, 3, 4], seed=7),
-        SamplingParams(temperature=1.0, min_tokens=3, stop_token_ids=[5]),
-    ])
+    return rng.choice(
+        [
+            SamplingParams(temperature=0.0),
+            SamplingParams(temperature=0.7, top_p=0.8),
+            SamplingParams(temperature=1.3, top_k=5, min_p=0.1),
+            SamplingParams(temperature=1.0, repetition_penalty=1.5, presence_penalty=0.5),
+            SamplingParams(temperature=0.9, logit_bias={3: 4.0}, logprobs=2),
+            SamplingParams(temperature=1.0, allowed_token_ids=[1, 2, 3, 4], seed=7),
+            SamplingParams(temperature=1.0, min_tokens=3, stop_token_ids=[5]),
+        ]
+    )
 
 
-def run_seeded(row: int, num_others: int, state_seed: int, first_step: int = 0,
-               outputs: list[int] | None = None) -> list[int]:
+def run_seeded(
+    row: int,
+    num_others: int,
+    state_seed: int,
+    first_step: int = 0,
+    outputs: list[int] | None = None,
+) -> list[int]:
     """The seeded request at `row` among `num_others` mixed requests, in a shuffled batch."""
     rng = random.Random(state_seed)
     num_rows = max(row, num_others) + 1
@@ -61,7 +69,9 @@ def test_seeded_request_is_reproducible_anywhere() -> None:
     assert run_seeded(row=5, num_others=15, state_seed=1) == alone
     assert run_seeded(row=13, num_others=6, state_seed=2) == alone
     # resumed after preemption with three outputs: the noise picks up where it left off
-    assert run_seeded(row=2, num_others=4, state_seed=3, first_step=3, outputs=alone[:3]) == alone[3:]
+    assert (
+        run_seeded(row=2, num_others=4, state_seed=3, first_step=3, outputs=alone[:3]) == alone[3:]
+    )
 
 
 def test_other_seed_or_step_other_tokens() -> None:
@@ -69,8 +79,9 @@ def test_other_seed_or_step_other_tokens() -> None:
     state.add_request(0, SamplingParams(seed=1), [1], [])
     state.add_request(1, SamplingParams(seed=2), [1], [])
     logits = torch.zeros(2, VOCAB_SIZE)  # uniform: the tokens are the noise's choice
-    tokens = [state.sample(logits.clone(), np.array([0, 1])).sampled_token_ids.tolist()
-              for _ in range(10)]
+    tokens = [
+        state.sample(logits.clone(), np.array([0, 1])).sampled_token_ids.tolist() for _ in range(10)
+    ]
     assert [t[0] for t in tokens] != [t[1] for t in tokens]
     assert len({t[0] for t in tokens}) > 3  # fresh noise at each step
 
@@ -87,10 +98,13 @@ class Calls:
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, Calls]:
     """Count the device work of each optional feature (and every host-to-device upload)."""
-    watched = {"upload": (state_module, "upload"),
-               "top_k_top_p": (sampler_module, "top_k_top_p_threshold"),
-               "truncate": (sampler_module, "truncate"), "noise": (sampler_module, "gumbel_draw"),
-               "penalties": (sampler_module, "apply_penalties")}
+    watched = {
+        "upload": (state_module, "upload"),
+        "top_k_top_p": (sampler_module, "top_k_top_p_threshold"),
+        "truncate": (sampler_module, "truncate"),
+        "noise": (sampler_module, "gumbel_draw"),
+        "penalties": (sampler_module, "apply_penalties"),
+    }
     counters = {}
     for name, (module, attr) in watched.items():
         counters[name] = Calls(getattr(module, attr))
@@ -101,8 +115,9 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, Calls]:
 def test_all_greedy_batch_is_just_argmax(calls: dict[str, Calls]) -> None:
     state = SamplingState(3, VOCAB_SIZE, "cpu", seed=0)
     for row in range(3):  # truncation and seeds mean nothing to greedy requests
-        state.add_request(row, SamplingParams(temperature=0.0, top_k=3, top_p=0.5, min_p=0.2, seed=row),
-                          [1], [])
+        state.add_request(
+            row, SamplingParams(temperature=0.0, top_k=3, top_p=0.5, min_p=0.2, seed=row), [1], []
+        )
     calls["upload"].count = 0  # not counting the tables' first upload
     for _ in range(3):
         logits = torch.randn(3, VOCAB_SIZE)
@@ -118,18 +133,31 @@ def test_features_launch_only_when_a_row_uses_them(calls: dict[str, Calls]) -> N
     state.add_request(2, SamplingParams(temperature=0.5, top_k=4), [1], [])
     state.add_request(3, SamplingParams(temperature=0.5, min_p=0.1), [1], [])
     state.sample(torch.randn(1, VOCAB_SIZE), np.array([0]))
-    assert (calls["noise"].count, calls["top_k_top_p"].count, calls["truncate"].count,
-            calls["penalties"].count) == (1, 0, 0, 0)
+    assert (
+        calls["noise"].count,
+        calls["top_k_top_p"].count,
+        calls["truncate"].count,
+        calls["penalties"].count,
+    ) == (1, 0, 0, 0)
     state.sample(torch.randn(2, VOCAB_SIZE), np.array([1, 2]))
-    assert (calls["top_k_top_p"].count, calls["truncate"].count, calls["penalties"].count) == (1, 1, 1)
+    assert (calls["top_k_top_p"].count, calls["truncate"].count, calls["penalties"].count) == (
+        1,
+        1,
+        1,
+    )
     state.sample(torch.randn(2, VOCAB_SIZE), np.array([3, 0]))  # min-p: a threshold, no top-k/top-p
-    assert (calls["top_k_top_p"].count, calls["truncate"].count, calls["penalties"].count) == (1, 2, 1)
+    assert (calls["top_k_top_p"].count, calls["truncate"].count, calls["penalties"].count) == (
+        1,
+        2,
+        1,
+    )
 
 
 def test_row_reuse_forgets_the_old_request() -> None:
     state = SamplingState(2, VOCAB_SIZE, "cpu", seed=0)
-    state.add_request(0, SamplingParams(temperature=0.0, logit_bias={9: 50.0}, presence_penalty=2.0),
-                      [9], [9, 9])
+    state.add_request(
+        0, SamplingParams(temperature=0.0, logit_bias={9: 50.0}, presence_penalty=2.0), [9], [9, 9]
+    )
     state.remove_request(0)
     state.add_request(0, SamplingParams(temperature=0.0), [1], [])
     logits = torch.randn(1, VOCAB_SIZE)
@@ -157,13 +185,18 @@ def test_bad_input_raises_value_error_naming_the_parameter() -> None:
         SamplingState(0, VOCAB_SIZE, "cpu", seed=0)
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=0.8), SamplingParams(temperature=0.0, logprobs=0),
-    SamplingParams(temperature=0.0, repetition_penalty=1.2),
-    SamplingParams(temperature=0.0, logit_bias={3: 1.0}),
-    SamplingParams(temperature=0.0, allowed_token_ids=[1, 2]),
-    SamplingParams(temperature=0.0, bad_words_token_ids=[[4]]),
-], ids=["random", "logprobs", "penalty", "bias", "allowed", "bad_words"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.8),
+        SamplingParams(temperature=0.0, logprobs=0),
+        SamplingParams(temperature=0.0, repetition_penalty=1.2),
+        SamplingParams(temperature=0.0, logit_bias={3: 1.0}),
+        SamplingParams(temperature=0.0, allowed_token_ids=[1, 2]),
+        SamplingParams(temperature=0.0, bad_words_token_ids=[[4]]),
+    ],
+    ids=["random", "logprobs", "penalty", "bias", "allowed", "bad_words"],
+)
 def test_is_greedy_only_without_any_other_feature(params: SamplingParams) -> None:
     state = SamplingState(3, VOCAB_SIZE, "cpu", seed=0)
     state.add_request(0, SamplingParams(temperature=0.0, top_k=3, seed=1), [1], [])  # greedy

@@ -3,21 +3,21 @@
 temperature near 1e-5: l / T in float32 would round near-tied logits (steps of 1.0 at 8e6); the
 kernels divide only offsets from a max, so draws follow float64 softmax(l / T), which a float32
 reference of the old math fails. The kernels run in the Triton interpreter (tests/conftest.py)."""
+
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from tiny_hf_models import save_tiny_model
 
 from pagedlm import LLM, SamplingParams
 from pagedlm.sample.gumbel import block_size_for
 from pagedlm.sample.noise import gumbel_noise, row_keys_np
 from pagedlm.sample.sampler import gather_logprobs
 from pagedlm.sample.triton_draw import fused_gumbel_draw
-from tiny_hf_models import save_tiny_model
 
 # An all-banned block's log-mass is log(0) = -inf by design; numpy (the interpreter) warns about it.
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning")
@@ -42,17 +42,31 @@ def test_gather_logprobs_clamps_the_top_to_the_vocabulary() -> None:
 def tiny_vocab_llm(tmp_path_factory: pytest.TempPathFactory) -> LLM:
     folder = tmp_path_factory.mktemp("tiny_vocab_llama")
     save_tiny_model(folder, "llama", vocab_size=TINY_VOCAB)
-    return LLM(str(folder), skip_tokenizer_init=True, dtype="float32", max_model_len=64,
-               num_gpu_blocks_override=16, device="cpu")
+    return LLM(
+        str(folder),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        max_model_len=64,
+        num_gpu_blocks_override=16,
+        device="cpu",
+    )
 
 
 def _batch(num_logprobs: int | None) -> list[SamplingParams]:
     """A seeded random request asking num_logprobs (sampled and prompt), a greedy one asking 2,
     one asking none."""
-    return [SamplingParams(temperature=0.8, seed=5, max_tokens=5, ignore_eos=True,
-                           logprobs=num_logprobs, prompt_logprobs=num_logprobs),
-            SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=2),
-            SamplingParams(temperature=0.9, seed=6, max_tokens=5, ignore_eos=True)]
+    return [
+        SamplingParams(
+            temperature=0.8,
+            seed=5,
+            max_tokens=5,
+            ignore_eos=True,
+            logprobs=num_logprobs,
+            prompt_logprobs=num_logprobs,
+        ),
+        SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=2),
+        SamplingParams(temperature=0.9, seed=6, max_tokens=5, ignore_eos=True),
+    ]
 
 
 def _check_whole_vocabulary(entry: dict, token_id: int) -> None:
@@ -68,15 +82,22 @@ def test_logprobs_beyond_a_tiny_vocabulary(tiny_vocab_llm: LLM, num_logprobs: in
     plain = tiny_vocab_llm.generate(prompts, _batch(None), use_tqdm=False)
     asked = tiny_vocab_llm.generate(prompts, _batch(num_logprobs), use_tqdm=False)
     reference = tiny_vocab_llm.generate(prompts, _batch(1), use_tqdm=False)  # a width that works
-    assert [out.outputs[0].token_ids for out in asked] == [out.outputs[0].token_ids for out in reference]
-    assert [out.outputs[0].token_ids for out in asked] == [out.outputs[0].token_ids for out in plain]
+    assert [out.outputs[0].token_ids for out in asked] == [
+        out.outputs[0].token_ids for out in reference
+    ]
+    assert [out.outputs[0].token_ids for out in asked] == [
+        out.outputs[0].token_ids for out in plain
+    ]
     completion = asked[0].outputs[0]
     assert len(completion.logprobs) == len(completion.token_ids) == 5
-    for token_id, entry, ref_entry in zip(completion.token_ids, completion.logprobs,
-                                          reference[0].outputs[0].logprobs):
+    for token_id, entry, ref_entry in zip(
+        completion.token_ids, completion.logprobs, reference[0].outputs[0].logprobs
+    ):
         _check_whole_vocabulary(entry, token_id)
         assert entry[token_id] == ref_entry[token_id]
-    assert completion.cumulative_logprob == pytest.approx(reference[0].outputs[0].cumulative_logprob)
+    assert completion.cumulative_logprob == pytest.approx(
+        reference[0].outputs[0].cumulative_logprob
+    )
     prompt_logprobs = asked[0].prompt_logprobs
     assert len(prompt_logprobs) == len(prompts[0]) and prompt_logprobs[0] is None
     for token_id, entry in zip(prompts[0][1:], prompt_logprobs[1:]):
@@ -127,8 +148,9 @@ def two_stage_draw(scaled: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tens
     block = block_scores.argmax(dim=-1)  # [N]
     members = blocks[torch.arange(num_rows), block]  # [N, B]
     scores = members - members.amax(dim=-1, keepdim=True) + noise[:, num_blocks:]
-    margin = torch.minimum(*(s.topk(2, dim=-1).values.diff(dim=-1).neg().squeeze(-1)
-                             for s in (block_scores, scores)))
+    margin = torch.minimum(
+        *(s.topk(2, dim=-1).values.diff(dim=-1).neg().squeeze(-1) for s in (block_scores, scores))
+    )
     return block * block_size + scores.argmax(dim=-1), margin
 
 
@@ -151,7 +173,7 @@ def test_near_tie_at_tiny_temperature_follows_float64() -> None:
     assert int(decided.sum()) >= NUM_DRAWS - 2
     assert torch.equal(ids[decided], exact_ids[decided])
     for layout in range(len(LAYOUTS)):  # each stage decides some draws the old math gets wrong
-        assert (old_ids != exact_ids)[layout::len(LAYOUTS)].sum() >= 5
+        assert (old_ids != exact_ids)[layout :: len(LAYOUTS)].sum() >= 5
 
     gap = (logits[0, ids_b[0]].double() - logits[0, ids_a[0]].double()) / temperature[0].double()
     prob_b = float(torch.sigmoid(gap))  # float64, from the float32 logits and temperature

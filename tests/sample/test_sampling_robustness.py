@@ -2,16 +2,16 @@
 pipeline): each test names the defect it pins (BUG: it failed before the fix, for the reason given)
 or the path no other test covered (PATH: it passes, and the source mutation named in it makes it
 fail)."""
+
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import torch
 import tiny_hf_models
+import torch
 
 from pagedlm import LLM, SamplingParams
 from pagedlm.core.sched_output import EngineCoreOutput
@@ -34,7 +34,10 @@ def _broken_bytes(tokenizer: Any) -> list[int]:
 
 # ---- detokenizer -----------------------------------------------------------------------------
 
-def test_output_with_broken_byte_fallback_bytes_does_not_crash_the_step(sentencepiece_tokenizer: Any) -> None:
+
+def test_output_with_broken_byte_fallback_bytes_does_not_crash_the_step(
+    sentencepiece_tokenizer: Any,
+) -> None:
     """BUG (engine/detokenizer.py push: `self._stream.step` unguarded): a Llama-2/Mistral style
     tokenizer (byte fallback) fed '<0x0A> <0xE4> ▁The' makes DecodeStream raise a bare Exception
     out of OutputProcessor.process_outputs, so LLMEngine.step fails for every request of the step
@@ -50,13 +53,18 @@ def test_output_with_broken_byte_fallback_bytes_does_not_crash_the_step(sentence
     assert out.outputs[0].text.endswith("The end")
 
 
-def test_prompt_ending_in_broken_byte_fallback_bytes_is_accepted(sentencepiece_tokenizer: Any) -> None:
+def test_prompt_ending_in_broken_byte_fallback_bytes_is_accepted(
+    sentencepiece_tokenizer: Any,
+) -> None:
     """BUG (engine/detokenizer.py _prime: the same unguarded `self._stream.step`): a valid
     token-id prompt ending in '<0x0A> <0xE4> ▁The' (no clean suffix to prime with, so the last 4
     tokens are stepped) is refused by add_request with a bare Exception (not a ValueError); beam
     search, which sends every beam back as a token-id prompt, hits it too."""
-    prompt = (_ids(sentencepiece_tokenizer, "hello") + _broken_bytes(sentencepiece_tokenizer)
-              + _ids(sentencepiece_tokenizer, " The"))
+    prompt = (
+        _ids(sentencepiece_tokenizer, "hello")
+        + _broken_bytes(sentencepiece_tokenizer)
+        + _ids(sentencepiece_tokenizer, " The")
+    )
     output = _ids(sentencepiece_tokenizer, "hello the cat sat")[1:]  # ▁the ▁cat ▁sat
     processor = OutputProcessor(sentencepiece_tokenizer)
     processor.add_request("r", None, prompt, SamplingParams(), 1.0, prompt)
@@ -65,8 +73,9 @@ def test_prompt_ending_in_broken_byte_fallback_bytes_is_accepted(sentencepiece_t
 
 
 @pytest.mark.parametrize("stop_kind", ["stop_token_id", "eos_kept_by_skip_special_tokens_false"])
-def test_stop_token_text_is_left_out_unless_include_stop_str_in_output(byte_level_tokenizer: Any,
-                                                                       stop_kind: str) -> None:
+def test_stop_token_text_is_left_out_unless_include_stop_str_in_output(
+    byte_level_tokenizer: Any, stop_kind: str
+) -> None:
     """BUG (engine/output_processor.py _update_sample: every token, the one the core stopped at
     included, is pushed to the detokenizer): vLLM (V0 StopChecker and V1 detokenizer.update with
     stop_terminated) leaves the text of the token that ended the request by a stop token id or
@@ -85,22 +94,30 @@ def test_stop_token_text_is_left_out_unless_include_stop_str_in_output(byte_leve
         processor = OutputProcessor(byte_level_tokenizer)
         params = SamplingParams(include_stop_str_in_output=include, **kwargs)
         processor.add_request("r", "Hello", prompt, params, 1.0, prompt)
-        result = processor.process_outputs([EngineCoreOutput(
-            "r", body + [stop_id], finish_reason="stop", stop_reason=stop_reason)])
+        result = processor.process_outputs(
+            [EngineCoreOutput("r", body + [stop_id], finish_reason="stop", stop_reason=stop_reason)]
+        )
         completion = result.request_outputs[0].outputs[0]
         assert completion.token_ids == body + [stop_id]  # the ids keep the stop token
         texts[include] = completion.text
     assert texts == {False: " the cat", True: " the cat" + stop_text}
 
 
-def test_bad_word_with_a_leading_space_is_also_banned_at_the_start_of_the_text(byte_level_tokenizer: Any) -> None:
+def test_bad_word_with_a_leading_space_is_also_banned_at_the_start_of_the_text(
+    byte_level_tokenizer: Any,
+) -> None:
     """BUG (engine/tokenizer.py bad_words_token_ids: the first variant is `word`, not
     `word.lstrip()`): vLLM encodes each bad word both as word.lstrip() (text start) and with one
     leading space (mid-text). bad_words=[' cat'] gives only 'Ġcat' here, so an output that starts
     with 'cat' is not banned."""
-    assert _ids(byte_level_tokenizer, "cat") != _ids(byte_level_tokenizer, " cat")  # the two forms differ
+    assert _ids(byte_level_tokenizer, "cat") != _ids(
+        byte_level_tokenizer, " cat"
+    )  # the two forms differ
     sequences = bad_words_token_ids(byte_level_tokenizer, [" cat"])
-    assert _ids(byte_level_tokenizer, "cat") in sequences and _ids(byte_level_tokenizer, " cat") in sequences
+    assert (
+        _ids(byte_level_tokenizer, "cat") in sequences
+        and _ids(byte_level_tokenizer, " cat") in sequences
+    )
     assert bad_words_token_ids(byte_level_tokenizer, ["cat"]) == sequences  # the same word
 
 
@@ -120,12 +137,25 @@ def test_huge_temperature_never_samples_masked_tokens(temperature: float) -> Non
     every unmasked id equally likely at such a temperature, the draw must be uniform over them."""
     state = SamplingState(3, VOCAB_SIZE, "cpu", seed=0)
     state.add_request(0, SamplingParams(temperature=temperature, allowed_token_ids=[3, 4]), [1], [])
-    state.add_request(1, SamplingParams(temperature=temperature, min_tokens=20, max_tokens=20),
-                      [1], [], eos_token_ids=[EOS])
-    state.add_request(2, SamplingParams(temperature=temperature, bad_words_token_ids=[[5]]), [1], [])
+    state.add_request(
+        1,
+        SamplingParams(temperature=temperature, min_tokens=20, max_tokens=20),
+        [1],
+        [],
+        eos_token_ids=[EOS],
+    )
+    state.add_request(
+        2, SamplingParams(temperature=temperature, bad_words_token_ids=[[5]]), [1], []
+    )
     gen = torch.Generator().manual_seed(0)
-    sampled = np.stack([state.sample(torch.randn(3, VOCAB_SIZE, generator=gen), np.arange(3))
-                        .sampled_token_ids.numpy() for _ in range(12)])  # [steps, 3]
+    sampled = np.stack(
+        [
+            state.sample(
+                torch.randn(3, VOCAB_SIZE, generator=gen), np.arange(3)
+            ).sampled_token_ids.numpy()
+            for _ in range(12)
+        ]
+    )  # [steps, 3]
     assert set(sampled[:, 0]) <= {3, 4}
     assert EOS not in sampled[:, 1] and 5 not in sampled[:, 2]
     assert len(set(sampled[:, 1])) > 3  # uniform over the rest, not one forced id
@@ -164,12 +194,19 @@ def test_top_k_at_or_above_the_vocabulary_is_off(top_k: int) -> None:
 
 # ---- through the engine ----------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tiny_llm(tmp_path_factory: pytest.TempPathFactory) -> LLM:
     folder = tmp_path_factory.mktemp("tiny_llama_sampling")
     tiny_hf_models.save_tiny_model(folder, "llama")
-    return LLM(str(folder), skip_tokenizer_init=True, dtype="float32", max_model_len=64,
-               num_gpu_blocks_override=64, device="cpu")
+    return LLM(
+        str(folder),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        max_model_len=64,
+        num_gpu_blocks_override=64,
+        device="cpu",
+    )
 
 
 def _embeddings(llm: LLM, token_ids: list[int]) -> torch.Tensor:
@@ -187,10 +224,16 @@ def test_prompt_embeds_request_penalises_no_placeholder_token(tiny_llm: LLM) -> 
     so nothing may be penalised before the first output (the sampler handles an empty prompt:
     tests/sample/test_sample_processors.py)."""
     prompt = list(range(20, 40))
-    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, repetition_penalty=100.0,
-                            logit_bias={0: 30.0})
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=1,
+        ignore_eos=True,
+        repetition_penalty=100.0,
+        logit_bias={0: 30.0},
+    )
     (from_ids,) = tiny_llm.generate(prompt, params, use_tqdm=False)
-    (from_embeds,) = tiny_llm.generate({"prompt_embeds": _embeddings(tiny_llm, prompt)}, params,
-                                       use_tqdm=False)
+    (from_embeds,) = tiny_llm.generate(
+        {"prompt_embeds": _embeddings(tiny_llm, prompt)}, params, use_tqdm=False
+    )
     assert from_ids.outputs[0].token_ids == [0]
     assert from_embeds.outputs[0].token_ids == [0]

@@ -2,6 +2,7 @@
 noise bit for bit, the same block log-masses, the same ids, the right distribution. On the CPU the
 kernels run in the Triton interpreter (tests/conftest.py), one program costing milliseconds: hence
 few rows, except in the distribution check."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,12 +34,17 @@ def noise_kernel(hash_ptr, gumbel_ptr, keys_ptr, WIDTH: tl.constexpr):
     tl.store(gumbel_ptr + row * WIDTH + index, gumbel_noise_at(key, index))
 
 
-def sampled_ids(params: list[SamplingParams], logits: torch.Tensor,
-                triton_device_types: tuple[str, ...] = ("cuda",)) -> torch.Tensor:
+def sampled_ids(
+    params: list[SamplingParams],
+    logits: torch.Tensor,
+    triton_device_types: tuple[str, ...] = ("cuda",),
+) -> torch.Tensor:
     """[N]: one sampling step on the CPU of logits [N, V] (not modified), row r with params[r] (seed 3,
     prompt [1, 2], EOS 0); triton_device_types ("cuda", "cpu"): the Triton kernels in the interpreter."""
     num_rows, vocab_size = logits.shape
-    state = SamplingState(num_rows, vocab_size, "cpu", seed=3, triton_device_types=triton_device_types)
+    state = SamplingState(
+        num_rows, vocab_size, "cpu", seed=3, triton_device_types=triton_device_types
+    )
     for row, p in enumerate(params):
         state.add_request(row, p, [1, 2], [], eos_token_ids=[0])
     return state.sample(logits.clone(), np.arange(num_rows, dtype=np.int32)).sampled_token_ids
@@ -66,7 +72,9 @@ def test_noise_hash_bit_exact_gumbel_within_an_ulp_or_two() -> None:
     check_noise("cpu", num_rows=6, width=64)
 
 
-def torch_draw(logits: torch.Tensor, temperature: torch.Tensor | None, keys: torch.Tensor) -> torch.Tensor:
+def torch_draw(
+    logits: torch.Tensor, temperature: torch.Tensor | None, keys: torch.Tensor
+) -> torch.Tensor:
     """The torch path of sampler.draw for rows without truncation."""
     scaled = logits - logits.amax(dim=-1, keepdim=True)
     if temperature is not None:
@@ -80,14 +88,19 @@ def reference_logmass(logits: torch.Tensor, temperature: torch.Tensor | None) ->
     block_size = block_size_for(vocab_size)
     num_blocks = -(-vocab_size // block_size)
     x = logits.double() if temperature is None else logits.double() / temperature.double()[:, None]
-    padded = torch.full((num_rows, num_blocks * block_size), float("-inf"), dtype=torch.float64,
-                        device=logits.device)
+    padded = torch.full(
+        (num_rows, num_blocks * block_size),
+        float("-inf"),
+        dtype=torch.float64,
+        device=logits.device,
+    )
     padded[:, :vocab_size] = x
     return padded.reshape(num_rows, num_blocks, block_size).logsumexp(dim=-1)
 
 
-def assert_near_optimal(ids: torch.Tensor, logits: torch.Tensor, temperature: torch.Tensor | None,
-                        keys: torch.Tensor) -> None:
+def assert_near_optimal(
+    ids: torch.Tensor, logits: torch.Tensor, temperature: torch.Tensor | None, keys: torch.Tensor
+) -> None:
     """Each id wins both Gumbel-max stages of the float64 reference, up to a near-tie."""
     num_rows, vocab_size = logits.shape
     block_size = block_size_for(vocab_size)
@@ -99,7 +112,9 @@ def assert_near_optimal(ids: torch.Tensor, logits: torch.Tensor, temperature: to
     gap1 = block_scores.amax(dim=-1) - block_scores.gather(1, blocks[:, None]).squeeze(1)
     members = blocks[:, None] * block_size + torch.arange(block_size, device=ids.device)  # [N, B]
     x = logits.double() if temperature is None else logits.double() / temperature.double()[:, None]
-    scores = x.gather(1, members.clamp(max=vocab_size - 1)).masked_fill(members >= vocab_size, float("-inf"))
+    scores = x.gather(1, members.clamp(max=vocab_size - 1)).masked_fill(
+        members >= vocab_size, float("-inf")
+    )
     scores += noise[:, num_blocks:]
     gap2 = scores.amax(dim=-1) - scores.gather(1, (ids - blocks * block_size)[:, None]).squeeze(1)
     assert ((ids >= 0) & (ids < vocab_size)).all()
@@ -113,8 +128,8 @@ def random_case(num_rows: int, vocab_size: int, seed: int, device: str = "cpu") 
     logits = torch.randn(num_rows, vocab_size, generator=gen) * 3
     logits.masked_fill_(torch.rand(num_rows, vocab_size, generator=gen) < 0.2, float("-inf"))
     block_size = block_size_for(vocab_size)
-    logits[1, :2 * block_size] = float("-inf")
-    logits[1, (vocab_size - 1) // block_size * block_size:] = float("-inf")
+    logits[1, : 2 * block_size] = float("-inf")
+    logits[1, (vocab_size - 1) // block_size * block_size :] = float("-inf")
     logits[2, :] = float("-inf")
     logits[2, vocab_size // 2] = 1.0
     return logits.to(device)
@@ -137,7 +152,9 @@ def check_same_ids(num_rows: int, vocab_size: int, kind: str, seed: int, device:
     logmass = torch.full((num_rows, num_blocks), float("nan"), device=device)  # poisoned
     ids = torch.full((num_rows,), -1, dtype=torch.int64, device=device)
     launch_draw(logits, temperature, keys, logmass, ids)
-    torch.testing.assert_close(logmass.double(), reference_logmass(logits, temperature), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        logmass.double(), reference_logmass(logits, temperature), rtol=1e-5, atol=1e-5
+    )
     assert_near_optimal(ids, logits, temperature, keys)
     num_different = int((ids != torch_draw(logits, temperature, keys)).sum())
     assert num_different <= num_rows // 100, num_different
@@ -158,17 +175,22 @@ def test_all_banned_row_gives_an_id_in_range() -> None:
 
 
 def test_empty_batch() -> None:
-    assert fused_gumbel_draw(torch.empty(0, 40), None, torch.empty(0, dtype=torch.int64)).shape == (0,)
+    assert fused_gumbel_draw(torch.empty(0, 40), None, torch.empty(0, dtype=torch.int64)).shape == (
+        0,
+    )
 
 
-@pytest.mark.parametrize("bad, name", [
-    (dict(logits=torch.zeros(3, 40, dtype=torch.float16)), "logits"),
-    (dict(logits=torch.zeros(40, 3).t()), "stride"),
-    (dict(keys=torch.zeros(2, dtype=torch.int64)), "keys"),
-    (dict(keys=torch.zeros(3, dtype=torch.int32)), "keys"),
-    (dict(temperature=torch.ones(3, dtype=torch.float64)), "temperature"),
-    (dict(temperature=torch.ones(4)), "temperature"),
-])
+@pytest.mark.parametrize(
+    "bad, name",
+    [
+        (dict(logits=torch.zeros(3, 40, dtype=torch.float16)), "logits"),
+        (dict(logits=torch.zeros(40, 3).t()), "stride"),
+        (dict(keys=torch.zeros(2, dtype=torch.int64)), "keys"),
+        (dict(keys=torch.zeros(3, dtype=torch.int32)), "keys"),
+        (dict(temperature=torch.ones(3, dtype=torch.float64)), "temperature"),
+        (dict(temperature=torch.ones(4)), "temperature"),
+    ],
+)
 def test_bad_inputs_raise(bad: dict, name: str) -> None:
     args = dict(logits=torch.zeros(3, 40), temperature=None, keys=torch.zeros(3, dtype=torch.int64))
     with pytest.raises(ValueError, match=name):
@@ -187,7 +209,7 @@ def dist_probs(temperature: float, block_uniform: bool = False) -> np.ndarray:
     probs /= probs.sum()
     if block_uniform:
         for start in range(0, len(probs), 4):
-            probs[start:start + 4] /= 3 * probs[start:start + 4].sum()
+            probs[start : start + 4] /= 3 * probs[start : start + 4].sum()
     return probs
 
 
@@ -222,9 +244,13 @@ def test_sampling_state_through_the_fused_path(monkeypatch: pytest.MonkeyPatch) 
     CPU) draws what the torch path draws; a batch with top-p takes no fused draw."""
     vocab_size, num_rows = 90, 5
     logits = torch.randn(num_rows, vocab_size, generator=torch.Generator().manual_seed(11)) * 2
-    plain = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=1),
-             SamplingParams(temperature=1.0), SamplingParams(temperature=1.9, seed=2),
-             SamplingParams(temperature=0.6, min_tokens=3, stop_token_ids=[7])]
+    plain = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.8, seed=1),
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=1.9, seed=2),
+        SamplingParams(temperature=0.6, min_tokens=3, stop_token_ids=[7]),
+    ]
     top_p = [SamplingParams(temperature=0.8, seed=1, top_p=0.9)] * num_rows
     calls = []
 

@@ -1,6 +1,7 @@
 """The one-kernel threshold (triton_threshold.py) against a sort and the torch radix select; in the
 sampler in place of the torch path. On the CPU the kernel runs in the Triton interpreter; outputs
 start as NaN (tests/conftest.py's nan_poisoned_empty)."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,8 +28,14 @@ def mixed_params(num_rows: int, vocab_size: int, seed: int) -> tuple[torch.Tenso
     top_p[::4] = 1.0
     top_p[3] = 1e-30
     floor = torch.where(torch.arange(num_rows) % 5 == 0, 0.05, 0.0)
-    params = TopKTopP(index=None, top_k=top_k, top_p=top_p, max_top_k=int(top_k.max()),
-                      every_row_top_k=False, any_top_p=True)
+    params = TopKTopP(
+        index=None,
+        top_k=top_k,
+        top_p=top_p,
+        max_top_k=int(top_k.max()),
+        every_row_top_k=False,
+        any_top_p=True,
+    )
     return floor, params
 
 
@@ -57,8 +64,13 @@ def test_a_top_p_within_rounding_of_one_never_cuts_under_min_p_or_top_k(top_p: f
     floor, params = mixed_params(num_rows, vocab_size, seed=12)
     params.top_p.fill_(top_p)
     ranked = probs.sort(dim=-1, descending=True).values
-    kth = torch.where(params.top_k > 0, ranked.gather(1, (params.top_k - 1).clamp(min=0)[:, None])[:, 0], 0.0)
-    for got in (triton_top_k_top_p_threshold(probs, floor, params), top_k_top_p_threshold(probs, floor, params)):
+    kth = torch.where(
+        params.top_k > 0, ranked.gather(1, (params.top_k - 1).clamp(min=0)[:, None])[:, 0], 0.0
+    )
+    for got in (
+        triton_top_k_top_p_threshold(probs, floor, params),
+        top_k_top_p_threshold(probs, floor, params),
+    ):
         assert (got >= torch.maximum(floor, kth)).all(), (got - torch.maximum(floor, kth)).min()
 
 
@@ -75,16 +87,23 @@ def test_threshold_without_a_floor_and_on_a_strided_batch() -> None:
     assert torch.equal(got, want), (got - want).abs().max()
 
 
-MIXED_ROWS = [SamplingParams(temperature=0.8, seed=1, top_p=0.9), SamplingParams(temperature=1.0, seed=2),
-              SamplingParams(temperature=0.7, seed=3, top_k=20, min_p=0.05),
-              SamplingParams(temperature=0.0), SamplingParams(temperature=1.2, seed=4, top_k=5, top_p=0.5),
-              SamplingParams(temperature=0.9, seed=5, min_p=0.1)]
-EVERY_ROW_TOP_K = [SamplingParams(temperature=0.8, seed=i, top_k=3 + i, top_p=(1.0, 0.6)[i % 2]) for i in range(4)]
+MIXED_ROWS = [
+    SamplingParams(temperature=0.8, seed=1, top_p=0.9),
+    SamplingParams(temperature=1.0, seed=2),
+    SamplingParams(temperature=0.7, seed=3, top_k=20, min_p=0.05),
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=1.2, seed=4, top_k=5, top_p=0.5),
+    SamplingParams(temperature=0.9, seed=5, min_p=0.1),
+]
+EVERY_ROW_TOP_K = [
+    SamplingParams(temperature=0.8, seed=i, top_k=3 + i, top_p=(1.0, 0.6)[i % 2]) for i in range(4)
+]
 
 
 @pytest.mark.parametrize("params, kernel_rows", [(MIXED_ROWS, [3]), (EVERY_ROW_TOP_K, [])])
-def test_sampler_takes_the_triton_threshold(monkeypatch: pytest.MonkeyPatch, params: list[SamplingParams],
-                                            kernel_rows: list[int]) -> None:
+def test_sampler_takes_the_triton_threshold(
+    monkeypatch: pytest.MonkeyPatch, params: list[SamplingParams], kernel_rows: list[int]
+) -> None:
     """Rows with top-p, top-k and min-p among plain ones: the kernel is called on the rows that have
     top-k or top-p; where every row has a top-k (<= TOP_K_LIMIT), torch.topk's path instead. The ids
     equal the torch path's."""
@@ -112,9 +131,11 @@ def test_threshold_cuts_where_the_mass_says_on_cuda() -> None:
     num_rows, vocab_size = 256, 151936
     probs = random_probs(num_rows, vocab_size, seed=8)
     floor, params = mixed_params(num_rows, vocab_size, seed=9)
-    got = triton_top_k_top_p_threshold(probs.cuda(), floor.cuda(),
-                                       TopKTopP(None, params.top_k.cuda(), params.top_p.cuda(),
-                                                params.max_top_k, False, True)).cpu()
+    got = triton_top_k_top_p_threshold(
+        probs.cuda(),
+        floor.cuda(),
+        TopKTopP(None, params.top_k.cuda(), params.top_p.cuda(), params.max_top_k, False, True),
+    ).cpu()
     assert torch.isfinite(got).all()
     want = reference_threshold(probs, floor, params.top_k, params.top_p)
     only_k = params.top_p == 1.0
@@ -132,14 +153,18 @@ def test_threshold_cuts_where_the_mass_says_on_cuda() -> None:
         assert t in probs[row], row
 
 
-def test_the_kernel_takes_unaligned_parameters_without_another_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_kernel_takes_unaligned_parameters_without_another_compile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A one-row batch's min-p, top-k and top-p can be column views 4 or 8 bytes into the sampler's
     parameter tables. Triton specialises pointers on 16-byte alignment, and the warm-up compiled the
     aligned kernel: it must not specialise on these (else a compile while serving), and the views reach
     it as they are."""
     from pagedlm.sample import triton_threshold
 
-    kernel = triton_threshold.threshold_kernel  # the interpreter keeps the decorator's arguments in kwargs
+    kernel = (
+        triton_threshold.threshold_kernel
+    )  # the interpreter keeps the decorator's arguments in kwargs
     options = kernel.kwargs if hasattr(kernel, "kwargs") else vars(kernel)
     assert set(options["do_not_specialize_on_alignment"]) == {"floor_ptr", "top_k_ptr", "top_p_ptr"}
     launched: list[tuple] = []
@@ -151,8 +176,14 @@ def test_the_kernel_takes_unaligned_parameters_without_another_compile(monkeypat
     monkeypatch.setattr(triton_threshold, "threshold_kernel", Recorder())
     floats = torch.rand(1, 4)
     ints = torch.ones(1, 3, dtype=torch.int64)
-    params = TopKTopP(index=None, top_k=ints[:, 1], top_p=floats[:, 3], max_top_k=1, every_row_top_k=True,
-                      any_top_p=True)
+    params = TopKTopP(
+        index=None,
+        top_k=ints[:, 1],
+        top_p=floats[:, 3],
+        max_top_k=1,
+        every_row_top_k=True,
+        any_top_p=True,
+    )
     floor = floats[:, 1]
     assert floor.data_ptr() % 16 and ints[:, 1].data_ptr() % 16  # the views are not aligned
     triton_top_k_top_p_threshold(torch.rand(1, 50), floor, params)

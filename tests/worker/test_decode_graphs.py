@@ -4,6 +4,7 @@ fixed-width block table, the small graphs' logits, argmax and write into last_sa
 eagerly through the Triton kernels in the interpreter; greedy tokens must equal transformers';
 a greedy batch takes the graph's ids, any other is sampled as without graphs.
 Capture and replay themselves need CUDA: tests/gpu/test_cuda_graphs.py."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,13 +13,27 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from worker_helpers import (VOCAB, MiniScheduler, Req, hf_greedy, make_config, make_runner,
-                            run_requests, save_tiny_llama)
+from worker_helpers import (
+    VOCAB,
+    MiniScheduler,
+    Req,
+    hf_greedy,
+    make_config,
+    make_runner,
+    run_requests,
+    save_tiny_llama,
+)
 
 from pagedlm.sampling_params import SamplingParams
 from pagedlm.worker import cuda_graphs
 from pagedlm.worker.cuda_graphs import DecodeGraphs, graphs_enabled
-from pagedlm.worker.sizes import MAX_LOGITS_ROWS, MIN_SAVING_MS, SPEED_MARGIN, capture_sizes, fastest_sizes
+from pagedlm.worker.sizes import (
+    MAX_LOGITS_ROWS,
+    MIN_SAVING_MS,
+    SPEED_MARGIN,
+    capture_sizes,
+    fastest_sizes,
+)
 
 
 class EagerGraphs(DecodeGraphs):
@@ -29,7 +44,9 @@ class EagerGraphs(DecodeGraphs):
         for size in self.sizes:
             slots = range(len(self._staging)) if self.is_staged(size) else ()
             for slot in (None, *slots):
-                self._graphs[size, slot] = SimpleNamespace(replay=functools.partial(self._run, size, slot))
+                self._graphs[size, slot] = SimpleNamespace(
+                    replay=functools.partial(self._run, size, slot)
+                )
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +62,9 @@ def _prompt(length: int, seed: int) -> list[int]:
 
 def test_capture_sizes():
     sizes = capture_sizes(max_num_seqs=1024, max_num_tokens=16384)
-    assert len(sizes) == 67 and sizes[:6] == [1, 2, 4, 8, 16, 24] and sizes[-1] == 1024  # max_num_seqs
+    assert (
+        len(sizes) == 67 and sizes[:6] == [1, 2, 4, 8, 16, 24] and sizes[-1] == 1024
+    )  # max_num_seqs
     assert sizes[sizes.index(256) + 1] == 272 and sizes[sizes.index(512) + 1] == 544
     assert sizes == sorted(set(sizes))
     assert capture_sizes(2048, 16384)[-1] == 1024  # the largest graph
@@ -55,24 +74,36 @@ def test_capture_sizes():
 
 
 def _kept(times: dict[int, float], kinds: dict[int, int] | None = None) -> list[int]:
-    return fastest_sizes(times, kinds or {size: 1 for size in times})  # default: one attention kernel
+    return fastest_sizes(
+        times, kinds or {size: 1 for size in times}
+    )  # default: one attention kernel
 
 
 def test_a_size_gives_way_only_to_a_markedly_faster_larger_one():
     assert _kept({16: 1.0, 24: 3.0, 32: 2.0}) == [16, 32]  # 24 replays slower than 32
-    assert _kept({16: 10.0, 24: 10.0 * (1 - SPEED_MARGIN / 2)}) == [16, 24]  # saves 0.5 ms, within the margin
+    assert _kept({16: 10.0, 24: 10.0 * (1 - SPEED_MARGIN / 2)}) == [
+        16,
+        24,
+    ]  # saves 0.5 ms, within the margin
     assert _kept({16: 2 * MIN_SAVING_MS, 24: MIN_SAVING_MS / 2}) == [24]  # both margins met
     assert _kept({16: MIN_SAVING_MS, 24: MIN_SAVING_MS / 4}) == [16, 24]  # saves too little time
-    assert _kept({16: 1.12, 24: 1.11, 32: 1.0}) == [16, 24, 32]  # 16 against 24, which it would replay
-    assert _kept({16: 1.12, 24: 1.25, 32: 1.0}) == [32]  # 24 gives way, then 16 to the next kept: 32
+    assert _kept({16: 1.12, 24: 1.11, 32: 1.0}) == [
+        16,
+        24,
+        32,
+    ]  # 16 against 24, which it would replay
+    assert _kept({16: 1.12, 24: 1.25, 32: 1.0}) == [
+        32
+    ]  # 24 gives way, then 16 to the next kept: 32
     assert _kept({16: 5.0, 24: 1.0}, kinds={16: 2, 24: 1}) == [16, 24]  # another attention kernel
     assert _kept({16: 9.0}) == [16] and _kept({}) == []
 
 
 def test_graphs_only_on_cuda_with_triton_unless_eager(tiny):
     config = make_config(tiny[0])  # CPU
-    cuda = dataclasses.replace(config, device=torch.device("cuda"), enforce_eager=False,
-                               attention_backend="auto")
+    cuda = dataclasses.replace(
+        config, device=torch.device("cuda"), enforce_eager=False, attention_backend="auto"
+    )
     assert not graphs_enabled(config)
     assert graphs_enabled(cuda)
     assert graphs_enabled(dataclasses.replace(cuda, attention_backend="triton"))
@@ -80,15 +111,34 @@ def test_graphs_only_on_cuda_with_triton_unless_eager(tiny):
     assert not graphs_enabled(dataclasses.replace(cuda, attention_backend="torch"))
 
 
-def _graphed_runner(folder, max_num_seqs: int = 8, max_model_len: int = 64, max_num_batched_tokens: int = 16,
-                    graph_size_timing: bool = True):
+def _graphed_runner(
+    folder,
+    max_num_seqs: int = 8,
+    max_model_len: int = 64,
+    max_num_batched_tokens: int = 16,
+    graph_size_timing: bool = True,
+):
     """A Triton-backend runner (interpreter) whose decode steps replay EagerGraphs."""
-    runner = make_runner(make_config(folder, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                     max_model_len=max_model_len, attention_backend="triton",
-                                     graph_size_timing=graph_size_timing))
-    graphs = EagerGraphs(runner.config, runner.model, runner.kv_caches, runner._inputs,
-                         runner.input_batch.max_num_blocks_per_req, runner._staging, runner._sampled_cpu,
-                         sizes=runner.sizes)
+    runner = make_runner(
+        make_config(
+            folder,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            attention_backend="triton",
+            graph_size_timing=graph_size_timing,
+        )
+    )
+    graphs = EagerGraphs(
+        runner.config,
+        runner.model,
+        runner.kv_caches,
+        runner._inputs,
+        runner.input_batch.max_num_blocks_per_req,
+        runner._staging,
+        runner._sampled_cpu,
+        sizes=runner.sizes,
+    )
     graphs.capture()
     runner.graphs = graphs
     return runner, graphs
@@ -120,19 +170,27 @@ def test_padded_decode_greedy_equals_transformers(tiny, max_model_len, async_mod
         expected = torch.argsort(-inputs["seq_lens"].long(), stable=True)  # padding rows: 0, last
         assert inputs["decode_order"].tolist() == expected.tolist()
         key = runner.input_batch._previous  # the step's rows and table width
-        table = runner.input_batch.block_table_np[key.rows_np, :key.num_block_cols]
-        assert graphs.block_table[:num_seqs, :key.num_block_cols].tolist() == table.tolist()
-        if slot is not None:  # the graph must stage its inputs in again: poison what the check staged
+        table = runner.input_batch.block_table_np[key.rows_np, : key.num_block_cols]
+        assert graphs.block_table[:num_seqs, : key.num_block_cols].tolist() == table.tolist()
+        if (
+            slot is not None
+        ):  # the graph must stage its inputs in again: poison what the check staged
             assert num_copies == copies_before_step  # and the step copied nothing itself
             expected_inputs = runner._inputs.words.clone()
-            runner._inputs.words[:int(runner._staging[slot].head[0])] = -1  # what the header says to copy
+            runner._inputs.words[
+                : int(runner._staging[slot].head[0])
+            ] = -1  # what the header says to copy
             hidden = replay(size, slot)
             assert runner._inputs.words.equal(expected_inputs)
             return hidden
         return replay(size, slot)
 
     num_loads = num_copies = copies_before_step = 0
-    load_block_table, copy_from, execute = graphs.load_block_table, runner._inputs.copy_from, runner.execute_model
+    load_block_table, copy_from, execute = (
+        graphs.load_block_table,
+        runner._inputs.copy_from,
+        runner.execute_model,
+    )
     slots: list[int | None] = []
 
     def counted_load(block_table: torch.Tensor, version: int) -> None:
@@ -151,7 +209,11 @@ def test_padded_decode_greedy_equals_transformers(tiny, max_model_len, async_mod
         return execute(sched)
 
     runner.input_batch.prepare, graphs.replay = recorded_prepare, counted_replay
-    graphs.load_block_table, runner._inputs.copy_from, runner.execute_model = counted_load, counted_copy, marked_execute
+    graphs.load_block_table, runner._inputs.copy_from, runner.execute_model = (
+        counted_load,
+        counted_copy,
+        marked_execute,
+    )
     # r0 lives longest: its first block (slot 0) is read by every step that pads
     specs = [(11, 9), (3, 4), (6, 6), (17, 5), (1, 8), (9, 7), (5, 3)]  # (prompt len, max tokens)
     sched = MiniScheduler(block_size=8, max_num_seqs=8, token_budget=16)
@@ -195,7 +257,9 @@ def test_batches_of_a_slow_size_replay_the_larger_graph(tiny):
         return replay(size, slot)
 
     graphs.replay = recorded_replay
-    specs = [(3 + i % 4, 2 + i) for i in range(12)]  # (prompt len, max tokens): 12 sequences, then fewer
+    specs = [
+        (3 + i % 4, 2 + i) for i in range(12)
+    ]  # (prompt len, max tokens): 12 sequences, then fewer
     sched = MiniScheduler(block_size=8, max_num_seqs=24, token_budget=32)
     for i, (num_prompt, max_tokens) in enumerate(specs):
         sched.add(Req(f"r{i}", _prompt(num_prompt, 40 + i), max_tokens))
@@ -226,10 +290,15 @@ def test_a_size_gives_way_only_within_its_number_of_decode_splits(tiny, monkeypa
 def test_size_timing_off_keeps_every_size(tiny, caplog):
     """graph_size_timing off (--no-graph-size-timing): neither the decode graphs nor the piecewise
     graphs are timed, every size stays (restarts replay the same), and the log says why."""
-    runner, graphs = _graphed_runner(tiny[0], max_num_seqs=24, max_num_batched_tokens=32,
-                                     graph_size_timing=False)
-    graphs.replay_times = lambda sizes: pytest.fail("decode graphs timed with graph_size_timing off")
-    runner.piecewise = SimpleNamespace(keep_fastest=lambda: pytest.fail("pieces timed with graph_size_timing off"))
+    runner, graphs = _graphed_runner(
+        tiny[0], max_num_seqs=24, max_num_batched_tokens=32, graph_size_timing=False
+    )
+    graphs.replay_times = lambda sizes: pytest.fail(
+        "decode graphs timed with graph_size_timing off"
+    )
+    runner.piecewise = SimpleNamespace(
+        keep_fastest=lambda: pytest.fail("pieces timed with graph_size_timing off")
+    )
     with caplog.at_level("INFO", logger="pagedlm"):
         runner._keep_fastest_graph_sizes()
     assert graphs.sizes == [1, 2, 4, 8, 16, 24] and runner._inputs.bucket(9) == 16
@@ -265,10 +334,19 @@ def test_small_graphs_compute_logits_and_argmax(tiny):
     write into last_sampled at sample_rows (padding rows at scratch entries past the real rows);
     larger ones leave all that to the runner. Inputs: one-token sequences, sequence i in block i,
     input ids gathered from last_sampled (even rows) or copied (odd rows)."""
-    runner = make_runner(make_config(tiny[0], max_num_seqs=16, max_num_batched_tokens=16, attention_backend="triton"))
-    graphs = EagerGraphs(runner.config, runner.model, runner.kv_caches, runner._inputs,
-                         runner.input_batch.max_num_blocks_per_req, runner._staging, runner._sampled_cpu,
-                         sizes=runner.sizes)
+    runner = make_runner(
+        make_config(tiny[0], max_num_seqs=16, max_num_batched_tokens=16, attention_backend="triton")
+    )
+    graphs = EagerGraphs(
+        runner.config,
+        runner.model,
+        runner.kv_caches,
+        runner._inputs,
+        runner.input_batch.max_num_blocks_per_req,
+        runner._staging,
+        runner._sampled_cpu,
+        sizes=runner.sizes,
+    )
     graphs.capture()
     assert graphs.sizes == [1, 2, 4, 8, 16] and MAX_LOGITS_ROWS == 8
     block_size, num_head_ids = runner.config.cache.block_size, runner._inputs.num_head_ids
@@ -288,13 +366,20 @@ def test_small_graphs_compute_logits_and_argmax(tiny):
         inputs["sample_rows"][:] = size - 1 - rows  # reversed: each row samples for another
         graphs.load_block_table(rows[:, None].int(), version=size)
         hidden = graphs.replay(size)
-        assert graphs.input_ids[:size].tolist() == torch.where(rows % 2 == 0, rows + 5, rows + 3).tolist()
+        assert (
+            graphs.input_ids[:size].tolist()
+            == torch.where(rows % 2 == 0, rows + 5, rows + 3).tolist()
+        )
         logits, argmax = graphs.logits(size), graphs.argmax(size)
         if size > MAX_LOGITS_ROWS:
             assert logits is None and argmax is None
             assert (last_sampled[size:] == -1).all()
             continue
-        assert logits.shape == (size, VOCAB) and logits.dtype == torch.float32 and torch.isfinite(logits).all()
+        assert (
+            logits.shape == (size, VOCAB)
+            and logits.dtype == torch.float32
+            and torch.isfinite(logits).all()
+        )
         torch.testing.assert_close(logits, runner.model.compute_logits(hidden), rtol=0, atol=0)
         assert argmax.dtype == torch.int64 and argmax.equal(logits.argmax(dim=-1))
         assert last_sampled[:size].equal(argmax.flip(0)) and (last_sampled[size:] == -1).all()
@@ -343,24 +428,36 @@ def test_greedy_batches_take_the_graph_ids(tiny, async_mode):
         assert done[f"r{i}"] == hf_greedy(hf_model, max_tokens, _prompt(num_prompt, 20 + i)), i
     assert calls["count_sampled"] >= 8 and calls["sample"] <= 3, calls  # the prefill steps
     # steady steps replay the block table loaded before: a load per change of rows or blocks
-    assert num_calls["replay"] >= 8 and num_calls["load_block_table"] <= num_calls["replay"] - 3, num_calls
+    assert num_calls["replay"] >= 8 and num_calls["load_block_table"] <= num_calls["replay"] - 3, (
+        num_calls
+    )
 
 
-@pytest.mark.parametrize("specs, takes_graph_ids", [
-    ([(7, 8, GREEDY), (3, 8, SEEDED)], False),  # a greedy row beside a random one
-    ([(7, 8, SamplingParams(temperature=0.0, logprobs=2)), (5, 6, GREEDY)], False),
-    ([(6, 8, SamplingParams(temperature=0.0, repetition_penalty=1.3)), (4, 8, GREEDY)], False),
-    # min_tokens bans EOS and stop ids only while below: then the batch is greedy
-    ([(4, 8, SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[1, 2])),
-      (6, 8, GREEDY)], True),
-], ids=["mixed", "logprobs", "penalties", "min_tokens"])
+@pytest.mark.parametrize(
+    "specs, takes_graph_ids",
+    [
+        ([(7, 8, GREEDY), (3, 8, SEEDED)], False),  # a greedy row beside a random one
+        ([(7, 8, SamplingParams(temperature=0.0, logprobs=2)), (5, 6, GREEDY)], False),
+        ([(6, 8, SamplingParams(temperature=0.0, repetition_penalty=1.3)), (4, 8, GREEDY)], False),
+        # min_tokens bans EOS and stop ids only while below: then the batch is greedy
+        (
+            [
+                (4, 8, SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[1, 2])),
+                (6, 8, GREEDY),
+            ],
+            True,
+        ),
+    ],
+    ids=["mixed", "logprobs", "penalties", "min_tokens"],
+)
 def test_other_batches_are_sampled_as_without_graphs(tiny, specs, takes_graph_ids):
     """A batch that needs more than the argmax runs the sampler on the graph's logits: its tokens
     equal the same runner's without graphs."""
     folder, _ = tiny
     graphed, _ = _graphed_runner(folder, max_num_seqs=4)
-    eager = make_runner(make_config(folder, max_num_seqs=4, max_num_batched_tokens=16,
-                                    attention_backend="triton"))
+    eager = make_runner(
+        make_config(folder, max_num_seqs=4, max_num_batched_tokens=16, attention_backend="triton")
+    )
     done, calls = _run_and_spy(graphed, specs, async_mode=True)
     expected, _ = _run_and_spy(eager, specs, async_mode=True)
     assert done == expected
@@ -389,7 +486,7 @@ def test_replay_after_an_eager_decode_step_sees_padding(tiny, first_block):
         assert inputs["input_src"][num_seqs:].tolist() == [num_head_ids + i for i in pad]
         assert inputs["sample_rows"][num_seqs:].tolist() == [runner.max_num_reqs + i for i in pad]
         assert inputs["decode_order"][num_seqs:].tolist() == list(pad)
-        assert inputs["query_start_loc"][num_seqs + 1:].tolist() == [num_seqs] * len(pad)
+        assert inputs["query_start_loc"][num_seqs + 1 :].tolist() == [num_seqs] * len(pad)
         checked.append((num_seqs, size))
         return replay(size, slot)
 

@@ -1,14 +1,25 @@
 """The runner on CUDA: pinned staging, the step events; greedy tokens equal
 transformers' in sync and async mode; steady-state steps make no host-device sync; the KV-cache
 size comes from a profile run."""
+
 from __future__ import annotations
 
 import logging
 
 import pytest
 import torch
-from worker_helpers import (HEAD_DIM, NUM_KV_HEADS, NUM_LAYERS, MiniScheduler, Req, hf_greedy,
-                            make_config, make_runner, random_prompt, run_requests)
+from worker_helpers import (
+    HEAD_DIM,
+    NUM_KV_HEADS,
+    NUM_LAYERS,
+    MiniScheduler,
+    Req,
+    hf_greedy,
+    make_config,
+    make_runner,
+    random_prompt,
+    run_requests,
+)
 
 from pagedlm.sampling_params import SamplingParams
 from pagedlm.worker.model_runner import ModelRunner
@@ -19,8 +30,9 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("async_mode", [False, True])
 def test_greedy_equals_transformers_on_cuda(tiny, async_mode):
     folder, hf_model = tiny
-    runner = make_runner(make_config(folder, max_num_batched_tokens=12, device="cuda",
-                                     attention_backend="auto"))
+    runner = make_runner(
+        make_config(folder, max_num_batched_tokens=12, device="cuda", attention_backend="auto")
+    )
     assert runner._staging[0].flat.is_pinned() and runner._sampled_cpu[0].is_pinned()
     sched = MiniScheduler(block_size=8, max_num_seqs=4, token_budget=12)
     specs = {"a": (5, 6), "b": (19, 4), "c": (9, 7)}
@@ -35,12 +47,19 @@ def test_steady_state_steps_make_no_sync(tiny):
     """Async decode steps (one greedy, one random with top-k/top-p and logprobs): execute_model
     under sync debug mode "error"; get_output waits on its event only."""
     folder, _ = tiny
-    runner = make_runner(make_config(folder, max_num_batched_tokens=32, device="cuda",
-                                     attention_backend="auto"))
+    runner = make_runner(
+        make_config(folder, max_num_batched_tokens=32, device="cuda", attention_backend="auto")
+    )
     sched = MiniScheduler(block_size=8, max_num_seqs=4, token_budget=32)
     sched.add(Req("greedy", random_prompt(9, 1), 30))
-    sched.add(Req("random", random_prompt(5, 2), 30,
-                  SamplingParams(temperature=0.8, top_k=10, top_p=0.9, seed=3, logprobs=2)))
+    sched.add(
+        Req(
+            "random",
+            random_prompt(5, 2),
+            30,
+            SamplingParams(temperature=0.8, top_k=10, top_p=0.9, seed=3, logprobs=2),
+        )
+    )
     torch.cuda.set_sync_debug_mode("error")
     with pytest.raises(RuntimeError):  # the mode does catch a sync here
         torch.ones(1, device="cuda").item()
@@ -62,8 +81,15 @@ def test_steady_state_steps_make_no_sync(tiny):
 
 def test_profile_sizes_the_kv_cache(tiny, caplog):
     folder, _ = tiny
-    config = make_config(folder, max_num_seqs=8, max_num_batched_tokens=64, num_blocks=None,
-                         device="cuda", attention_backend="auto", gpu_memory_utilization=0.5)
+    config = make_config(
+        folder,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        num_blocks=None,
+        device="cuda",
+        attention_backend="auto",
+        gpu_memory_utilization=0.5,
+    )
     runner = ModelRunner(config)
     runner.load_model()
     with caplog.at_level(logging.INFO, logger="pagedlm"):

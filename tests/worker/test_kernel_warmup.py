@@ -1,13 +1,22 @@
 """The start-up warm-up steps leave the runner as they found it (CPU), and on CUDA they, with the
 profile step and the graph capture, cover what serving launches: no Triton compile while serving."""
+
 from __future__ import annotations
 
 import pytest
-from worker_helpers import MiniScheduler, Req, hf_greedy, make_config, make_runner, random_prompt, run_requests
+from worker_helpers import (
+    MiniScheduler,
+    Req,
+    hf_greedy,
+    make_config,
+    make_runner,
+    random_prompt,
+    run_requests,
+)
 
+from pagedlm.ops import gate_up_silu
 from pagedlm.sampling_params import SamplingParams
 from pagedlm.worker.input_batch import cdiv
-from pagedlm.ops import gate_up_silu
 from pagedlm.worker.kernel_warmup import WARM_UP_REQUESTS, warm_up_kernels
 
 
@@ -20,12 +29,15 @@ def test_warm_up_leaves_no_trace(tiny):
     # per request: its prompt in chunks of the 32-token budget, then a decode step (the mixed one's
     # with a new prompt)
     assert any(request.mixed_with for request in WARM_UP_REQUESTS)
-    assert runner._num_steps == steps_before + sum(cdiv(min(request.num_prompt_tokens, max_prompt), 32) + 1
-                                                   for request in WARM_UP_REQUESTS)
+    assert runner._num_steps == steps_before + sum(
+        cdiv(min(request.num_prompt_tokens, max_prompt), 32) + 1 for request in WARM_UP_REQUESTS
+    )
     assert runner.input_batch.num_reqs == 0 and runner.input_batch.req_id_to_row == {}
     sched = MiniScheduler(block_size=8, max_num_seqs=3, token_budget=32)
     sched.add(Req("after", random_prompt(7, 60), 4))
-    assert run_requests(runner, sched, async_mode=True)["after"] == hf_greedy(hf_model, 4, random_prompt(7, 60))
+    assert run_requests(runner, sched, async_mode=True)["after"] == hf_greedy(
+        hf_model, 4, random_prompt(7, 60)
+    )
 
 
 @pytest.mark.parametrize("budget", [gate_up_silu.MIN_ROWS, gate_up_silu.MIN_ROWS - 1])
@@ -36,13 +48,15 @@ def test_warm_up_launches_the_fused_gemm_where_a_step_can(tiny, monkeypatch, bud
     folder, _ = tiny
     runner = make_runner(make_config(folder, max_num_seqs=3, max_num_batched_tokens=budget))
     calls = []
-    monkeypatch.setattr(gate_up_silu, "takes_fused", lambda x, weight, bias: x.shape[0] >= gate_up_silu.MIN_ROWS)
+    monkeypatch.setattr(
+        gate_up_silu, "takes_fused", lambda x, weight, bias: x.shape[0] >= gate_up_silu.MIN_ROWS
+    )
     monkeypatch.setattr(gate_up_silu, "gate_up_silu", lambda x, weight: calls.append((x, weight)))
     warm_up_kernels(runner)
     if budget < gate_up_silu.MIN_ROWS:
         assert calls == []
         return
-    (x, weight), = calls
+    ((x, weight),) = calls
     assert x.shape == (gate_up_silu.MIN_ROWS, runner.model.config.hidden_size)
     assert weight is runner.model.model.layers[0].mlp.gate_up_proj.weight
 
@@ -55,7 +69,9 @@ def _long_context_copy(folder, tmp_path, positions: int = 512):
     long_folder = tmp_path / "long"
     shutil.copytree(folder, long_folder)
     config = json.loads((long_folder / "config.json").read_text())
-    (long_folder / "config.json").write_text(json.dumps(dict(config, max_position_embeddings=positions)))
+    (long_folder / "config.json").write_text(
+        json.dumps(dict(config, max_position_embeddings=positions))
+    )
     return long_folder
 
 
@@ -71,14 +87,27 @@ def test_no_compile_while_serving(tiny, tmp_path, max_model_len):
     folder, _ = tiny
     extra = {}
     if max_model_len:
-        folder, extra = _long_context_copy(folder, tmp_path), dict(max_model_len=max_model_len, num_blocks=70)
-    runner = make_runner(make_config(folder, max_num_seqs=4, max_num_batched_tokens=12, device="cuda",
-                                     attention_backend="auto", **extra))
+        folder, extra = (
+            _long_context_copy(folder, tmp_path),
+            dict(max_model_len=max_model_len, num_blocks=70),
+        )
+    runner = make_runner(
+        make_config(
+            folder,
+            max_num_seqs=4,
+            max_num_batched_tokens=12,
+            device="cuda",
+            attention_backend="auto",
+            **extra,
+        )
+    )
     first = len(compile_watch().events)
     sched = MiniScheduler(block_size=8, max_num_seqs=4, token_budget=12)
     temperatures = (0.0, 0.7, 1.0)
     for i, num_prompt in enumerate((1, 2, 3, 7, 19, 33)):
-        params = SamplingParams(temperature=temperatures[i % 3], seed=i, top_p=0.9 if i == 4 else 1.0)
+        params = SamplingParams(
+            temperature=temperatures[i % 3], seed=i, top_p=0.9 if i == 4 else 1.0
+        )
         sched.add(Req(f"r{i}", random_prompt(num_prompt, 70 + i), 6, params))
     done = run_requests(runner, sched, async_mode=True)
     assert all(len(tokens) == 6 for tokens in done.values())
@@ -98,15 +127,28 @@ def test_fused_gemm_compiles_at_start_up(tiny, tmp_path, monkeypatch, max_model_
 
     rows = gate_up_silu.MIN_ROWS
     folder = _long_context_copy(tiny[0], tmp_path, positions=max_model_len)
-    llm = LLM(str(folder), dtype="bfloat16", device="cuda", attention_backend="triton", skip_tokenizer_init=True,
-              cudagraph_mode="FULL_DECODE_ONLY", num_gpu_blocks_override=320, max_num_batched_tokens=rows,
-              max_model_len=max_model_len, max_num_seqs=4)
+    llm = LLM(
+        str(folder),
+        dtype="bfloat16",
+        device="cuda",
+        attention_backend="triton",
+        skip_tokenizer_init=True,
+        cudagraph_mode="FULL_DECODE_ONLY",
+        num_gpu_blocks_override=320,
+        max_num_batched_tokens=rows,
+        max_model_len=max_model_len,
+        max_num_seqs=4,
+    )
     first = len(compile_watch().events)
     fused = []
     real = gate_up_silu.gate_up_silu
-    monkeypatch.setattr(gate_up_silu, "gate_up_silu", lambda x, w: fused.append(x.shape[0]) or real(x, w))
+    monkeypatch.setattr(
+        gate_up_silu, "gate_up_silu", lambda x, w: fused.append(x.shape[0]) or real(x, w)
+    )
     prompts = [{"prompt_token_ids": random_prompt(n, 5 + i)} for i, n in enumerate(prompt_lens)]
-    out = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    out = llm.generate(
+        prompts, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False
+    )
     assert [len(o.outputs[0].token_ids) for o in out] == [2] * len(prompts)
     assert rows in fused  # a full step of prompt tokens took the fused GEMM while serving
     late = [f"{e.kernel}{e.signature}" for e in compile_watch().since(first)]
@@ -120,8 +162,15 @@ def test_eager_warm_up_launches_the_split_decode_kernel(tiny, tmp_path, monkeypa
     from pagedlm.attention import triton_backend
 
     folder = _long_context_copy(tiny[0], tmp_path)
-    runner = make_runner(make_config(folder, max_num_batched_tokens=128, max_model_len=512, num_blocks=70,
-                                     attention_backend="triton"))
+    runner = make_runner(
+        make_config(
+            folder,
+            max_num_batched_tokens=128,
+            max_model_len=512,
+            num_blocks=70,
+            attention_backend="triton",
+        )
+    )
     split_counts = []
     split_decode = triton_backend.split_decode_attention
 
@@ -139,7 +188,9 @@ def test_warm_up_launches_a_mixed_steps_decode_part(tiny, monkeypatch):
     then to the prompt with query tiles (Triton under the interpreter on CPU)."""
     from pagedlm.attention import triton_paged
 
-    runner = make_runner(make_config(tiny[0], max_num_batched_tokens=32, attention_backend="triton"))
+    runner = make_runner(
+        make_config(tiny[0], max_num_batched_tokens=32, attention_backend="triton")
+    )
     launches = []
     launch = triton_paged._launch
 

@@ -1,5 +1,6 @@
 """KV-cache sizing on the CPU: override, explicit budget, default budget, and the error when
 max_model_len does not fit."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,13 +15,32 @@ from pagedlm.worker.memory import GiB, determine_num_blocks, kv_cache_bytes_per_
 
 def _config(cache: CacheConfig, max_model_len: int = 4096, dtype=torch.float32) -> EngineConfig:
     model = ModelConfig(
-        model="none", load_format="dummy", hf_config=None, architecture="LlamaForCausalLM",
-        dtype=dtype, max_model_len=max_model_len, vocab_size=100, hidden_size=64, num_layers=3,
-        num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128, rms_norm_eps=1e-5,
-        rope_theta=1e4, rope_scaling=None, tie_word_embeddings=True, attention_bias=False,
-        qk_norm=False, sliding_window=None, eos_token_ids=(), tokenizer=None)
-    return EngineConfig(model=model, cache=cache, scheduler=SchedulerConfig(),
-                        device=torch.device("cpu"))
+        model="none",
+        load_format="dummy",
+        hf_config=None,
+        architecture="LlamaForCausalLM",
+        dtype=dtype,
+        max_model_len=max_model_len,
+        vocab_size=100,
+        hidden_size=64,
+        num_layers=3,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        rms_norm_eps=1e-5,
+        rope_theta=1e4,
+        rope_scaling=None,
+        tie_word_embeddings=True,
+        attention_bias=False,
+        qk_norm=False,
+        sliding_window=None,
+        eos_token_ids=(),
+        tokenizer=None,
+    )
+    return EngineConfig(
+        model=model, cache=cache, scheduler=SchedulerConfig(), device=torch.device("cpu")
+    )
 
 
 def _never(*_args) -> int:
@@ -53,16 +73,21 @@ def test_max_model_len_must_fit():
     assert determine_num_blocks(fits, _never, 0) == 10
 
 
-@pytest.mark.parametrize("cache, source", [
-    (CacheConfig(num_gpu_blocks_override=300), "num_gpu_blocks_override"),
-    (CacheConfig(kv_cache_memory_gib=0.01), "a budget of 0.01 GiB"),
-    (CacheConfig(), "a budget of 2.00 GiB"),
-])
+@pytest.mark.parametrize(
+    "cache, source",
+    [
+        (CacheConfig(num_gpu_blocks_override=300), "num_gpu_blocks_override"),
+        (CacheConfig(kv_cache_memory_gib=0.01), "a budget of 0.01 GiB"),
+        (CacheConfig(), "a budget of 2.00 GiB"),
+    ],
+)
 def test_the_kv_cache_size_is_logged_once_with_its_source(caplog, cache, source):
     config = _config(cache)
     with caplog.at_level(logging.INFO, logger="pagedlm"):
         num_blocks = determine_num_blocks(config, _never, 0)
     lines = [record.getMessage() for record in caplog.records if "KV cache" in record.getMessage()]
     per_block = 2 * 3 * 16 * 2 * 16 * 4  # fp32
-    assert lines == [f"KV cache: {num_blocks} blocks of 16 tokens, {num_blocks * per_block / GiB:.2f} GiB "
-                     f"({per_block} bytes a block): {source}"]
+    assert lines == [
+        f"KV cache: {num_blocks} blocks of 16 tokens, {num_blocks * per_block / GiB:.2f} GiB "
+        f"({per_block} bytes a block): {source}"
+    ]

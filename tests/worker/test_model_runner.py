@@ -1,16 +1,27 @@
 """The runner end to end on a tiny random Llama: greedy tokens equal transformers' generate in
 sync and async mode, with chunked prefill, row reuse, preemption and prompt embeddings."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-from worker_helpers import (HEAD_DIM, HIDDEN, NUM_KV_HEADS, MiniScheduler, Req, hf_greedy,
-                            make_config, make_runner, random_prompt, run_requests)
+from worker_helpers import (
+    HEAD_DIM,
+    HIDDEN,
+    NUM_KV_HEADS,
+    MiniScheduler,
+    Req,
+    hf_greedy,
+    make_config,
+    make_runner,
+    random_prompt,
+    run_requests,
+)
 
 from pagedlm.sampling_params import SamplingParams
-from pagedlm.worker.sizes import capture_sizes
 from pagedlm.worker.model_runner import ModelRunner
 from pagedlm.worker.profile_run import profile_run
+from pagedlm.worker.sizes import capture_sizes
 
 
 def _spy_layouts(runner) -> list:
@@ -50,7 +61,9 @@ def test_rows_are_reused_after_finish(tiny):
         sched.add(Req(req_id, random_prompt(num_prompt, 10 + i), max_tokens))
     done = run_requests(runner, sched, async_mode=True)
     for i, (req_id, (num_prompt, max_tokens)) in enumerate(specs.items()):
-        assert done[req_id] == hf_greedy(hf_model, max_tokens, random_prompt(num_prompt, 10 + i)), req_id
+        assert done[req_id] == hf_greedy(hf_model, max_tokens, random_prompt(num_prompt, 10 + i)), (
+            req_id
+        )
     # "long" (14 prompt tokens) finishes first; "next" takes its row over its stale tokens
     assert sched.rows_seen == {"long": 0, "short": 1, "next": 0, "last": 1}
 
@@ -88,8 +101,9 @@ def test_random_sampling_same_in_sync_and_async(tiny):
         runner = make_runner(make_config(folder, max_num_seqs=4, max_num_batched_tokens=12))
         sched = MiniScheduler(block_size=8, max_num_seqs=4, token_budget=12)
         for i, seed in enumerate((None, 7, 8)):
-            params = SamplingParams(temperature=1.5, top_k=20, top_p=0.9, seed=seed,
-                                    frequency_penalty=0.5 * i)
+            params = SamplingParams(
+                temperature=1.5, top_k=20, top_p=0.9, seed=seed, frequency_penalty=0.5 * i
+            )
             sched.add(Req(f"r{i}", random_prompt(6 + 5 * i, 60 + i), 6, params))
         results.append(run_requests(runner, sched, async_mode))
     assert results[0] == results[1]
@@ -123,7 +137,9 @@ def test_profile_run_leaves_no_trace(tiny):
     assert runner.input_batch.num_reqs == 0  # and the sampler's rows are free: row 0 is reused
     sched = MiniScheduler(block_size=8, max_num_seqs=3, token_budget=16)
     sched.add(Req("after", random_prompt(7, 50), 3))
-    assert run_requests(runner, sched, async_mode=True)["after"] == hf_greedy(hf_model, 3, random_prompt(7, 50))
+    assert run_requests(runner, sched, async_mode=True)["after"] == hf_greedy(
+        hf_model, 3, random_prompt(7, 50)
+    )
 
 
 class _Boom(RuntimeError):
@@ -137,12 +153,16 @@ def test_a_failed_profile_step_leaves_the_runner_as_it_was(tiny):
     folder, hf_model = tiny
     runner = make_runner(make_config(folder, max_num_seqs=3, max_num_batched_tokens=16))
     kv_caches, graphs = runner.kv_caches, object()
-    runner.graphs = graphs  # stands in for captured graphs: the eager profile step must not see them
+    runner.graphs = (
+        graphs  # stands in for captured graphs: the eager profile step must not see them
+    )
     model = runner.model
 
     class Failing:
         def __call__(self, *args, **kwargs):
-            assert runner.graphs is None and runner.kv_caches is not kv_caches  # eager, its own cache
+            assert (
+                runner.graphs is None and runner.kv_caches is not kv_caches
+            )  # eager, its own cache
             raise _Boom("the profile step failed")
 
         def __getattr__(self, name):
@@ -151,12 +171,18 @@ def test_a_failed_profile_step_leaves_the_runner_as_it_was(tiny):
     runner.model = Failing()
     with pytest.raises(_Boom):
         profile_run(runner)
-    assert runner.kv_caches is kv_caches and runner.input_batch.num_kv_blocks == 64 and runner.graphs is graphs
+    assert (
+        runner.kv_caches is kv_caches
+        and runner.input_batch.num_kv_blocks == 64
+        and runner.graphs is graphs
+    )
     assert runner.input_batch.num_reqs == 0
     runner.model, runner.graphs = model, None
     sched = MiniScheduler(block_size=8, max_num_seqs=3, token_budget=16)
     sched.add(Req("after", random_prompt(7, 51), 3))
-    assert run_requests(runner, sched, async_mode=True)["after"] == hf_greedy(hf_model, 3, random_prompt(7, 51))
+    assert run_requests(runner, sched, async_mode=True)["after"] == hf_greedy(
+        hf_model, 3, random_prompt(7, 51)
+    )
 
 
 def _spy_lm_head_rows(runner) -> list[int]:
@@ -181,34 +207,50 @@ def test_lm_head_runs_only_at_warmed_row_counts(tiny):
     rows = _spy_lm_head_rows(runner)
     runner.lm_head.warm_up(runner.model.compute_logits)
     warmed = set(rows)
-    assert warmed == {runner.lm_head.bucket(n) for n in range(1, 41)}  # up to 40: a prompt-logprob chunk
+    assert warmed == {
+        runner.lm_head.bucket(n) for n in range(1, 41)
+    }  # up to 40: a prompt-logprob chunk
     assert set(capture_sizes(24, 40)) <= warmed  # a replay's LM head runs at its graph size
     rows.clear()
     sched = MiniScheduler(block_size=8, max_num_seqs=24, token_budget=40)
-    specs = {f"r{i}": (3 + (7 * i) % 13, 2 + (5 * i) % 9) for i in range(19)}  # prompt length, max_tokens
+    specs = {
+        f"r{i}": (3 + (7 * i) % 13, 2 + (5 * i) % 9) for i in range(19)
+    }  # prompt length, max_tokens
     for i, (req_id, (num_prompt, max_tokens)) in enumerate(specs.items()):
         sched.add(Req(req_id, random_prompt(num_prompt, 40 + i), max_tokens))
     layouts = _spy_layouts(runner)
     done = run_requests(runner, sched, async_mode=True)
     for i, (req_id, (num_prompt, max_tokens)) in enumerate(specs.items()):
-        assert done[req_id] == hf_greedy(hf_model, max_tokens, random_prompt(num_prompt, 40 + i)), req_id
+        assert done[req_id] == hf_greedy(hf_model, max_tokens, random_prompt(num_prompt, 40 + i)), (
+            req_id
+        )
     assert set(rows) <= warmed
     sampled = [layout.num_samples for layout in layouts if layout.num_samples]
-    assert any(num_rows > num_samples for num_rows, num_samples in zip(rows, sampled))  # some padded
+    assert any(
+        num_rows > num_samples for num_rows, num_samples in zip(rows, sampled)
+    )  # some padded
 
 
-@pytest.mark.parametrize("max_num_seqs, max_num_batched_tokens, num_rows", [
-    (64, 20, 20),  # the token budget bounds the sampling rows
-    (1100, 2048, 1280),  # above the largest graph size (1,024): a multiple of 256
-    (1024, 700, 700),  # the token budget caps the graph sizes, the cap one of them
-    (4, 600, 512),  # a chunk of prompt-logprob rows (at most 512) outgrows the sampling rows
-])
-def test_lm_head_buffer_holds_the_largest_step(tiny, max_num_seqs, max_num_batched_tokens, num_rows):
+@pytest.mark.parametrize(
+    "max_num_seqs, max_num_batched_tokens, num_rows",
+    [
+        (64, 20, 20),  # the token budget bounds the sampling rows
+        (1100, 2048, 1280),  # above the largest graph size (1,024): a multiple of 256
+        (1024, 700, 700),  # the token budget caps the graph sizes, the cap one of them
+        (4, 600, 512),  # a chunk of prompt-logprob rows (at most 512) outgrows the sampling rows
+    ],
+)
+def test_lm_head_buffer_holds_the_largest_step(
+    tiny, max_num_seqs, max_num_batched_tokens, num_rows
+):
     """The padded buffer holds lm_head.bucket of the most rows the LM head takes at once (a step's
     sampling rows, one a sequence; or a chunk of prompt-logprob rows), and the warm-up runs the LM
     head up to it."""
-    runner = ModelRunner(make_config(tiny[0], max_num_seqs=max_num_seqs,
-                                     max_num_batched_tokens=max_num_batched_tokens))
+    runner = ModelRunner(
+        make_config(
+            tiny[0], max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens
+        )
+    )
     runner.load_model()
     rows = _spy_lm_head_rows(runner)
     runner.lm_head.warm_up(runner.model.compute_logits)
@@ -227,8 +269,12 @@ def test_prompt_logprobs_take_warmed_row_counts(tiny):
     warmed = set(rows)
     rows.clear()
     sched = MiniScheduler(block_size=8, max_num_seqs=4, token_budget=16)
-    sched.add(Req("lp", random_prompt(7, 60), 1, SamplingParams(temperature=0.0, prompt_logprobs=2)))
+    sched.add(
+        Req("lp", random_prompt(7, 60), 1, SamplingParams(temperature=0.0, prompt_logprobs=2))
+    )
     output = runner.execute_model(sched.schedule()).get_output()
     (entries,) = output.prompt_logprobs.values()
     assert set(rows) <= warmed and 6 not in rows  # 6 prompt rows and 1 sampling row, padded
-    assert len(entries) == 7 and entries[0] is None and all(len(e.token_ids) == 3 for e in entries[1:])
+    assert (
+        len(entries) == 7 and entries[0] is None and all(len(e.token_ids) == 3 for e in entries[1:])
+    )

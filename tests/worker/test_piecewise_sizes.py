@@ -1,6 +1,7 @@
 """The piecewise CUDA graphs without CUDA: their token counts, the engine argument that turns them
 off, and the backend swap of their capture. Capture and replay need CUDA:
 tests/gpu/test_piecewise_graphs.py."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,7 +23,22 @@ def test_piecewise_sizes():
     assert [b - a for a, b in zip(sizes, sizes[1:]) if a >= 1024] == [128] * 8
     assert all(sizes[i] <= sizes[i - 1] * 9 / 8 for i in range(4, len(sizes)))
     assert piecewise_sizes(96) == [16, 32, 64, 96]  # capped at the token budget, the cap included
-    assert piecewise_sizes(300) == [16, 32, 64, 128, 144, 160, 176, 192, 208, 224, 240, 256, 288, 300]
+    assert piecewise_sizes(300) == [
+        16,
+        32,
+        64,
+        128,
+        144,
+        160,
+        176,
+        192,
+        208,
+        224,
+        240,
+        256,
+        288,
+        300,
+    ]
     assert piecewise_sizes(64) == [16, 32, 64]
     assert piecewise_sizes(8) == [8]
 
@@ -43,22 +59,32 @@ def test_a_slow_token_count_gives_way_to_the_next_kept_size(tmp_path, monkeypatc
     tokens replay 64 from now on; 32's pieces go; the largest size stays."""
     piecewise = _piecewise_without_capture(tmp_path, [16, 32, 64, 96])
     fake = {16: 1.0, 32: 3.0, 64: 2.0, 96: 1.9}
-    monkeypatch.setattr(cuda_graphs, "least_times_ms", lambda sizes, run, device: {s: fake[s] for s in sizes})
+    monkeypatch.setattr(
+        cuda_graphs, "least_times_ms", lambda sizes, run, device: {s: fake[s] for s in sizes}
+    )
     moved = piecewise.keep_fastest()
     assert moved == {32: (64, 3.0, 2.0)}
     assert piecewise.sizes == [16, 64, 96] and set(piecewise._pieces) == {16, 64, 96}
     policy = piecewise._sizes
-    assert policy.piecewise_size(17) == 64 and policy.piecewise_size(65) == 96 and policy.piecewise_size(97) is None
+    assert (
+        policy.piecewise_size(17) == 64
+        and policy.piecewise_size(65) == 96
+        and policy.piecewise_size(97) is None
+    )
 
 
 def test_cudagraph_mode_is_checked(tmp_path):
     save_tiny_llama(tmp_path)
     args = dict(model=str(tmp_path), device="cpu", skip_tokenizer_init=True)
     assert EngineArgs(**args).create_engine_config().cudagraph_mode == "FULL_AND_PIECEWISE"
-    assert EngineArgs(**args, cudagraph_mode="FULL_DECODE_ONLY").create_engine_config().cudagraph_mode \
+    assert (
+        EngineArgs(**args, cudagraph_mode="FULL_DECODE_ONLY").create_engine_config().cudagraph_mode
         == "FULL_DECODE_ONLY"
-    with pytest.raises(ValueError, match="cudagraph_mode must be one of FULL_AND_PIECEWISE, FULL_DECODE_ONLY; "
-                                         "got 'PIECEWISE'"):
+    )
+    with pytest.raises(
+        ValueError,
+        match="cudagraph_mode must be one of FULL_AND_PIECEWISE, FULL_DECODE_ONLY; got 'PIECEWISE'",
+    ):
         EngineArgs(**args, cudagraph_mode="PIECEWISE").create_engine_config()
 
 

@@ -1,13 +1,14 @@
 """The per-step pipeline (worker, engine core, sampling state) on the CPU, through the real
 Scheduler and EngineCore (async scheduling on and off): each test names the defect it pinned (BUG:
 it failed before the fix) or the path no other test covered (PATH)."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-import torch
 import tiny_hf_models
+import torch
 
 from pagedlm import LLM, SamplingParams
 
@@ -23,8 +24,14 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _llm(folder: Path, async_scheduling: bool, **kwargs) -> LLM:
-    args = dict(skip_tokenizer_init=True, dtype="float32", max_model_len=64,
-                num_gpu_blocks_override=64, device="cpu", async_scheduling=async_scheduling)
+    args = dict(
+        skip_tokenizer_init=True,
+        dtype="float32",
+        max_model_len=64,
+        num_gpu_blocks_override=64,
+        device="cpu",
+        async_scheduling=async_scheduling,
+    )
     return LLM(str(folder), **{**args, **kwargs})
 
 
@@ -34,7 +41,8 @@ def _tokens(outputs) -> list[list[int]]:
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_min_tokens_with_nothing_to_ban_beside_a_request_past_its_min_tokens(
-        tiny_dir: Path, async_scheduling: bool) -> None:
+    tiny_dir: Path, async_scheduling: bool
+) -> None:
     """BUG (sample/state.py make_batch): `past_min` bans EOS for its first token only (flag
     MIN_TOKENS set); `below_min` has min_tokens but nothing to ban (ignore_eos, no stop ids: flag
     unset). From the second step `below` holds for `below_min` alone, so `below.any()` is true while
@@ -43,15 +51,21 @@ def test_min_tokens_with_nothing_to_ban_beside_a_request_past_its_min_tokens(
     llm = _llm(tiny_dir, async_scheduling)
     past_min = SamplingParams(temperature=0.0, min_tokens=1, max_tokens=6)
     below_min = SamplingParams(temperature=1.0, seed=3, min_tokens=5, max_tokens=6, ignore_eos=True)
-    alone = [llm.generate(PROMPTS[0], past_min, use_tqdm=False)[0],
-             llm.generate(PROMPTS[1], below_min, use_tqdm=False)[0]]
+    alone = [
+        llm.generate(PROMPTS[0], past_min, use_tqdm=False)[0],
+        llm.generate(PROMPTS[1], below_min, use_tqdm=False)[0],
+    ]
     together = llm.generate(PROMPTS, [past_min, below_min], use_tqdm=False)
     assert _tokens(together) == _tokens(alone)
     assert len(together[1].outputs[0].token_ids) == 6
 
 
-@pytest.mark.parametrize("bad_words", [[[VOCAB_SIZE + 4]], [[]]])  # refused by check_vocab; by set_row
-def test_a_request_the_sampler_refuses_leaves_no_row_behind(tiny_dir: Path, bad_words: list) -> None:
+@pytest.mark.parametrize(
+    "bad_words", [[[VOCAB_SIZE + 4]], [[]]]
+)  # refused by check_vocab; by set_row
+def test_a_request_the_sampler_refuses_leaves_no_row_behind(
+    tiny_dir: Path, bad_words: list
+) -> None:
     """BUG (sample/state.py add_request): SamplingState marks the row active before
     BadWordsTables.set_row validates bad_words_token_ids; when that raises, ModelRunner frees the
     InputBatch row but the sampler's row stays active, and every later request given that row fails
@@ -68,8 +82,9 @@ def test_a_request_the_sampler_refuses_leaves_no_row_behind(tiny_dir: Path, bad_
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
-def test_a_request_id_reused_after_its_finish_gets_no_stale_token(tiny_dir: Path,
-                                                                  async_scheduling: bool) -> None:
+def test_a_request_id_reused_after_its_finish_gets_no_stale_token(
+    tiny_dir: Path, async_scheduling: bool
+) -> None:
     """BUG, fixed since in 26da3f8 (core/scheduler.py update_from_output looked requests up by id):
     "chat" finishes on a stop token at step N's update while step N+1, launched already, samples
     one more token for it. The caller reads the finished output and adds a new request under the
@@ -123,8 +138,9 @@ def test_an_empty_step_still_frees_the_requests_that_finished(tiny_dir: Path) ->
 
 
 @torch.no_grad()
-def _hf_greedy_from_embeds(model: torch.nn.Module, prompt_embeds: torch.Tensor,
-                           num_tokens: int) -> list[int]:
+def _hf_greedy_from_embeds(
+    model: torch.nn.Module, prompt_embeds: torch.Tensor, num_tokens: int
+) -> list[int]:
     """transformers' logits, argmax by hand (never stopping at EOS), from prompt embeddings."""
     embeds, tokens = prompt_embeds[None], []  # [1, P, hidden_size]
     embed_tokens = model.get_input_embeddings()
@@ -143,8 +159,13 @@ def test_prompt_embeds_request_preempted_with_outputs_resumes_right(tiny_dir: Pa
     (shape mismatch) or if the resumed request loses its embeddings."""
     from transformers import AutoModelForCausalLM
 
-    llm = _llm(tiny_dir, async_scheduling=True, num_gpu_blocks_override=9, block_size=8,
-               max_num_batched_tokens=32)
+    llm = _llm(
+        tiny_dir,
+        async_scheduling=True,
+        num_gpu_blocks_override=9,
+        block_size=8,
+        max_num_batched_tokens=32,
+    )
     llm.llm_engine.engine_core.scheduler.growth.enabled = False  # admit by the prompt: preempt
     runner = llm.llm_engine.engine_core.model_runner
     resumed = []
@@ -162,4 +183,6 @@ def test_prompt_embeds_request_preempted_with_outputs_resumes_right(tiny_dir: Pa
     assert resumed, "no request was resumed with outputs"  # all are prompt_embeds
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
     for prompt, output in zip(prompts, outputs):
-        assert output.outputs[0].token_ids == _hf_greedy_from_embeds(model, prompt["prompt_embeds"], 20)
+        assert output.outputs[0].token_ids == _hf_greedy_from_embeds(
+            model, prompt["prompt_embeds"], 20
+        )

@@ -1,5 +1,6 @@
 """SizePolicy: the decode graphs, the step buffers' buckets and the LM head's row counts agree, before
 and after the replay timing drops sizes; the piecewise token counts likewise."""
+
 from __future__ import annotations
 
 import torch
@@ -10,7 +11,10 @@ from pagedlm.worker.step_buffers import StepBuffers
 
 def test_step_buckets_are_the_decode_graph_sizes_up_to_the_largest():
     policy = SizePolicy(max_num_seqs=24, max_num_tokens=40)
-    assert policy.capture_sizes == policy.decode_sizes == [1, 2, 4, 8, 16, 24] and policy.max_decode_size == 24
+    assert (
+        policy.capture_sizes == policy.decode_sizes == [1, 2, 4, 8, 16, 24]
+        and policy.max_decode_size == 24
+    )
     for n in range(1, 25):
         assert policy.step_bucket(n) == policy.decode_graph_size(n) == policy.lm_head_rows(n)
     assert policy.decode_graph_size(25) is None

@@ -2,6 +2,7 @@
 neither rewritten nor copied, and the device buffers still hold exactly what a full layout would
 give; each step copies its inputs to the device in one range; tokens of a past step land only
 where their row and position still expect them."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -43,8 +44,10 @@ class Twin:
     def __init__(self, folder) -> None:
         config = make_config(folder, max_num_seqs=4, max_num_batched_tokens=16, block_size=8)
         self.runner, self.reference = make_runner(config), make_runner(config)
-        self.runner.model, self.reference.model = InputRecorder(self.runner.model), \
-            InputRecorder(self.reference.model)
+        self.runner.model, self.reference.model = (
+            InputRecorder(self.runner.model),
+            InputRecorder(self.reference.model),
+        )
         self.copied: list[str] = []
         self.decode_only: list[bool] = []
         prepare, copy_from = self.runner.input_batch.prepare, self.runner._inputs.copy_from
@@ -56,7 +59,10 @@ class Twin:
             return layout
 
         def recorded_copy_from(src: StepBuffers, end: int) -> None:
-            groups = {self._sections.copy_end(False, 0): "A", self._sections.copy_end(True, 0): "AB"}
+            groups = {
+                self._sections.copy_end(False, 0): "A",
+                self._sections.copy_end(True, 0): "AB",
+            }
             self.copied.append(groups.get(end, "ABC"))
             copy_from(src, end)
 
@@ -83,11 +89,18 @@ class Twin:
         num_tokens = sched.total_num_scheduled_tokens
         num_cols = self.reference.input_batch._previous.num_block_cols
         num_samples = len(sched.sampling_req_ids)
-        used = {"positions": num_tokens, "slot_mapping": num_tokens,
-                "query_start_loc": num_seqs + 1, "seq_lens": num_seqs,
-                "block_table": num_seqs * num_cols, "logits_indices": num_samples,
-                "sample_rows": num_samples,
-                "decode_order": leading_decodes(np.fromiter(sched.num_scheduled_tokens.values(), np.int32))}
+        used = {
+            "positions": num_tokens,
+            "slot_mapping": num_tokens,
+            "query_start_loc": num_seqs + 1,
+            "seq_lens": num_seqs,
+            "block_table": num_seqs * num_cols,
+            "logits_indices": num_samples,
+            "sample_rows": num_samples,
+            "decode_order": leading_decodes(
+                np.fromiter(sched.num_scheduled_tokens.values(), np.int32)
+            ),
+        }
         got, want = _device_sections(self.runner, sched), _device_sections(self.reference, sched)
         for name, size in used.items():
             assert got[name][:size].tolist() == want[name][:size].tolist(), (name, sched.step_id)
@@ -98,12 +111,15 @@ class Twin:
 
 def _device_sections(runner, sched: SchedulerOutput) -> dict[str, torch.Tensor]:
     inputs = runner._inputs
-    return inputs.sections(inputs.bucket(sched.total_num_scheduled_tokens),
-                           inputs.bucket(len(sched.num_scheduled_tokens))).tensors
+    return inputs.sections(
+        inputs.bucket(sched.total_num_scheduled_tokens),
+        inputs.bucket(len(sched.num_scheduled_tokens)),
+    ).tensors
 
 
-def _run(twin: Twin, sched: MiniScheduler, async_mode: bool,
-         arrivals: dict[int, Req] | None = None) -> None:
+def _run(
+    twin: Twin, sched: MiniScheduler, async_mode: bool, arrivals: dict[int, Req] | None = None
+) -> None:
     """The engine loop over both runners (async: one step in flight while the next is
     launched); `arrivals`: requests added before the step of that number."""
     in_flight: list = []
@@ -117,8 +133,10 @@ def _run(twin: Twin, sched: MiniScheduler, async_mode: bool,
         if in_flight and (not async_mode or len(in_flight) == 2 or not sched.has_work()):
             pending, expected = in_flight.pop(0)
             output, expected_output = pending.get_output(), expected.get_output()
-            assert (output.req_ids, output.sampled_token_ids) == \
-                (expected_output.req_ids, expected_output.sampled_token_ids)
+            assert (output.req_ids, output.sampled_token_ids) == (
+                expected_output.req_ids,
+                expected_output.sampled_token_ids,
+            )
             sched.update(output)
 
 
@@ -132,14 +150,18 @@ def test_reused_sections_equal_a_full_layout(tiny, async_mode):
     sched.add(Req("a", random_prompt(5, 1), 30))
     sched.add(Req("b", random_prompt(3, 2), 12))
     _run(twin, sched, async_mode, arrivals={6: Req("c", random_prompt(13, 3), 9)})
-    assert {req_id: len(tokens) for req_id, tokens in sched.done.items()} == \
-        {"a": 30, "b": 12, "c": 9}
+    assert {req_id: len(tokens) for req_id, tokens in sched.done.items()} == {
+        "a": 30,
+        "b": 12,
+        "c": 9,
+    }
     assert len(twin.copied) == len(twin.decode_only)  # one copy per step
     assert twin.copied.count("A") >= 15, twin.copied  # most decode steps reuse B and C
     decodes = [copied for copied, decode in zip(twin.copied, twin.decode_only) if decode]
     assert "ABC" in decodes  # a decode crossing a block boundary (or changing its rows)
-    assert all(copied == "ABC" for copied, decode in zip(twin.copied, twin.decode_only)
-               if not decode)  # prefills never reuse
+    assert all(
+        copied == "ABC" for copied, decode in zip(twin.copied, twin.decode_only) if not decode
+    )  # prefills never reuse
 
 
 def test_reuse_survives_preemption(tiny):
@@ -167,8 +189,9 @@ def test_same_rows_after_a_chunk_copy_the_table_again(tiny):
     sched.add(Req("long", random_prompt(7, 31), 4))  # prefill in chunks of 4 beside a decode
     _run(twin, sched, async_mode=True)
     assert len(sched.done["short"]) == 8 and len(sched.done["long"]) == 4
-    transitions = [i for i in range(1, len(twin.copied))
-                   if twin.decode_only[i] and not twin.decode_only[i - 1]]
+    transitions = [
+        i for i in range(1, len(twin.copied)) if twin.decode_only[i] and not twin.decode_only[i - 1]
+    ]
     assert transitions and all(twin.copied[i] == "ABC" for i in transitions)
 
 
@@ -215,17 +238,25 @@ def test_steady_decode_step_copies_once_each_way(tiny, async_mode):
 
 def _batch_with_one_request(req_id: str, num_prompt: int = 4) -> tuple[InputBatch, StepBuffers]:
     batch = InputBatch(max_num_reqs=2, max_model_len=32, block_size=8)
-    buf = StepBuffers(max_num_tokens=16, max_num_reqs=2, max_num_blocks_per_req=4,
-                      device=torch.device("cpu"), pin=False, bucket=SizePolicy(2, 16).step_bucket,
-                      num_head_ids=2)
-    batch.add_request(NewRequestData(req_id, list(range(1, num_prompt + 1)), [], GREEDY, [0], 0),
-                      None)
+    buf = StepBuffers(
+        max_num_tokens=16,
+        max_num_reqs=2,
+        max_num_blocks_per_req=4,
+        device=torch.device("cpu"),
+        pin=False,
+        bucket=SizePolicy(2, 16).step_bucket,
+        num_head_ids=2,
+    )
+    batch.add_request(
+        NewRequestData(req_id, list(range(1, num_prompt + 1)), [], GREEDY, [0], 0), None
+    )
     return batch, buf
 
 
 def _prefill(batch: InputBatch, buf: StepBuffers, req_id: str, num_prompt: int = 4):
-    return batch.prepare(SchedulerOutput([], [], {req_id: num_prompt}, num_prompt,
-                                         sampling_req_ids={req_id}), buf)
+    return batch.prepare(
+        SchedulerOutput([], [], {req_id: num_prompt}, num_prompt, sampling_req_ids={req_id}), buf
+    )
 
 
 def test_tokens_of_a_row_with_a_new_owner_are_dropped():

@@ -1,6 +1,7 @@
 """StepBuffers: the packed layout of a step's sections (bucketed counts, aligned, disjoint), the ids
 table (head + input_ids), one copy of a byte range that never touches the head, and the padding of
 a decode batch for a CUDA graph."""
+
 from __future__ import annotations
 
 import functools
@@ -17,14 +18,27 @@ BUCKET = functools.partial(bucket_size, [1, 2, 4, 6])
 
 
 def _buffers() -> StepBuffers:
-    return StepBuffers(max_num_tokens=32, max_num_reqs=NUM_REQS, max_num_blocks_per_req=5,
-                       device=torch.device("cpu"), pin=False, bucket=BUCKET,
-                       num_head_ids=NUM_HEAD_IDS)
+    return StepBuffers(
+        max_num_tokens=32,
+        max_num_reqs=NUM_REQS,
+        max_num_blocks_per_req=5,
+        device=torch.device("cpu"),
+        pin=False,
+        bucket=BUCKET,
+        num_head_ids=NUM_HEAD_IDS,
+    )
 
 
 def test_an_odd_head_is_padded_so_input_ids_start_16_byte_aligned():
-    buf = StepBuffers(max_num_tokens=32, max_num_reqs=NUM_REQS, max_num_blocks_per_req=5,
-                      device=torch.device("cpu"), pin=False, bucket=BUCKET, num_head_ids=9)
+    buf = StepBuffers(
+        max_num_tokens=32,
+        max_num_reqs=NUM_REQS,
+        max_num_blocks_per_req=5,
+        device=torch.device("cpu"),
+        pin=False,
+        bucket=BUCKET,
+        num_head_ids=9,
+    )
     assert buf.num_head_ids == 10 and buf.head.numel() == 10
     for num_tokens, num_seqs in [(1, 1), (7, 2), (32, 6)]:
         for tensor in buf.sections(num_tokens, num_seqs).tensors.values():
@@ -43,14 +57,18 @@ def test_sections_are_aligned_disjoint_and_bucketed():
                 continue
             start = tensor.data_ptr() - buf.flat.data_ptr()
             spans.append((start, start + tensor.numel() * tensor.element_size()))
-            assert start % 16 == 0 and tensor.is_contiguous(), name  # Triton's pointer specialisation
+            assert start % 16 == 0 and tensor.is_contiguous(), (
+                name
+            )  # Triton's pointer specialisation
             assert np.shares_memory(sections.arrays[name], buf.flat.numpy()), name
         spans.sort()
         assert spans[0][0] == buf.num_head_ids * 8 and spans[-1][1] <= buf.flat.numel()
         assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:]))
         capacities = {name: tensor.numel() for name, tensor in sections.tensors.items()}
         assert capacities["input_ids"] == capacities["input_src"] == num_tokens
-        assert capacities["query_start_loc"] == num_seqs + 1 and capacities["sample_rows"] == num_seqs
+        assert (
+            capacities["query_start_loc"] == num_seqs + 1 and capacities["sample_rows"] == num_seqs
+        )
         assert capacities["block_table"] == num_seqs * 5
 
 
@@ -74,8 +92,8 @@ def test_one_copy_of_a_range_past_the_head():
     for end in (end_a, end_b, end_c):
         dst.flat.zero_()
         dst.copy_from(src, end)
-        assert (dst.flat[:NUM_HEAD_IDS * 8] == 0).all()  # last_sampled lives there
-        assert dst.flat[NUM_HEAD_IDS * 8:end].equal(src.flat[NUM_HEAD_IDS * 8:end])
+        assert (dst.flat[: NUM_HEAD_IDS * 8] == 0).all()  # last_sampled lives there
+        assert dst.flat[NUM_HEAD_IDS * 8 : end].equal(src.flat[NUM_HEAD_IDS * 8 : end])
         assert (dst.flat[end:] == 0).all()
 
 
@@ -92,7 +110,13 @@ def test_pad_decode():
     assert arrays["seq_lens"][2:].tolist() == [0, 0]
     assert arrays["input_src"].tolist() == [99] * 4  # B: the device holds it
     buf.pad_decode(sections, num_seqs=2, num_samples=1, seq_sections=True)
-    assert arrays["query_start_loc"].tolist() == [99, 99, 2, 2, 2]  # [2]: the real rows' end, as written
+    assert arrays["query_start_loc"].tolist() == [
+        99,
+        99,
+        2,
+        2,
+        2,
+    ]  # [2]: the real rows' end, as written
     assert arrays["decode_order"].tolist() == [99, 99, 2, 3]
     assert arrays["input_src"].tolist() == [99, 99, NUM_HEAD_IDS + 2, NUM_HEAD_IDS + 3]
     assert arrays["sample_rows"].tolist() == [99, NUM_REQS + 1, NUM_REQS + 2, NUM_REQS + 3]
@@ -104,13 +128,23 @@ def test_a_device_set_pads_as_a_host_set():
     """The graph capture and timing pad the device set (torch) with the method a step pads its host
     staging set with (numpy): the same bytes, every row padding."""
     host = _buffers()
-    device = StepBuffers(max_num_tokens=32, max_num_reqs=NUM_REQS, max_num_blocks_per_req=5,
-                         device=torch.device("cuda"), pin=False, bucket=BUCKET, num_head_ids=NUM_HEAD_IDS)
+    device = StepBuffers(
+        max_num_tokens=32,
+        max_num_reqs=NUM_REQS,
+        max_num_blocks_per_req=5,
+        device=torch.device("cuda"),
+        pin=False,
+        bucket=BUCKET,
+        num_head_ids=NUM_HEAD_IDS,
+    )
     for buf in (host, device):
         buf.flat.fill_(99)
         buf.pad_decode(buf.sections(6, 6), num_seqs=0, num_samples=0, seq_sections=True)
     assert device.flat.cpu().equal(host.flat)
     arrays = host.sections(6, 6).arrays
-    assert arrays["query_start_loc"].tolist() == [0] * 7 and arrays["slot_mapping"].tolist() == [-1] * 6
+    assert (
+        arrays["query_start_loc"].tolist() == [0] * 7
+        and arrays["slot_mapping"].tolist() == [-1] * 6
+    )
     assert arrays["input_src"].tolist() == [NUM_HEAD_IDS + i for i in range(6)]
     assert arrays["sample_rows"].tolist() == [NUM_REQS + i for i in range(6)]

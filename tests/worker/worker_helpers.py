@@ -1,6 +1,7 @@
 """Test set-up for the model runner: a tiny random Llama saved as a Hugging Face folder, a runner
 over it (NaN-poisoned KV cache), a small scheduler that drives the runner in sync or async mode,
 and the transformers greedy reference."""
+
 from __future__ import annotations
 
 from collections import deque
@@ -10,8 +11,12 @@ from pathlib import Path
 import torch
 
 from pagedlm.config import EngineArgs, EngineConfig
-from pagedlm.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
-                                       SchedulerOutput)
+from pagedlm.core.sched_output import (
+    CachedRequestData,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
 from pagedlm.sampling_params import SamplingParams
 from pagedlm.worker.model_runner import ModelRunner
 
@@ -26,29 +31,54 @@ def save_tiny_llama(folder: Path, seed: int = 0) -> torch.nn.Module:
     """A 2-layer GQA Llama with peaked random weights (greedy picks are far from ties)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    hf_config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=96,
-                            num_hidden_layers=NUM_LAYERS, num_attention_heads=HIDDEN // HEAD_DIM,
-                            num_key_value_heads=NUM_KV_HEADS,
-                            max_position_embeddings=1024, initializer_range=0.3,
-                            tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
-                            pad_token_id=None)
+    hf_config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=96,
+        num_hidden_layers=NUM_LAYERS,
+        num_attention_heads=HIDDEN // HEAD_DIM,
+        num_key_value_heads=NUM_KV_HEADS,
+        max_position_embeddings=1024,
+        initializer_range=0.3,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(hf_config).eval()
     model.save_pretrained(folder)
     return model
 
 
-def make_config(folder: Path, *, max_num_seqs: int = 4, max_num_batched_tokens: int = 16,
-                block_size: int = 8, num_blocks: int | None = 64, max_model_len: int = 64,
-                device: str = "cpu", attention_backend: str = "torch",
-                gpu_memory_utilization: float = 0.9, graph_size_timing: bool = True) -> EngineConfig:
-    return EngineArgs(model=str(folder), load_format="safetensors", dtype="float32", device=device,
-                      max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                      max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
-                      num_gpu_blocks_override=num_blocks, skip_tokenizer_init=True,
-                      attention_backend=attention_backend,
-                      gpu_memory_utilization=gpu_memory_utilization,
-                      graph_size_timing=graph_size_timing).create_engine_config()
+def make_config(
+    folder: Path,
+    *,
+    max_num_seqs: int = 4,
+    max_num_batched_tokens: int = 16,
+    block_size: int = 8,
+    num_blocks: int | None = 64,
+    max_model_len: int = 64,
+    device: str = "cpu",
+    attention_backend: str = "torch",
+    gpu_memory_utilization: float = 0.9,
+    graph_size_timing: bool = True,
+) -> EngineConfig:
+    return EngineArgs(
+        model=str(folder),
+        load_format="safetensors",
+        dtype="float32",
+        device=device,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        block_size=block_size,
+        num_gpu_blocks_override=num_blocks,
+        skip_tokenizer_init=True,
+        attention_backend=attention_backend,
+        gpu_memory_utilization=gpu_memory_utilization,
+        graph_size_timing=graph_size_timing,
+    ).create_engine_config()
 
 
 def make_runner(config: EngineConfig) -> ModelRunner:
@@ -116,9 +146,14 @@ class MiniScheduler:
     def schedule(self) -> SchedulerOutput:
         while self.waiting and len(self.running) < self.max_num_seqs:
             self.running.append(self.waiting.popleft())
-        out = SchedulerOutput(new_reqs=[], cached_reqs=[], num_scheduled_tokens={},
-                              total_num_scheduled_tokens=0, finished_req_ids=self._to_free,
-                              step_id=self._step)
+        out = SchedulerOutput(
+            new_reqs=[],
+            cached_reqs=[],
+            num_scheduled_tokens={},
+            total_num_scheduled_tokens=0,
+            finished_req_ids=self._to_free,
+            step_id=self._step,
+        )
         self._to_free, self._step = set(), self._step + 1
         for req in self.running:
             budget_left = self.token_budget - out.total_num_scheduled_tokens
@@ -136,9 +171,17 @@ class MiniScheduler:
         if req.on_worker:
             out.cached_reqs.append(CachedRequestData(req.req_id, new_blocks, req.num_computed))
         else:
-            out.new_reqs.append(NewRequestData(
-                req.req_id, list(req.prompt), list(req.outputs), req.params, list(req.blocks),
-                req.num_computed, req.prompt_embeds))
+            out.new_reqs.append(
+                NewRequestData(
+                    req.req_id,
+                    list(req.prompt),
+                    list(req.outputs),
+                    req.params,
+                    list(req.blocks),
+                    req.num_computed,
+                    req.prompt_embeds,
+                )
+            )
             req.on_worker = True
         out.num_scheduled_tokens[req.req_id] = num_new
         out.total_num_scheduled_tokens += num_new
@@ -159,8 +202,12 @@ class MiniScheduler:
                 self._to_free.add(req_id)
 
 
-def run_requests(runner: ModelRunner, sched: MiniScheduler, async_mode: bool,
-                 preempt_at: dict[int, str] | None = None) -> dict[str, list[int]]:
+def run_requests(
+    runner: ModelRunner,
+    sched: MiniScheduler,
+    async_mode: bool,
+    preempt_at: dict[int, str] | None = None,
+) -> dict[str, list[int]]:
     """The engine loop. Async: step N+1 is launched before step N's output is read."""
     pending = None
     step = 0
@@ -181,20 +228,30 @@ def run_requests(runner: ModelRunner, sched: MiniScheduler, async_mode: bool,
 
 
 @torch.no_grad()
-def hf_greedy(hf_model: torch.nn.Module, max_tokens: int, prompt: list[int] | None = None,
-              prompt_embeds: torch.Tensor | None = None) -> list[int]:
+def hf_greedy(
+    hf_model: torch.nn.Module,
+    max_tokens: int,
+    prompt: list[int] | None = None,
+    prompt_embeds: torch.Tensor | None = None,
+) -> list[int]:
     """transformers greedy generate: the reference tokens."""
-    kwargs = dict(max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
-                  pad_token_id=0)
+    kwargs = dict(
+        max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False, pad_token_id=0
+    )
     if prompt_embeds is not None:
         mask = torch.ones(1, prompt_embeds.shape[0], dtype=torch.int64)
         out = hf_model.generate(inputs_embeds=prompt_embeds[None], attention_mask=mask, **kwargs)
         return out[0].tolist()  # only the new tokens when generating from embeddings
     # an explicit mask: otherwise generate masks every prompt token equal to pad_token_id
-    out = hf_model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
-                            dtype=torch.int64), **kwargs)
-    return out[0, len(prompt):].tolist()
+    out = hf_model.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.int64),
+        **kwargs,
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def random_prompt(length: int, seed: int) -> list[int]:
-    return torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return torch.randint(
+        0, VOCAB, (length,), generator=torch.Generator().manual_seed(seed)
+    ).tolist()
