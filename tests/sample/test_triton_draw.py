@@ -290,9 +290,21 @@ def test_distribution_on_cuda() -> None:
 
 
 @pytest.mark.gpu
-def test_draw_uses_the_fused_path_on_cuda() -> None:
+def test_draw_uses_the_fused_path_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """By default (no device types passed) a CUDA batch without min-p, top-k or top-p takes the
+    fused draw; one with min-p does not."""
+    calls: list[int] = []
+    fused = sampler.fused_gumbel_draw
+
+    def recording(*args, **kwargs):
+        calls.append(1)
+        return fused(*args, **kwargs)
+
+    monkeypatch.setattr(sampler, "fused_gumbel_draw", recording)
     logits = torch.zeros(2, 40, device="cuda")
     params = sampler.RandomParams(noise_keys=torch.zeros(2, dtype=torch.int64, device="cuda"))
-    assert sampler._use_fused_draw(logits, params)
+    sampler.draw(logits.clone(), params)
+    assert calls == [1]
     params.min_p = torch.zeros(2, device="cuda")
-    assert not sampler._use_fused_draw(logits, params)
+    sampler.draw(logits.clone(), params)
+    assert calls == [1]
