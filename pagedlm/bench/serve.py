@@ -3,7 +3,9 @@
 Requests arrive as a Poisson process (`--request-rate`, `inf`: all at once), at most
 `--max-concurrency` in flight, each streamed, so that TTFT, inter-token latency (ITL), time per
 output token (TPOT) and end-to-end latency are measured per request. Only OpenAI fields are
-sent, plus `ignore_eos` (a vLLM extra) when asked for.
+sent, plus `ignore_eos` (a vLLM extra) when asked for. `--num-clients N` spreads the requests
+over N client processes (round-robin, each at its request's arrival time, each with its share of
+`--max-concurrency`), so that at high rates the load generator is not what limits the figure.
 
 The warm-up request is not from the dataset, and the report counts the prompt tokens the server
 took from its prefix cache (usage.prompt_tokens_details.cached_tokens): a server that has seen
@@ -15,13 +17,20 @@ import argparse
 import asyncio
 import json
 import os
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from pagedlm.bench.datasets import BenchRequest, add_dataset_args, sample_requests, warmup_request
+from pagedlm.bench.serve_clients import (
+    ClientShare,
+    RequestResult,
+    open_client,
+    run_clients,
+    send_request,
+    split_among_clients,
+)
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 
@@ -67,7 +76,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--max-concurrency",
         type=int,
         default=None,
-        help="most requests in flight (default: no limit)",
+        help="most requests in flight, over all clients (default: no limit)",
+    )
+    parser.add_argument(
+        "--num-clients",
+        type=int,
+        default=1,
+        help="client processes the requests are spread over, round-robin, so that the load "
+        "generator is not the limit at high rates; 1: this process (default: 1)",
     )
     parser.add_argument(
         "--ignore-eos",
@@ -86,24 +102,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-@dataclass
-class RequestResult:
-    success: bool = False
-    error: str = ""
-    num_prompt_tokens: int = 0
-    num_output_tokens: int = 0
-    num_cached_tokens: int = 0  # prompt tokens the server took from its prefix cache
-    ttft: float = 0.0  # seconds from sending to the first text
-    latency: float = 0.0  # seconds from sending to the last byte
-    itl: list[float] = field(default_factory=list)  # gaps between later text chunks
-
-
 def main(args: argparse.Namespace) -> dict[str, Any]:
     _check_args(args)
     tokenizer = None if args.vocab_size else _load_tokenizer(args.tokenizer)
     vocab_size = args.vocab_size or len(tokenizer)
     requests = sample_requests(args, vocab_size)
-    results = asyncio.run(run_benchmark(args, requests, tokenizer))
+    results = run_benchmark(args, requests, tokenizer)
     print(format_report(results))
     if args.output_json:
         with open(args.output_json, "w") as f:
@@ -123,6 +127,13 @@ def _check_args(args: argparse.Namespace) -> None:
         )
     if args.max_concurrency is not None and args.max_concurrency < 1:
         raise ValueError(f"max_concurrency must be positive, got {args.max_concurrency}")
+    if args.num_clients < 1:
+        raise ValueError(f"num_clients must be positive, got {args.num_clients}")
+    if args.max_concurrency is not None and args.max_concurrency < args.num_clients:
+        raise ValueError(
+            f"max_concurrency ({args.max_concurrency}) must be at least num_clients "
+            f"({args.num_clients}): each client takes a share of it"
+        )
 
 
 def _load_tokenizer(source: str | None) -> Any:
@@ -140,30 +151,22 @@ class _TokenizerSource:
     tokenizer: str
 
 
-async def run_benchmark(
+def run_benchmark(
     args: argparse.Namespace, requests: list[BenchRequest], tokenizer: Any
 ) -> dict[str, Any]:
-    import httpx
-
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(
-        base_url=args.base_url, headers=headers, limits=limits, timeout=args.timeout
-    ) as client:
-        model = args.model or await _first_model(client)
-        bodies = [_body(args, model, r, tokenizer) for r in requests]
-        warmup_req = warmup_request(len(tokenizer) if tokenizer is not None else args.vocab_size)
-        warmup = await send_request(
-            client,
-            args.endpoint,
-            _body(args, model, warmup_req, tokenizer),
-            len(warmup_req.prompt_token_ids),
-        )
-        if not warmup.success:
-            raise ValueError(f"the first request failed, nothing was measured: {warmup.error}")
-        start = time.perf_counter()
-        results = await _send_all(client, args, bodies, requests)
-        duration = time.perf_counter() - start
+    model = asyncio.run(_warm_up(args, headers, tokenizer))
+    every_request = ClientShare(
+        base_url=args.base_url,
+        headers=headers,
+        endpoint=args.endpoint,
+        timeout=args.timeout,
+        bodies=[_body(args, model, r, tokenizer) for r in requests],
+        num_prompt_tokens=[len(r.prompt_token_ids) for r in requests],
+        arrivals=arrival_times(args.seed, args.request_rate, len(requests)),
+        max_concurrency=args.max_concurrency,
+    )
+    results, duration = run_clients(split_among_clients(every_request, args.num_clients))
     summary = summarize(results, duration)
     summary.update(
         model=model,
@@ -171,10 +174,36 @@ async def run_benchmark(
         base_url=args.base_url,
         request_rate=args.request_rate,
         max_concurrency=args.max_concurrency,
+        num_clients=args.num_clients,
         dataset=args.dataset,
         num_prompts=len(requests),
     )
     return summary
+
+
+async def _warm_up(args: argparse.Namespace, headers: dict[str, str], tokenizer: Any) -> str:
+    """One request off the dataset, sent once whatever the number of clients; returns the
+    model's name."""
+    async with open_client(args.base_url, headers, args.timeout) as client:
+        model = args.model or await _first_model(client)
+        warmup_req = warmup_request(len(tokenizer) if tokenizer is not None else args.vocab_size)
+        warmup = await send_request(
+            client,
+            args.endpoint,
+            _body(args, model, warmup_req, tokenizer),
+            len(warmup_req.prompt_token_ids),
+        )
+    if not warmup.success:
+        raise ValueError(f"the first request failed, nothing was measured: {warmup.error}")
+    return model
+
+
+def arrival_times(seed: int, request_rate: float, num_requests: int) -> list[float]:
+    """One Poisson process at `request_rate` (inf: all at once), in seconds from the start."""
+    if request_rate == float("inf"):
+        return [0.0] * num_requests
+    gaps = np.random.default_rng(seed).exponential(1.0 / request_rate, size=num_requests)
+    return np.cumsum(gaps).tolist()
 
 
 async def _first_model(client: Any) -> str:
@@ -200,87 +229,6 @@ def _body(args: argparse.Namespace, model: str, request: BenchRequest, tokenizer
     if args.ignore_eos:
         body["ignore_eos"] = True
     return body
-
-
-async def _send_all(
-    client: Any, args: argparse.Namespace, bodies: list[dict], requests: list[BenchRequest]
-) -> list[RequestResult]:
-    """Poisson arrivals; a semaphore caps what is in flight."""
-    rng = np.random.default_rng(args.seed)
-    gaps = (
-        rng.exponential(1.0 / args.request_rate, size=len(bodies))
-        if args.request_rate != float("inf")
-        else np.zeros(len(bodies))
-    )
-    limit = asyncio.Semaphore(args.max_concurrency or len(bodies))
-
-    async def one(body: dict, request: BenchRequest) -> RequestResult:
-        async with limit:
-            return await send_request(client, args.endpoint, body, len(request.prompt_token_ids))
-
-    tasks = []
-    for gap, body, request in zip(gaps, bodies, requests):
-        if gap > 0:
-            await asyncio.sleep(float(gap))
-        tasks.append(asyncio.create_task(one(body, request)))
-    return list(await asyncio.gather(*tasks))
-
-
-async def send_request(
-    client: Any, endpoint: str, body: dict, num_prompt_tokens: int
-) -> RequestResult:
-    """One streamed request; token chunks time TTFT and ITL, the usage chunk counts tokens."""
-    result = RequestResult(num_prompt_tokens=num_prompt_tokens)
-    start = last = time.perf_counter()
-    num_chunks = 0
-    try:
-        async with client.stream("POST", endpoint, json=body) as response:
-            if response.status_code != 200:
-                result.error = f"HTTP {response.status_code}: {(await response.aread())[:500]!r}"
-                return result
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[len("data: ") :])
-                if "error" in chunk:
-                    result.error = str(chunk["error"])
-                    return result
-                if _is_token_chunk(chunk, first=num_chunks == 0):
-                    now = time.perf_counter()
-                    if num_chunks == 0:
-                        result.ttft = now - start
-                    else:
-                        result.itl.append(now - last)
-                    last = now
-                    num_chunks += 1
-                usage = chunk.get("usage")
-                if usage:
-                    result.num_output_tokens = usage["completion_tokens"]
-                    result.num_prompt_tokens = usage["prompt_tokens"]
-                    details = usage.get("prompt_tokens_details") or {}
-                    result.num_cached_tokens = details.get("cached_tokens") or 0
-    except Exception as exc:  # noqa: BLE001 - a failed request is counted, not fatal
-        result.error = f"{type(exc).__name__}: {exc}"
-        return result
-    result.latency = time.perf_counter() - start
-    result.num_output_tokens = result.num_output_tokens or num_chunks
-    result.success = num_chunks > 0
-    result.error = "" if result.success else "no output tokens came back"
-    return result
-
-
-def _is_token_chunk(chunk: dict, first: bool) -> bool:
-    """Does this chunk bring new output tokens? Completions stream one chunk per step with new
-    tokens, whose text is empty when the server has no tokenizer (`--skip-tokenizer-init`); the
-    last chunk carries the finish reason, and every token when the server coalesced them all
-    (a client that read nothing before: `first`)."""
-    choices = chunk.get("choices") or []
-    if not choices:
-        return False
-    choice = choices[0]
-    if "text" in choice:
-        return bool(choice["text"]) or choice.get("finish_reason") is None or first
-    return bool((choice.get("delta") or {}).get("content"))
 
 
 def summarize(results: list[RequestResult], duration: float) -> dict[str, Any]:

@@ -1,23 +1,26 @@
 """`pagedlm bench serve` against a live tiny-model server: both endpoints, Poisson and
-all-at-once arrivals, every request counted, latencies measured, the JSON written."""
+all-at-once arrivals, one client or several client processes, every request counted, latencies
+measured, the JSON written."""
 
 from __future__ import annotations
 
 import argparse
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from server_helpers import ServerProcess, start_server, tiny_server_args
 
-from pagedlm.bench.serve import (
+from pagedlm.bench.serve import add_parser, arrival_times, main, summarize
+from pagedlm.bench.serve_clients import (
+    ClientShare,
     RequestResult,
     _is_token_chunk,
-    add_parser,
-    main,
-    summarize,
+    split_among_clients,
 )
+from pagedlm.cli import main as cli_main
 
 pytestmark = pytest.mark.slow
 
@@ -38,11 +41,12 @@ def parse(*argv: str) -> argparse.Namespace:
     return parser.parse_args(["serve", *argv])
 
 
+@pytest.mark.parametrize("num_clients", [1, 2])
 @pytest.mark.parametrize(
     "endpoint, rate", [("/v1/completions", "inf"), ("/v1/chat/completions", "20")]
 )
 def test_bench_serve_counts_and_times_every_request(
-    server: ServerProcess, tmp_path: Path, endpoint: str, rate: str
+    server: ServerProcess, tmp_path: Path, endpoint: str, rate: str, num_clients: int
 ) -> None:
     out = tmp_path / "result.json"
     args = parse(
@@ -56,6 +60,8 @@ def test_bench_serve_counts_and_times_every_request(
         rate,
         "--max-concurrency",
         "4",
+        "--num-clients",
+        str(num_clients),
         "--num-prompts",
         "10",
         "--input-len",
@@ -75,6 +81,7 @@ def test_bench_serve_counts_and_times_every_request(
         assert 0 < result[f"median_{name}_ms"] <= result[f"p99_{name}_ms"]
     assert result["mean_ttft_ms"] < result["mean_e2el_ms"]
     assert result["output_throughput"] == pytest.approx(60 / result["duration_s"])
+    assert result["num_clients"] == num_clients
 
 
 def test_bench_serve_warms_up_off_the_dataset_and_counts_cached_tokens(
@@ -128,6 +135,61 @@ def test_bench_serve_stops_when_the_first_request_fails(server: ServerProcess) -
 def test_bench_serve_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match="request_rate must be positive"):
         main(parse("--request-rate", "0"))
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--num-clients", "0"], "num_clients must be positive, got 0"),
+        (["--num-clients", "-2"], "num_clients must be positive, got -2"),
+        (
+            ["--num-clients", "3", "--max-concurrency", "2"],
+            "max_concurrency (2) must be at least num_clients (3)",
+        ),
+    ],
+)
+def test_bench_serve_refuses_bad_client_counts_in_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["bench", "serve", *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_clients_split_one_schedule_and_the_concurrency() -> None:
+    """Round-robin over 3 clients: each request goes to exactly one client at its own arrival
+    time, and the concurrency caps (8 over 3: 3, 3, 2) sum to the total."""
+    arrivals = arrival_times(seed=0, request_rate=10.0, num_requests=8)
+    every_request = ClientShare(
+        base_url="http://x",
+        headers={},
+        endpoint="/v1/completions",
+        timeout=1.0,
+        bodies=[{"prompt": [i]} for i in range(8)],
+        num_prompt_tokens=list(range(8)),
+        arrivals=arrivals,
+        max_concurrency=8,
+    )
+    shares = split_among_clients(every_request, 3)
+    assert [s.max_concurrency for s in shares] == [3, 3, 2]
+    sent = sorted(
+        (arrival, body["prompt"][0], n)
+        for s in shares
+        for arrival, body, n in zip(s.arrivals, s.bodies, s.num_prompt_tokens)
+    )
+    assert sent == [(arrivals[i], i, i) for i in range(8)]
+    assert all(s.arrivals == sorted(s.arrivals) for s in shares)
+    unlimited = split_among_clients(replace(every_request, max_concurrency=None), 2)
+    assert [s.max_concurrency for s in unlimited] == [None, None]
+
+
+def test_arrivals_are_one_poisson_process_at_the_rate() -> None:
+    arrivals = arrival_times(seed=1, request_rate=50.0, num_requests=5000)
+    assert arrivals == sorted(arrivals) and arrivals[0] > 0
+    assert 5000 / arrivals[-1] == pytest.approx(50.0, rel=0.05)
+    assert arrival_times(seed=1, request_rate=float("inf"), num_requests=3) == [0.0] * 3
 
 
 def test_summary_counts_failures_and_uses_only_successes() -> None:
