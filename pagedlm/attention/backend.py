@@ -22,9 +22,8 @@ class AttentionMetadata:
     num_seqs: int  # B
     max_query_len: int
     max_seq_len: int
-    query_start_loc: (
-        torch.Tensor
-    )  # [B + 1] int32, device: sequence b's queries are rows [qsl[b], qsl[b+1])
+    # [B + 1] int32, device: sequence b's queries are rows [qsl[b], qsl[b+1])
+    query_start_loc: torch.Tensor
     seq_lens: torch.Tensor  # [B] int32, device: context length including this step's tokens
     slot_mapping: torch.Tensor  # [T] int64, device: cache slot of each query token's K/V; -1 = skip
     block_table: torch.Tensor  # [B, max_blocks_per_seq] int32, device

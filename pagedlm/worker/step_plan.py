@@ -37,9 +37,8 @@ class StepPlan(NamedTuple):
     slot: int  # the staging set, pinned output of sampled ids and event the step uses
     layout: BatchLayout
     mode: StepMode
-    graph_size: (
-        int | None
-    )  # the replayed graphs' size (decode: sequences; piecewise: tokens); None: eager
+    # the replayed graphs' size (decode: sequences; piecewise: tokens); None: eager
+    graph_size: int | None
     pads_decode: bool  # rows [num_seqs, bucket_seqs) are written as a decode graph's padding rows
     copy_end: int  # the byte the step's input copy (or a staged graph's stage-in) ends at
     staged: Sections  # the staging set's sections of the layout (host)

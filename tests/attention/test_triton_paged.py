@@ -31,9 +31,8 @@ class PagedBatch:
     q: torch.Tensor  # [T, num_heads, head_dim]
     k: torch.Tensor  # [T, num_kv_heads, head_dim]; this step's keys (padding rows have slot -1)
     v: torch.Tensor  # [T, num_kv_heads, head_dim]
-    kv_cache: (
-        torch.Tensor
-    )  # [2, num_blocks, block_size, num_kv_heads, head_dim], NaN but earlier tokens
+    # [2, num_blocks, block_size, num_kv_heads, head_dim], NaN but earlier tokens
+    kv_cache: torch.Tensor
     meta: AttentionMetadata
     keys: list[torch.Tensor]  # per sequence [seq_len, num_kv_heads, head_dim]: every key it may see
     values: list[torch.Tensor]  # per sequence [seq_len, num_kv_heads, head_dim]
