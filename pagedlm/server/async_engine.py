@@ -242,10 +242,6 @@ class AsyncLLM:
             return "the server is shutting down"
         return None
 
-    @property
-    def is_healthy(self) -> bool:
-        return self.health_problem is None
-
     # ---- requests ----
 
     def admit(self, num_requests: int, num_prompt_tokens: int) -> None:

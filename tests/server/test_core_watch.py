@@ -74,7 +74,7 @@ def test_a_silent_core_is_stalled_then_healthy_again(engine: AsyncLLM) -> None:
     with pytest.raises(Overloaded, match="no heartbeat for 5.1 s; retry later"):
         engine.admit(1, 1)
     engine._check_heartbeat(0.2)
-    assert engine.is_healthy
+    assert engine.health_problem is None
     engine.admit(1, 1)
 
 

@@ -245,7 +245,7 @@ def test_a_failure_on_the_outputs_marks_the_engine_dead_and_fails_its_requests()
 
         engine._on_outputs = broken
         engine._on_message(wire.CoreOutputs(outputs=[], stats=wire.CoreStats()))
-        assert not engine.is_healthy
+        assert engine.health_problem is not None
         error = queue.get_nowait()
         assert isinstance(error, EngineDeadError) and "RuntimeError: boom" in str(error)
     finally:
