@@ -19,6 +19,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import skewed_mix  # noqa: E402
 
 MODELS = {
     "qwen3-0.6b": {
@@ -65,6 +68,7 @@ VLLM = {
     "T3-on": 7684,
     "T3-off": 1914,
 }
+TOP_P = {"T4": skewed_mix.TOP_P}  # workloads sampled with a top_p below 1
 BANDWIDTH = 4.23e12  # bytes/s, measured device copy bandwidth
 PEAK_FLOPS = 797e12  # bf16 GEMM
 
@@ -109,11 +113,14 @@ def workload(wid: str) -> tuple[str, list[list[int]], list[int], float, dict]:
             0.0,
             {"enable_prefix_caching": wid == "T3-on"},
         )
+    if wid == "T4":  # a skewed mix: see benchmarks/skewed_mix.py
+        prompts, max_tokens = skewed_mix.skewed_mix()
+        return "llama3-8b", prompts, max_tokens, skewed_mix.TEMPERATURE, {}
     raise ValueError(f"unknown workload {wid}")
 
 
 def run_pagedlm(
-    llm, prompts, max_tokens, temperature, repeats: int
+    llm, prompts, max_tokens, temperature, repeats: int, top_p: float = 1.0
 ) -> tuple[list[float], list[dict]]:
     """-> (seconds of each timed call, what each call paid besides the work: Triton compiles and
     cudaMalloc calls of the caching allocator)."""
@@ -123,7 +130,7 @@ def run_pagedlm(
     from pagedlm.ops.jit_watch import compile_watch
 
     params = [
-        SamplingParams(temperature=temperature, max_tokens=m, ignore_eos=True, seed=i)
+        SamplingParams(temperature=temperature, top_p=top_p, max_tokens=m, ignore_eos=True, seed=i)
         for i, m in enumerate(max_tokens)
     ]
     inputs = [{"prompt_token_ids": p} for p in prompts]
@@ -218,7 +225,9 @@ def main() -> None:
                 **extra,
             )
         repeats = 3 if wid in ("L1", "L2") else 1
-        times, costs = run_pagedlm(llms[key], prompts, max_tokens, temperature, repeats)
+        times, costs = run_pagedlm(
+            llms[key], prompts, max_tokens, temperature, repeats, TOP_P.get(wid, 1.0)
+        )
         elapsed = statistics.median(times)
         out_tps = sum(max_tokens) / elapsed
         total_tps = (sum(map(len, prompts)) + sum(max_tokens)) / elapsed

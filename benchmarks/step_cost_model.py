@@ -146,7 +146,8 @@ def main() -> None:
             raise ValueError(f"workloads: the model's rates are llama3-8b's; {wid} runs {model}")
         steps = schedule(wid)
         num_outputs = sum(max_tokens)
-        measured_s = num_outputs / MEASURED_OUT_TOK_S[wid]
+        measured = MEASURED_OUT_TOK_S.get(wid)
+        measured_s = num_outputs / measured if measured else float("nan")
         parts: dict[str, float] = {}
         for step in steps:
             for name, seconds in step_seconds(step, Rates()).items():
@@ -154,7 +155,7 @@ def main() -> None:
         total = sum(parts.values())
         print(
             f"\n{wid}: {len(steps)} steps; modelled {total:.1f} s ({num_outputs / total:,.0f} out tok/s), "
-            f"measured {measured_s:.1f} s ({MEASURED_OUT_TOK_S[wid]:,.0f})"
+            f"measured {measured_s:.1f} s ({measured or float('nan'):,.0f})"
         )
         for name, seconds in parts.items():
             print(f"  {name:18} {seconds:7.2f} s  {seconds / total:5.1%}")
