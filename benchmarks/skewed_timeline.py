@@ -90,12 +90,15 @@ def timed_run(llm: LLM, run: str, num_requests: int, out: Path) -> dict:
     log = StepLog.attach(core)
     print(f"\n=== {run}: {len(prompts)} requests", flush=True)
     start = time.perf_counter()
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    # a salt per run: no run takes another's prompts from the prefix cache
+    inputs = [{"prompt_token_ids": p, "cache_salt": run} for p in prompts]
+    outs = llm.generate(inputs, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     core.scheduler.schedule, core.scheduler.update_from_output = schedule, update
     core.scheduler.config = default_config
     num_out = sum(len(o.outputs[0].token_ids) for o in outs)
     assert num_out == sum(p.max_tokens for p in params)
+    num_cached = sum(o.num_cached_tokens for o in outs)
     floor = generation_floor(
         ModelCost.of(engine.model_config),
         list(map(len, prompts)),
@@ -109,9 +112,11 @@ def timed_run(llm: LLM, run: str, num_requests: int, out: Path) -> dict:
         output_tok_s=num_out / elapsed,
         floor_s=floor.seconds,
         longest_output=max(p.max_tokens for p in params),
+        cached_prompt_tokens=num_cached,
     )
     print(
-        f"{run}: {elapsed:.2f} s, {num_out / elapsed:,.0f} output tok/s; roofline floor "
+        f"{run}: {elapsed:.2f} s, {num_out / elapsed:,.0f} output tok/s, {num_cached} prompt "
+        f"tokens from the prefix cache; roofline floor "
         f"{floor.seconds:.2f} s ({floor.describe(elapsed)})",
         flush=True,
     )

@@ -5,7 +5,9 @@ which steps took longer than their contents should on the H200 (llama3-8b only).
     python benchmarks/timeline_vs_model.py --core-csv DIR/core_steps.PID.csv  (the server's core)
 
 For a skewed_timeline.py run: measured and modelled seconds by step kind and by bucket of
-tokens a step. For the server's core: its runs (split at idle gaps of over IDLE_GAP_S), each
+tokens a step; then the decode steps' excess (measured - modelled) by batch size, beside the
+step's longest context (each running request's prompt plus the steps since its first schedule),
+and a least-squares fit of the excess on rows and that longest context. For the server's core: its runs (split at idle gaps of over IDLE_GAP_S), each
 with its steps, steps/s, rows and tokens a step, and the core's seconds sending outputs; the
 steady part (rows at least STEADY_ROWS_FRACTION of the run's largest) gives ms a step to hold
 against the offline engine's on the same prompts (serve-offline's steady decode).
@@ -14,11 +16,14 @@ against the offline engine's on the same prompts (serve-offline's steady decode)
 from __future__ import annotations
 
 import argparse
+import bisect
 import csv
 import json
 import statistics
 import sys
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -26,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from step_cost_model import Rates, Step, step_seconds  # noqa: E402
 
 TOKEN_BUCKETS = (1, 64, 256, 1024, 2048, 4096, 8192, 16384)
+DECODE_ROW_BANDS = ((1, 17), (17, 64), (64, 128), (128, 256), (256, 1025))
 IDLE_GAP_S = 1.0
 STEADY_ROWS_FRACTION = 0.9
 
@@ -67,6 +73,45 @@ def compare_run(path: Path) -> None:
     for (k, b), pairs in sorted(groups.items(), key=lambda kv: -sum(p[0] for p in kv[1])):
         m, c = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
         print(f"{k:8} {b:>9} {len(pairs):6d} {m:11.2f} {c:11.2f} {m / c:6.2f}")
+    decode_excess(steps, data["requests"], np.array(measured))
+
+
+def longest_contexts(steps: list[dict], requests: dict) -> np.ndarray:
+    """Per step, the longest context among the requests running then (approximate: the prompt
+    plus one token a step since the request's first schedule)."""
+    launched = [s["launched"] for s in steps]
+    longest = np.zeros(len(steps))
+    for r in requests.values():
+        a = bisect.bisect_left(launched, r["first_scheduled"])
+        b = bisect.bisect_right(launched, r["finished"])
+        longest[a:b] = np.maximum(longest[a:b], r["prompt_len"] + np.arange(b - a))
+    return longest
+
+
+def decode_excess(steps: list[dict], requests: dict, measured: np.ndarray) -> None:
+    decode = np.array([kind(s) == "decode" for s in steps])
+    if not decode.any():
+        return
+    excess_ms = 1e3 * (measured - np.array([modelled(s) for s in steps]))
+    rows = np.array([s["rows"] for s in steps])
+    longest = longest_contexts(steps, requests)
+    print(f"{'decode rows':>12} {'steps':>6} {'excess ms':>10} {'longest ctx':>12}")
+    for lo, hi in DECODE_ROW_BANDS:
+        band = decode & (rows >= lo) & (rows < hi)
+        if band.any():
+            print(
+                f"{f'{lo}-{hi - 1}':>12} {band.sum():6d} {excess_ms[band].mean():10.2f} "
+                f"{longest[band].mean():12.0f}"
+            )
+    x = np.column_stack([np.ones(decode.sum()), rows[decode], longest[decode] / 1e3])
+    y = excess_ms[decode]
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    r2 = 1 - ((y - x @ coef) ** 2).sum() / ((y - y.mean()) ** 2).sum()
+    print(
+        f"decode excess {y.sum() / 1e3:.2f} s over {decode.sum()} steps; fit: excess ms = "
+        f"{coef[0]:.2f} + {coef[1]:.4f} x rows + {coef[2]:.2f} x longest context / 1,000 "
+        f"(R^2 {r2:.2f})"
+    )
 
 
 def core_runs(path: Path) -> None:
