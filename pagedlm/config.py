@@ -333,6 +333,8 @@ class EngineConfig:
     # Time the captured graph sizes and let a size give way to a larger one that replays faster;
     # the timings vary by capture, so off keeps every size and restarts replay the same graphs.
     graph_size_timing: bool = True
+    # sleep() / wake_up() allowed (pagedlm/engine/lifecycle.py)
+    enable_sleep_mode: bool = False
 
 
 @dataclass
@@ -359,6 +361,7 @@ class EngineArgs:
     attention_backend: str = "auto"
     cudagraph_mode: str = "FULL_AND_PIECEWISE"
     graph_size_timing: bool = True
+    enable_sleep_mode: bool = False
     device: str = "auto"
 
     @classmethod
@@ -439,6 +442,7 @@ class EngineArgs:
             attention_backend=self.attention_backend,
             cudagraph_mode=self.cudagraph_mode,
             graph_size_timing=self.graph_size_timing,
+            enable_sleep_mode=self.enable_sleep_mode,
         )
 
 
@@ -478,5 +482,7 @@ _CLI_HELP = {  # one line per EngineArgs field
     "graph where that one is measured faster. The timings vary from one start to "
     "the next and bf16 results with the row count, so --no-graph-size-timing keeps "
     "every size: restarts replay the same graphs and give the same tokens",
+    "enable_sleep_mode": "allow sleep() / wake_up(): free the weights' and the KV cache's memory "
+    "while idle (the server's POST /sleep and /wake_up)",
     "device": "auto | cpu | cuda",
 }

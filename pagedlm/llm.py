@@ -13,14 +13,16 @@ from pagedlm.config import EngineArgs
 from pagedlm.engine.llm_engine import LLMEngine, ProcessedRequest, PromptType
 from pagedlm.engine.tokenizer import Conversation, apply_chat_template
 from pagedlm.errors import InvalidRequest
+from pagedlm.llm_lifecycle import LifecycleMixin
 from pagedlm.logger import configure_logging
 from pagedlm.outputs import RequestOutput
 from pagedlm.sampling_params import SamplingParams
 
 
-class LLM:
+class LLM(LifecycleMixin):
     """`LLM(model=None, **engine_args)`: the keywords are exactly the EngineArgs fields
-    (dtype, max_model_len, max_num_seqs, enable_prefix_caching, ...); no model: the default."""
+    (dtype, max_model_len, max_num_seqs, enable_prefix_caching, ...); no model: the default.
+    collective_rpc, sleep / wake_up, pause / resume, reset_prefix_cache: llm_lifecycle.py."""
 
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:
         unknown = sorted(set(engine_args) - EngineArgs.field_names())
@@ -49,6 +51,7 @@ class LLM:
     ) -> list[RequestOutput]:
         """Outputs in the order of the prompts. Every prompt is checked before any runs; an
         error names the index of the prompt at fault."""
+        self.check_generating()
         prompt_list = _as_prompt_list(prompts)
         params_list = _per_prompt(
             sampling_params or SamplingParams(), len(prompt_list), "sampling_params"

@@ -88,6 +88,15 @@ class BlockPool:
         self.block_hashes[block_id] = block_hash
         self.cached[block_hash] = block_id
 
+    def reset_prefix_cache(self) -> bool:
+        """Forgets every cached hash, only when no block is held (vLLM's rule: a running request's
+        blocks stay registered); False, and nothing changed, otherwise."""
+        if self.num_free_blocks != self.num_usable_blocks:
+            return False
+        self.cached.clear()
+        self.block_hashes = [None] * self.num_blocks
+        return True
+
     def _evict(self, block_id: int) -> None:
         block_hash = self.block_hashes[block_id]
         if block_hash is not None:

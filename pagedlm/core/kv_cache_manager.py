@@ -73,6 +73,13 @@ class KVCacheManager:
             hit_blocks = self._settled_prefix(hit_blocks)
         return hit_blocks, len(hit_blocks) * self.block_size
 
+    def reset_prefix_cache(self) -> bool:
+        """See BlockPool.reset_prefix_cache."""
+        if not self.pool.reset_prefix_cache():
+            return False
+        self._registered_this_step.clear()
+        return True
+
     def begin_step(self) -> None:
         """A new step's scheduling starts: blocks registered so far have their KV written by now."""
         self._registered_this_step.clear()

@@ -94,6 +94,7 @@ class EngineCoreOutput:
     finish_reason: str | None = None  # stop | length | abort
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0  # prefix-cache hit, in tokens
+    weight_version: str | None = None  # of the weights that produced new_token_ids
 
     @property
     def finished(self) -> bool:

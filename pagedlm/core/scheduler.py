@@ -151,6 +151,17 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
+    def reset_prefix_cache(self) -> bool:
+        """False while a request holds blocks (vLLM's rule)."""
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    def preempt_all(self) -> None:
+        """Every running request back to waiting, its blocks freed (it recomputes when scheduled
+        again): the KV cache is about to go. No step may be in flight."""
+        assert not any(r.num_output_placeholders for r in self.running), "a step is in flight"
+        while self.running:
+            self._preempt(self.running.pop())
+
     def get_stats(self) -> SchedulerStats:
         kv = self.kv_cache_manager
         return SchedulerStats(

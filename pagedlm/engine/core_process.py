@@ -19,12 +19,14 @@ import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import zmq
 
 from pagedlm.config import EngineArgs, EngineConfig
 from pagedlm.core.sched_output import EngineCoreOutput
 from pagedlm.engine import wire
 from pagedlm.engine.heartbeat import HeartbeatSender
+from pagedlm.errors import InvalidRequest
 from pagedlm.logger import configure_logging
 from pagedlm.ops.jit_watch import num_compiles_while_serving
 from pagedlm.request import Request
@@ -135,9 +137,9 @@ class CoreLoop:
 
     def run(self) -> None:
         while os.getppid() == self.parent_pid:  # else orphaned: the front end is gone
-            if not self._receive(block=not self.core.has_unfinished_requests()):
+            if not self._receive(block=not self.core.has_work()):
                 return
-            if self.core.has_unfinished_requests():
+            if self.core.has_work():
                 self._step()
 
     def _receive(self, block: bool) -> bool:
@@ -153,6 +155,8 @@ class CoreLoop:
             if isinstance(msg, wire.AbortRequests):
                 self._abort(msg)
                 aborted = True
+            elif isinstance(msg, wire.UtilityCall):
+                self._utility(msg)
             else:
                 self._add(msg, errors)
         if errors or (aborted and not self.core.has_unfinished_requests()):
@@ -187,6 +191,31 @@ class CoreLoop:
         for i in ids:
             del self.live[i]
             self.unreported_schedule.discard(i)
+
+    def _utility(self, msg: wire.UtilityCall) -> None:
+        """Runs the call (between steps); the outputs it produced (collected steps, aborts) go
+        first, then its result. A failure is the caller's to read: the loop goes on."""
+        try:
+            result = self.core.call_utility(msg.method, msg.args, msg.kwargs)
+            reply = wire.UtilityResult(msg.call_id, result=result)
+        except InvalidRequest as exc:
+            reply = wire.UtilityResult(
+                msg.call_id, error=str(exc), invalid=True, param=exc.param, code=exc.code
+            )
+        except Exception as exc:  # noqa: BLE001 - the caller gets it; the engine keeps running
+            logger.exception("engine core: utility %s failed", msg.method)
+            reply = wire.UtilityResult(msg.call_id, error=f"{type(exc).__name__}: {exc}")
+        if self.core.has_drained_outputs:
+            self._step()  # gives exactly those outputs (EngineCore.step)
+        try:
+            data = self.encoder.encode(reply)
+        except (TypeError, msgspec.EncodeError) as exc:
+            data = self.encoder.encode(
+                wire.UtilityResult(
+                    msg.call_id, error=f"{msg.method}: result not serialisable: {exc}"
+                )
+            )
+        self.outputs.send(data)
 
     def _step(self) -> None:
         outputs = self.core.step()

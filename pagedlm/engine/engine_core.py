@@ -14,6 +14,7 @@ from typing import Any
 
 from pagedlm.config import EngineConfig
 from pagedlm.core.sched_output import EngineCoreOutput, SchedulerOutput
+from pagedlm.engine.lifecycle import EngineLifecycle
 from pagedlm.request import Request, RequestStatus
 
 _MAX_STEPS_IN_FLIGHT = 2
@@ -28,6 +29,8 @@ class EngineCore:
         async_scheduling = config.scheduler.async_scheduling
         self._max_steps_in_flight = _MAX_STEPS_IN_FLIGHT if async_scheduling else 1
         self._in_flight: deque[tuple[SchedulerOutput, Any]] = deque()  # (plan, pending output)
+        self._drained: list[EngineCoreOutput] = []  # collected between steps, for the next step()
+        self.lifecycle = EngineLifecycle(self.model_runner)  # pause, sleep, RPCs (lifecycle.py)
         # What exists now (the model, imported libraries: ~200k tracked objects) lives as long as the
         # engine: moved out of the cyclic GC's way, a full collection while serving walks only what
         # was made since (one took ~140 ms of a 0.9 s T0-shaped generate on the CPU). Start-up's
@@ -55,6 +58,7 @@ class EngineCore:
         )
 
     def add_request(self, request: Request) -> None:
+        self.lifecycle.check_accepts_requests()
         self.scheduler.add_request(request)
 
     def abort_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
@@ -64,18 +68,54 @@ class EngineCore:
         """Requests a stop string ended (the detokenizer decides): free them."""
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_STOPPED)
 
+    def call_utility(self, method: str, args: list | tuple = (), kwargs: dict | None = None) -> Any:
+        """An engine utility by name, between steps (engine/lifecycle.py: collective_rpc, sleep,
+        pause, ...)."""
+        return self.lifecycle.call(self, method, args, kwargs)
+
+    def abort_all(self) -> None:
+        """Every request finishes with reason "abort"; their outputs come with the next step()."""
+        self._drained += self.abort_requests(list(self.scheduler.requests))
+
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or bool(self._in_flight)
+        return (
+            self.scheduler.has_unfinished_requests() or bool(self._in_flight) or bool(self._drained)
+        )
+
+    @property
+    def has_drained_outputs(self) -> bool:
+        return bool(self._drained)
+
+    def has_work(self) -> bool:
+        """step() would do something: outputs to give, steps in flight, or requests it may run
+        (not while paused or asleep)."""
+        return (
+            bool(self._drained)
+            or bool(self._in_flight)
+            or (not self.lifecycle.blocks_steps and self.scheduler.has_unfinished_requests())
+        )
+
+    def drain(self) -> None:
+        """Collects every step in flight (between steps: an RPC, a pause); their outputs come with
+        the next step()."""
+        while self._in_flight:
+            sched_output, pending = self._in_flight.popleft()
+            self._drained += self._update(sched_output, pending)
 
     def get_stats(self) -> Any:
         return self.scheduler.get_stats()
 
     def step(self) -> list[EngineCoreOutput]:
         """Launches the next step when there is work and a free slot; collects the oldest step
-        once the pipeline is full or nothing new could be launched."""
+        once the pipeline is full or nothing new could be launched. Outputs collected between
+        steps (drain, abort_all) come first, alone."""
+        if self._drained:
+            drained, self._drained = self._drained, []
+            return drained
         launched = False
         if (
             len(self._in_flight) < self._max_steps_in_flight
+            and not self.lifecycle.blocks_steps
             and self.scheduler.has_unfinished_requests()
         ):
             launched = self._launch()
@@ -83,8 +123,16 @@ class EngineCore:
             return []
         if launched and len(self._in_flight) < self._max_steps_in_flight:
             return []
-        sched_output, pending = self._in_flight.popleft()
-        return self.scheduler.update_from_output(sched_output, pending.get_output())
+        return self._update(*self._in_flight.popleft())
+
+    def _update(self, sched_output: SchedulerOutput, pending: Any) -> list[EngineCoreOutput]:
+        """A collected step's outputs, stamped with the weights' version (updates run between
+        steps, so a step's tokens all come from the version current when it is collected)."""
+        outputs = self.scheduler.update_from_output(sched_output, pending.get_output())
+        version = self.lifecycle.weight_version
+        for output in outputs:
+            output.weight_version = version
+        return outputs
 
     def _launch(self) -> bool:
         sched_output = self.scheduler.schedule()

@@ -47,6 +47,7 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(config.model)
         self.engine_core = engine_core if engine_core is not None else EngineCore(config)
         self.output_processor = OutputProcessor(self.tokenizer)
+        self._held_outputs: list[RequestOutput] = []  # stepped by wait_for_requests, not yet given
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs, engine_core: EngineCore | None = None) -> LLMEngine:
@@ -233,7 +234,29 @@ class LLMEngine:
             self.engine_core.abort_requests(core_ids)
 
     def step(self) -> list[RequestOutput]:
-        """One engine step; outputs of every request that got new tokens or finished."""
+        """One engine step; outputs of every request that got new tokens or finished (first those
+        wait_for_requests held)."""
+        if self._held_outputs:
+            held, self._held_outputs = self._held_outputs, []
+            return held
+        return self._step()
+
+    def call_core(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """An engine-core utility between steps (engine/lifecycle.py), in process."""
+        return self.engine_core.call_utility(method, args, kwargs)
+
+    def wait_for_requests(self) -> None:
+        """Steps until every request finished (mode "wait" of a pause or a sleep); step() gives
+        their outputs afterwards."""
+        while self.engine_core.has_unfinished_requests():
+            if not self.engine_core.has_work():
+                raise InvalidRequest(
+                    "mode: 'wait' while paused would wait forever; resume_generation() first",
+                    param="mode",
+                )
+            self._held_outputs += self._step()
+
+    def _step(self) -> list[RequestOutput]:
         processed = self.output_processor.process_outputs(self.engine_core.step())
         if processed.reqs_to_finish:
             self.engine_core.finish_requests(processed.reqs_to_finish)

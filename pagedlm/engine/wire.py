@@ -1,13 +1,14 @@
 """Messages between the front end and the engine-core process (msgpack through msgspec).
 
-Front end -> core: AddRequest, AbortRequests, Shutdown.
+Front end -> core: AddRequest, AbortRequests, UtilityCall, Shutdown.
 Core -> front end: Ready once the model is loaded, CoreOutputs after every step (and after aborts
-while idle), Dead if the core fails."""
+while idle), UtilityResult for each UtilityCall (after the outputs the call produced), Dead if the
+core fails."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -50,6 +51,25 @@ class Shutdown(msgspec.Struct, tag=True):
     pass
 
 
+class UtilityCall(msgspec.Struct, tag=True):
+    """An engine utility between steps (engine/lifecycle.py UTILITY_METHODS: collective_rpc,
+    sleep, pause, ...); arguments and result as msgpack carries them."""
+
+    call_id: int
+    method: str
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+
+
+class UtilityResult(msgspec.Struct, tag=True):
+    call_id: int
+    result: Any = None
+    error: str | None = None  # the call failed: why
+    invalid: bool = False  # ... from the caller's arguments (InvalidRequest: param and code)
+    param: str | None = None
+    code: str | None = None
+
+
 class Ready(msgspec.Struct, tag=True):
     """The core's engine config as the front end's requests depend on it: the front end, which built
     its own from the same arguments, checks that the two agree."""
@@ -81,8 +101,8 @@ class Dead(msgspec.Struct, tag=True):
     error: str
 
 
-ToCore = AddRequest | AbortRequests | Shutdown
-FromCore = Ready | CoreOutputs | Dead
+ToCore = AddRequest | AbortRequests | UtilityCall | Shutdown
+FromCore = Ready | CoreOutputs | UtilityResult | Dead
 
 
 def encoder() -> msgspec.msgpack.Encoder:

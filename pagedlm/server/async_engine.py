@@ -35,6 +35,7 @@ from pagedlm.engine.llm_engine import LLMEngine, ProcessedRequest
 from pagedlm.engine.output_processor import core_request_ids
 from pagedlm.errors import InvalidRequest
 from pagedlm.outputs import RequestOutput
+from pagedlm.server.engine_control import EngineControl
 from pagedlm.server.metrics import ServerMetrics
 from pagedlm.server.remote_core import RemoteCore
 
@@ -67,7 +68,9 @@ class AdmissionLimits:
     max_num_queued_tokens: int | None = None  # prompt tokens of core requests still in prefill
 
 
-class AsyncLLM:
+class AsyncLLM(EngineControl):
+    """collective_rpc, sleep / wake_up, pause / resume, reset_prefix_cache: engine_control.py."""
+
     def __init__(
         self,
         config: EngineConfig | EngineArgs | None,
@@ -98,6 +101,7 @@ class AsyncLLM:
         self._stopping = False  # shutdown() began: the core's exit is expected
         self._proc: multiprocessing.process.BaseProcess | None = None  # set by start()
         self._init_sockets()
+        self._init_control()
         self.core = RemoteCore(self._send, self.metrics)
         self.llm_engine: LLMEngine | None = None  # set by start(); its core is self.core
 
@@ -252,6 +256,8 @@ class AsyncLLM:
             raise Overloaded("the server is shutting down", code="shutting_down")
         if self.stalled is not None:
             raise Overloaded(f"{self.stalled}; retry later", code="engine_stalled")
+        if self.admission_problem is not None:
+            raise Overloaded(*self.admission_problem)
         for cap, name, current, new in (
             (
                 self.limits.max_num_queued_reqs,
@@ -373,11 +379,14 @@ class AsyncLLM:
         while self.dead_error is None:
             self._on_message(decoder.decode(await self._output.recv()))
 
-    def _on_message(self, msg: wire.CoreOutputs | wire.Dead) -> None:
+    def _on_message(self, msg: wire.FromCore) -> None:
         if self.dead_error is not None:  # sent before it was declared dead: news no longer
             return
         if isinstance(msg, wire.Dead):
             self._on_core_dead(msg.error)
+            return
+        if isinstance(msg, wire.UtilityResult):
+            self._on_utility_result(msg)
             return
         try:
             self._on_outputs(msg)
@@ -419,6 +428,7 @@ class AsyncLLM:
         self.kill_core()
         for queue in self._queues.values():
             queue.put_nowait(EngineDeadError(f"the engine core died: {self.dead_error}"))
+        self._fail_calls(EngineDeadError(f"the engine core died: {self.dead_error}"))
         self._died.set()
 
     async def _log_loop(self) -> None:

@@ -52,7 +52,7 @@ from pagedlm.model.loader import load_model
 from pagedlm.ops.jit_watch import compile_watch
 from pagedlm.sample.sampler import SamplerOutput
 from pagedlm.sample.state import SamplingState
-from pagedlm.worker import memory
+from pagedlm.worker import memory, sleep
 from pagedlm.worker.batch_layout import BatchLayout
 from pagedlm.worker.cuda_graphs import DecodeGraphs, graphs_enabled
 from pagedlm.worker.dummy_steps import DummySteps
@@ -109,6 +109,7 @@ class ModelRunner:
         )
         self._num_steps = 0
         self._first_compile = compile_watch().start_up() if self.use_cuda else 0
+        self._sleeping = sleep.SleepingParts()
 
     def _init_buffers(self) -> None:
         sizes = (self.max_num_tokens, self.max_num_reqs, self.input_batch.max_num_blocks_per_req)
@@ -184,6 +185,10 @@ class ModelRunner:
 
     def init_kv_cache(self, num_blocks: int) -> None:
         """Allocates the KV cache, then captures the CUDA graphs, which bind its address."""
+        self.allocate_kv_cache(num_blocks)
+        self.prepare_steps()
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self.graphs = self.piecewise = None  # graphs of a previous cache go first
@@ -191,6 +196,9 @@ class ModelRunner:
             self._new_kv_cache(num_blocks) for _ in range(self.config.model.num_layers)
         ]
         self.input_batch.num_kv_blocks = num_blocks
+
+    def prepare_steps(self) -> None:
+        """Over the weights and KV cache now held: the graphs' capture, the kernels' warm-up."""
         if self.use_cuda_graphs:
             self._capture_graphs()
         if self.use_cuda:
@@ -198,6 +206,20 @@ class ModelRunner:
             self.lm_head.warm_up(self.model.compute_logits)
             log_start_up_compiles(self._first_compile)
         self.input_batch.forget_previous_step()  # the capture and warm-up wrote the device buffers
+
+    def sleep(self, level: int, tags: set[str]) -> None:
+        """Sleep mode (sleep.py): frees the tagged memory; no step may be in flight."""
+        sleep.release(self, self._sleeping, level, tags)
+
+    def wake_up(self, tags: set[str]) -> None:
+        sleep.restore(self, self._sleeping, tags)
+
+    def remove_all_requests(self) -> None:
+        """Every row freed (the scheduler preempted or aborted them all; it says so again, a no-op)."""
+        self._record_read_outputs()
+        for req_id in list(self.input_batch.req_id_to_row):
+            self._remove_request(req_id)
+        self.input_batch.forget_previous_step()
 
     @contextlib.contextmanager
     def dummy_steps(self, kv_cache_blocks: int | None = None) -> Iterator[DummySteps]:

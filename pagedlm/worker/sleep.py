@@ -1,0 +1,141 @@
+"""Sleep mode's worker side: release the weights' and the KV cache's memory, and take it back.
+
+Tags (vLLM's): "weights" and "kv_cache". Level 1 moves each weight to host memory (pinned, on
+CUDA; on a CPU device the tensor itself is kept, it is host memory already); level 2 keeps only
+its shape and dtype, and wake_up(["weights"]) gives it back uninitialised, to be filled by
+reload_weights or a weight update. The model's buffers (RoPE tables) stay either way. The KV
+cache is dropped whole and allocated again, zeroed, on wake_up(["kv_cache"]); the prefix cache
+that pointed into it is reset by the engine core first.
+
+The CUDA graphs bind the addresses of both, so they go at sleep and are captured again (with the
+kernel warm-up, ModelRunner.prepare_steps) once both are awake; the engine's gc.freeze() would
+keep a reference cycle through them alive, so the sleep runs a full collection first.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from pagedlm.worker.model_runner import ModelRunner
+
+logger = logging.getLogger("pagedlm")
+
+SLEEP_TAGS = ("weights", "kv_cache")
+GiB = 1 << 30
+
+
+@dataclass(slots=True)
+class _AsleepWeight:
+    shape: torch.Size
+    dtype: torch.dtype
+    host: torch.Tensor | None  # level 1: the values; level 2: None
+
+
+@dataclass
+class SleepingParts:
+    """What a sleeping runner needs to wake up."""
+
+    weights: dict[str, _AsleepWeight] | None = None  # by parameter name, while weights sleep
+    num_kv_blocks: int | None = None  # while the KV cache sleeps
+
+
+def release(runner: ModelRunner, parts: SleepingParts, level: int, tags: set[str]) -> None:
+    """Frees the tagged memory (see the module's docstring). No step may be in flight."""
+    start, free_before = time.perf_counter(), _device_free_bytes(runner.device)
+    runner.remove_all_requests()
+    runner.graphs = runner.piecewise = None  # they bind the addresses of both
+    if "kv_cache" in tags:
+        parts.num_kv_blocks = runner.input_batch.num_kv_blocks
+        runner.kv_caches = []
+    if "weights" in tags:
+        parts.weights = _release_weights(runner.model, keep_values=level == 1)
+    _return_memory(runner.device)
+    freed = _device_free_bytes(runner.device) - free_before
+    logger.info(
+        "sleep level %d (%s): %.2f GiB of device memory freed in %.2f s",
+        level,
+        ", ".join(sorted(tags)),
+        freed / GiB,
+        time.perf_counter() - start,
+    )
+
+
+def restore(runner: ModelRunner, parts: SleepingParts, tags: set[str]) -> None:
+    """Takes the tagged memory back; once nothing sleeps, the graphs are captured again."""
+    start = time.perf_counter()
+    if "weights" in tags:
+        _restore_weights(runner.model, parts.weights, runner.device)
+        parts.weights = None
+    if "kv_cache" in tags:
+        runner.allocate_kv_cache(parts.num_kv_blocks)
+        parts.num_kv_blocks = None
+    if parts.weights is None and parts.num_kv_blocks is None:
+        runner.prepare_steps()
+    logger.info("wake_up (%s) in %.2f s", ", ".join(sorted(tags)), time.perf_counter() - start)
+
+
+def _release_weights(model: torch.nn.Module, keep_values: bool) -> dict[str, _AsleepWeight]:
+    asleep = {}
+    for name, param in model.named_parameters():
+        data = param.data
+        host = None
+        if keep_values:
+            host = data if data.device.type == "cpu" else _pinned_copy(data)
+        asleep[name] = _AsleepWeight(data.shape, data.dtype, host)
+        param.data = torch.empty(0, dtype=data.dtype, device=data.device)
+    return asleep
+
+
+def _restore_weights(
+    model: torch.nn.Module, asleep: dict[str, _AsleepWeight], device: torch.device
+) -> None:
+    for name, param in model.named_parameters():
+        weight = asleep[name]
+        if weight.host is not None and weight.host.device == device:
+            param.data = weight.host  # a CPU device kept the tensor itself
+            continue
+        param.data = torch.empty(weight.shape, dtype=weight.dtype, device=device)
+        if weight.host is not None:
+            param.data.copy_(weight.host, non_blocking=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # the pinned copies are dropped next
+
+
+def _pinned_copy(data: torch.Tensor) -> torch.Tensor:
+    host = torch.empty(data.shape, dtype=data.dtype, device="cpu", pin_memory=True)
+    host.copy_(data)
+    return host
+
+
+def _return_memory(device: torch.device) -> None:
+    """Frees what the released tensors held, cycles through frozen objects included, and hands the
+    cached device blocks back to the driver."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def _device_free_bytes(device: torch.device) -> int:
+    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
+
+
+def memory_footprint(runner: ModelRunner) -> dict[str, Any]:
+    """collective_rpc("memory_footprint"): bytes held by the weights and the KV cache now, and on
+    CUDA the device's allocated and free bytes."""
+    weights = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    kv_cache = sum(c.numel() * c.element_size() for c in runner.kv_caches)
+    footprint: dict[str, Any] = {"weights_bytes": weights, "kv_cache_bytes": kv_cache}
+    if runner.use_cuda:
+        footprint["device_allocated_bytes"] = torch.cuda.memory_allocated(runner.device)
+        footprint["device_free_bytes"] = _device_free_bytes(runner.device)
+    return footprint
