@@ -26,6 +26,15 @@ class RequestMetrics:
     finished_time: float | None = None
 
 
+@dataclass(slots=True, frozen=True)
+class WeightVersionSpan:
+    """Output tokens [start, end) were sampled by the weights of `version` (vLLM's shape)."""
+
+    version: str
+    start: int
+    end: int
+
+
 @dataclass(slots=True)
 class CompletionOutput:
     index: int
@@ -35,6 +44,8 @@ class CompletionOutput:
     logprobs: SampleLogprobs | None = None
     finish_reason: str | None = None  # stop | length | abort
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
+    # which weights sampled which tokens, in token order; spans cover every token, none overlap
+    weight_versions: list[WeightVersionSpan] = field(default_factory=list)
 
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -21,6 +21,7 @@ from pagedlm.outputs import (
     RequestMetrics,
     RequestOutput,
     SampleLogprobs,
+    WeightVersionSpan,
 )
 from pagedlm.sampling_params import SamplingParams
 
@@ -41,6 +42,7 @@ class _SampleState:
     cumulative_logprob: float = 0.0
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    weight_versions: list[WeightVersionSpan] = field(default_factory=list)
 
     def to_output(self) -> CompletionOutput:
         finished = self.finish_reason is not None
@@ -53,7 +55,20 @@ class _SampleState:
             logprobs=list(self.logprobs) if self.want_logprobs else None,
             finish_reason=self.finish_reason,
             stop_reason=self.stop_reason,
+            weight_versions=list(self.weight_versions),
         )
+
+    def record_version(self, version: str | None, num_before: int) -> None:
+        """The tokens appended since num_before came from `version`: extend the last span if it is
+        that version's, else open a new one."""
+        num_tokens = len(self.token_ids)
+        if version is None or num_tokens == num_before:
+            return
+        spans = self.weight_versions
+        if spans and spans[-1].version == version and spans[-1].end == num_before:
+            spans[-1] = WeightVersionSpan(version, spans[-1].start, num_tokens)
+        else:
+            spans.append(WeightVersionSpan(version, num_before, num_tokens))
 
 
 @dataclass
@@ -199,6 +214,12 @@ class OutputProcessor:
 
     def _update_sample(self, sample: _SampleState, out: EngineCoreOutput) -> bool:
         """Appends the new tokens up to a stop string; True when a stop string ended it."""
+        num_before = len(sample.token_ids)
+        stopped = self._append_tokens(sample, out)
+        sample.record_version(out.weight_version, num_before)
+        return stopped
+
+    def _append_tokens(self, sample: _SampleState, out: EngineCoreOutput) -> bool:
         for i, token_id in enumerate(out.new_token_ids):
             sample.token_ids.append(token_id)
             if sample.want_logprobs and out.new_logprobs is not None:

@@ -120,14 +120,9 @@ def one_parse(model: str | None) -> Iterator[None]:
 
 def iter_gguf_tensors(config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """(Hugging Face name, float32 tensor) for every tensor of config.model that the model knows."""
-    path = Path(config.model)
-    if path.suffix != ".gguf" or not path.is_file():
-        raise ValueError(
-            f"model: load_format gguf needs an existing .gguf file; got {config.model!r}"
-        )
-    parsed = reader(str(path))
-    arch_field = parsed.fields.get("general.architecture")
+    path, parsed = _parsed(config)
     # only llama.cpp's llama converter (also used for Mistral) permutes q/k rows
+    arch_field = parsed.fields.get("general.architecture")
     permuted = arch_field is not None and arch_field.contents() == "llama"
     for tensor in parsed.tensors:
         name = hf_name(tensor.name)
@@ -139,6 +134,33 @@ def iter_gguf_tensors(config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]
         elif permuted and ".k_proj." in name:
             weight = unpermute_rows(weight, config.num_kv_heads)
         yield name, weight
+
+
+def iter_gguf_shapes(config: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """(Hugging Face name, shape) for every tensor of config.model that the model knows, without
+    dequantising them; the smallest tensor of each quantisation type is dequantised once, so a
+    type that cannot be raises here, before any weight is copied."""
+    path, parsed = _parsed(config)
+    smallest: dict[object, ReaderTensor] = {}
+    for tensor in parsed.tensors:
+        name = hf_name(tensor.name)
+        if name is None:
+            continue
+        known = smallest.get(tensor.tensor_type)
+        if known is None or tensor.n_elements < known.n_elements:
+            smallest[tensor.tensor_type] = tensor
+        yield name, tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dims innermost first
+    for tensor in smallest.values():
+        _dequantize(tensor, path)
+
+
+def _parsed(config: ModelConfig) -> tuple[Path, GGUFReader]:
+    path = Path(config.model)
+    if path.suffix != ".gguf" or not path.is_file():
+        raise ValueError(
+            f"model: load_format gguf needs an existing .gguf file; got {config.model!r}"
+        )
+    return path, reader(str(path))
 
 
 def gguf_rope_freqs(config: ModelConfig) -> torch.Tensor | None:

@@ -164,6 +164,8 @@ class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, attn_backend: AttentionBackend) -> None:
         super().__init__()
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, config.dtype)
+        # a GGUF's RoPE factors, kept so that a reload can check it brings the same ones
+        self.rope_freq_factors = gguf_rope_freqs(config)  # [head_dim // 2] float32 or None
         # one cos/sin table shared by every layer; not a parameter, so not in the layout
         rotary = RotaryEmbedding(
             config.head_dim,
@@ -171,7 +173,7 @@ class LlamaModel(nn.Module):
             config.rope_theta,
             config.rope_scaling,
             config.dtype,
-            gguf_rope_freqs(config),
+            self.rope_freq_factors,
         )
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, layer, attn_backend, rotary)

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from pagedlm.attention.backend import AttentionBackend
 from pagedlm.config import ModelConfig
-from pagedlm.model.gguf_loader import iter_gguf_tensors, release_readers
+from pagedlm.model.gguf_loader import (
+    gguf_rope_freqs,
+    iter_gguf_shapes,
+    iter_gguf_tensors,
+    release_readers,
+)
 from pagedlm.model.llama import LlamaForCausalLM
 
 DUMMY_SEED = 0
@@ -27,51 +33,145 @@ def load_model(
         with torch.no_grad():
             if config.load_format == "dummy":
                 fill_dummy_weights(model, device)
-            elif config.load_format == "safetensors":
-                fill_weights(model, iter_safetensors(config.model), config.model)
-            elif config.load_format == "gguf":
-                fill_weights(model, iter_gguf_tensors(config), config.model)
             else:
-                raise ValueError(
-                    f"load_format must be safetensors, gguf or dummy; got {config.load_format!r}"
-                )
+                fill_weights(model, iter_tensors(config), config.model)
     finally:
         release_readers()  # the GGUF parse the model's build and its weights shared
     return model.eval()
 
 
+def iter_tensors(config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """(Hugging Face name, tensor) of every tensor of config.model's checkpoint."""
+    if config.load_format == "safetensors":
+        return iter_safetensors(config.model)
+    if config.load_format == "gguf":
+        return iter_gguf_tensors(config)
+    raise ValueError(f"load_format must be safetensors, gguf or dummy; got {config.load_format!r}")
+
+
+def iter_shapes(config: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """(Hugging Face name, shape) of every tensor of config.model's checkpoint, its data unread."""
+    if config.load_format == "safetensors":
+        return iter_safetensors_shapes(config.model)
+    if config.load_format == "gguf":
+        return iter_gguf_shapes(config)
+    raise ValueError(f"load_format must be safetensors or gguf; got {config.load_format!r}")
+
+
 def fill_weights(
     model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Tensor]], source: str
 ) -> None:
-    """Copy each known checkpoint tensor into its (slice of a) parameter; unknown names
-    (rotary_emb.inv_freq, lm_head of a tied model) are ignored, a missing one is an error."""
-    layout = model.checkpoint_layout()
-    params = dict(model.named_parameters())
+    """Copy each known checkpoint tensor into its (slice of a) parameter, one at a time; unknown
+    names (rotary_emb.inv_freq, lm_head of a tied model) are ignored, a missing one is an error."""
+    targets = checkpoint_targets(model)
     filled: set[str] = set()
     for name, tensor in tensors:
-        shard = layout.get(name)
-        if shard is None:
-            if name.endswith("rotary_emb.inv_freq") or name == "lm_head.weight":
-                continue  # RoPE tables are recomputed; lm_head of a tied model
-            raise ValueError(
-                f"model: checkpoint {source} has tensor {name}, which the config does not describe"
-            )
-        target = params[shard.param].narrow(0, shard.row_start, shard.num_rows)
-        if tensor.shape != target.shape:
-            raise ValueError(
-                f"model: tensor {name} in {source} has shape {tuple(tensor.shape)}, "
-                f"the config expects {tuple(target.shape)}"
-            )
-        target.copy_(tensor)
-        filled.add(name)
-    missing = sorted(layout.keys() - filled)
-    if missing == ["lm_head.weight"]:  # no lm_head in the checkpoint: tied to the embeddings
-        params["lm_head.weight"].copy_(params["model.embed_tokens.weight"])
-        missing = []
+        target = target_of(targets, name, tuple(tensor.shape), source)
+        if target is not None:
+            target.copy_(tensor)
+            filled.add(name)
+    if check_complete(targets.keys(), filled, source):
+        targets["lm_head.weight"].copy_(targets["model.embed_tokens.weight"])
+
+
+def reload_weights(model: LlamaForCausalLM, config: ModelConfig, weights_path: str) -> None:
+    """Refill every weight in place (the same parameter storages: CUDA graphs bind them) from a
+    folder or GGUF file of the model's architecture. Every tensor's name and shape is checked
+    against the model, its data unread, before the first copy: a mismatch raises ValueError and
+    leaves the weights as they were; the tensors are then read and copied one at a time."""
+    is_gguf = weights_path.endswith(".gguf")
+    source = replace(config, model=weights_path, load_format="gguf" if is_gguf else "safetensors")
+    try:
+        targets = checkpoint_targets(model)
+        found = {
+            name
+            for name, shape in iter_shapes(source)
+            if target_of(targets, name, shape, weights_path) is not None
+        }
+        check_complete(targets.keys(), found, weights_path)
+        check_rope_freqs(model, source)
+        with torch.no_grad():
+            fill_weights(model, iter_tensors(source), weights_path)
+    finally:
+        release_readers()
+
+
+def update_weights(
+    model: LlamaForCausalLM, named_tensors: Iterable[tuple[str, torch.Tensor]], source: str
+) -> int:
+    """Copy some checkpoint tensors (Hugging Face names, any subset) into their parameters in
+    place, after checking every name, shape and dtype: a mismatch raises ValueError and copies
+    nothing. Returns how many tensors were copied (the ignored names aside)."""
+    targets = checkpoint_targets(model)
+    copies = []
+    for name, tensor in named_tensors:
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+            kind = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            raise ValueError(f"{source}: tensor {name} must be a floating-point tensor, not {kind}")
+        target = target_of(targets, name, tuple(tensor.shape), source)
+        if target is not None:
+            copies.append((target, tensor))
+    with torch.no_grad():
+        for target, tensor in copies:
+            target.copy_(tensor)
+    return len(copies)
+
+
+def checkpoint_targets(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
+    """Hugging Face tensor name -> the view of the (fused) parameter it fills."""
+    params = dict(model.named_parameters())
+    return {
+        name: params[shard.param].narrow(0, shard.row_start, shard.num_rows)
+        for name, shard in model.checkpoint_layout().items()
+    }
+
+
+def target_of(
+    targets: dict[str, torch.Tensor], name: str, shape: tuple[int, ...], source: str
+) -> torch.Tensor | None:
+    """The view a checkpoint tensor of this name and shape fills; None for a name the loader
+    ignores; ValueError for an unknown name or a wrong shape."""
+    target = targets.get(name)
+    if target is None:
+        if name.endswith("rotary_emb.inv_freq") or name == "lm_head.weight":
+            return None  # RoPE tables are recomputed; lm_head of a tied model
+        raise ValueError(
+            f"model: checkpoint {source} has tensor {name}, which the config does not describe"
+        )
+    if shape != tuple(target.shape):
+        raise ValueError(
+            f"model: tensor {name} in {source} has shape {shape}, "
+            f"the config expects {tuple(target.shape)}"
+        )
+    return target
+
+
+def check_complete(names: Iterable[str], filled: set[str], source: str) -> bool:
+    """ValueError if a checkpoint leaves a weight unfilled; True when only lm_head is missing,
+    which is then tied to the embeddings (the caller copies them)."""
+    missing = sorted(set(names) - filled)
+    if missing == ["lm_head.weight"]:
+        return True
     if missing:
         raise ValueError(
             f"model: checkpoint {source} is missing tensor {missing[0]}"
             + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+        )
+    return False
+
+
+def check_rope_freqs(model: LlamaForCausalLM, source: ModelConfig) -> None:
+    """A GGUF's RoPE frequency factors shape the model's cos/sin table at build time: a reload
+    must bring the same ones (or none, as the model was built with none)."""
+    new = gguf_rope_freqs(source)
+    old = model.model.rope_freq_factors
+    same = (new is None and old is None) or (
+        new is not None and old is not None and torch.equal(new, old)
+    )
+    if not same:
+        raise ValueError(
+            f"model: {source.model} has other RoPE frequency factors (rope_freqs) than the "
+            "loaded model: not the same architecture"
         )
 
 
@@ -104,6 +204,15 @@ def safetensors_files(folder: str) -> list[Path]:
         if not file.is_file():
             raise ValueError(f"model: weight file {file} named by {index.name} does not exist")
     return files
+
+
+def iter_safetensors_shapes(folder: str) -> Iterator[tuple[str, tuple[int, ...]]]:
+    from safetensors import safe_open
+
+    for file in safetensors_files(folder):
+        with safe_open(str(file), framework="pt", device="cpu") as handle:
+            for name in handle.keys():
+                yield name, tuple(handle.get_slice(name).get_shape())
 
 
 def iter_safetensors(folder: str) -> Iterator[tuple[str, torch.Tensor]]:

@@ -1,0 +1,161 @@
+"""The trainer's side of a weight transfer: WeightSender drives vLLM's four phases with an engine
+(init_weight_transfer_engine → start_weight_update → update_weights per chunk →
+finish_weight_update) and broadcasts the tensors to its workers (pagedlm.rl.transport).
+
+    from pagedlm import LLM
+    from pagedlm.rl import WeightSender, llm_rpc   # or http_rpc("http://host:8000")
+
+    llm = LLM("my-model")
+    sender = WeightSender(llm_rpc(llm))            # the trainer is rank 0, the engine rank 1
+    for step in range(num_steps):
+        outputs = llm.generate(prompts, params)
+        train(model, outputs)
+        sender.send_weights(model.named_parameters(), weight_version=f"step-{step}")
+    sender.close()
+
+An engine method that joins or receives a collective blocks until this side takes part, so such a
+call and this side's part run at once, each on a thread; if the engine's fails first (a refused
+update), its error is raised here at once rather than after the group's timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+
+from pagedlm.rl.transport import (
+    DEFAULT_TIMEOUT_S,
+    ChunkInfo,
+    TransferInit,
+    broadcast,
+    host_store,
+    new_group,
+    pack,
+)
+
+# (worker method, its kwargs) -> what collective_rpc returns: one result per engine worker
+EngineRPC = Callable[[str, dict[str, Any]], list[Any]]
+
+DEFAULT_CHUNK_BYTES = 256 << 20
+_POLL_S = 0.005
+
+
+class WeightSender:
+    """Rank 0 of a transfer group with the engine's workers (ranks 1..world_size - 1).
+    master_port 0: a free port, chosen here and told to the engine."""
+
+    def __init__(
+        self,
+        engine: EngineRPC,
+        master_address: str = "127.0.0.1",
+        master_port: int = 0,
+        world_size: int = 2,
+        device: torch.device | str = "cpu",
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        self._engine = engine
+        self.device = torch.device(device)
+        self._store = host_store(master_address, master_port, world_size, timeout_s)
+        self.init_info = TransferInit(
+            master_address, self._store.port, world_size, rank_offset=1, timeout_s=timeout_s
+        )
+        init = self.init_info
+        self._group = self._together(
+            "init_weight_transfer_engine",
+            {"init_info": vars(init).copy()},
+            lambda: new_group(init, 0, self.device, store=self._store),
+        )
+
+    def send_weights(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        weight_version: str | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> str:
+        """Sends (Hugging Face name, tensor) pairs, any subset of the weights, in chunks of about
+        chunk_bytes (one broadcast each); returns the engine's new weight version. A chunk the
+        engine refuses raises here; the chunks before it stay applied."""
+        if self._group is None:
+            raise RuntimeError("WeightSender: the transfer group is closed or broken")
+        self._engine("start_weight_update", {})
+        try:
+            for chunk in _chunks(named_tensors, chunk_bytes):
+                buffer = pack(chunk, self.device)  # [chunk bytes] uint8
+                self._together(
+                    "update_weights",
+                    {"update_info": ChunkInfo.of(chunk).to_dict()},
+                    functools.partial(_broadcast_and_wait, self._group, buffer),
+                )
+        except BaseException:
+            with contextlib.suppress(Exception):  # end the engine's session; the error matters
+                self._engine("finish_weight_update", {})
+            raise
+        return self._engine("finish_weight_update", {"weight_version": weight_version})[0]
+
+    def close(self) -> None:
+        """Ends the engine's side of the group, then this one."""
+        if self._group is not None:
+            self._engine("shutdown_weight_transfer_engine", {})
+        self._group = None
+
+    def _together(self, method: str, kwargs: dict[str, Any], local: Callable[[], Any]) -> Any:
+        """Runs the engine method and `local` (this side's part of the same collective) at once;
+        returns local's result. If either fails, raises that error at once: the other side may
+        then never complete, so the group is given up (its thread blocks until the timeout)."""
+        calls = (_Call(lambda: self._engine(method, kwargs)), _Call(local))
+        while True:
+            failed = next((call for call in calls if call.error is not None), None)
+            finished = all(call.done.is_set() for call in calls)
+            if failed is not None:
+                if not finished:
+                    self._group = None
+                raise failed.error
+            if finished:
+                return calls[1].result
+            time.sleep(_POLL_S)
+
+
+class _Call:
+    """A function running on a daemon thread (one stuck in a collective never holds up exit)."""
+
+    def __init__(self, function: Callable[[], Any]) -> None:
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self._function = function
+        threading.Thread(target=self._run, name="pagedlm-weight-transfer", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            self.result = self._function()
+        except BaseException as exc:  # raised on the sender's thread
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+def _broadcast_and_wait(group: Any, buffer: torch.Tensor) -> None:
+    broadcast(group, buffer).wait()
+
+
+def _chunks(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], chunk_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Consecutive chunks of about chunk_bytes; a tensor larger than that goes alone."""
+    chunk: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in named_tensors:
+        num_bytes = tensor.numel() * tensor.element_size()
+        if chunk and size + num_bytes > chunk_bytes:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append((name, tensor))
+        size += num_bytes
+    if chunk:
+        yield chunk

@@ -1,0 +1,67 @@
+"""Helpers of the weight-update tests: the prompts, greedy outputs of an engine, a GGUF writer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tiny_hf_models
+import torch
+
+from pagedlm import SamplingParams
+from pagedlm.model.gguf_loader import hf_name
+
+PROMPTS = tiny_hf_models.random_prompts(3, 3, 9, seed=5)
+NUM_TOKENS = 6
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    folder: Path
+    hf_model: Any  # the transformers model
+    greedy: list[list[int]]  # its greedy outputs of PROMPTS, NUM_TOKENS each
+
+
+def save_tiny(folder: Path, seed: int) -> TinyModel:
+    hf_model = tiny_hf_models.save_tiny_model(folder, "llama", seed=seed)
+    return TinyModel(folder, hf_model, tiny_hf_models.hf_greedy(hf_model, PROMPTS, NUM_TOKENS))
+
+
+def greedy(llm: Any) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    return [out.outputs[0].token_ids for out in outputs]
+
+
+def save_gguf(path: Path, hf_model: Any) -> Path:
+    """hf_model's weights as llama.cpp writes a Llama: GGUF names, q/k rows permuted."""
+    import gguf
+
+    config = hf_model.config
+    gguf_names = {}
+    for template in gguf.TENSOR_NAMES.values():
+        for layer in range(config.num_hidden_layers):
+            for leaf in ("weight", "bias"):
+                name = f"{template.format(bid=layer)}.{leaf}"
+                if hf_name(name) is not None:
+                    gguf_names[hf_name(name)] = name
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for name, tensor in hf_model.state_dict().items():
+        weight = tensor.detach().float()
+        if ".q_proj." in name:
+            weight = _llama_cpp_permute(weight, config.num_attention_heads)
+        elif ".k_proj." in name:
+            weight = _llama_cpp_permute(weight, config.num_key_value_heads)
+        writer.add_tensor(gguf_names[name], weight.numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _llama_cpp_permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    rows = weight.shape[0]
+    per_head = weight.reshape(num_heads, 2, rows // num_heads // 2, *weight.shape[1:])
+    return per_head.swapaxes(1, 2).reshape(weight.shape)
