@@ -104,7 +104,10 @@ def update_weights(
     nothing. Returns how many tensors were copied (the ignored names aside)."""
     targets = checkpoint_targets(model)
     copies = []
-    for name, tensor in named_tensors:
+    for pair in named_tensors:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not isinstance(pair[0], str):
+            raise ValueError(f"{source}: named_tensors must be (name, tensor) pairs; got {pair!r}")
+        name, tensor = pair
         if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
             kind = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
             raise ValueError(f"{source}: tensor {name} must be a floating-point tensor, not {kind}")
