@@ -65,3 +65,14 @@ def _llama_cpp_permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     rows = weight.shape[0]
     per_head = weight.reshape(num_heads, 2, rows // num_heads // 2, *weight.shape[1:])
     return per_head.swapaxes(1, 2).reshape(weight.shape)
+
+
+def save_tied(folder: Path, seed: int) -> TinyModel:
+    """A tiny Llama whose LM head is its embeddings (as SmolLM2): no lm_head in the checkpoint."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(**{**tiny_hf_models._SHAPE, "tie_word_embeddings": True})
+    torch.manual_seed(seed)
+    hf_model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    hf_model.save_pretrained(folder)
+    return TinyModel(folder, hf_model, tiny_hf_models.hf_greedy(hf_model, PROMPTS, NUM_TOKENS))
