@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pagedlm.engine.tokenizer import Tokenizer
+from pagedlm.server.dev_endpoints import add_dev_routes
 from pagedlm.server.middleware import GuardMiddleware, InternalErrorMiddleware
 from pagedlm.server.protocol import (
     ChatCompletionRequest,
@@ -48,13 +49,18 @@ Body = TypeVar("Body", bound=BaseModel)
 REQUEST_BODIES = (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest)
 
 
-def build_app(ctx: ServingContext, api_key: str | None, max_body_bytes: int) -> FastAPI:
+def build_app(
+    ctx: ServingContext, api_key: str | None, max_body_bytes: int, dev_endpoints: bool = False
+) -> FastAPI:
+    """dev_endpoints (--enable-dev-endpoints): the lifecycle and RL routes (dev_endpoints.py)."""
     app = FastAPI(title="pagedlm", version=_version(), description="OpenAI-compatible LLM server")
     app.add_middleware(InternalErrorMiddleware)  # inside the guard: its 500 gets X-Request-Id
     app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=max_body_bytes)
     _add_error_handlers(app)
     _add_generation_routes(app, ctx)
     _add_service_routes(app, ctx)
+    if dev_endpoints:
+        add_dev_routes(app, ctx.engine, lambda raw, model: parse_body(ctx, raw, model))
     _document_request_bodies(app)
     return app
 

@@ -98,6 +98,13 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         default="info",
         choices=["critical", "error", "warning", "info", "debug", "trace"],
     )
+    group.add_argument(
+        "--enable-dev-endpoints",
+        action="store_true",
+        help="serve the memory-lifecycle and RL endpoints (/sleep, /wake_up, /pause, /resume, "
+        "/reset_prefix_cache, /collective_rpc, ...: pagedlm/server/dev_endpoints.py); they "
+        "need the API key like every route; off: 404",
+    )
     EngineArgs.add_cli_args(parser)
     parser.set_defaults(func=run_serve)
     return parser

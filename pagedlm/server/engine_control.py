@@ -101,11 +101,14 @@ class EngineControl:
         except BaseException:
             self._sleeping = False
             raise
+        self.metrics.set_sleep_level(level)
 
     async def wake_up(self, tags: list[str] | None = None) -> bool:
         """True once nothing sleeps any more."""
         awake = await self.call_utility("wake_up", tags)
         self._sleeping = not awake
+        if awake:
+            self.metrics.set_sleep_level(0)
         return awake
 
     def is_sleeping(self) -> bool:

@@ -133,7 +133,12 @@ async def serve(
     engine = AsyncLLM(engine_args, name, limits, args.log_stats_interval, heartbeat)
     try:
         await engine.start()
-        app = build_app(ServingContext(engine, name), args.api_key, args.max_request_body_bytes)
+        app = build_app(
+            ServingContext(engine, name),
+            args.api_key,
+            args.max_request_body_bytes,
+            dev_endpoints=args.enable_dev_endpoints,
+        )
         config = uvicorn.Config(
             app,
             lifespan="off",

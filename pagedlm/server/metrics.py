@@ -104,6 +104,9 @@ class _WithoutCreated:
             yield kept
 
 
+SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")  # by sleep level (vLLM's labels)
+
+
 class ServerMetrics:
     def __init__(self, model_name: str) -> None:
         self.registry = CollectorRegistry()
@@ -144,6 +147,14 @@ class ServerMetrics:
         self.rejected = counter(
             "num_requests_rejected", "Requests refused by admission control.", ("reason",)
         )
+        self.sleep_state = Gauge(
+            "pagedlm:engine_sleep_state",
+            "1 for the engine's sleep state now (vLLM's: awake, weights_offloaded = level 1, "
+            "discard_all = level 2), 0 for the others.",
+            labels + ["sleep_state"],
+            registry=self.registry,
+        )
+        self.set_sleep_level(0)
         # Every series exists from the start (at 0), so dashboards and rates see it.
         for metric in (
             self.num_running,
@@ -200,6 +211,12 @@ class ServerMetrics:
             if now > before:
                 self._m(counter).inc(now - before)
         self._last = stats
+
+    def set_sleep_level(self, level: int) -> None:
+        """0: awake; 1 or 2: the level of the sleep now."""
+        for index, state in enumerate(SLEEP_STATES):
+            series = self.sleep_state.labels(model_name=self.model_name, sleep_state=state)
+            series.set(1 if index == level else 0)
 
     def clear_core_state(self) -> None:
         """The core is dead: its running/waiting requests and KV blocks are gone (the counters
