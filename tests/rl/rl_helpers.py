@@ -34,8 +34,9 @@ def greedy(llm: Any) -> list[list[int]]:
     return [out.outputs[0].token_ids for out in outputs]
 
 
-def save_gguf(path: Path, hf_model: Any) -> Path:
-    """hf_model's weights as llama.cpp writes a Llama: GGUF names, q/k rows permuted."""
+def save_gguf(path: Path, hf_model: Any, rope_freqs: torch.Tensor | None = None) -> Path:
+    """hf_model's weights as llama.cpp writes a Llama: GGUF names, q/k rows permuted; with
+    RoPE frequency factors if given ([head_dim // 2])."""
     import gguf
 
     config = hf_model.config
@@ -54,6 +55,8 @@ def save_gguf(path: Path, hf_model: Any) -> Path:
         elif ".k_proj." in name:
             weight = _llama_cpp_permute(weight, config.num_key_value_heads)
         writer.add_tensor(gguf_names[name], weight.numpy())
+    if rope_freqs is not None:
+        writer.add_tensor("rope_freqs.weight", rope_freqs.float().numpy())
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

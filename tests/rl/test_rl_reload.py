@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import tiny_hf_models
+import torch
 from rl_helpers import greedy, save_gguf
 from safetensors.torch import load_file, save_file
 
@@ -51,7 +52,12 @@ def _drop_tensor(source: Path, folder: Path, name: str) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("bad", ["other_shape", "missing", "not_there", "wrong_kind"])
+def _with_rope_freqs(path: Path, hf_model) -> Path:
+    head_dim = hf_model.config.hidden_size // hf_model.config.num_attention_heads
+    return save_gguf(path, hf_model, rope_freqs=torch.linspace(1.0, 4.0, head_dim // 2))
+
+
+@pytest.mark.parametrize("bad", ["other_shape", "missing", "not_there", "wrong_kind", "rope_freqs"])
 def test_bad_checkpoint_errors_and_keeps_weights(llm, model_a, model_b, tmp_path, bad) -> None:
     path, message = {
         "other_shape": (lambda: _other_shape(tmp_path / "big"), r"has shape \(264, 64\)"),
@@ -62,6 +68,11 @@ def test_bad_checkpoint_errors_and_keeps_weights(llm, model_a, model_b, tmp_path
         ),
         "not_there": (lambda: tmp_path / "nothing", "needs a folder"),
         "wrong_kind": (lambda: 42, "weights_path must be a path string"),
+        # B as a GGUF whose RoPE factors the model was not built with: its cos/sin table would lie
+        "rope_freqs": (
+            lambda: _with_rope_freqs(tmp_path / "b.gguf", model_b.hf_model),
+            "other RoPE frequency factors",
+        ),
     }[bad]
     target = path()
     with pytest.raises(InvalidRequest, match=message) as error:
