@@ -4,6 +4,7 @@ rules are engine/lifecycle.py's."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +75,18 @@ class LifecycleMixin:
 
     def is_paused(self) -> bool:
         return self.llm_engine.call_core("is_paused")
+
+    def shutdown(self) -> None:
+        """Aborts what runs and frees all the engine's memory, device memory included; the LLM
+        serves nothing afterwards. Idempotent."""
+        self.llm_engine.engine_core.shutdown()
+
+    def __del__(self) -> None:
+        """A dropped LLM frees its memory by reference counting; on CUDA also what a reference
+        cycle held after the engine's gc.freeze() and the cached blocks (shutdown)."""
+        engine = getattr(self, "llm_engine", None)  # None: __init__ failed
+        if engine is not None and not sys.is_finalizing() and engine.config.device.type == "cuda":
+            self.shutdown()
 
     def check_generating(self) -> None:
         """generate() and chat() refuse while paused: nothing would run."""

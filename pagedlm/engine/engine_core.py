@@ -73,6 +73,20 @@ class EngineCore:
         pause, ...)."""
         return self.lifecycle.call(self, method, args, kwargs)
 
+    def shutdown(self) -> None:
+        """Every request aborted, the model runner and all it holds freed; the core takes no
+        request or utility call afterwards."""
+        from pagedlm.worker.sleep import free_engine_memory
+
+        if self.model_runner is None:
+            return
+        self.drain()
+        self.abort_all()
+        self._drained = []
+        self.lifecycle.shut_down = True
+        device, self.model_runner = self.model_runner.device, None
+        free_engine_memory(device)
+
     def abort_all(self) -> None:
         """Every request finishes with reason "abort"; their outputs come with the next step()."""
         self._drained += self.abort_requests(list(self.scheduler.requests))

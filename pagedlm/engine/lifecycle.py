@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 PAUSE_MODES = ("abort", "keep")  # the core's; front ends add "wait"
 SLEEP_MODES = ("abort", "keep", "wait")
 ENGINE_SLEEPING = "engine_sleeping"
+ENGINE_SHUT_DOWN = "engine_shut_down"
 
 # What a front end may call on the core by name (the server's core process: wire.UtilityCall).
 UTILITY_METHODS = frozenset(
@@ -54,6 +55,7 @@ class EngineLifecycle:
         self.paused = False
         self.sleep_level = 0  # of the last sleep() while any tag still sleeps
         self.asleep: set[str] = set()  # tags of SLEEP_TAGS now asleep
+        self.shut_down = False  # EngineCore.shutdown: nothing runs any more
         # the worker's weights' version (an RPC may change it): what outputs are stamped with
         self.weight_version: str = call_worker_method(model_runner, "get_weight_version")
 
@@ -65,6 +67,8 @@ class EngineLifecycle:
         self, core: EngineCore, method: str, args: list | tuple = (), kwargs: dict | None = None
     ) -> Any:
         """A utility by name (UTILITY_METHODS); InvalidRequest for any other."""
+        if self.shut_down:
+            raise InvalidRequest(f"{method}: the engine was shut down", code=ENGINE_SHUT_DOWN)
         if method not in UTILITY_METHODS:
             raise InvalidRequest(
                 f"method: {method!r} is not an engine utility; known: {sorted(UTILITY_METHODS)}",
@@ -105,6 +109,8 @@ class EngineLifecycle:
             raise AssertionError("a block is still held with no request running")
 
     def check_accepts_requests(self) -> None:
+        if self.shut_down:
+            raise InvalidRequest("the engine was shut down", code=ENGINE_SHUT_DOWN)
         if self.asleep:
             raise InvalidRequest(
                 f"the engine is sleeping ({', '.join(sorted(self.asleep))} released): call "

@@ -110,6 +110,7 @@ class ModelRunner:
         self._num_steps = 0
         self._first_compile = compile_watch().start_up() if self.use_cuda else 0
         self._sleeping = sleep.SleepingParts()
+        sleep.register_runner(self)
 
     def _init_buffers(self) -> None:
         sizes = (self.max_num_tokens, self.max_num_reqs, self.input_batch.max_num_blocks_per_req)
@@ -154,7 +155,7 @@ class ModelRunner:
         self._device_index = (
             self.device.index if self.device.index is not None else torch.cuda.current_device()
         )
-        self._graph_stream = torch.cuda.Stream(self.device)  # warm-up and capture, trial and real
+        self._graph_stream = sleep.graph_stream(self.device)  # warm-up and capture, trial and real
         # per staging set: recorded after all of a step's work, its output copies last
         self._step_events = [torch.cuda.Event() for _ in range(NUM_STAGING_SETS)]
 
@@ -197,11 +198,13 @@ class ModelRunner:
         ]
         self.input_batch.num_kv_blocks = num_blocks
 
-    def prepare_steps(self) -> None:
-        """Over the weights and KV cache now held: the graphs' capture, the kernels' warm-up."""
+    def prepare_steps(self, start_up: bool = True) -> None:
+        """Over the weights and KV cache now held: the graphs' capture, the kernels' warm-up. Not
+        at start-up (a wake-up): the graphs only, at the sizes the start-up timing kept (so the
+        same batches replay the same graphs and give the same tokens); the kernels are warm."""
         if self.use_cuda_graphs:
-            self._capture_graphs()
-        if self.use_cuda:
+            self._capture_graphs(time_sizes=start_up)
+        if self.use_cuda and start_up:
             warm_up_kernels(self)
             self.lm_head.warm_up(self.model.compute_logits)
             log_start_up_compiles(self._first_compile)
@@ -249,7 +252,7 @@ class ModelRunner:
                 self.kv_caches, self.input_batch.num_kv_blocks, self.graphs, self.piecewise = saved
                 self.input_batch.forget_previous_step()
 
-    def _capture_graphs(self) -> None:
+    def _capture_graphs(self, time_sizes: bool) -> None:
         start = time.perf_counter()
         (self.graphs, self.piecewise), self.graph_bytes = memory.device_bytes_taken(
             self.device, lambda: self._new_graphs(self.kv_caches)
@@ -261,7 +264,8 @@ class ModelRunner:
             self.graph_bytes,
             self.graph_bytes_reserved,
         )
-        self._keep_fastest_graph_sizes()
+        if time_sizes:
+            self._keep_fastest_graph_sizes()
 
     def _keep_fastest_graph_sizes(self) -> None:
         """Batches of a size that replays markedly slower than a larger one take that one from now on

@@ -14,9 +14,11 @@ keep a reference cycle through them alive, so the sleep runs a full collection f
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import time
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -77,7 +79,7 @@ def restore(runner: ModelRunner, parts: SleepingParts, tags: set[str]) -> None:
         runner.allocate_kv_cache(parts.num_kv_blocks)
         parts.num_kv_blocks = None
     if parts.weights is None and parts.num_kv_blocks is None:
-        runner.prepare_steps()
+        runner.prepare_steps(start_up=False)
     logger.info("wake_up (%s) in %.2f s", ", ".join(sorted(tags)), time.perf_counter() - start)
 
 
@@ -106,6 +108,9 @@ def _restore_weights(
             param.data.copy_(weight.host, non_blocking=True)
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # the pinned copies are dropped next
+        empty_host_cache = getattr(torch._C, "_host_emptyCache", None)  # torch >= 2.5
+        if empty_host_cache is not None:
+            empty_host_cache()  # else the pinned allocator keeps the weights' size cached
 
 
 def _pinned_copy(data: torch.Tensor) -> torch.Tensor:
@@ -122,6 +127,31 @@ def _return_memory(device: torch.device) -> None:
     gc.freeze()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+# Every runner alive, by device: the last one to go also frees cuBLAS's workspaces.
+_live_runners: weakref.WeakSet = weakref.WeakSet()
+
+
+def register_runner(runner: ModelRunner) -> None:
+    _live_runners.add(runner)
+
+
+@functools.cache
+def graph_stream(device: torch.device) -> torch.cuda.Stream:
+    """One side stream per device for every runner's graph warm-up and capture: cuBLAS keeps a
+    workspace (tens of MiB) per stream it ran on until the process ends, so a stream per engine
+    grew the device memory by that much with each engine built."""
+    return torch.cuda.Stream(device)
+
+
+def free_engine_memory(device: torch.device) -> None:
+    """After a runner was dropped (LLM.shutdown): its memory back to the driver; with no runner
+    left on the device, cuBLAS's workspaces too (no graph captured over them remains)."""
+    _return_memory(device)
+    if device.type == "cuda" and not any(r.device == device for r in _live_runners):
+        torch._C._cuda_clearCublasWorkspaces()
         torch.cuda.empty_cache()
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import tiny_hf_models
+from lifecycle_helpers import make_llm
 
 
 @pytest.fixture(scope="session")
@@ -15,21 +16,6 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("tiny_llama_lifecycle")
     tiny_hf_models.save_tiny_model(folder, "llama")
     return folder
-
-
-def make_llm(tiny_dir: Path, **overrides: Any) -> Any:
-    from pagedlm import LLM
-
-    args = dict(
-        skip_tokenizer_init=True,
-        dtype="float32",
-        max_model_len=64,
-        num_gpu_blocks_override=64,
-        device="cpu",
-        enable_sleep_mode=True,
-        async_scheduling=True,
-    )
-    return LLM(str(tiny_dir), **{**args, **overrides})
 
 
 @pytest.fixture(scope="module")

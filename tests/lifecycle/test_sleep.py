@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import make_llm
+from lifecycle_helpers import make_llm
 
 from pagedlm import SamplingParams
 from pagedlm.errors import InvalidRequest

@@ -1,0 +1,77 @@
+"""Sleep mode and shutdown on the GPU (bf16, CUDA graphs on): sleep frees at least 90% of the
+weights' and KV cache's bytes by torch.cuda.mem_get_info, the graphs are captured again on
+wake-up and replay to the same greedy tokens (level 1; level 2 after reload_weights), and three
+engines built and destroyed leave torch.cuda.memory_allocated where it started."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from tiny_hf_models import random_prompts
+
+from pagedlm import LLM, SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+ENGINE = dict(
+    skip_tokenizer_init=True,
+    max_model_len=512,
+    max_num_seqs=32,
+    kv_cache_memory_gib=4.0,  # what sleep must give back, mostly
+    enable_sleep_mode=True,
+    graph_size_timing=False,
+)
+PROMPTS = random_prompts(6, 2, 48, seed=5)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+COUNTER_SLACK = 1 << 20  # pagedlm/ops/counters.py keeps one 256 KiB buffer per device for good
+
+
+def free_bytes() -> int:
+    torch.cuda.synchronize()
+    return torch.cuda.mem_get_info()[0]
+
+
+def greedy(llm: LLM) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+
+
+def test_sleep_frees_the_memory_and_graphs_replay_after_wake(checkpoints) -> None:
+    folder = checkpoints["llama"][0]
+    llm = LLM(str(folder), **ENGINE)
+    runner = llm.llm_engine.engine_core.model_runner
+    before = greedy(llm)
+    (footprint,) = llm.collective_rpc("memory_footprint")
+    held = footprint["weights_bytes"] + footprint["kv_cache_bytes"]
+    for level in (1, 2):
+        free_awake = free_bytes()
+        llm.sleep(level=level)
+        freed = free_bytes() - free_awake
+        assert freed >= 0.9 * held, (level, freed, held)
+        assert runner.graphs is None
+        if level == 2:
+            llm.wake_up(["weights"])
+            llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+        llm.wake_up()
+        assert runner.graphs is not None and runner.piecewise is not None  # captured again
+        assert greedy(llm) == before, level
+    llm.shutdown()
+
+
+def test_three_engines_leave_no_device_memory(checkpoints) -> None:
+    folder = checkpoints["llama"][0]
+    gc.collect()
+    torch.cuda.empty_cache()
+    allocated, free_after = torch.cuda.memory_allocated(), []
+    for index in range(3):
+        llm = LLM(str(folder), **ENGINE)
+        assert greedy(llm)
+        assert torch.cuda.memory_allocated() - allocated > 3 << 30  # the KV cache is there
+        if index == 0:
+            llm.shutdown()
+        del llm  # the others: dropped only
+        assert torch.cuda.memory_allocated() - allocated <= COUNTER_SLACK, index
+        free_after.append(free_bytes())
+    # the driver's view, past what the first engine loaded for good (kernels, cuBLAS's handle)
+    assert free_after[0] - free_after[2] < 16 << 20, free_after
