@@ -83,6 +83,7 @@ def run(model: str) -> tuple[list[dict], dict]:
                 "freed_of_held": (free - awake_free) / held,
             }
         )
+        print(json.dumps(rows[-1]), flush=True)  # as it goes: a failure later keeps these
 
     step("sleep(level=1)", lambda: llm.sleep(level=1))
     step("wake_up(['weights'])", lambda: llm.wake_up(["weights"]))

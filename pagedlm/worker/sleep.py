@@ -130,7 +130,7 @@ def _return_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-# Every runner alive, by device: the last one to go also frees cuBLAS's workspaces.
+# Every runner alive: the last CUDA one to go also frees cuBLAS's workspaces.
 _live_runners: weakref.WeakSet = weakref.WeakSet()
 
 
@@ -147,10 +147,10 @@ def graph_stream(device: torch.device) -> torch.cuda.Stream:
 
 
 def free_engine_memory(device: torch.device) -> None:
-    """After a runner was dropped (LLM.shutdown): its memory back to the driver; with no runner
-    left on the device, cuBLAS's workspaces too (no graph captured over them remains)."""
+    """After a runner was dropped (LLM.shutdown): its memory back to the driver; with no CUDA
+    runner left, cuBLAS's workspaces too (of every device; no graph captured over them remains)."""
     _return_memory(device)
-    if device.type == "cuda" and not any(r.device == device for r in _live_runners):
+    if device.type == "cuda" and not any(r.use_cuda for r in _live_runners):
         torch._C._cuda_clearCublasWorkspaces()
         torch.cuda.empty_cache()
 
