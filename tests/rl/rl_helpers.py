@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,40 @@ def greedy(llm: Any) -> list[list[int]]:
     params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
     outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
     return [out.outputs[0].token_ids for out in outputs]
+
+
+def serve_trainer(llm: Any, weights_folder: Path, device: str, timeout_s: float = 120) -> dict:
+    """Runs rl_trainer.run in a spawned process and serves its pipe: its collective_rpc calls go to
+    llm, its ("generate", label) records greedy(llm) under label. Returns those outputs."""
+    import rl_trainer
+
+    context = multiprocessing.get_context("spawn")
+    conn, child_conn = context.Pipe()
+    trainer = context.Process(target=rl_trainer.run, args=(child_conn, str(weights_folder), device))
+    trainer.start()
+    outputs = {}
+    try:
+        while True:
+            assert conn.poll(timeout_s), "the trainer went quiet"
+            message = conn.recv()
+            if message[0] == "done":
+                break
+            assert message[0] != "failed", message[1]
+            if message[0] == "generate":
+                outputs[message[1]] = greedy(llm)
+                conn.send(("ok", None))
+                continue
+            _, method, kwargs = message
+            try:
+                conn.send(("ok", llm.collective_rpc(method, kwargs=kwargs)))
+            except Exception as exc:  # the trainer raises it
+                conn.send(("error", repr(exc)))
+    finally:
+        trainer.join(timeout_s)
+        if trainer.is_alive():
+            trainer.kill()
+    assert trainer.exitcode == 0
+    return outputs
 
 
 def save_gguf(path: Path, hf_model: Any, rope_freqs: torch.Tensor | None = None) -> Path:
