@@ -80,6 +80,10 @@ def reload_weights(model: LlamaForCausalLM, config: ModelConfig, weights_path: s
     against the model, its data unread, before the first copy: a mismatch raises ValueError and
     leaves the weights as they were; the tensors are then read and copied one at a time."""
     is_gguf = weights_path.endswith(".gguf")
+    if not (Path(weights_path).is_dir() or is_gguf):
+        raise ValueError(
+            f"weights_path must be a Hugging Face folder or a .gguf file; got {weights_path!r}"
+        )
     source = replace(config, model=weights_path, load_format="gguf" if is_gguf else "safetensors")
     try:
         targets = checkpoint_targets(model)

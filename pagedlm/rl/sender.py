@@ -66,6 +66,7 @@ class WeightSender:
             master_address, self._store.port, world_size, rank_offset=1, timeout_s=timeout_s
         )
         init = self.init_info
+        self._broken = False  # a collective was left half done: this group cannot go on
         self._group = self._together(
             "init_weight_transfer_engine",
             {"init_info": vars(init).copy()},
@@ -81,8 +82,11 @@ class WeightSender:
         """Sends (Hugging Face name, tensor) pairs, any subset of the weights, in chunks of about
         chunk_bytes (one broadcast each); returns the engine's new weight version. A chunk the
         engine refuses raises here; the chunks before it stay applied."""
-        if self._group is None:
-            raise RuntimeError("WeightSender: the transfer group is closed or broken")
+        if self._group is None or self._broken:
+            raise RuntimeError(
+                "WeightSender: the transfer group is closed, or broken by an earlier failure "
+                "(close() it and make a new WeightSender)"
+            )
         self._engine("start_weight_update", {})
         try:
             for chunk in _chunks(named_tensors, chunk_bytes):
@@ -99,7 +103,7 @@ class WeightSender:
         return self._engine("finish_weight_update", {"weight_version": weight_version})[0]
 
     def close(self) -> None:
-        """Ends the engine's side of the group, then this one."""
+        """Ends the engine's side of the group, then this one (also after a failure)."""
         if self._group is not None:
             self._engine("shutdown_weight_transfer_engine", {})
         self._group = None
@@ -113,8 +117,7 @@ class WeightSender:
             failed = next((call for call in calls if call.error is not None), None)
             finished = all(call.done.is_set() for call in calls)
             if failed is not None:
-                if not finished:
-                    self._group = None
+                self._broken = self._broken or not finished
                 raise failed.error
             if finished:
                 return calls[1].result

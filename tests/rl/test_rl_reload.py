@@ -66,7 +66,7 @@ def test_bad_checkpoint_errors_and_keeps_weights(llm, model_a, model_b, tmp_path
             lambda: _drop_tensor(model_b.folder, tmp_path / "part", "model.norm.weight"),
             "missing tensor model.norm.weight",
         ),
-        "not_there": (lambda: tmp_path / "nothing", "needs a folder"),
+        "not_there": (lambda: tmp_path / "nothing", "a Hugging Face folder or a .gguf file"),
         "wrong_kind": (lambda: 42, "weights_path must be a path string"),
         # B as a GGUF whose RoPE factors the model was not built with: its cos/sin table would lie
         "rope_freqs": (

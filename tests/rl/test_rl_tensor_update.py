@@ -3,6 +3,8 @@ transfer over a gloo group with the trainer in the same process (WeightSender + 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from rl_helpers import greedy
@@ -76,3 +78,28 @@ def test_update_weights_needs_a_session(llm) -> None:
     bad_init = {"master_address": "127.0.0.1", "master_port": 1, "world_size": 1}
     with pytest.raises(InvalidRequest, match="rank_offset"):
         llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": bad_init})
+
+
+def test_engine_refusing_before_the_broadcast_fails_fast(llm, model_a, model_b) -> None:
+    """An update the engine refuses before receiving leaves this side's broadcast unmatched: the
+    error comes at once (not after the group's timeout), the sender is broken, close() still
+    ends the engine's side and a new sender works."""
+
+    def garbling(method: str, kwargs: dict) -> list:
+        if method == "update_weights":
+            kwargs = {"update_info": {"names": ["x"]}}
+        return llm.collective_rpc(method, kwargs=kwargs)
+
+    sender = WeightSender(garbling, timeout_s=5)
+    start = time.monotonic()
+    with pytest.raises(InvalidRequest, match="update_info must be a dict"):
+        sender.send_weights(hf_tensors(model_b))
+    assert time.monotonic() - start < 2
+    with pytest.raises(RuntimeError, match="broken"):
+        sender.send_weights(hf_tensors(model_b))
+    sender.close()
+    assert greedy(llm) == model_a.greedy
+    sender = WeightSender(llm_rpc(llm), timeout_s=60)
+    sender.send_weights(hf_tensors(model_b))
+    sender.close()
+    assert greedy(llm) == model_b.greedy
