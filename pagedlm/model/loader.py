@@ -74,11 +74,16 @@ def fill_weights(
         targets["lm_head.weight"].copy_(targets["model.embed_tokens.weight"])
 
 
+class PartialReload(RuntimeError):
+    """A reload failed after its first copy: some weights are new, some old."""
+
+
 def reload_weights(model: LlamaForCausalLM, config: ModelConfig, weights_path: str) -> None:
     """Refill every weight in place (the same parameter storages: CUDA graphs bind them) from a
     folder or GGUF file of the model's architecture. Every tensor's name and shape is checked
     against the model, its data unread, before the first copy: a mismatch raises ValueError and
-    leaves the weights as they were; the tensors are then read and copied one at a time."""
+    leaves the weights as they were; the tensors are then read and copied one at a time (a read
+    failing midway raises PartialReload: the weights are then mixed)."""
     is_gguf = weights_path.endswith(".gguf")
     if not (Path(weights_path).is_dir() or is_gguf):
         raise ValueError(
@@ -95,7 +100,10 @@ def reload_weights(model: LlamaForCausalLM, config: ModelConfig, weights_path: s
         check_complete(targets.keys(), found, weights_path)
         check_rope_freqs(model, source)
         with torch.no_grad():
-            fill_weights(model, iter_tensors(source), weights_path)
+            try:
+                fill_weights(model, iter_tensors(source), weights_path)
+            except Exception as exc:  # a read failing midway: the checks above passed
+                raise PartialReload(f"reading {weights_path} failed midway: {exc}") from exc
     finally:
         release_readers()
 

@@ -58,7 +58,11 @@ def reload_weights(runner, weights_path: str, weight_version: str | None = None)
     if not isinstance(weights_path, str):
         raise ValueError(f"weights_path must be a path string, not {type(weights_path).__name__}")
     _refuse_during_transfer(runner, "reload_weights")
-    loader.reload_weights(runner.model, runner.config.model, weights_path)
+    try:
+        loader.reload_weights(runner.model, runner.config.model, weights_path)
+    except loader.PartialReload:
+        _changed(runner, None)  # mixed weights are not the old version: no old KV may serve them
+        raise
     return _changed(runner, weight_version)
 
 

@@ -82,3 +82,21 @@ def test_bad_checkpoint_errors_and_keeps_weights(llm, model_a, model_b, tmp_path
         )
     assert error.value.param == "args"
     assert greedy(llm) == model_a.greedy
+
+
+def test_read_failing_midway_is_a_new_version(llm, model_a, model_b, monkeypatch) -> None:
+    """The checks passed, then a read fails after some copies: a server-side error, and the
+    mixed weights get a version of their own (so the core drops the old weights' KV)."""
+    from pagedlm.model import loader
+    from pagedlm.worker.rpc import WorkerMethodError
+
+    def failing(config):
+        tensors = loader.iter_safetensors(config.model)
+        yield next(tensors)
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(loader, "iter_tensors", failing)
+    version = llm.collective_rpc("get_weight_version")[0]
+    with pytest.raises(WorkerMethodError, match="failed midway: disk gone"):
+        reload(llm, model_b.folder)
+    assert llm.collective_rpc("get_weight_version")[0] != version
