@@ -12,12 +12,16 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from pagedlm.model import loader
 from pagedlm.rl.transport import ChunkInfo, TransferInit, broadcast, new_group, unpack
+
+if TYPE_CHECKING:
+    from pagedlm.worker.model_runner import ModelRunner
 
 INITIAL_WEIGHT_VERSION = "default"  # vLLM's
 
@@ -33,25 +37,27 @@ class _WeightState:
 _STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # runner -> _WeightState
 
 
-def _state(runner) -> _WeightState:
+def _state(runner: ModelRunner) -> _WeightState:
     state = _STATES.get(runner)
     if state is None:
         state = _STATES[runner] = _WeightState()
     return state
 
 
-def get_weight_version(runner) -> str:
+def get_weight_version(runner: ModelRunner) -> str:
     return _state(runner).version
 
 
-def update_weight_version(runner, weight_version: str) -> str:
+def update_weight_version(runner: ModelRunner, weight_version: str) -> str:
     """Names the current weights (vLLM's update_weight_version); the weights stay."""
     state = _state(runner)
     state.version = _version_name(weight_version)
     return state.version
 
 
-def reload_weights(runner, weights_path: str, weight_version: str | None = None) -> str:
+def reload_weights(
+    runner: ModelRunner, weights_path: str, weight_version: str | None = None
+) -> str:
     """Every weight from a Hugging Face folder (safetensors) or a GGUF file of the same
     architecture, in place; a name or shape mismatch raises ValueError and keeps the weights.
     Returns the new weight version."""
@@ -67,7 +73,9 @@ def reload_weights(runner, weights_path: str, weight_version: str | None = None)
 
 
 def update_weights_from_tensor(
-    runner, named_tensors: Iterable[tuple[str, torch.Tensor]], weight_version: str | None = None
+    runner: ModelRunner,
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    weight_version: str | None = None,
 ) -> str:
     """A colocated trainer's tensors (Hugging Face names, any subset of the weights; a dict or
     (name, tensor) pairs), copied in place once all of them are checked. Returns the new version."""
@@ -77,7 +85,7 @@ def update_weights_from_tensor(
     return _changed(runner, weight_version)
 
 
-def init_weight_transfer_engine(runner, init_info: dict) -> None:
+def init_weight_transfer_engine(runner: ModelRunner, init_info: dict) -> None:
     """Joins the trainer's group (blocks until every rank has joined: the trainer joins meanwhile).
     init_info: master_address, master_port, world_size, rank_offset (this worker's rank)."""
     init = TransferInit.from_dict(init_info)
@@ -87,7 +95,7 @@ def init_weight_transfer_engine(runner, init_info: dict) -> None:
     state.group = new_group(init, init.rank_offset, runner.device)
 
 
-def start_weight_update(runner) -> None:
+def start_weight_update(runner: ModelRunner) -> None:
     state = _state(runner)
     if state.group is None:
         raise ValueError("start_weight_update: call init_weight_transfer_engine first")
@@ -96,7 +104,7 @@ def start_weight_update(runner) -> None:
     state.updating = True
 
 
-def update_weights(runner, update_info: dict) -> None:
+def update_weights(runner: ModelRunner, update_info: dict) -> None:
     """Receives one chunk the trainer broadcasts (names, dtype_names, shapes: its tensors in
     packing order), then checks and copies it in place. The chunk is received whatever its
     content, so that the trainer's broadcast completes; a bad name or shape then raises and copies
@@ -111,7 +119,7 @@ def update_weights(runner, update_info: dict) -> None:
     loader.update_weights(runner.model, unpack(info, buffer), "update_weights")
 
 
-def finish_weight_update(runner, weight_version: str | None = None) -> str:
+def finish_weight_update(runner: ModelRunner, weight_version: str | None = None) -> str:
     """Ends the update; the weights received become the version given (else a new number)."""
     state = _state(runner)
     if not state.updating:
@@ -120,17 +128,17 @@ def finish_weight_update(runner, weight_version: str | None = None) -> str:
     return _changed(runner, weight_version)
 
 
-def shutdown_weight_transfer_engine(runner) -> None:
+def shutdown_weight_transfer_engine(runner: ModelRunner) -> None:
     state = _state(runner)
     state.group, state.updating = None, False
 
 
-def _refuse_during_transfer(runner, method: str) -> None:
+def _refuse_during_transfer(runner: ModelRunner, method: str) -> None:
     if _state(runner).updating:
         raise ValueError(f"{method}: a weight transfer is in progress (finish_weight_update first)")
 
 
-def _changed(runner, weight_version: str | None) -> str:
+def _changed(runner: ModelRunner, weight_version: str | None) -> str:
     state = _state(runner)
     state.num_changes += 1
     state.version = (
