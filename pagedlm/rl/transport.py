@@ -71,6 +71,10 @@ class ChunkInfo:
         }:
             raise ValueError("update_info must be a dict of names, dtype_names and shapes")
         info = cls(**update_info)
+        if not all(isinstance(v, list) for v in (info.names, info.dtype_names, info.shapes)):
+            raise ValueError("update_info: names, dtype_names and shapes must be lists")
+        if not all(isinstance(name, str) for name in info.names):
+            raise ValueError("update_info: names must be strings")
         if not len(info.names) == len(info.dtype_names) == len(info.shapes):
             raise ValueError("update_info: names, dtype_names and shapes differ in length")
         for name, shape in zip(info.names, info.shapes):
