@@ -95,6 +95,9 @@ class FakeCore:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
+    def has_work(self) -> bool:  # never paused or asleep
+        return bool(self.requests)
+
     def step(self) -> list[EngineCoreOutput]:
         outputs = []
         for req_id, fake in list(self.requests.items()):
