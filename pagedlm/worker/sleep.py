@@ -75,6 +75,7 @@ def restore(runner: ModelRunner, parts: SleepingParts, tags: set[str]) -> None:
     if "weights" in tags:
         _restore_weights(runner.model, parts.weights, runner.device)
         parts.weights = None
+        _empty_host_cache(runner.device)
     if "kv_cache" in tags:
         runner.allocate_kv_cache(parts.num_kv_blocks)
         parts.num_kv_blocks = None
@@ -108,9 +109,14 @@ def _restore_weights(
             param.data.copy_(weight.host, non_blocking=True)
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # the pinned copies are dropped next
-        empty_host_cache = getattr(torch._C, "_host_emptyCache", None)  # torch >= 2.5
-        if empty_host_cache is not None:
-            empty_host_cache()  # else the pinned allocator keeps the weights' size cached
+
+
+def _empty_host_cache(device: torch.device) -> None:
+    """The pinned copies just dropped go back to the system: torch's pinned allocator would keep
+    the weights' size cached."""
+    empty_host_cache = getattr(torch._C, "_host_emptyCache", None)  # CUDA builds of torch >= 2.5
+    if device.type == "cuda" and empty_host_cache is not None:
+        empty_host_cache()
 
 
 def _pinned_copy(data: torch.Tensor) -> torch.Tensor:
