@@ -39,6 +39,28 @@ class LifecycleMixin:
             kwargs={"named_tensors": list(named_tensors), "weight_version": weight_version},
         )[0]
 
+    # vLLM's four-phase weight transfer (pagedlm/worker/weight_update.py; pagedlm.rl for the
+    # trainer): init_weight_transfer_engine -> start_weight_update -> update_weights (repeated)
+    # -> finish_weight_update. update_weights blocks until the trainer broadcasts.
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.collective_rpc("init_weight_transfer_engine", (init_info,))
+
+    def start_weight_update(self) -> None:
+        self.collective_rpc("start_weight_update")
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        self.collective_rpc("update_weights", (update_info,))
+
+    def finish_weight_update(self, weight_version: str | None = None) -> str:
+        """The new weights' version (outputs' weight_versions spans name it)."""
+        return self.collective_rpc("finish_weight_update", (weight_version,))[0]
+
+    def update_weight_version(self, weight_version: str) -> str:
+        return self.collective_rpc("update_weight_version", (weight_version,))[0]
+
+    def get_weight_version(self) -> str:
+        return self.collective_rpc("get_weight_version")[0]
+
     def sleep(self, level: int = 1, mode: str = "abort") -> None:
         """Frees the KV cache and the weights' device memory (level 1: weights kept in host
         memory; level 2: discarded). Requests in flight: "abort" (vLLM's default), "wait" for them

@@ -5,7 +5,13 @@ vLLM's:  POST /sleep?level=1&mode=abort, POST /wake_up?tags=weights&tags=kv_cach
          GET /is_sleeping, POST /reset_prefix_cache, POST /pause?mode=abort|wait|keep,
          POST /resume, GET /is_paused,
          POST /collective_rpc {"method": str, "args": [...], "kwargs": {...}} -> {"results": [...]}.
-SGLang's aliases: POST /release_memory_occupation {"tags": [...] | null} (sleep level 1),
+         Weight transfer (vLLM's, over collective_rpc: pagedlm/worker/weight_update.py):
+         POST /init_weight_transfer_engine {"init_info": {...}}, /start_weight_update,
+         /update_weights {"update_info": {...}} (answers once the trainer's broadcast landed),
+         /finish_weight_update {"weight_version": ...}, /update_weight_version
+         {"new_version": ...}, GET /weight_info -> {"weight_version": ...}.
+SGLang's aliases: POST /update_weights_from_disk {"model_path": ...} (reload_weights),
+         POST /release_memory_occupation {"tags": [...] | null} (sleep level 1),
          POST /resume_memory_occupation {"tags": [...] | null}, POST /flush_cache,
          POST /pause_generation {"mode": "abort" | "in_place" | "retract"}, POST /continue_generation.
 
@@ -37,6 +43,32 @@ class CollectiveRPCRequest(BaseModel):
     method: str
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
+
+
+class InitWeightTransferRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    init_info: dict[str, Any]
+
+
+class UpdateWeightsRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    update_info: dict[str, Any]
+
+
+class FinishWeightUpdateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    weight_version: str | None = None
+
+
+class WeightVersionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    new_version: str
+
+
+class UpdateFromDiskRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model_path: str
+    weight_version: str | None = None
 
 
 class MemoryOccupationRequest(BaseModel):
@@ -72,6 +104,7 @@ def add_dev_routes(app: FastAPI, engine: AsyncLLM, parse_body: ParseBody) -> Non
     _add_sleep_routes(app, engine)
     _add_pause_routes(app, engine)
     _add_rpc_routes(app, engine, parse_body)
+    _add_weight_routes(app, engine, parse_body)
     _add_sglang_aliases(app, engine, parse_body)
 
 
@@ -123,7 +156,54 @@ def _add_rpc_routes(app: FastAPI, engine: AsyncLLM, parse_body: ParseBody) -> No
         return {"results": results}
 
 
+async def _worker_call(engine: AsyncLLM, method: str, *args: Any) -> Any:
+    """The first (today the only) worker's result of a registered worker method."""
+    return (await _engine_call(engine.collective_rpc(method, list(args))))[0]
+
+
+def _add_weight_routes(app: FastAPI, engine: AsyncLLM, parse_body: ParseBody) -> None:
+    @app.post("/init_weight_transfer_engine")
+    async def init_weight_transfer_engine(raw: Request) -> dict[str, str]:
+        body = await parse_body(raw, InitWeightTransferRequest)
+        await _worker_call(engine, "init_weight_transfer_engine", body.init_info)
+        return {"status": "ok"}
+
+    @app.post("/start_weight_update")
+    async def start_weight_update() -> dict[str, str]:
+        await _worker_call(engine, "start_weight_update")
+        return {"status": "ok"}
+
+    @app.post("/update_weights")
+    async def update_weights(raw: Request) -> dict[str, str]:
+        body = await parse_body(raw, UpdateWeightsRequest)
+        await _worker_call(engine, "update_weights", body.update_info)
+        return {"status": "ok"}
+
+    @app.post("/finish_weight_update")
+    async def finish_weight_update(raw: Request) -> dict[str, str]:
+        body = await parse_body(raw, FinishWeightUpdateRequest)
+        version = await _worker_call(engine, "finish_weight_update", body.weight_version)
+        return {"weight_version": version}
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(raw: Request) -> dict[str, str]:
+        body = await parse_body(raw, WeightVersionRequest)
+        return {
+            "weight_version": await _worker_call(engine, "update_weight_version", body.new_version)
+        }
+
+    @app.get("/weight_info")
+    async def weight_info() -> dict[str, str]:
+        return {"weight_version": await _worker_call(engine, "get_weight_version")}
+
+
 def _add_sglang_aliases(app: FastAPI, engine: AsyncLLM, parse_body: ParseBody) -> None:
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(raw: Request) -> dict[str, Any]:
+        body = await parse_body(raw, UpdateFromDiskRequest)
+        version = await _worker_call(engine, "reload_weights", body.model_path, body.weight_version)
+        return {"success": True, "weight_version": version}
+
     @app.post("/release_memory_occupation")
     async def release_memory_occupation(raw: Request) -> dict[str, Any]:
         body = await parse_body(raw, MemoryOccupationRequest)

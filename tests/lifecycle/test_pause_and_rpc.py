@@ -109,3 +109,17 @@ def test_collective_rpc_errors_leave_the_engine_running(
 def broken_method(runner: Any, how: str) -> None:
     """A worker method registered by the test above."""
     raise (ValueError if how == "value" else RuntimeError)(f"broken {how}")
+
+
+def test_weight_version_wrappers(llm: Any) -> None:
+    """vLLM's offline names over collective_rpc; a new version stamps the outputs after it."""
+    previous = llm.get_weight_version()
+    try:
+        assert llm.update_weight_version("step-1") == "step-1"
+        assert llm.get_weight_version() == "step-1"
+        out = llm.generate(PROMPT, GREEDY, use_tqdm=False)[0].outputs[0]
+        assert [span.version for span in out.weight_versions] == ["step-1"]
+        with pytest.raises(InvalidRequest, match="init_weight_transfer_engine"):
+            llm.start_weight_update()
+    finally:
+        llm.update_weight_version(previous)

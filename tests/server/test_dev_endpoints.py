@@ -124,6 +124,19 @@ def test_collective_rpc_and_reset_prefix_cache(server: ServerProcess) -> None:
     assert completion_text(server)  # the engine still serves
 
 
+def test_weight_version_routes(server: ServerProcess, tiny_model_dir: Path) -> None:
+    before = completion_text(server)
+    version = get(server, "/weight_info")["weight_version"]
+    answer = post(server, "/update_weight_version", json={"new_version": "step-7"})
+    assert answer.json() == {"weight_version": "step-7"}
+    assert get(server, "/weight_info") == {"weight_version": "step-7"}
+    early = post(server, "/start_weight_update")  # no transfer group: the caller's mistake
+    assert early.status_code == 400 and "init_weight_transfer_engine" in early.text
+    reload = post(server, "/update_weights_from_disk", json={"model_path": str(tiny_model_dir)})
+    assert reload.json()["success"] and reload.json()["weight_version"] not in (version, "step-7")
+    assert completion_text(server) == before  # the same checkpoint: the same text
+
+
 def test_sglang_aliases(server: ServerProcess) -> None:
     before = completion_text(server)
     assert post(server, "/release_memory_occupation", json={}).json() == {"success": True}
@@ -144,7 +157,15 @@ def _app(dev_endpoints: bool) -> TestClient:
 def test_the_endpoints_need_the_flag_and_the_api_key() -> None:
     auth = {"Authorization": f"Bearer {API_KEY}"}
     off, on = _app(dev_endpoints=False), _app(dev_endpoints=True)
-    for path in ("/sleep", "/wake_up", "/pause", "/resume", "/collective_rpc", "/flush_cache"):
+    for path in (
+        "/sleep",
+        "/wake_up",
+        "/pause",
+        "/resume",
+        "/collective_rpc",
+        "/flush_cache",
+        "/update_weights",
+    ):
         assert off.post(path, headers=auth).status_code == 404
         assert on.post(path).status_code == 401
     assert off.get("/is_sleeping", headers=auth).status_code == 404
