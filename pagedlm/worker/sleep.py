@@ -73,6 +73,8 @@ def restore(runner: ModelRunner, parts: SleepingParts, tags: set[str]) -> None:
     """Takes the tagged memory back; once nothing sleeps, the graphs are captured again."""
     start = time.perf_counter()
     if "weights" in tags:
+        if any(weight.host is None for weight in parts.weights.values()):
+            logger.info("wake_up: the weights (level 2) are uninitialised until reload_weights")
         _restore_weights(runner.model, parts.weights, runner.device)
         parts.weights = None
         _empty_host_cache(runner.device)
