@@ -43,6 +43,7 @@ from pagedlm.rl.transport import (
 EngineRPC = Callable[[str, dict[str, Any]], list[Any]]
 
 DEFAULT_CHUNK_BYTES = 256 << 20
+_SETTLE_S = 1.0  # how long a refusal waits for the other side to finish
 _POLL_S = 0.005
 
 
@@ -117,6 +118,10 @@ class WeightSender:
             failed = next((call for call in calls if call.error is not None), None)
             finished = all(call.done.is_set() for call in calls)
             if failed is not None:
+                # The engine checks a chunk only once it has received all of it, so after its
+                # refusal this side's broadcast completes within moments: wait for it briefly
+                # before giving the group up.
+                finished = all(call.done.wait(_SETTLE_S) for call in calls)
                 self._broken = self._broken or not finished
                 raise failed.error
             if finished:
