@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedlm.attention.backend import AttentionMetadata
-from pagedlm.attention.torch_ref import attend_sequence, check_heads
+from pagedlm.attention.torch_ref import attend_sequence, check_heads, first_visible_key
 
 BUCKET_GROWTH = 1.25  # a bucket's longest context (in blocks) is at most this × its shortest
 
@@ -55,6 +55,7 @@ def bucket_bounds(num_blocks_sorted: list[int]) -> list[tuple[int, int]]:
 
 
 def plan_step(meta: AttentionMetadata, block_size: int, sliding_window: int | None) -> StepPlan:
+    """A decode gathers its blocks from the first its window reaches (those below may be freed)."""
     starts = meta.query_start_loc_cpu.tolist()  # sync-ok: host tensors
     seq_lens = meta.seq_lens_cpu.tolist()  # sync-ok: host tensor
     decodes, prefills = [], []
@@ -64,31 +65,48 @@ def plan_step(meta: AttentionMetadata, block_size: int, sliding_window: int | No
             decodes.append(seq)
         elif query_len > 1:
             prefills.append((seq, seq_len, (starts[seq], starts[seq + 1])))
-    decodes.sort(key=seq_lens.__getitem__)
-    blocks_needed = [-(-seq_lens[seq] // block_size) for seq in decodes]
-    device = meta.block_table.device
-    buckets = []
-    for lo, hi in bucket_bounds(blocks_needed):
-        seqs = decodes[lo:hi]
-        num_blocks = blocks_needed[hi - 1]
-        lens = torch.tensor([seq_lens[s] for s in seqs], device=device)[:, None]  # [b, 1]
-        key_pos = torch.arange(num_blocks * block_size, device=device)[None, :]  # [1, kv_len]
-        stale = key_pos >= lens  # [b, kv_len]
-        hidden = stale if sliding_window is None else stale | (lens - 1 - key_pos >= sliding_window)
-        buckets.append(
-            DecodeBucket(
-                rows=torch.tensor([starts[s] for s in seqs], device=device),
-                block_ids=meta.block_table[torch.tensor(seqs, device=device), :num_blocks]
-                .reshape(-1)
-                .long(),
-                num_blocks=num_blocks,
-                stale_keys=stale.reshape(-1)
-                .nonzero()
-                .squeeze(1),  # sync-ok: host-built, once a step
-                hidden=hidden[:, None, :],
-            )
+    first_blocks = {
+        seq: first_visible_key(seq_lens[seq] - 1, sliding_window) // block_size for seq in decodes
+    }
+    blocks_needed = {seq: -(-seq_lens[seq] // block_size) - first_blocks[seq] for seq in decodes}
+    decodes.sort(key=blocks_needed.__getitem__)
+    buckets = [
+        decode_bucket(
+            meta, decodes[lo:hi], (starts, seq_lens, first_blocks), block_size, sliding_window
         )
+        for lo, hi in bucket_bounds([blocks_needed[seq] for seq in decodes])
+    ]
     return StepPlan(buckets=buckets, prefills=prefills)
+
+
+def decode_bucket(
+    meta: AttentionMetadata,
+    seqs: list[int],
+    host: tuple[list[int], list[int], dict[int, int]],
+    block_size: int,
+    sliding_window: int | None,
+) -> DecodeBucket:
+    """seqs: decodes by ascending blocks needed (the last needs the most); host: the step's query
+    starts, seq_lens and first blocks (sequence s's keys are gathered from block first_blocks[s])."""
+    starts, seq_lens, first_blocks = host
+    device = meta.block_table.device
+    lens = torch.tensor([seq_lens[s] for s in seqs], device=device)[:, None]  # [b, 1]
+    firsts = torch.tensor([first_blocks[s] for s in seqs], device=device)[:, None]  # [b, 1]
+    num_blocks = -(-seq_lens[seqs[-1]] // block_size) - first_blocks[seqs[-1]]
+    cols = firsts + torch.arange(num_blocks, device=device)[None, :]  # [b, num_blocks]
+    # columns past a sequence's end are stale (hidden, their values zeroed): any valid block will do
+    cols = cols.clamp_(max=meta.block_table.shape[1] - 1)
+    block_ids = meta.block_table[torch.tensor(seqs, device=device)[:, None], cols]
+    key_pos = firsts * block_size + torch.arange(num_blocks * block_size, device=device)[None, :]
+    stale = key_pos >= lens  # [b, kv_len]
+    hidden = stale if sliding_window is None else stale | (lens - 1 - key_pos >= sliding_window)
+    return DecodeBucket(
+        rows=torch.tensor([starts[s] for s in seqs], device=device),
+        block_ids=block_ids.reshape(-1).long(),
+        num_blocks=num_blocks,
+        stale_keys=stale.reshape(-1).nonzero().squeeze(1),  # sync-ok: host-built, once a step
+        hidden=hidden[:, None, :],
+    )
 
 
 def attend_bucket(
@@ -126,7 +144,7 @@ class TorchBatchedAttentionBackend:
 
     def __init__(self) -> None:
         self._plan_meta: AttentionMetadata | None = None
-        self._plan: StepPlan | None = None
+        self._plans: dict[int | None, StepPlan] = {}  # by sliding window, for _plan_meta
         self._scratch: torch.Tensor | None = None  # flat, grows to the largest bucket's blocks
 
     def _scratch_for(self, kv_cache: torch.Tensor, plan: StepPlan) -> torch.Tensor:
@@ -140,11 +158,15 @@ class TorchBatchedAttentionBackend:
     def _step_plan(
         self, meta: AttentionMetadata, block_size: int, sliding_window: int | None
     ) -> StepPlan:
-        """Every layer of a step sees the same meta object (sliding windows are per model)."""
+        """Every layer of a step sees the same meta object; layers differ at most by their window
+        (full and sliding layers mixed), so a plan is kept per window."""
         if self._plan_meta is not meta:
-            self._plan = plan_step(meta, block_size, sliding_window)
+            self._plans = {}
             self._plan_meta = meta
-        return self._plan
+        plan = self._plans.get(sliding_window)
+        if plan is None:
+            plan = self._plans[sliding_window] = plan_step(meta, block_size, sliding_window)
+        return plan
 
     def attend(
         self,

@@ -26,27 +26,37 @@ def write_kv_cache(
 
 
 def gather_kv(
-    kv_cache: torch.Tensor, block_ids: torch.Tensor, seq_len: int
+    kv_cache: torch.Tensor, block_ids: torch.Tensor, num_keys: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys and values of one sequence's first seq_len tokens, in token order."""
+    """Keys and values of the first num_keys token slots of the blocks block_ids, in order."""
     num_kv_heads, head_dim = kv_cache.shape[-2:]
     blocks = kv_cache[:, block_ids]  # [2, num_seq_blocks, block_size, num_kv_heads, head_dim]
-    kv = blocks.reshape(2, -1, num_kv_heads, head_dim)[:, :seq_len]  # [2, seq_len, Hkv, D]
+    kv = blocks.reshape(2, -1, num_kv_heads, head_dim)[:, :num_keys]  # [2, num_keys, Hkv, D]
     return kv[0], kv[1]
 
 
+def first_visible_key(first_query_pos: int, sliding_window: int | None) -> int:
+    """The lowest key position a query at first_query_pos or later may see."""
+    return 0 if sliding_window is None else max(first_query_pos - sliding_window + 1, 0)
+
+
 def attention_mask(
-    seq_len: int, query_len: int, sliding_window: int | None, device: torch.device
+    query_pos: tuple[int, int],
+    key_pos: tuple[int, int],
+    sliding_window: int | None,
+    device: torch.device,
 ) -> torch.Tensor | None:
-    """[query_len, seq_len] bool: query i (at position seq_len - query_len + i) sees key j.
-    None when every query sees every key (a decode inside the window): no mask to build."""
-    if query_len == 1 and (sliding_window is None or seq_len <= sliding_window):
+    """[num_queries, num_keys] bool: query i (at position query_pos[0] + i) sees key j (at
+    key_pos[0] + j), for positions in [start, end). None when every query sees every key (a
+    decode whose keys are all in its window): no mask to build."""
+    (q_lo, q_hi), (k_lo, k_hi) = query_pos, key_pos
+    if q_hi - q_lo == 1 and first_visible_key(q_lo, sliding_window) <= k_lo:
         return None
-    query_pos = torch.arange(seq_len - query_len, seq_len, device=device)[:, None]
-    key_pos = torch.arange(seq_len, device=device)[None, :]
-    visible = key_pos <= query_pos
+    queries = torch.arange(q_lo, q_hi, device=device)[:, None]
+    keys = torch.arange(k_lo, k_hi, device=device)[None, :]
+    visible = keys <= queries
     if sliding_window is not None:
-        visible &= query_pos - key_pos < sliding_window
+        visible &= queries - keys < sliding_window
     return visible
 
 
@@ -91,17 +101,26 @@ def attend_sequence(
 ) -> None:
     """out[start:end] = attention of one sequence's query rows [start, end) to its first
     seq_len cached tokens; block_row is its block-table row. Long chunks go in tiles of
-    QUERY_TILE rows, each against the keys up to its last row only (causality skips the rest)."""
+    QUERY_TILE rows, each against the keys up to its last row only (causality skips the rest).
+    With a window, no block below the first query's window is read (it may be freed)."""
     start, end = rows
-    query_len = end - start
+    first_pos = seq_len - (end - start)  # position of query row `start`
     block_size = kv_cache.shape[2]
-    keys, values = gather_kv(kv_cache, block_row[: -(-seq_len // block_size)], seq_len)
-    for first in range(0, query_len, QUERY_TILE):
-        last = min(first + QUERY_TILE, query_len)
-        num_keys = seq_len - query_len + last  # the tile's queries are the last of these keys
-        mask = attention_mask(num_keys, last - first, sliding_window, q.device)
+    first_block = first_visible_key(first_pos, sliding_window) // block_size
+    base = first_block * block_size  # position of the first key gathered
+    num_blocks = -(-seq_len // block_size)
+    keys, values = gather_kv(kv_cache, block_row[first_block:num_blocks], seq_len - base)
+    for first in range(0, end - start, QUERY_TILE):
+        last = min(first + QUERY_TILE, end - start)
+        query_pos = (first_pos + first, first_pos + last)
+        key_pos = (first_visible_key(query_pos[0], sliding_window), query_pos[1])
+        mask = attention_mask(query_pos, key_pos, sliding_window, q.device)
         out[start + first : start + last] = attend(
-            q[start + first : start + last], keys[:num_keys], values[:num_keys], mask, scale
+            q[start + first : start + last],
+            keys[key_pos[0] - base : key_pos[1] - base],
+            values[key_pos[0] - base : key_pos[1] - base],
+            mask,
+            scale,
         ).to(q.dtype)
 
 

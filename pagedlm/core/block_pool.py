@@ -1,6 +1,8 @@
 """A fixed pool of KV-cache blocks: ref counts, an LRU free queue and the prefix cache.
 
-Block 0 is the null block: it is never handed out, so the worker may pad block tables with it.
+Block 0 is the null block: it is never handed out, so the worker may pad block tables with it,
+and it is never counted (touch and free skip it: a sliding-window request's block list holds it
+where a block is no longer needed).
 Invariants (blocks 1..num_blocks-1):
 - a block is in the free queue iff its ref count is 0; the queue is ordered least recently
   freed first, and allocation takes from the front;
@@ -61,6 +63,8 @@ class BlockPool:
     def touch(self, block_ids: Iterable[int]) -> None:
         """One more holder per block; a cached free block leaves the free queue."""
         for block_id in block_ids:
+            if block_id == NULL_BLOCK_ID:
+                continue
             if self.ref_cnts[block_id] == 0:
                 del self.free_queue[block_id]
             self.ref_cnts[block_id] += 1
@@ -69,6 +73,8 @@ class BlockPool:
         """One holder less per block; a block nobody holds goes to the back of the free queue,
         in the order given (pass the tail of a sequence first to have it evicted first)."""
         for block_id in block_ids:
+            if block_id == NULL_BLOCK_ID:
+                continue
             if self.ref_cnts[block_id] <= 0:
                 raise ValueError(
                     f"block_ids: block {block_id} is freed more often than it was taken"

@@ -18,6 +18,8 @@ large max_tokens soon reserves little. An allowance counts at most MAX_ESTIMATED
 (SGLang clips its estimate the same way), so requests that leave max_tokens to the context length
 (up to max_model_len: 40k tokens on Qwen3) do not each hold a context's worth of blocks while the
 fraction is still being learned. Preemption stays the safety net when the estimate is short.
+With a sliding window (every layer) a request's blocks are capped (core/sliding_window.py): its
+growth is the blocks it will hold once it has its expected tokens less those it holds now.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import itertools
 import math
 from collections.abc import Callable, Hashable
 
+from pagedlm.core.sliding_window import num_held_blocks
 from pagedlm.request import Request
 
 INITIAL_FRACTION = 1.0
@@ -37,9 +40,12 @@ MAX_ESTIMATED_OUTPUTS = 4096
 class GrowthEstimate:
     """enabled=False reserves nothing (admission by the prompt alone; tests of preemption use it)."""
 
-    def __init__(self, max_model_len: int, enabled: bool = True) -> None:
+    def __init__(
+        self, max_model_len: int, enabled: bool = True, sliding_window: int | None = None
+    ) -> None:
         self.max_model_len = max_model_len
         self.enabled = enabled
+        self.sliding_window = sliding_window
         self.fraction = INITIAL_FRACTION
 
     def observe_finished(self, request: Request) -> None:
@@ -59,9 +65,15 @@ class GrowthEstimate:
         return num_uncomputed + self.fraction * max(allowance - num_outputs, 0)
 
     def blocks(self, request: Request, num_kv_tokens: int, block_size: int) -> int:
-        """Blocks beyond the cdiv(num_kv_tokens, block_size) that hold its first num_kv_tokens."""
-        expected = num_kv_tokens + self.tokens(request, num_kv_tokens)
-        return max(math.ceil(expected / block_size) - math.ceil(num_kv_tokens / block_size), 0)
+        """Blocks beyond the cdiv(num_kv_tokens, block_size) that hold its first num_kv_tokens
+        (beyond the window's blocks, with a sliding window)."""
+        expected = math.ceil(num_kv_tokens + self.tokens(request, num_kv_tokens))
+        window = self.sliding_window
+        return max(
+            num_held_blocks(expected, window, block_size)
+            - num_held_blocks(num_kv_tokens, window, block_size),
+            0,
+        )
 
     def _output_allowance(self, max_tokens: int, num_prompt: int) -> int:
         return min(max_tokens, self.max_model_len - num_prompt, MAX_ESTIMATED_OUTPUTS)

@@ -15,27 +15,46 @@ that will compute one token takes no hit on a block registered in the same step 
 of one token (`get_computed_blocks` with the step's token budget; the scheduler calls `begin_step`
 at each step's start): it recomputes from there. A block filled by a longer query is safe to hit:
 its step is not decode-only.
+
+Sliding windows (every layer windowed, window W: core/sliding_window.py): before each allocation,
+the blocks no query of the step or a later one reads (wholly below num_computed_tokens - W + 1)
+go back to the pool, and their entries in the request's block list become NULL_BLOCK_ID (the
+request's first `num_null_blocks` entries; the worker points them to the null block). The
+attention kernels never read keys below a query's window, so a freed block that another request
+takes is never read for this one. A step in flight may still read a block this step frees: the
+block is only written again by a later step, which runs after it on the device's stream. A
+prefix hit of k blocks is usable iff the blocks its first query's window reaches are cached (the
+last num_window_blocks of them); the ones below are null in the hit.
 """
 
 from __future__ import annotations
 
 from pagedlm.core.block_hash import cache_salt_keys, hash_block
-from pagedlm.core.block_pool import BlockPool
+from pagedlm.core.block_pool import NULL_BLOCK_ID, BlockPool
+from pagedlm.core.sliding_window import cdiv, num_skipped_blocks, num_window_blocks
 from pagedlm.request import Request
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool,
+        sliding_window: int | None = None,
+    ) -> None:
+        """sliding_window: the window of every layer (None: some layer attends to all keys)."""
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be None or >= 1, got {sliding_window}")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.sliding_window = sliding_window
         self.pool = BlockPool(num_blocks)
+        # per request, one entry per block of its tokens; the first num_null_blocks are NULL_BLOCK_ID
         self.req_to_blocks: dict[str, list[int]] = {}
+        self.num_null_blocks: dict[str, int] = {}
         self.num_cached_blocks: dict[str, int] = {}  # leading blocks of a request registered so far
         self.prefix_cache_queries = 0  # tokens looked up, counted when the lookup is allocated
         self.prefix_cache_hits = 0  # tokens found
@@ -50,7 +69,15 @@ class KVCacheManager:
         return self.pool.num_usable_blocks * self.block_size
 
     def get_block_ids(self, req_id: str) -> list[int]:
+        """The request's block list, NULL_BLOCK_ID where the window no longer needs a block."""
         return self.req_to_blocks.get(req_id, [])
+
+    def get_num_null_blocks(self, req_id: str) -> int:
+        return self.num_null_blocks.get(req_id, 0)
+
+    def num_held_blocks(self, req_id: str) -> int:
+        """Blocks of the pool the request holds."""
+        return len(self.get_block_ids(req_id)) - self.get_num_null_blocks(req_id)
 
     def get_computed_blocks(
         self, request: Request, token_budget: int | None = None
@@ -62,15 +89,11 @@ class KVCacheManager:
             return [], 0  # prompt logprobs need every prompt position computed
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
         self._hash_full_blocks(request, max_hit_blocks)
-        hit_blocks: list[int] = []
-        for block_hash in request.block_hashes[:max_hit_blocks]:
-            block_id = self.pool.lookup(block_hash)
-            if block_id is None:
-                break
-            hit_blocks.append(block_id)
+        hashes = request.block_hashes[:max_hit_blocks]
+        hit_blocks = self._longest_hit(hashes, frozenset())
         num_new = request.num_tokens - len(hit_blocks) * self.block_size
         if token_budget is not None and min(num_new, token_budget) == 1:
-            hit_blocks = self._settled_prefix(hit_blocks)
+            hit_blocks = self._longest_hit(hashes, self._registered_this_step)
         return hit_blocks, len(hit_blocks) * self.block_size
 
     def reset_prefix_cache(self) -> bool:
@@ -84,13 +107,33 @@ class KVCacheManager:
         """A new step's scheduling starts: blocks registered so far have their KV written by now."""
         self._registered_this_step.clear()
 
-    def _settled_prefix(self, hit_blocks: list[int]) -> list[int]:
-        """The leading blocks of a prefix hit up to the first one a one-token allocation registered
-        in this step (whose KV this step writes)."""
-        for i, block_id in enumerate(hit_blocks):
-            if block_id in self._registered_this_step:
-                return hit_blocks[:i]
-        return hit_blocks
+    def _longest_hit(self, hashes: list, excluded: set[int] | frozenset[int]) -> list[int]:
+        """The block ids of the longest usable prefix of `hashes` whose blocks are cached and not
+        in `excluded` (NULL_BLOCK_ID below a window's reach: module notes)."""
+
+        def cached(block_hash) -> int | None:
+            block_id = self.pool.lookup(block_hash)
+            return None if block_id in excluded else block_id
+
+        if self.sliding_window is None:
+            hit_blocks = []
+            for block_hash in hashes:
+                block_id = cached(block_hash)
+                if block_id is None:
+                    break
+                hit_blocks.append(block_id)
+            return hit_blocks
+        num_needed = max(num_window_blocks(self.sliding_window, self.block_size), 1)
+        run: list[int] = []  # cached blocks i, i + 1, ... in reverse order, found going down
+        for i in reversed(range(len(hashes))):
+            block_id = cached(hashes[i])
+            if block_id is None:
+                run = []
+                continue
+            run.append(block_id)
+            if len(run) == num_needed or i == 0:
+                return [NULL_BLOCK_ID] * i + run[::-1]
+        return []
 
     def allocate_slots(
         self,
@@ -105,6 +148,8 @@ class KVCacheManager:
         than `num_reserved_blocks` free blocks."""
         req_id = request.request_id
         held = self.req_to_blocks.get(req_id)
+        if held is not None and self.sliding_window is not None:
+            self._free_skipped_blocks(req_id, request.num_computed_tokens)
         if held is not None and not computed_blocks:  # the common decode step: often no new block
             num_total_tokens = request.num_computed_tokens + num_new_tokens
             if num_total_tokens <= len(held) * self.block_size:
@@ -119,7 +164,7 @@ class KVCacheManager:
         num_total_tokens = self._num_total_tokens(request, num_new_tokens, computed_blocks)
         num_new_blocks = self.num_blocks_to_take(request, num_new_tokens, computed_blocks)
         # Hits on free (evictable) blocks take them out of the free queue too.
-        num_free_hits = sum(1 for block_id in computed_blocks if self.pool.ref_cnts[block_id] == 0)
+        num_free_hits = self.num_free_hits(computed_blocks)
         if num_new_blocks + num_free_hits + num_reserved_blocks > self.pool.num_free_blocks:
             return None
         self.pool.touch(computed_blocks)
@@ -127,9 +172,31 @@ class KVCacheManager:
         if is_first:
             self._count_lookup(request, len(computed_blocks))
             self.num_cached_blocks[req_id] = len(computed_blocks)
+            self.num_null_blocks[req_id] = computed_blocks.count(NULL_BLOCK_ID)
         self.req_to_blocks.setdefault(req_id, []).extend(computed_blocks + new_blocks)
         self._cache_full_blocks(request, num_total_tokens, num_new_tokens == 1)
         return new_blocks
+
+    def num_free_hits(self, computed_blocks: list[int]) -> int:
+        """Blocks of a prefix hit that nobody holds (taking them shrinks the free queue)."""
+        ref_cnts = self.pool.ref_cnts
+        return sum(
+            1
+            for block_id in computed_blocks
+            if block_id != NULL_BLOCK_ID and ref_cnts[block_id] == 0
+        )
+
+    def _free_skipped_blocks(self, req_id: str, first_query_pos: int) -> None:
+        """Frees the blocks below the window of a step whose queries start at first_query_pos."""
+        num_skipped = num_skipped_blocks(first_query_pos, self.sliding_window, self.block_size)
+        start = self.num_null_blocks[req_id]
+        if num_skipped <= start:
+            return
+        block_ids = self.req_to_blocks[req_id]
+        skipped = block_ids[start:num_skipped]
+        block_ids[start:num_skipped] = [NULL_BLOCK_ID] * len(skipped)
+        self.num_null_blocks[req_id] = num_skipped
+        self.pool.free(skipped)
 
     def num_blocks_to_take(
         self, request: Request, num_new_tokens: int, computed_blocks: list[int]
@@ -149,9 +216,10 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Releases the request's blocks, tail first, so the tail is evicted first."""
         self.num_cached_blocks.pop(request.request_id, None)
+        self.num_null_blocks.pop(request.request_id, None)
         block_ids = self.req_to_blocks.pop(request.request_id, None)
         if block_ids:
-            self.pool.free(reversed(block_ids))
+            self.pool.free(reversed(block_ids))  # the pool skips NULL_BLOCK_ID
 
     def _cacheable(self, request: Request) -> bool:
         return self.enable_prefix_caching and request.prompt_embeds is None
@@ -175,6 +243,10 @@ class KVCacheManager:
         self._hash_full_blocks(request, num_full)
         block_ids = self.req_to_blocks[req_id]
         for i in range(start, num_full):
+            if (
+                block_ids[i] == NULL_BLOCK_ID
+            ):  # freed out of the window before its tokens were known
+                continue
             self.pool.cache_block(block_ids[i], request.block_hashes[i])
             if one_token:
                 self._registered_this_step.add(block_ids[i])

@@ -43,6 +43,9 @@ class CachedRequestData:
     req_id: str
     new_block_ids: list[int]  # appended to the request's block table
     num_computed_tokens: int  # before this step
+    # Its leading block-table entries no longer read (freed out of a sliding window): the worker
+    # points them to the null block. Never decreases while the request stays on the worker.
+    num_null_blocks: int = 0
 
 
 @dataclass(slots=True)

@@ -33,6 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pagedlm.config import CacheConfig, SchedulerConfig
+from pagedlm.core.block_pool import NULL_BLOCK_ID
 from pagedlm.core.growth import AdmissionReserve, GrowthEstimate
 from pagedlm.core.kv_cache_manager import KVCacheManager
 from pagedlm.core.sched_output import (
@@ -86,11 +87,16 @@ class Scheduler:
         cache_config: CacheConfig,
         num_blocks: int,
         max_model_len: int,
+        sliding_window: int | None = None,
     ) -> None:
+        """sliding_window: every layer's window, if all have one (their blocks out of it are freed)."""
         self.config = sched_config
         self.max_model_len = max_model_len
         self.kv_cache_manager = KVCacheManager(
-            num_blocks, cache_config.block_size, cache_config.enable_prefix_caching
+            num_blocks,
+            cache_config.block_size,
+            cache_config.enable_prefix_caching,
+            sliding_window,
         )
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.waiting: list[Request] = []
@@ -105,7 +111,7 @@ class Scheduler:
             int, dict[str, Request]
         ] = {}  # step_id -> its requests, until updated
         self.num_preemptions = 0
-        self.growth = GrowthEstimate(max_model_len)
+        self.growth = GrowthEstimate(max_model_len, sliding_window=sliding_window)
 
     # ---- requests in and out ----
 
@@ -282,7 +288,12 @@ class Scheduler:
             if new_blocks is None:  # the request was the lowest and preempted itself
                 break
             plan.cached_reqs.append(
-                CachedRequestData(request.request_id, new_blocks, request.num_computed_tokens)
+                CachedRequestData(
+                    request.request_id,
+                    new_blocks,
+                    request.num_computed_tokens,
+                    self.kv_cache_manager.get_num_null_blocks(request.request_id),
+                )
             )
             self._commit(request, num_new, plan)
             i += 1
@@ -340,7 +351,7 @@ class Scheduler:
         kv = self.kv_cache_manager
         ref_cnts = kv.pool.ref_cnts
         hits = set(hit_blocks)
-        num_free = kv.pool.num_free_blocks - sum(1 for block_id in hits if ref_cnts[block_id] == 0)
+        num_free = kv.pool.num_free_blocks - kv.num_free_hits(list(hits))
         num_holders: dict[
             int, int
         ] = {}  # block id -> holders left once the victims so far are gone
@@ -348,6 +359,8 @@ class Scheduler:
             if num_free >= num_needed:
                 return num_victims
             for block_id in kv.get_block_ids(victim.request_id):
+                if block_id == NULL_BLOCK_ID:
+                    continue
                 num_holders[block_id] = num_holders.get(block_id, ref_cnts[block_id]) - 1
                 if num_holders[block_id] == 0 and block_id not in hits:
                     num_free += 1

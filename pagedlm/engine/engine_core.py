@@ -48,10 +48,14 @@ class EngineCore:
 
     def _init_scheduler(self) -> None:
         from pagedlm.core.scheduler import Scheduler
+        from pagedlm.core.sliding_window import uniform_window
+        from pagedlm.model.llama import layer_sliding_window
 
-        max_model_len = self.config.model.max_model_len
+        model = self.config.model
+        max_model_len = model.max_model_len
+        window = uniform_window(layer_sliding_window(model, i) for i in range(model.num_layers))
         self.scheduler = Scheduler(
-            self.config.scheduler, self.config.cache, self.num_blocks, max_model_len
+            self.config.scheduler, self.config.cache, self.num_blocks, max_model_len, window
         )
         _check_kv_capacity(
             self.scheduler.kv_cache_manager.capacity_tokens, max_model_len, self.num_blocks

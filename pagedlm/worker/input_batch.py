@@ -52,6 +52,8 @@ class InputBatch:
         self.num_computed_tokens_np = np.zeros(num_rows, np.int32)
         self.block_table_np = np.zeros((num_rows, num_cols), np.int32)
         self.num_blocks_np = np.zeros(num_rows, np.int32)
+        # leading entries pointed to the null block (out of a sliding window), cached_reqs' count
+        self.num_null_blocks_np = np.zeros(num_rows, np.int32)
         self.num_logprobs_np = np.full(num_rows, -1, np.int32)
         self.num_prompt_logprobs_np = np.full(num_rows, -1, np.int32)
         # the position a step in flight samples into (valid while >= num_tokens_np[row])
@@ -94,6 +96,7 @@ class InputBatch:
         self.num_computed_tokens_np[row] = new.num_computed_tokens
         self.block_table_np[row] = 0
         self.num_blocks_np[row] = 0
+        self.num_null_blocks_np[row] = 0
         self._append_blocks(row, new.block_ids)
         logprobs = new.sampling_params.logprobs
         self.num_logprobs_np[row] = -1 if logprobs is None else logprobs
@@ -147,9 +150,22 @@ class InputBatch:
         row = self.req_id_to_row.get(cached.req_id)
         if row is None:
             raise ValueError(f"cached_reqs: request {cached.req_id} is not on the worker")
+        if cached.num_null_blocks > self.num_null_blocks_np[row]:
+            self._null_blocks(row, cached.num_null_blocks)
         if cached.new_block_ids:
             self._append_blocks(row, cached.new_block_ids)
         self.num_computed_tokens_np[row] = cached.num_computed_tokens
+
+    def _null_blocks(self, row: int, num_null: int) -> None:
+        """The row's first num_null blocks went back to the pool: point them to the null block."""
+        if num_null > self.num_blocks_np[row]:
+            raise ValueError(
+                f"request {self.req_ids[row]}: num_null_blocks={num_null} exceeds its "
+                f"{self.num_blocks_np[row]} blocks"
+            )
+        self.block_table_np[row, self.num_null_blocks_np[row] : num_null] = 0
+        self.num_null_blocks_np[row] = num_null
+        self._blocks_version += 1
 
     def _append_blocks(self, row: int, block_ids: list[int]) -> None:
         start = int(self.num_blocks_np[row])
