@@ -48,12 +48,19 @@ FAMILIES = {
 
 
 def save_tiny_model(
-    folder: Path, family: str, seed: int = 0, vocab_size: int = VOCAB_SIZE
+    folder: Path,
+    family: str,
+    seed: int = 0,
+    vocab_size: int = VOCAB_SIZE,
+    config_overrides: dict[str, Any] | None = None,
 ) -> torch.nn.Module:
     """Peaked random weights (initializer_range 0.3), so greedy picks are far from ties;
-    norms and biases perturbed away from 1s and 0s."""
+    norms and biases perturbed away from 1s and 0s. config_overrides: attributes set on the
+    family's config (e.g. sliding_window)."""
     hf_config: PretrainedConfig = FAMILIES[family]()
     hf_config.vocab_size = vocab_size
+    for name, value in (config_overrides or {}).items():
+        setattr(hf_config, name, value)
     hf_config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32).eval()

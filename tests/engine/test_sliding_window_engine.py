@@ -1,0 +1,117 @@
+"""End to end with sliding-window KV freeing: a tiny Mistral (window 32, blocks of 16) on prompts
+several windows long gives exactly transformers' greedy tokens with chunked prefill, prefix hits
+and preemption, while each decoding request holds at most W / B + 2 blocks; a Qwen2 mixing full
+and sliding layers keeps every block (no freeing) and matches too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_hf_models import hf_greedy, random_prompts, save_tiny_model
+
+from pagedlm import LLM, SamplingParams
+
+WINDOW, BLOCK_SIZE = 32, 16
+NUM_NEW_TOKENS = 40
+LONG_PROMPTS = random_prompts(6, 70, 150, seed=5)  # 2-5 windows
+(_PREFIX,) = random_prompts(1, 96, 96, seed=6)
+SHARED_PROMPTS = [_PREFIX + suffix for suffix in random_prompts(6, 1, 40, seed=7)]
+BASE_ARGS = dict(dtype="float32", skip_tokenizer_init=True, block_size=BLOCK_SIZE, device="cpu")
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True)
+# scenario -> (prompts, engine arguments)
+SCENARIOS = {
+    "chunked": (LONG_PROMPTS, dict(max_num_batched_tokens=24, num_gpu_blocks_override=64)),
+    "prefix": (
+        SHARED_PROMPTS,
+        dict(enable_prefix_caching=True, max_num_seqs=2, num_gpu_blocks_override=64),
+    ),
+    # 13 usable blocks (the cache holds max_model_len - 1 tokens): decodes are capped at 3 blocks,
+    # so it is prefill chunks growing beside them that run the pool out
+    "preempt": (
+        LONG_PROMPTS,
+        dict(max_model_len=208, num_gpu_blocks_override=14, max_num_batched_tokens=32),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def mistral(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
+    folder = tmp_path_factory.mktemp("mistral_w32")
+    model = save_tiny_model(folder, "mistral", config_overrides={"sliding_window": WINDOW})
+    return folder, model
+
+
+@pytest.fixture(scope="module")
+def mistral_reference(mistral) -> dict[str, list[list[int]]]:
+    _, model = mistral
+    return {
+        "long": hf_greedy(model, LONG_PROMPTS, NUM_NEW_TOKENS),
+        "shared": hf_greedy(model, SHARED_PROMPTS, NUM_NEW_TOKENS),
+    }
+
+
+def held_blocks_while_decoding(llm: LLM) -> list[int]:
+    """Wraps the scheduler: the blocks each request scheduled for one token holds, every step."""
+    scheduler = llm.llm_engine.engine_core.scheduler
+    schedule, held = scheduler.schedule, []
+
+    def recording_schedule():
+        output = schedule()
+        kv = scheduler.kv_cache_manager
+        held.extend(
+            kv.num_held_blocks(req_id)
+            for req_id, num_tokens in output.num_scheduled_tokens.items()
+            if num_tokens == 1
+        )
+        return output
+
+    scheduler.schedule = recording_schedule
+    return held
+
+
+@pytest.mark.parametrize(
+    "scenario, async_scheduling",
+    [("chunked", True), ("prefix", False), ("preempt", True)],
+    ids=["chunked-async", "prefix-sync", "preempt-async"],
+)
+def test_mistral_window_freeing_matches_transformers(
+    mistral, mistral_reference, scenario: str, async_scheduling: bool
+) -> None:
+    prompts, engine_args = SCENARIOS[scenario]
+    llm = LLM(str(mistral[0]), **BASE_ARGS, **engine_args, async_scheduling=async_scheduling)
+    scheduler = llm.llm_engine.engine_core.scheduler
+    assert scheduler.kv_cache_manager.sliding_window == WINDOW
+    if scenario == "preempt":  # admission by the prompt alone: the pool runs out
+        scheduler.growth.enabled = False
+    held = held_blocks_while_decoding(llm)
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    want = mistral_reference["shared" if scenario == "prefix" else "long"]
+    assert [o.outputs[0].token_ids for o in outputs] == want
+    assert len(held) >= len(prompts) * (NUM_NEW_TOKENS - 2)
+    assert max(held) <= WINDOW // BLOCK_SIZE + 2
+    stats = llm.get_stats()
+    if scenario == "prefix":
+        assert max(o.num_cached_tokens for o in outputs) >= 80
+    if scenario == "preempt":
+        assert stats.num_preemptions > 0
+
+
+def test_mixed_full_and_sliding_layers_keep_every_block(tmp_path: Path) -> None:
+    """Qwen2 with layer_types [full, sliding]: no freeing (the full layer reads every key), and
+    the sliding layer's decodes are windowed on their own (the CPU backend plans per window)."""
+    overrides = dict(
+        use_sliding_window=True,
+        sliding_window=16,
+        max_window_layers=1,
+        layer_types=["full_attention", "sliding_attention"],
+    )
+    model = save_tiny_model(tmp_path, "qwen2", config_overrides=overrides)
+    prompts = LONG_PROMPTS[:3]
+    llm = LLM(str(tmp_path), **BASE_ARGS, num_gpu_blocks_override=64, max_num_batched_tokens=40)
+    assert llm.llm_engine.engine_core.scheduler.kv_cache_manager.sliding_window is None
+    held = held_blocks_while_decoding(llm)
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == hf_greedy(model, prompts, NUM_NEW_TOKENS)
+    assert max(held) == -(-(max(map(len, prompts)) + NUM_NEW_TOKENS - 1) // BLOCK_SIZE)
