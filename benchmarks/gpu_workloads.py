@@ -57,6 +57,23 @@ MODELS = {
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
     },
+    "mistral-7b": {  # Mistral-7B-v0.1: every layer windowed
+        "architectures": ["MistralForCausalLM"],
+        "model_type": "mistral",
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 32000,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 32768,
+        "sliding_window": 4096,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    },
 }
 VLLM = {
     "L1": 201.4,
@@ -116,6 +133,10 @@ def workload(wid: str) -> tuple[str, list[list[int]], list[int], float, dict]:
     if wid == "T4":  # a skewed mix: see benchmarks/skewed_mix.py
         prompts, max_tokens = skewed_mix.skewed_mix()
         return "llama3-8b", prompts, max_tokens, skewed_mix.TEMPERATURE, {}
+    if wid == "S1":  # long prompts on a sliding-window model: up to two windows each
+        prompts = [random_prompts(rng, 1, rng.randint(1000, 8000))[0] for _ in range(512)]
+        max_tokens = [rng.randint(128, 512) for _ in range(512)]
+        return "mistral-7b", prompts, max_tokens, 0.0, {"max_model_len": 8704}
     raise ValueError(f"unknown workload {wid}")
 
 

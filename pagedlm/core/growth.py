@@ -29,7 +29,7 @@ import itertools
 import math
 from collections.abc import Callable, Hashable
 
-from pagedlm.core.sliding_window import num_held_blocks
+from pagedlm.core.sliding_window import cdiv, num_held_blocks, num_skipped_blocks
 from pagedlm.request import Request
 
 INITIAL_FRACTION = 1.0
@@ -64,16 +64,24 @@ class GrowthEstimate:
         num_uncomputed = max(request.num_tokens - num_kv_tokens, 0)
         return num_uncomputed + self.fraction * max(allowance - num_outputs, 0)
 
-    def blocks(self, request: Request, num_kv_tokens: int, block_size: int) -> int:
-        """Blocks beyond the cdiv(num_kv_tokens, block_size) that hold its first num_kv_tokens
-        (beyond the window's blocks, with a sliding window)."""
+    def blocks(
+        self, request: Request, num_kv_tokens: int, block_size: int, num_held: int | None = None
+    ) -> int:
+        """Blocks beyond the cdiv(num_kv_tokens, block_size) that hold its first num_kv_tokens.
+        With a sliding window: beyond num_held, the blocks it holds, up to the most it will hold,
+        during the rest of its prompt (in one chunk at worst) or once it has its expected tokens."""
         expected = math.ceil(num_kv_tokens + self.tokens(request, num_kv_tokens))
         window = self.sliding_window
-        return max(
-            num_held_blocks(expected, window, block_size)
-            - num_held_blocks(num_kv_tokens, window, block_size),
-            0,
-        )
+        if window is None:
+            return max(cdiv(expected, block_size) - cdiv(num_kv_tokens, block_size), 0)
+        peak = num_held_blocks(expected, window, block_size)
+        num_uncomputed = max(request.num_tokens - num_kv_tokens, 0)
+        if num_uncomputed and self.enabled:
+            rest_of_prompt = cdiv(num_kv_tokens + num_uncomputed, block_size)
+            peak = max(peak, rest_of_prompt - num_skipped_blocks(num_kv_tokens, window, block_size))
+        if num_held is None:
+            num_held = num_held_blocks(num_kv_tokens, window, block_size)
+        return max(peak - num_held, 0)
 
     def _output_allowance(self, max_tokens: int, num_prompt: int) -> int:
         return min(max_tokens, self.max_model_len - num_prompt, MAX_ESTIMATED_OUTPUTS)
@@ -89,20 +97,25 @@ class AdmissionReserve:
         growth: GrowthEstimate,
         block_size: int,
         sort_key: Callable[[Request], Hashable],
+        num_held: Callable[[Request], int],
     ) -> None:
+        """num_held: the blocks a running request holds."""
         self._growth = growth
         self._block_size = block_size
         self._keys = [sort_key(request) for request in running]
-        growth_blocks = (growth.blocks(r, r.num_computed_tokens, block_size) for r in running)
+        growth_blocks = (
+            growth.blocks(r, r.num_computed_tokens, block_size, num_held(r)) for r in running
+        )
         self._prefix_sums = list(itertools.accumulate(growth_blocks, initial=0))
         self._admitted: list[tuple[Hashable, int]] = []  # (sort key, growth blocks)
 
     def blocks_to_keep(
-        self, request: Request, key: Hashable, num_kv_tokens: int
+        self, request: Request, key: Hashable, num_kv_tokens: int, num_held: int
     ) -> tuple[int, int]:
-        """-> (blocks to leave free if `request` is admitted holding num_kv_tokens, its own growth
-        blocks): its growth plus that of everyone ranked before it; 0 when it would be alone."""
-        own = self._growth.blocks(request, num_kv_tokens, self._block_size)
+        """-> (blocks to leave free if `request` is admitted holding num_kv_tokens in num_held
+        blocks, its own growth blocks): its growth plus that of everyone ranked before it; 0 when
+        it would be alone."""
+        own = self._growth.blocks(request, num_kv_tokens, self._block_size, num_held)
         if not self._keys and not self._admitted:
             return 0, own
         before = self._prefix_sums[bisect.bisect_left(self._keys, key)]

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pagedlm.config import CacheConfig, SchedulerConfig
 from pagedlm.core.block_pool import NULL_BLOCK_ID
 from pagedlm.core.growth import AdmissionReserve, GrowthEstimate
-from pagedlm.core.kv_cache_manager import KVCacheManager
+from pagedlm.core.kv_cache_manager import KVCacheManager, cdiv
 from pagedlm.core.sched_output import (
     CachedRequestData,
     EngineCoreOutput,
@@ -325,7 +325,7 @@ class Scheduler:
         """`head` outranks running[first_after:], none of them scheduled this step: preempts the
         fewest of them, from the end, that let the pool admit `head` (module notes)."""
         kv = self.kv_cache_manager
-        reserve = AdmissionReserve(self.running, self.growth, kv.block_size, self._sort_key)
+        reserve = self._admission_reserve()
         admission = self._admission(head, plan.token_budget, reserve)
         num_needed = (
             kv.num_blocks_to_take(head, admission.num_new, admission.hit_blocks)
@@ -374,10 +374,24 @@ class Scheduler:
             request, token_budget
         )
         num_new = min(request.num_tokens - num_hit_tokens, token_budget)
+        num_kv_tokens = num_hit_tokens + num_new
+        num_held = cdiv(num_kv_tokens, self.kv_cache_manager.block_size) - hit_blocks.count(
+            NULL_BLOCK_ID
+        )
         num_reserved, own_blocks = reserve.blocks_to_keep(
-            request, self._sort_key(request), num_hit_tokens + num_new
+            request, self._sort_key(request), num_kv_tokens, num_held
         )
         return _Admission(hit_blocks, num_hit_tokens, num_new, num_reserved, own_blocks)
+
+    def _admission_reserve(self) -> AdmissionReserve:
+        kv = self.kv_cache_manager
+        return AdmissionReserve(
+            self.running,
+            self.growth,
+            kv.block_size,
+            self._sort_key,
+            lambda request: kv.num_held_blocks(request.request_id),
+        )
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
         """Admits while the budget, max_num_seqs and the pool allow, keeping free the blocks the
@@ -396,7 +410,7 @@ class Scheduler:
                 i += 1
                 continue
             if reserve is None:
-                reserve = AdmissionReserve(self.running, self.growth, kv.block_size, self._sort_key)
+                reserve = self._admission_reserve()
             admission = self._admission(request, plan.token_budget, reserve)
             if (
                 kv.allocate_slots(

@@ -122,7 +122,12 @@ def test_growth_reserve_is_capped_by_the_window() -> None:
     windowed = GrowthEstimate(4096, sliding_window=32)
     assert full.blocks(request, 100, 16) == cdiv(1100, 16) - cdiv(100, 16)
     assert windowed.blocks(request, 100, 16) == 0  # 100 tokens already fill the window
-    assert windowed.blocks(request, 10, 16) == 2  # 1 block now, 3 once the window is full
+    short = make_request("short", list(range(10)), max_tokens=1000)
+    assert windowed.blocks(short, 10, 16) == 2  # 1 block now, 3 once the window is full
+    # a prompt prefilled in chunks: the rest of it in one chunk holds the window and the chunk
+    long = make_request("long", list(range(1000)), max_tokens=10)
+    assert windowed.blocks(long, 512, 16, num_held=32) == cdiv(1000, 16) - (512 - 31) // 16 - 32
+    assert windowed.blocks(long, 1000, 16, num_held=33) == 0  # decoding it holds 3
 
 
 @pytest.mark.parametrize("async_depth", [0, 1])
