@@ -5,6 +5,8 @@
 #   sweep      benchmarks/attention_kernels.py --sweep (prefill tile settings vs SDPA)
 #   workloads  benchmarks/gpu_workloads.py on $WORKLOADS (transformers' T0 as the peer if PEER=1)
 #   t2         workload T2 alone (the longest)
+#   s1         workload S1 (Mistral-7B shape, window 4,096) with the window's blocks freed, then kept
+#              (PAGEDLM_FREE_SLIDING_WINDOW=0): the A/B of sliding-window freeing
 #   sampler    benchmarks/sampler_overhead.py on qwen3-0.6b at T0's shape (greedy / random / full)
 #   serve      benchmarks/serve_gpu.sh (bench serve at rates 10, 50, inf + bench throughput)
 #   host       benchmarks/host_step.py on the GPU (step time vs one decode graph replay)
@@ -36,6 +38,9 @@ for s in ${STEPS:-tests sweep workloads}; do
     workloads) step workloads "${BENCH_TIMEOUT:-300}" python3 benchmarks/gpu_workloads.py --json "$OUT/bench.json" \
              ${PEER:+--peer} --workloads "${WORKLOADS:-L2,T0-qwen3-0.6b,T1,L1,T0-llama3-8b,T3-on,T3-off}" ;;
     t2) step t2 "${T2_TIMEOUT:-280}" python3 benchmarks/gpu_workloads.py --json "$OUT/bench_t2.json" --workloads T2 ;;
+    s1) step s1 "${S1_TIMEOUT:-280}" python3 benchmarks/gpu_workloads.py --json "$OUT/bench_s1.json" --workloads S1
+        step s1-kept "${S1_TIMEOUT:-280}" env PAGEDLM_FREE_SLIDING_WINDOW=0 python3 benchmarks/gpu_workloads.py \
+             --json "$OUT/bench_s1_kept.json" --workloads S1 ;;
     sampler) step sampler "${SAMPLER_TIMEOUT:-120}" python3 benchmarks/sampler_overhead.py --device cuda \
              --model "$(python3 benchmarks/gpu_workloads.py --write-model qwen3-0.6b)" \
              --load-format dummy --num-prompts 256 --input-len 512 --output-len 128 --repeats 3 ;;

@@ -134,8 +134,8 @@ def workload(wid: str) -> tuple[str, list[list[int]], list[int], float, dict]:
         prompts, max_tokens = skewed_mix.skewed_mix()
         return "llama3-8b", prompts, max_tokens, skewed_mix.TEMPERATURE, {}
     if wid == "S1":  # long prompts on a sliding-window model: up to two windows each
-        prompts = [random_prompts(rng, 1, rng.randint(1000, 8000))[0] for _ in range(512)]
-        max_tokens = [rng.randint(128, 512) for _ in range(512)]
+        prompts = [random_prompts(rng, 1, rng.randint(1000, 8000))[0] for _ in range(256)]
+        max_tokens = [rng.randint(128, 512) for _ in range(256)]
         return "mistral-7b", prompts, max_tokens, 0.0, {"max_model_len": 8704}
     raise ValueError(f"unknown workload {wid}")
 

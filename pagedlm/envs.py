@@ -85,6 +85,13 @@ ENVIRONMENT_VARIABLES = {
             "measurements); read at import",
         ),
         EnvVar(
+            "PAGEDLM_FREE_SLIDING_WINDOW",
+            "1",
+            _flag,
+            "0: requests of a sliding-window model keep every KV block, as under full attention, "
+            "instead of freeing those below the window (for A/B measurements)",
+        ),
+        EnvVar(
             "TRITON_INTERPRET",
             "0",
             _triton_flag,
@@ -103,6 +110,7 @@ if TYPE_CHECKING:
     PAGEDLM_ALLOW_LONG_MAX_MODEL_LEN: bool
     PAGEDLM_FUSE_NORMS: bool
     PAGEDLM_PDL: bool
+    PAGEDLM_FREE_SLIDING_WINDOW: bool
     TRITON_INTERPRET: bool
 
 

@@ -27,8 +27,9 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
         envs.PAGEDLM_ALLOW_LONG_MAX_MODEL_LEN,
         envs.PAGEDLM_FUSE_NORMS,
         envs.PAGEDLM_PDL,
+        envs.PAGEDLM_FREE_SLIDING_WINDOW,
         envs.TRITON_INTERPRET,
-    ) == ("INFO", False, True, True, False)
+    ) == ("INFO", False, True, True, True, False)
 
 
 def test_read_on_access(monkeypatch: pytest.MonkeyPatch) -> None:

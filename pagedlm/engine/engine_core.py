@@ -12,6 +12,7 @@ import gc
 from collections import deque
 from typing import Any
 
+from pagedlm import envs
 from pagedlm.config import EngineConfig
 from pagedlm.core.sched_output import EngineCoreOutput, SchedulerOutput
 from pagedlm.engine.lifecycle import EngineLifecycle
@@ -54,6 +55,8 @@ class EngineCore:
         model = self.config.model
         max_model_len = model.max_model_len
         window = uniform_window(layer_sliding_window(model, i) for i in range(model.num_layers))
+        if not envs.PAGEDLM_FREE_SLIDING_WINDOW:
+            window = None  # every block kept (the kernels still apply the window)
         self.scheduler = Scheduler(
             self.config.scheduler, self.config.cache, self.num_blocks, max_model_len, window
         )

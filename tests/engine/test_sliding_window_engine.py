@@ -98,6 +98,12 @@ def test_mistral_window_freeing_matches_transformers(
         assert stats.num_preemptions > 0
 
 
+def test_freeing_can_be_switched_off_for_a_b_runs(mistral, monkeypatch) -> None:
+    monkeypatch.setenv("PAGEDLM_FREE_SLIDING_WINDOW", "0")
+    llm = LLM(str(mistral[0]), **BASE_ARGS, num_gpu_blocks_override=64)
+    assert llm.llm_engine.engine_core.scheduler.kv_cache_manager.sliding_window is None
+
+
 def test_mixed_full_and_sliding_layers_keep_every_block(tmp_path: Path) -> None:
     """Qwen2 with layer_types [full, sliding]: no freeing (the full layer reads every key), and
     the sliding layer's decodes are windowed on their own (the CPU backend plans per window)."""
