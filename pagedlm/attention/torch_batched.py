@@ -30,7 +30,8 @@ class DecodeBucket:
     """Decode rows whose contexts are padded to the same number of blocks."""
 
     rows: torch.Tensor  # [b] int64: the query row of each sequence
-    block_ids: torch.Tensor  # [b * num_blocks] int64: their block tables, flattened
+    # [b * num_blocks] int64: their block tables from the first block of each one's window, flattened
+    block_ids: torch.Tensor
     num_blocks: int
     stale_keys: torch.Tensor  # [n] int64: flat key rows (of b * kv_len) at or past seq_len
     hidden: torch.Tensor  # [b, 1, kv_len] bool: keys past seq_len or outside the window

@@ -19,7 +19,8 @@ large max_tokens soon reserves little. An allowance counts at most MAX_ESTIMATED
 (up to max_model_len: 40k tokens on Qwen3) do not each hold a context's worth of blocks while the
 fraction is still being learned. Preemption stays the safety net when the estimate is short.
 With a sliding window (every layer) a request's blocks are capped (core/sliding_window.py): its
-growth is the blocks it will hold once it has its expected tokens less those it holds now.
+growth is the most it will hold (the rest of its prompt in one chunk beside its window, or its
+window once decoding) less what it holds now.
 """
 
 from __future__ import annotations

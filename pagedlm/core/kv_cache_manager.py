@@ -29,7 +29,7 @@ last num_window_blocks of them); the ones below are null in the hit.
 
 from __future__ import annotations
 
-from pagedlm.core.block_hash import cache_salt_keys, hash_block
+from pagedlm.core.block_hash import BlockHash, cache_salt_keys, hash_block
 from pagedlm.core.block_pool import NULL_BLOCK_ID, BlockPool
 from pagedlm.core.sliding_window import cdiv, num_skipped_blocks, num_window_blocks
 from pagedlm.request import Request
@@ -107,11 +107,13 @@ class KVCacheManager:
         """A new step's scheduling starts: blocks registered so far have their KV written by now."""
         self._registered_this_step.clear()
 
-    def _longest_hit(self, hashes: list, excluded: set[int] | frozenset[int]) -> list[int]:
+    def _longest_hit(
+        self, hashes: list[BlockHash], excluded: set[int] | frozenset[int]
+    ) -> list[int]:
         """The block ids of the longest usable prefix of `hashes` whose blocks are cached and not
         in `excluded` (NULL_BLOCK_ID below a window's reach: module notes)."""
 
-        def cached(block_hash) -> int | None:
+        def cached(block_hash: BlockHash) -> int | None:
             block_id = self.pool.lookup(block_hash)
             return None if block_id in excluded else block_id
 
@@ -176,6 +178,11 @@ class KVCacheManager:
         self.req_to_blocks.setdefault(req_id, []).extend(computed_blocks + new_blocks)
         self._cache_full_blocks(request, num_total_tokens, num_new_tokens == 1)
         return new_blocks
+
+    def num_held_after_admission(self, computed_blocks: list[int], num_total_tokens: int) -> int:
+        """The blocks a request holding none holds once allocate_slots gave it num_total_tokens
+        after the prefix hit computed_blocks."""
+        return cdiv(num_total_tokens, self.block_size) - computed_blocks.count(NULL_BLOCK_ID)
 
     def num_free_hits(self, computed_blocks: list[int]) -> int:
         """Blocks of a prefix hit that nobody holds (taking them shrinks the free queue)."""
@@ -243,9 +250,8 @@ class KVCacheManager:
         self._hash_full_blocks(request, num_full)
         block_ids = self.req_to_blocks[req_id]
         for i in range(start, num_full):
-            if (
-                block_ids[i] == NULL_BLOCK_ID
-            ):  # freed out of the window before its tokens were known
+            # a block freed out of the window before its tokens were known stays unregistered
+            if block_ids[i] == NULL_BLOCK_ID:
                 continue
             self.pool.cache_block(block_ids[i], request.block_hashes[i])
             if one_token:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pagedlm.config import CacheConfig, SchedulerConfig
 from pagedlm.core.block_pool import NULL_BLOCK_ID
 from pagedlm.core.growth import AdmissionReserve, GrowthEstimate
-from pagedlm.core.kv_cache_manager import KVCacheManager, cdiv
+from pagedlm.core.kv_cache_manager import KVCacheManager
 from pagedlm.core.sched_output import (
     CachedRequestData,
     EngineCoreOutput,
@@ -375,9 +375,7 @@ class Scheduler:
         )
         num_new = min(request.num_tokens - num_hit_tokens, token_budget)
         num_kv_tokens = num_hit_tokens + num_new
-        num_held = cdiv(num_kv_tokens, self.kv_cache_manager.block_size) - hit_blocks.count(
-            NULL_BLOCK_ID
-        )
+        num_held = self.kv_cache_manager.num_held_after_admission(hit_blocks, num_kv_tokens)
         num_reserved, own_blocks = reserve.blocks_to_keep(
             request, self._sort_key(request), num_kv_tokens, num_held
         )
