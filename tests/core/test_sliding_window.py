@@ -85,10 +85,13 @@ def windowed_scheduler(
     max_num_seqs: int = 16,
     window: int | None = WINDOW,
     enable_prefix_caching: bool = True,
+    policy: str = "fcfs",
 ) -> Scheduler:
     """Admission by the prompt alone (no growth reserve), so small pools preempt."""
     sched = Scheduler(
-        SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
+        SchedulerConfig(
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, policy=policy
+        ),
         CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=enable_prefix_caching),
         num_blocks,
         max_model_len,
@@ -205,20 +208,25 @@ def test_hit_with_a_gap_falls_back_below_it() -> None:
 SEEDS = [0, 1, 2]
 
 
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("async_depth", [0, 1])
-def test_schedules_match_the_windowed_model(seed: int, async_depth: int) -> None:
-    """Random prompts several windows long, many sharing prefixes, a small pool (preemption),
-    a small token budget (chunked prefill): every request gets the tokens of the model run
-    alone, the runner's checks hold every step, and the pool ends empty."""
+def test_schedules_match_the_windowed_model(seed: int, async_depth: int, policy: str) -> None:
+    """Random prompts several windows long, many sharing prefixes, a small pool (preemption;
+    under the priority policy also for a waiting request that outranks running ones), a small
+    token budget (chunked prefill): every request gets the tokens of the model run alone, the
+    runner's checks hold every step, and the pool ends empty."""
     rng = random.Random(seed)
     prefixes = [[rng.randrange(VOCAB) for _ in range(rng.randint(30, 60))] for _ in range(3)]
     requests = []
     for i in range(12):
         suffix = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 40))]
         prompt = (rng.choice(prefixes) if rng.random() < 0.7 else []) + suffix
-        requests.append(make_request(f"r{i}", prompt, max_tokens=rng.randint(20, 60)))
-    sched = windowed_scheduler(21, max_num_batched_tokens=40, max_model_len=256, max_num_seqs=8)
+        max_tokens, priority = rng.randint(20, 60), rng.randint(0, 3)
+        requests.append(make_request(f"r{i}", prompt, max_tokens, priority=priority))
+    sched = windowed_scheduler(
+        21, max_num_batched_tokens=40, max_model_len=256, max_num_seqs=8, policy=policy
+    )
     for request in requests:
         sched.add_request(request)
     results = run_engine(sched, WindowRunner(BLOCK_SIZE), depth=async_depth)
