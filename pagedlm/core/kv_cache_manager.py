@@ -16,10 +16,15 @@ of one token (`get_computed_blocks` with the step's token budget; the scheduler 
 at each step's start): it recomputes from there. A block filled by a longer query is safe to hit:
 its step is not decode-only.
 
-Sliding windows (every layer windowed, window W: core/sliding_window.py): before each allocation,
-the blocks no query of the step or a later one reads (wholly below num_computed_tokens - W + 1)
-go back to the pool, and their entries in the request's block list become NULL_BLOCK_ID (the
-request's first `num_null_blocks` entries; the worker points them to the null block). The
+Sliding windows (every layer windowed, window W: core/sliding_window.py): before each allocation
+that takes new blocks, the blocks no query of the step or a later one reads (wholly below
+num_computed_tokens - W + 1) go back to the pool, and their entries in the request's block list
+become NULL_BLOCK_ID (the request's first `num_null_blocks` entries; the worker points them to
+the null block). An allocation that takes no new block frees only where the request holds more
+than a decode's peak, cdiv(W - 1, B) + 1 blocks (the surplus a prefill chunk leaves): a decoding
+request's skipped block waits for its next new block, so its block table changes once a block of
+tokens, as under full attention (a steady decode reuses the table on the device), and it never
+holds more than that peak. The
 attention kernels never read keys below a query's window, so a freed block that another request
 takes is never read for this one. A step in flight may still read a block this step frees: the
 block is only written again by a later step, which runs after it on the device's stream. A
@@ -51,6 +56,8 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.sliding_window = sliding_window
+        if sliding_window is not None:  # what a decoding request holds at most (module notes)
+            self._max_decode_blocks = num_window_blocks(sliding_window, block_size) + 1
         self.pool = BlockPool(num_blocks)
         # per request, one entry per block of its tokens; the first num_null_blocks are NULL_BLOCK_ID
         self.req_to_blocks: dict[str, list[int]] = {}
@@ -150,13 +157,16 @@ class KVCacheManager:
         than `num_reserved_blocks` free blocks."""
         req_id = request.request_id
         held = self.req_to_blocks.get(req_id)
-        if held is not None and self.sliding_window is not None:
-            self._free_skipped_blocks(req_id, request.num_computed_tokens)
+        windowed = held is not None and self.sliding_window is not None
         if held is not None and not computed_blocks:  # the common decode step: often no new block
             num_total_tokens = request.num_computed_tokens + num_new_tokens
             if num_total_tokens <= len(held) * self.block_size:
+                if windowed and self.num_held_blocks(req_id) > self._max_decode_blocks:
+                    self._free_skipped_blocks(req_id, request.num_computed_tokens)
                 self._cache_full_blocks(request, num_total_tokens, num_new_tokens == 1)
                 return []
+        if windowed:
+            self._free_skipped_blocks(req_id, request.num_computed_tokens)
         computed_blocks = computed_blocks or []
         is_first = held is None
         if computed_blocks and not is_first:

@@ -143,7 +143,8 @@ def test_long_generation_holds_at_most_the_window(async_depth: int) -> None:
     request = make_request("long", [random.Random(0).randrange(VOCAB) for _ in range(90)], 300)
     sched.add_request(request)
     kv = sched.kv_cache_manager
-    decode_held = []
+    decode_held, table_changes = [], []
+    nulls = [0]  # the last num_null_blocks sent
 
     def check(sched: Scheduler, so: SchedulerOutput) -> None:
         num_new = so.num_scheduled_tokens.get("long")
@@ -152,6 +153,10 @@ def test_long_generation_holds_at_most_the_window(async_depth: int) -> None:
         held = kv.num_held_blocks("long")
         assert kv.pool.num_free_blocks == kv.pool.num_usable_blocks - held  # freed, not leaked
         if num_new == 1:
+            (cached,) = so.cached_reqs or [None]
+            if cached is not None and (cached.new_block_ids or cached.num_null_blocks > nulls[0]):
+                table_changes.append(len(decode_held))
+            nulls[0] = cached.num_null_blocks if cached is not None else nulls[0]
             decode_held.append(held)
             assert held <= WINDOW // BLOCK_SIZE + 2
         else:
@@ -161,6 +166,8 @@ def test_long_generation_holds_at_most_the_window(async_depth: int) -> None:
     results = run_engine(sched, runner, depth=async_depth, on_step=check)
     assert results["long"].token_ids == reference_output(request, 512, windowed_next_token)[0]
     assert len(decode_held) >= 290 and max(decode_held) >= 3
+    # the block table changes once a block of tokens (a new block and a freed one together)
+    assert len(table_changes) <= len(decode_held) // BLOCK_SIZE + 2
     assert kv.pool.num_free_blocks == kv.pool.num_usable_blocks
 
 
