@@ -24,12 +24,11 @@ the null block). An allocation that takes no new block frees only where the requ
 than a decode's peak, cdiv(W - 1, B) + 1 blocks (the surplus a prefill chunk leaves): a decoding
 request's skipped block waits for its next new block, so its block table changes once a block of
 tokens, as under full attention (a steady decode reuses the table on the device), and it never
-holds more than that peak. The
-attention kernels never read keys below a query's window, so a freed block that another request
-takes is never read for this one. A step in flight may still read a block this step frees: the
-block is only written again by a later step, which runs after it on the device's stream. A
-prefix hit of k blocks is usable iff the blocks its first query's window reaches are cached (the
-last num_window_blocks of them); the ones below are null in the hit.
+holds more than that peak. The attention kernels never read keys below a query's window, so a
+freed block that another request takes is never read for this one. A step in flight may still
+read a block this step frees: the block is only written again by a later step, which runs after
+it on the device's stream. A prefix hit of k blocks is usable iff the blocks its first query's
+window reaches are cached (the last num_window_blocks of them); the ones below are null in it.
 """
 
 from __future__ import annotations
