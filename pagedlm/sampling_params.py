@@ -5,12 +5,91 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field
+from typing import Any
 
 from pagedlm.errors import InvalidRequest
 
 MAX_LOGPROBS = 20
 _INT_FIELDS = ("n", "top_k", "min_tokens")
 _OPTIONAL_INT_FIELDS = ("max_tokens", "logprobs", "prompt_logprobs")
+
+
+# The constraint fields of StructuredOutputsParams: exactly one is set per request.
+CONSTRAINT_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+@dataclass
+class StructuredOutputsParams:
+    """A constraint on a request's output (vLLM's names), enforced by xgrammar: exactly one of
+    `json` (a JSON schema, str or dict), `regex`, `choice` (one of these strings), `grammar`
+    (EBNF in xgrammar's dialect), `json_object` (any JSON object) or `structural_tag` (xgrammar's
+    structural tag, a JSON string or dict). Checked here for shape only; the engine boundary
+    parses the constraint itself (pagedlm/structured_outputs/grammars.py)."""
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | dict[str, Any] | None = None
+    # JSON only: no whitespace between tokens beyond what the separators hold.
+    disable_any_whitespace: bool = False
+    # JSON only: keys not in the schema are refused. xgrammar's strict mode already refuses them,
+    # so this holds either way; accepted for vLLM's interface.
+    disable_additional_properties: bool = False
+    # vLLM's guidance/outlines option; xgrammar has no equivalent, so a value is refused.
+    whitespace_pattern: str | None = None
+
+    def __post_init__(self) -> None:
+        set_fields = [name for name in CONSTRAINT_FIELDS if _is_set(getattr(self, name))]
+        _check(
+            len(set_fields) == 1,
+            "structured_outputs",
+            f"needs exactly one of {', '.join(CONSTRAINT_FIELDS)}; got "
+            f"{', '.join(set_fields) if set_fields else 'none'}",
+        )
+        self._check_types()
+        _check(
+            self.whitespace_pattern is None,
+            "structured_outputs.whitespace_pattern",
+            "is not supported by the xgrammar backend; use disable_any_whitespace",
+        )
+
+    def _check_types(self) -> None:
+        for name, types in (
+            ("json", (str, dict)),
+            ("regex", (str,)),
+            ("grammar", (str,)),
+            ("structural_tag", (str, dict)),
+            ("json_object", (bool,)),
+            ("disable_any_whitespace", (bool,)),
+            ("disable_additional_properties", (bool,)),
+        ):
+            value = getattr(self, name)
+            _check(
+                value is None or isinstance(value, types),
+                f"structured_outputs.{name}",
+                f"must be {' or '.join(t.__name__ for t in types)}, got {type(value).__name__}",
+            )
+        if self.choice is not None:
+            _check(
+                isinstance(self.choice, (list, tuple))
+                and len(self.choice) > 0
+                and all(isinstance(c, str) for c in self.choice),
+                "structured_outputs.choice",
+                "must be a non-empty list of strings",
+            )
+            self.choice = list(self.choice)
+
+    @property
+    def kind(self) -> str:
+        """The one constraint field that is set."""
+        return next(name for name in CONSTRAINT_FIELDS if _is_set(getattr(self, name)))
+
+
+def _is_set(value: object) -> bool:
+    """json_object=False counts as unset, as an empty string or list does."""
+    return value is not None and value is not False and value != "" and value != []
 
 
 @dataclass
@@ -38,6 +117,8 @@ class SamplingParams:
     detokenize: bool = True
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # A constraint on the output (a StructuredOutputsParams, or a dict of its fields).
+    structured_outputs: StructuredOutputsParams | None = None
     # Filled by the engine from bad_words once a tokenizer is known: token-id sequences to forbid.
     bad_words_token_ids: list[list[int]] | None = field(default=None, repr=False)
 
@@ -68,6 +149,7 @@ class SamplingParams:
                 "logit_bias",
                 "values must be numbers, got NaN",
             )
+        self.structured_outputs = _structured_outputs(self.structured_outputs)
         self._validate()
 
     def _validate(self) -> None:
@@ -154,6 +236,20 @@ class SamplingParams:
         ):  # derived from bad_words
             bad = [t for t in ids if not 0 <= t < vocab_size]
             _check(not bad, name, f"token ids must be in [0, {vocab_size}), got {bad[:5]}", param)
+
+
+def _structured_outputs(value: object) -> StructuredOutputsParams | None:
+    if value is None or isinstance(value, StructuredOutputsParams):
+        return value
+    if isinstance(value, dict):
+        unknown = set(value) - set(StructuredOutputsParams.__dataclass_fields__)
+        _check(not unknown, "structured_outputs", f"has unknown keys {sorted(unknown)}")
+        return StructuredOutputsParams(**value)
+    raise InvalidRequest(
+        "structured_outputs must be a StructuredOutputsParams or a dict, got "
+        f"{type(value).__name__}",
+        param="structured_outputs",
+    )
 
 
 def _is_int(value: object) -> bool:

@@ -18,6 +18,7 @@ from pagedlm.model.gguf_loader import one_parse
 from pagedlm.outputs import RequestOutput
 from pagedlm.request import Request
 from pagedlm.sampling_params import SamplingParams
+from pagedlm.structured_outputs.grammars import check_structured_outputs
 
 # A string, token ids, {"prompt": str}, {"prompt_token_ids": [...]} (optionally with "prompt"),
 # or {"prompt_embeds": Tensor [num_tokens, hidden_size]}; a dict may add "cache_salt": a non-empty
@@ -170,6 +171,7 @@ class LLMEngine:
                 )
             params.bad_words_token_ids = bad_words_token_ids(self.tokenizer, params.bad_words)
         params.check_vocab(self.model_config.vocab_size)  # the ids bad_words became, too
+        check_structured_outputs(params.structured_outputs)
         return params
 
     def add_request(

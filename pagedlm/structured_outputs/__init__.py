@@ -1,0 +1,1 @@
+"""Structured outputs: xgrammar constraints on a request's tokens (the engine core side)."""
