@@ -60,8 +60,12 @@ def render_chat_template(
     tokenizer: Tokenizer,
     conversation: Conversation,
     chat_template_kwargs: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
-    """The conversation through the tokenizer's chat template, as text."""
+    """The conversation through the tokenizer's chat template, as text. `tools` (OpenAI's
+    function definitions) go to the template as Hugging Face's `tools`; a template that knows
+    no tools (the default model's) gets them in the system message, and assistant tool calls in
+    the content, in Hermes' format (what the hermes tool-call parser reads)."""
     if not getattr(tokenizer, "chat_template", None):
         raise InvalidRequest(
             "messages: the tokenizer has no chat template; use generate() instead", param="messages"
@@ -72,8 +76,57 @@ def render_chat_template(
             "or a list of such lists",
             param="messages",
         )
+    template = tokenizer.get_chat_template(None, tools)
+    if "tool_calls" not in template:
+        conversation = [_tool_calls_as_text(message) for message in conversation]
+    if tools and "tools" not in template:
+        conversation, tools = _tools_in_system_message(conversation, tools), None
     kwargs = {"add_generation_prompt": True, **(chat_template_kwargs or {}), "tokenize": False}
+    if tools:
+        kwargs["tools"] = tools
     return tokenizer.apply_chat_template(conversation, **kwargs)
+
+
+_HERMES_TOOLS = """# Tools
+
+You may call one or more of these functions, whose signatures are within <tools></tools>:
+<tools>
+{tools}
+</tools>
+
+To call a function, answer with a JSON object of its name and arguments within \
+<tool_call></tool_call>, one for each call:
+<tool_call>
+{{"name": <function-name>, "arguments": <args-json-object>}}
+</tool_call>"""
+
+
+def _tools_in_system_message(
+    conversation: Conversation, tools: list[dict[str, Any]]
+) -> Conversation:
+    listing = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
+    text = _HERMES_TOOLS.format(tools=listing)
+    if conversation and conversation[0].get("role") == "system":
+        first = conversation[0]
+        return [{**first, "content": f"{first.get('content') or ''}\n\n{text}"}, *conversation[1:]]
+    return [{"role": "system", "content": text}, *conversation]
+
+
+def _tool_calls_as_text(message: dict[str, Any]) -> dict[str, Any]:
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    rendered = [
+        "<tool_call>\n"
+        + json.dumps(
+            {"name": call["function"]["name"], "arguments": call["function"]["arguments"]},
+            ensure_ascii=False,
+        )
+        + "\n</tool_call>"
+        for call in calls
+    ]
+    text = "\n".join([message["content"], *rendered] if message.get("content") else rendered)
+    return {key: value for key, value in message.items() if key != "tool_calls"} | {"content": text}
 
 
 # What may come before the vocabulary without dropping or merging characters of the text:

@@ -36,6 +36,7 @@ from pagedlm.server.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from pagedlm.server.protocol_tools import REMOVED_GUIDED_FIELDS
 from pagedlm.server.serving import (
     APIError,
     ServingContext,
@@ -151,7 +152,9 @@ def validation_api_error(errors: Any) -> APIError:
     first = list(errors)[0]
     loc = [_printable(str(part)) for part in first.get("loc", ())]
     where = ".".join(loc)
-    if first.get("type") == "extra_forbidden":
+    if first.get("type") == "extra_forbidden" and where in REMOVED_GUIDED_FIELDS:
+        message = f"{where}: removed (as in vLLM); use {REMOVED_GUIDED_FIELDS[where]}"
+    elif first.get("type") == "extra_forbidden":
         message = f"{where}: unrecognized or unsupported parameter"
     else:
         message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))

@@ -8,6 +8,8 @@ from typing import Any
 from pagedlm.config import EngineArgs
 from pagedlm.engine.heartbeat import HeartbeatTimeouts
 
+# The names of pagedlm/server/tool_parsers' parsers (importing it would import pydantic here).
+TOOL_PARSER_NAMES = ("hermes", "llama3_json")
 # Parsing a body this large takes well under a second of the pool's time (a 16 MiB one stalled
 # /health ~2.4 s on the 2-core CI machine); a max_model_len prompt is a few hundred KiB at most.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -94,6 +96,18 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="seconds between two stats log lines (default: 5)",
     )
     group.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='tool_choice "auto": the model\'s output is read for tool calls by '
+        "--tool-call-parser's parser",
+    )
+    group.add_argument(
+        "--tool-call-parser",
+        choices=sorted(TOOL_PARSER_NAMES),
+        default=None,
+        help='the format of the model\'s tool calls, for tool_choice "auto"',
+    )
+    group.add_argument(
         "--uvicorn-log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug", "trace"],
@@ -125,6 +139,8 @@ def _seconds(text: str) -> float:
 
 
 def run_serve(args: argparse.Namespace) -> None:
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json)")
     if args.model_tag is not None:
         if args.model is not None and args.model != args.model_tag:
             raise ValueError(

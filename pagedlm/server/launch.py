@@ -133,8 +133,9 @@ async def serve(
     engine = AsyncLLM(engine_args, name, limits, args.log_stats_interval, heartbeat)
     try:
         await engine.start()
+        tool_parser = args.tool_call_parser if args.enable_auto_tool_choice else None
         app = build_app(
-            ServingContext(engine, name),
+            ServingContext(engine, name, tool_parser),
             args.api_key,
             args.max_request_body_bytes,
             dev_endpoints=args.enable_dev_endpoints,

@@ -13,18 +13,28 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Discriminator,
     Field,
     Tag,
     ValidationInfo,
     field_validator,
     model_serializer,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
 from pagedlm.errors import InvalidRequest
 from pagedlm.sampling_params import MAX_LOGPROBS, SamplingParams
+from pagedlm.server.protocol_base import RequestBase
+from pagedlm.server.protocol_tools import (
+    ChatTool,
+    DeltaToolCall,
+    ResponseFormat,
+    StructuredOutputsBody,
+    ToolCall,
+    ToolCallIn,
+    ToolChoice,
+)
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_N = 128  # OpenAI's limit on choices per request
@@ -34,51 +44,6 @@ MAX_PROMPTS = 2048  # prompts in one completions request (a list of texts or of 
 # back the longest one's length in characters: both stay small.
 MAX_STOPS = 16
 MAX_STOP_CHARS = 256
-
-
-def _surrogate_path(value: Any) -> str | None:
-    """Where a lone surrogate is in a validated field value: "" for the value itself, ".3" for
-    its item 3, ".<key>" for a dict key; None where there is none. Nested request models check
-    their own fields."""
-    if isinstance(value, str):
-        return None if value.isascii() or _encodes(value) else ""
-    if isinstance(value, dict):
-        if any(_surrogate_path(key) is not None for key in value):
-            return ".<key>"
-        value = list(value.values())
-    # Validated lists are homogeneous (list[int], list[str], list[list[int]], ...): a list whose
-    # first item is not a string or a list holds none.
-    if isinstance(value, list) and value and isinstance(value[0], (str, list)):
-        for index, item in enumerate(value):
-            inner = _surrogate_path(item)
-            if inner is not None:
-                return f".{index}{inner}"
-    return None
-
-
-def _encodes(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # only a lone surrogate cannot be encoded
-        return False
-    return True
-
-
-class RequestBase(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
-
-    @field_validator("*")
-    @classmethod
-    def _valid_unicode(cls, value: Any) -> Any:
-        """The tokenizer and UTF-8 cannot carry a lone surrogate: a 400 naming the field."""
-        path = _surrogate_path(value)
-        if path is not None:
-            raise PydanticCustomError(
-                "lone_surrogate",
-                '{where}a lone surrogate (such as "\\ud800"): strings must be valid Unicode',
-                {"where": f"item {path[1:]}: " if path else ""},
-            )
-        return value
 
 
 def _string_or_list(value: Any) -> str | None:
@@ -159,6 +124,8 @@ class SamplingFields(RequestBase):
     priority: int = Field(0, ge=INT64_MIN, le=INT64_MAX)
     request_id: str | None = None
     cache_salt: str | None = None  # non-empty (the engine checks): isolates prefix-cache entries
+    structured_outputs: StructuredOutputsBody | None = None
+    response_format: ResponseFormat | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -170,7 +137,11 @@ class SamplingFields(RequestBase):
         return self.include_usage and self.stream_options.continuous_usage_stats
 
     def to_sampling_params(
-        self, max_tokens: int, logprobs: int | None, vocab_size: int
+        self,
+        max_tokens: int,
+        logprobs: int | None,
+        vocab_size: int,
+        structured_outputs: dict[str, Any] | None = None,
     ) -> SamplingParams:
         """Raises InvalidRequest naming the parameter when a value is out of range."""
         top_k = self.top_k or 0
@@ -193,6 +164,7 @@ class SamplingFields(RequestBase):
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens,
             logprobs=logprobs,
+            structured_outputs=structured_outputs,
         )
 
 
@@ -233,9 +205,12 @@ Content = Annotated[
 
 
 class ChatMessage(RequestBase):
-    role: Literal["system", "developer", "user", "assistant"]  # developer: OpenAI's newer system
+    # developer: OpenAI's newer system; tool: a tool's result (tool_call_id names the call)
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Content | None = Field(None, validate_default=True)
     name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # an assistant's, earlier in the conversation
 
     @field_validator("content")
     @classmethod
@@ -251,6 +226,14 @@ class ChatMessage(RequestBase):
                 {"role": role},
             )
         return content
+
+    @model_validator(mode="after")
+    def _tool_fields_by_role(self) -> ChatMessage:
+        if self.role == "tool" and self.tool_call_id is None:
+            raise PydanticCustomError("missing", "a tool message needs tool_call_id")
+        if self.tool_calls is not None and self.role != "assistant":
+            raise PydanticCustomError("extra_forbidden", "only an assistant message has tool_calls")
+        return self
 
     def text(self) -> str:
         """The content; text parts joined by newlines, as vLLM joins them."""
@@ -269,6 +252,9 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: list[ChatTool] | None = None
+    tool_choice: ToolChoice | None = None  # default: "auto" with tools, else "none" (OpenAI's)
+    parallel_tool_calls: bool = True
 
 
 class TokenizeRequest(RequestBase):
@@ -337,7 +323,8 @@ class ChatChoiceLogprobs(BaseModel):
 
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatChoice(BaseModel):
@@ -360,6 +347,7 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")
     def _only_what_changed(self, handler: Any) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from pagedlm.server.async_engine import (
     RequestAborted,
 )
 from pagedlm.server.protocol import PromptTokensDetails, SamplingFields, UsageInfo
+from pagedlm.server.protocol_tools import structured_outputs_of
 from pagedlm.server.tokenizer_pool import TokenizerPool
 
 logger = logging.getLogger("pagedlm.server")
@@ -97,11 +98,48 @@ def _one_line(text: str) -> str:
     return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
-def bad_request(exc: ValueError, prompt_param: str = "prompt") -> APIError:
+@dataclass(frozen=True)
+class Constraint:
+    """A request's constraint on its output (StructuredOutputsParams' fields) and the parameter
+    the client set it with, which the engine's errors about it name."""
+
+    fields: dict[str, Any]
+    param: str  # structured_outputs, response_format or tools (tool_choice required / named)
+
+    def rename(self, exc: InvalidRequest) -> InvalidRequest:
+        """The engine names structured_outputs.<field>; the client may have used another."""
+        if self.param == "structured_outputs" or not (exc.param or "").startswith(
+            "structured_outputs"
+        ):
+            return exc
+        where = _CONSTRAINT_PLACES[self.param]
+        return InvalidRequest(str(exc).replace(exc.param, where, 1), param=self.param)
+
+
+_CONSTRAINT_PLACES = {
+    "response_format": "response_format.json_schema.schema",
+    "tools": "tools: the function's parameters (a JSON schema)",
+}
+
+
+def constraint_of(body: SamplingFields) -> Constraint | None:
+    """The body's structured_outputs or response_format (a 400 for both)."""
+    try:
+        fields, param = structured_outputs_of(body.structured_outputs, body.response_format)
+    except InvalidRequest as exc:
+        raise bad_request(exc) from None
+    return None if fields is None else Constraint(fields, param)
+
+
+def bad_request(
+    exc: ValueError, prompt_param: str = "prompt", constraint: Constraint | None = None
+) -> APIError:
     """A refused request as a 400 with the parameter and code the engine's InvalidRequest names
-    (a chat request's prompt is its `messages`)."""
+    (a chat request's prompt is its `messages`; a constraint's, the parameter that set it)."""
     if not isinstance(exc, InvalidRequest):
         return APIError(400, str(exc))
+    if constraint is not None:
+        exc = constraint.rename(exc)
     param = prompt_param if exc.param == "prompt" else exc.param
     return APIError(400, str(exc), param=param, code=exc.code)
 
@@ -110,6 +148,8 @@ def bad_request(exc: ValueError, prompt_param: str = "prompt") -> APIError:
 class ServingContext:
     engine: AsyncLLM  # started
     model_name: str
+    # --tool-call-parser where --enable-auto-tool-choice is on: tool_choice "auto" reads calls
+    tool_parser: str | None = None
     # Parsing, chat templates and tokenisation run here, off the event loop.
     pool: TokenizerPool = field(init=False)
     # Refuses a text too long for max_model_len before it is tokenized (None: no bound holds).
@@ -144,7 +184,11 @@ def new_request_id(raw: Request, body: SamplingFields) -> str:
 
 
 def build_params(
-    ctx: ServingContext, body: SamplingFields, max_tokens: int | None, logprobs: int | None
+    ctx: ServingContext,
+    body: SamplingFields,
+    max_tokens: int | None,
+    logprobs: int | None,
+    constraint: Constraint | None,
 ) -> SamplingParams:
     if body.stream_options is not None and not body.stream:
         raise APIError(400, "stream_options: only allowed with stream=true", param="stream_options")
@@ -153,9 +197,14 @@ def build_params(
             400, "priority: only supported with --scheduling-policy priority", param="priority"
         )
     try:
-        return body.to_sampling_params(max_tokens, logprobs, ctx.engine.config.model.vocab_size)
+        return body.to_sampling_params(
+            max_tokens,
+            logprobs,
+            ctx.engine.config.model.vocab_size,
+            None if constraint is None else constraint.fields,
+        )
     except ValueError as exc:
-        raise bad_request(exc) from None
+        raise bad_request(exc, constraint=constraint) from None
 
 
 def tokenize_within_context(
@@ -195,6 +244,7 @@ def process_prompt(
     params: SamplingParams,
     body: SamplingFields,
     prompt_param: str = "prompt",
+    constraint: Constraint | None = None,
 ) -> ProcessedRequest:
     """Tokenises (a text, on a pool thread with its tokenizer) and validates one prompt: a
     string, token ids, or a prompt dict; a prompt plus max_tokens over the context is a 400
@@ -209,7 +259,7 @@ def process_prompt(
             _salted_prompt(prompt, body.cache_salt), params, reject_over_context=True
         )
     except ValueError as exc:
-        raise bad_request(exc, prompt_param) from None
+        raise bad_request(exc, prompt_param, constraint) from None
 
 
 def _salted_prompt(prompt: Any, cache_salt: str | None) -> Any:

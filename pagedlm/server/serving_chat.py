@@ -1,10 +1,11 @@
-"""POST /v1/chat/completions: the model's chat template over system/user/assistant messages,
-n choices, whole or streamed (a role chunk first per choice, then content deltas)."""
+"""POST /v1/chat/completions: the model's chat template over the messages (and tools), n choices,
+whole or streamed (a role chunk first per choice, then content and tool-call deltas)."""
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Request
@@ -27,16 +28,19 @@ from pagedlm.server.protocol import (
     DeltaMessage,
     TopLogprob,
 )
+from pagedlm.server.protocol_tools import FunctionCall, ToolCall
 from pagedlm.server.serving import (
     GENERATION_ERRORS,
     SSE_DONE,
     APIError,
+    Constraint,
     Delta,
     DeltaTracker,
     Generation,
     ServingContext,
     admit,
     build_params,
+    constraint_of,
     generation_error,
     new_request_id,
     process_prompt,
@@ -45,6 +49,9 @@ from pagedlm.server.serving import (
     tokenize_within_context,
     usage,
 )
+from pagedlm.server.tool_parsers import ToolParser, new_tool_call_id
+from pagedlm.server.tool_parsers.stream import ToolCallStream
+from pagedlm.server.tools import tool_use
 
 
 async def create_chat_completion(
@@ -54,13 +61,18 @@ async def create_chat_completion(
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
     max_tokens = body.max_completion_tokens or body.max_tokens
-    params = build_params(
-        ctx, body, max_tokens, (body.top_logprobs or 0) if body.logprobs else None
+    constraint = constraint_of(body)
+    tools = tool_use(body, ctx.tool_parser, constrained=constraint is not None)
+    if tools.constraint is not None:
+        constraint = Constraint(tools.constraint, "tools")
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    params = build_params(ctx, body, max_tokens, logprobs, constraint)
+    processed = await ctx.pool.run_with_tokenizer(
+        _process_chat, ctx, body, params, tools.template_tools, constraint
     )
-    processed = await ctx.pool.run_with_tokenizer(_process_chat, ctx, body, params)
     admit(ctx, [processed], body.n)
     request_id = new_request_id(raw, body)
-    writer = _ChatWriter(ctx, body, f"chatcmpl-{request_id}")
+    writer = _ChatWriter(ctx, body, f"chatcmpl-{request_id}", tools.new_parser)
     generation = Generation(ctx, raw, request_id, [processed], body)
     if body.stream:
         return StreamingResponse(writer.stream(generation), media_type="text/event-stream")
@@ -78,42 +90,91 @@ def _process_chat(
     ctx: ServingContext,
     body: ChatCompletionRequest,
     params: SamplingParams,
+    tools: list[dict[str, Any]] | None,
+    constraint: Constraint | None,
 ) -> ProcessedRequest:
-    prompt = tokenize_chat(tokenizer, ctx, body.messages)
-    return process_prompt(tokenizer, ctx, prompt, params, body, "messages")
+    prompt = tokenize_chat(tokenizer, ctx, body.messages, tools)
+    return process_prompt(tokenizer, ctx, prompt, params, body, "messages", constraint)
 
 
 def tokenize_chat(
-    tokenizer: Tokenizer | None, ctx: ServingContext, messages: list[ChatMessage]
+    tokenizer: Tokenizer | None,
+    ctx: ServingContext,
+    messages: list[ChatMessage],
+    tools: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The conversation through the chat template, as a prompt for process_request (on a pool
     thread, with its tokenizer)."""
-    text = render_chat(tokenizer, messages)
+    text = render_chat(tokenizer, messages, tools)
     # the template holds the special tokens already
     token_ids = tokenize_within_context(ctx, tokenizer, text, "messages", add_special_tokens=False)
     return {"prompt": text, "prompt_token_ids": token_ids}
 
 
-def render_chat(tokenizer: Tokenizer | None, messages: list[ChatMessage]) -> str:
-    conversation = [
-        {"role": m.template_role(), "content": m.text(), **({"name": m.name} if m.name else {})}
-        for m in messages
-    ]
+def render_chat(
+    tokenizer: Tokenizer | None,
+    messages: list[ChatMessage],
+    tools: list[dict[str, Any]] | None = None,
+) -> str:
+    conversation = [_template_message(index, m) for index, m in enumerate(messages)]
     if tokenizer is None:
         raise APIError(
             400, "messages: chat needs a tokenizer (the server skips it)", param="messages"
         )
     try:
-        return render_chat_template(tokenizer, conversation)
+        return render_chat_template(tokenizer, conversation, tools=tools)
     except Exception as exc:  # noqa: BLE001 - a template may raise anything on odd input
         raise APIError(
             400, f"messages: the chat template failed: {exc}", param="messages"
         ) from None
 
 
+def _template_message(index: int, message: ChatMessage) -> dict[str, Any]:
+    """A message as chat templates read it; a tool call's arguments as an object (templates
+    write them with `tojson`), as vLLM passes them."""
+    result: dict[str, Any] = {"role": message.template_role(), "content": message.text()}
+    if message.name:
+        result["name"] = message.name
+    if message.tool_call_id is not None:
+        result["tool_call_id"] = message.tool_call_id
+    if message.tool_calls:
+        result["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": call.type,
+                "function": {
+                    "name": call.function.name,
+                    "arguments": _arguments(call.function.arguments, f"messages.{index}"),
+                },
+            }
+            for call in message.tool_calls
+        ]
+    return result
+
+
+def _arguments(arguments: str | dict[str, Any], where: str) -> Any:
+    if not isinstance(arguments, str):
+        return arguments
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        raise APIError(
+            400,
+            f"{where}.tool_calls: a function's arguments must be a JSON text, got {arguments!r:.80}",
+            param="messages",
+        ) from None
+
+
 class _ChatWriter:
-    def __init__(self, ctx: ServingContext, body: ChatCompletionRequest, response_id: str) -> None:
+    def __init__(
+        self,
+        ctx: ServingContext,
+        body: ChatCompletionRequest,
+        response_id: str,
+        new_parser: Callable[[], ToolParser] | None,
+    ) -> None:
         self.body = body
+        self.new_parser = new_parser  # None: the output is content
         self.response_id = response_id
         self.model_name = ctx.model_name
         self.created = int(time.time())
@@ -123,16 +184,33 @@ class _ChatWriter:
         choices = [
             ChatChoice(
                 index=c.index,
-                message=ChatMessageOut(content=c.text),
+                message=self._message(c.text),
                 logprobs=self._logprobs(c, 0, len(c.token_ids)),
                 finish_reason=c.finish_reason,
                 stop_reason=c.stop_reason,
             )
             for c in final.outputs
         ]
+        for choice in choices:
+            if choice.message.tool_calls:
+                choice.finish_reason = _with_calls(choice.finish_reason)
         return ChatCompletionResponse(
             id=self.response_id, model=self.model_name, choices=choices, usage=usage([final])
         )
+
+    def _message(self, text: str) -> ChatMessageOut:
+        if self.new_parser is None:
+            return ChatMessageOut(content=text)
+        parsed = self.new_parser().parse(text, final=True)
+        calls = [
+            ToolCall(
+                id=new_tool_call_id(),
+                function=FunctionCall(name=call.name, arguments=call.arguments),
+            )
+            for call in parsed.calls
+        ]
+        content = (parsed.content or None) if calls else parsed.content  # OpenAI's null
+        return ChatMessageOut(content=content, tool_calls=calls)
 
     def _logprobs(
         self, choice: CompletionOutput, start: int, end: int
@@ -148,16 +226,23 @@ class _ChatWriter:
     async def stream(self, generation: Generation) -> AsyncIterator[str]:
         tracker = DeltaTracker()
         final: RequestOutput | None = None
+        calls: dict[int, ToolCallStream] = {}  # choice index -> its calls so far
         try:
             async for _, final in generation:
                 for choice in final.outputs:
                     delta = tracker.delta(choice.index, choice)
                     if delta is not None:
+                        if self.new_parser is not None:
+                            stream = calls.setdefault(
+                                choice.index, ToolCallStream(self.new_parser())
+                            )
+                        else:
+                            stream = None
                         # one event per choice update, as OpenAI sends them
                         usage_info = usage([final]) if self.body.continuous_usage else None
                         yield "".join(
                             sse(self._chunk([update], usage_info))
-                            for update in self._stream_choices(choice, delta)
+                            for update in self._stream_choices(choice, delta, stream)
                         )
             if self.body.include_usage:
                 yield sse(self._chunk([], usage([final])))
@@ -165,8 +250,11 @@ class _ChatWriter:
             yield stream_error_event(exc, self.response_id)
         yield SSE_DONE
 
-    def _stream_choices(self, choice: CompletionOutput, delta: Delta) -> list[ChatStreamChoice]:
-        """A role chunk first for a new choice, then its content (and end, if it came)."""
+    def _stream_choices(
+        self, choice: CompletionOutput, delta: Delta, calls: ToolCallStream | None
+    ) -> list[ChatStreamChoice]:
+        """A role chunk first for a new choice, then its content or tool-call deltas (and end,
+        if it came)."""
         result = []
         if delta.first:
             result.append(
@@ -174,14 +262,21 @@ class _ChatWriter:
                     index=choice.index, delta=DeltaMessage(role="assistant", content="")
                 )
             )
+        content, call_deltas, finish_reason = delta.text, [], delta.finish_reason
+        if calls is not None:
+            content, call_deltas = calls.feed(delta.text)
+            if finish_reason is not None:
+                more_content, more_deltas = calls.finish()
+                content, call_deltas = content + more_content, call_deltas + more_deltas
+                finish_reason = _with_calls(finish_reason) if calls.called else finish_reason
         new_logprobs = choice.logprobs is not None and delta.token_end > delta.token_start
-        if delta.text or delta.finish_reason is not None or new_logprobs:
+        if content or call_deltas or finish_reason is not None or new_logprobs:
             result.append(
                 ChatStreamChoice(
                     index=choice.index,
-                    delta=DeltaMessage(content=delta.text or None),
+                    delta=DeltaMessage(content=content or None, tool_calls=call_deltas or None),
                     logprobs=self._logprobs(choice, delta.token_start, delta.token_end),
-                    finish_reason=delta.finish_reason,
+                    finish_reason=finish_reason,
                     stop_reason=choice.stop_reason,
                 )
             )
@@ -197,6 +292,11 @@ class _ChatWriter:
             usage=usage_info,
             created=self.created,
         )
+
+
+def _with_calls(finish_reason: str | None) -> str | None:
+    """OpenAI's finish_reason for a message whose calls ended it."""
+    return "tool_calls" if finish_reason == "stop" else finish_reason
 
 
 def _chat_logprobs(positions: SampleLogprobs, num_top: int, tokenizer: Any) -> list[ChatLogprob]:

@@ -24,12 +24,14 @@ from pagedlm.server.serving import (
     GENERATION_ERRORS,
     SSE_DONE,
     APIError,
+    Constraint,
     Delta,
     DeltaTracker,
     Generation,
     ServingContext,
     admit,
     build_params,
+    constraint_of,
     generation_error,
     new_request_id,
     process_prompt,
@@ -49,8 +51,9 @@ async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: R
             "logprobs together with echo (prompt logprobs) is not supported yet",
             param="logprobs",
         )
-    params = build_params(ctx, body, body.max_tokens, body.logprobs)
-    processed = await ctx.pool.run_with_tokenizer(_process_prompts, ctx, body, params)
+    constraint = constraint_of(body)
+    params = build_params(ctx, body, body.max_tokens, body.logprobs, constraint)
+    processed = await ctx.pool.run_with_tokenizer(_process_prompts, ctx, body, params, constraint)
     admit(ctx, processed, body.n)
     request_id = new_request_id(raw, body)
     writer = _CompletionWriter(ctx, body, f"cmpl-{request_id}", processed)
@@ -71,9 +74,11 @@ def _process_prompts(
     ctx: ServingContext,
     body: CompletionRequest,
     params: SamplingParams,
+    constraint: Constraint | None,
 ) -> list[ProcessedRequest]:
     return [
-        process_prompt(tokenizer, ctx, prompt, params, body) for prompt in _prompt_list(body.prompt)
+        process_prompt(tokenizer, ctx, prompt, params, body, constraint=constraint)
+        for prompt in _prompt_list(body.prompt)
     ]
 
 

@@ -318,7 +318,7 @@ def test_developer_messages_render_as_system_and_text_parts_join_by_newline(
     text parts is one text, joined by newlines as vLLM joins them."""
     seen = {}
 
-    def fake_template(tokenizer: object, conversation: list[dict]) -> str:
+    def fake_template(tokenizer: object, conversation: list[dict], tools: object = None) -> str:
         seen["conversation"] = conversation
         return "text"
 

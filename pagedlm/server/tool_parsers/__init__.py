@@ -1,0 +1,24 @@
+"""Tool-call parsers by `--tool-call-parser` name (vLLM's names), and the stream that turns a
+parser's successive readings into OpenAI's tool-call deltas."""
+
+from __future__ import annotations
+
+from pagedlm.server.tool_parsers.base import CallSoFar, Parsed, ToolParser, new_tool_call_id
+from pagedlm.server.tool_parsers.forced import NamedToolParser, RequiredToolParser
+from pagedlm.server.tool_parsers.hermes import HermesToolParser
+from pagedlm.server.tool_parsers.llama3_json import Llama3JsonToolParser
+
+TOOL_PARSERS: dict[str, type[ToolParser]] = {
+    "hermes": HermesToolParser,
+    "llama3_json": Llama3JsonToolParser,
+}
+
+__all__ = [
+    "TOOL_PARSERS",
+    "CallSoFar",
+    "NamedToolParser",
+    "Parsed",
+    "RequiredToolParser",
+    "ToolParser",
+    "new_tool_call_id",
+]

@@ -1,0 +1,111 @@
+"""A tool-call parser splits a model's output into content and tool calls, for a finished output
+and for one still being streamed (the OpenAI delta format: `delta.tool_calls[i]`)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from pagedlm.server.tool_parsers.json_scan import Member, NotJson, loads, object_members
+
+ARGUMENT_KEYS = ("arguments", "parameters")
+
+
+@dataclass(slots=True)
+class CallSoFar:
+    name: str | None  # known once its string is complete
+    arguments: str  # the JSON text of the arguments so far, exactly as generated
+    complete: bool
+
+
+@dataclass(slots=True)
+class Parsed:
+    content: str
+    calls: list[CallSoFar] = field(default_factory=list)
+
+
+class Incomplete(NotJson):
+    """The text can be no tool calls; `partial` is what was read before that point."""
+
+    def __init__(self, reason: str, partial: Parsed) -> None:
+        super().__init__(reason)
+        self.partial = partial
+
+
+class ToolParser(ABC):
+    """`parse` is a pure function of the text so far. Unfinished (final=False), its content and
+    each call's arguments only grow as the text grows, and a call's name appears whole: what a
+    stream sends from it is never taken back. Finished, it is the answer: every call complete
+    with valid JSON arguments, or (vLLM's rule) no calls and the whole text as content."""
+
+    def __init__(self, max_calls: int | None = None) -> None:
+        self.max_calls = max_calls  # 1 when parallel_tool_calls is false
+
+    @abstractmethod
+    def scan(self, text: str, final: bool) -> Parsed:
+        """Content and calls as far as the text goes; raises Incomplete where it goes wrong."""
+
+    def parse(self, text: str, final: bool) -> Parsed:
+        try:
+            parsed = self.scan(text, final)
+        except Incomplete as exc:
+            if final:
+                return Parsed(text)
+            parsed = exc.partial
+        parsed.calls = parsed.calls[: self.max_calls]
+        if final and parsed.calls and not all(map(_valid, parsed.calls)):
+            return Parsed(text)
+        return parsed
+
+
+def _valid(call: CallSoFar) -> bool:
+    if not call.complete or not isinstance(call.name, str):
+        return False
+    try:
+        json.loads(call.arguments)
+    except ValueError:
+        return False
+    return True
+
+
+def read_call(text: str, pos: int, content: str, calls: list[CallSoFar]) -> int | None:
+    """Appends the call object ({"name": ..., "arguments": {...}}) at text[pos] to `calls`; the
+    position past it, None while it is open. Raises Incomplete (content, calls so far)."""
+    try:
+        members, end = object_members(text, pos)
+        names = [
+            loads(text[m.start : m.end]) for m in members if m.key == "name" and m.end is not None
+        ]
+    except NotJson as exc:
+        raise Incomplete(str(exc), Parsed(content, calls)) from None
+    name = names[0] if names else None
+    arguments = None
+    for member in members:
+        if member.key in ARGUMENT_KEYS and arguments is None:
+            arguments = _value_text(text, member)
+    if end is not None and arguments is None:
+        arguments = "{}"  # a call without arguments takes none
+    calls.append(
+        CallSoFar(name if isinstance(name, str) else None, arguments or "", end is not None)
+    )
+    return end
+
+
+def _value_text(text: str, member: Member) -> str:
+    """An unfinished value runs to the end of the text (an object's inner whitespace included:
+    the finished value holds it too)."""
+    return text[member.start : member.end]
+
+
+def held_back(text: str, marker: str) -> int:
+    """How many characters at the end of `text` may be the start of `marker`."""
+    for length in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:length]):
+            return length
+    return 0
+
+
+def new_tool_call_id() -> str:
+    return f"chatcmpl-tool-{uuid.uuid4().hex}"

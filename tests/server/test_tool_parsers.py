@@ -1,0 +1,177 @@
+"""The tool-call parsers on crafted model text: the finished reading, and streams cut at every
+position, whose content and argument fragments must add up to the finished reading exactly."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from pagedlm.server.cli import TOOL_PARSER_NAMES
+from pagedlm.server.tool_parsers import (
+    TOOL_PARSERS,
+    NamedToolParser,
+    Parsed,
+    RequiredToolParser,
+    ToolParser,
+)
+from pagedlm.server.tool_parsers.stream import ToolCallStream
+
+WEATHER = '{"city": "Paris \\"centre\\" {x}", "days": [1, {"n": null}], "unit": "c"}'
+HERMES_TWO_CALLS = (
+    "Let me look.\n<tool_call>\n"
+    f'{{"name": "get_weather", "arguments": {WEATHER}}}\n</tool_call>\n'
+    '<tool_call>\n{"arguments": {}, "name": "get_time"}\n</tool_call>\n'
+)
+
+# (parser, text, expected content, expected [(name, arguments)])
+CASES = {
+    "hermes_two_calls": (
+        "hermes",
+        HERMES_TWO_CALLS,
+        "Let me look.",
+        [("get_weather", WEATHER), ("get_time", "{}")],
+    ),
+    "hermes_no_call_keeps_the_text": ("hermes", "a < b <tool x>\n\n", "a < b <tool x>\n\n", []),
+    "hermes_call_only": (
+        "hermes",
+        '<tool_call>{"name": "f", "arguments": {"a": "</tool"}}</tool_call>',
+        "",
+        [("f", '{"a": "</tool"}')],
+    ),
+    "hermes_without_arguments": (
+        "hermes",
+        '<tool_call>{"name": "f"}</tool_call>',
+        "",
+        [("f", "{}")],
+    ),
+    "hermes_bad_json_is_content": (
+        "hermes",
+        '<tool_call>{"name": oops}</tool_call>',
+        '<tool_call>{"name": oops}</tool_call>',
+        [],
+    ),
+    "hermes_unclosed_call_at_the_end": (
+        "hermes",
+        'Hi <tool_call>{"name": "f", "arguments": {"q": 1}}',
+        "Hi",
+        [("f", '{"q": 1}')],
+    ),
+    "hermes_truncated_call_is_content": (
+        "hermes",
+        '<tool_call>{"name": "f", "arguments": {"q": ',
+        '<tool_call>{"name": "f", "arguments": {"q": ',
+        [],
+    ),
+    "llama3_json_two_calls": (
+        "llama3_json",
+        '<|python_tag|>{"name": "f", "parameters": {"x": 1.5e3}}; {"name": "g", "parameters": {}}',
+        "",
+        [("f", '{"x": 1.5e3}'), ("g", "{}")],
+    ),
+    "llama3_json_content": ("llama3_json", "The answer is {42}.", "The answer is {42}.", []),
+    "llama3_json_bad_call_is_content": (
+        "llama3_json",
+        '{"name": "f", "parameters": {}} junk',
+        '{"name": "f", "parameters": {}} junk',
+        [],
+    ),
+}
+
+
+def parser_named(name: str, max_calls: int | None = None) -> ToolParser:
+    return TOOL_PARSERS[name](max_calls)
+
+
+def streamed(parser: ToolParser, pieces: list[str]) -> Parsed:
+    """What a client assembles from the deltas of a stream of `pieces`."""
+    stream = ToolCallStream(parser)
+    content = ""
+    calls: dict[int, list[str]] = {}  # index -> [id, name, arguments]
+    updates = [stream.feed(piece) for piece in pieces] + [stream.finish()]
+    for new_content, deltas in updates:
+        content += new_content
+        for delta in deltas:
+            if delta.index not in calls:
+                assert delta.index == len(calls), "calls are announced in order"
+                assert delta.id and delta.type == "function" and delta.function.name
+                calls[delta.index] = [delta.id, delta.function.name, ""]
+            else:
+                assert delta.id is None and delta.function.name is None
+            calls[delta.index][2] += delta.function.arguments or ""
+    assert len({call[0] for call in calls.values()}) == len(calls), "ids are unique"
+    return Parsed(content, [(name, arguments) for _, name, arguments in calls.values()])
+
+
+def cuts(text: str) -> list[list[str]]:
+    """The text in two pieces at every position, one character at a time, and random pieces."""
+    rng = random.Random(0)
+    splits = [[text[:i], text[i:]] for i in range(len(text) + 1)] + [list(text)]
+    for _ in range(20):
+        bounds = sorted(rng.sample(range(1, len(text)), min(6, len(text) - 1)))
+        splits.append([text[a:b] for a, b in zip([0, *bounds], [*bounds, len(text)])])
+    return splits
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_finished_output_parses(case: str) -> None:
+    name, text, content, calls = CASES[case]
+    parsed = parser_named(name).parse(text, final=True)
+    assert parsed.content == content
+    assert [(c.name, c.arguments) for c in parsed.calls] == calls
+    for _, arguments in calls:
+        json.loads(arguments)
+
+
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if "bad" not in c and "truncated" not in c]
+)  # a stream cannot take back what it sent before the text turned out not to be calls
+def test_streams_add_up_to_the_finished_output_at_every_cut(case: str) -> None:
+    name, text, content, calls = CASES[case]
+    for pieces in cuts(text):
+        got = streamed(parser_named(name), pieces)
+        assert (got.content, got.calls) == (content, calls), pieces
+
+
+def test_a_stream_whose_call_turns_out_bad_keeps_what_it_sent() -> None:
+    """Text that cannot be a call never reaches the client as arguments; content stays content."""
+    name, text, _, _ = CASES["hermes_bad_json_is_content"]
+    for pieces in cuts(text):
+        assert streamed(parser_named(name), pieces).calls == []
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call() -> None:
+    parsed = parser_named("hermes", max_calls=1).parse(HERMES_TWO_CALLS, final=True)
+    assert [c.name for c in parsed.calls] == ["get_weather"]
+    assert streamed(parser_named("hermes", max_calls=1), list(HERMES_TWO_CALLS)).calls == [
+        ("get_weather", WEATHER)
+    ]
+
+
+def test_required_array_and_named_arguments() -> None:
+    text = f' [{{"name": "get_weather", "parameters": {WEATHER}}}, {{"parameters": {{}}, "name": "t"}}]'
+    expected = [("get_weather", WEATHER), ("t", "{}")]
+    parsed = RequiredToolParser().parse(text, final=True)
+    assert (parsed.content, [(c.name, c.arguments) for c in parsed.calls]) == ("", expected)
+    named_text = f"\n{WEATHER} "
+    parsed = NamedToolParser("get_weather").parse(named_text, final=True)
+    assert [(c.name, c.arguments) for c in parsed.calls] == [("get_weather", WEATHER)]
+    for pieces in cuts(text):
+        assert streamed(RequiredToolParser(), pieces) == Parsed("", expected), pieces
+    for pieces in cuts(named_text):
+        assert streamed(NamedToolParser("get_weather"), pieces) == Parsed(
+            "", [("get_weather", WEATHER)]
+        )
+
+
+def test_truncated_forced_output_is_content() -> None:
+    """Cut short by max_tokens, a forced output is not a call (and says so as content)."""
+    assert RequiredToolParser().parse('[{"name": "f", "para', final=True) == Parsed(
+        '[{"name": "f", "para'
+    )
+    assert NamedToolParser("f").parse('{"a": ', final=True) == Parsed('{"a": ')
+
+
+def test_the_cli_offers_every_parser() -> None:
+    assert sorted(TOOL_PARSER_NAMES) == sorted(TOOL_PARSERS)
