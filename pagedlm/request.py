@@ -12,6 +12,8 @@ from pagedlm.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
 
+    from pagedlm.structured_outputs.manager import GrammarState
+
 
 class RequestStatus(enum.IntEnum):
     WAITING = 0
@@ -64,6 +66,8 @@ class Request:
         default_factory=list
     )  # hash chain of full blocks (core/block_hash.py)
     first_scheduled_time: float | None = None
+    # Its constraint's compile and matcher (structured outputs; set by the engine core).
+    structured_output: GrammarState | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from pagedlm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 
@@ -49,6 +50,15 @@ class CachedRequestData:
 
 
 @dataclass(slots=True)
+class GrammarBitmask:
+    """The token bitmask of a step's constrained rows (structured outputs): bit j of row m allows
+    token j for the step's `sample_indices[m]`-th sampling request (in batch order)."""
+
+    sample_indices: np.ndarray  # [M] int64, increasing
+    bitmask: np.ndarray  # [M, ceil(vocab_size / 32)] int32; valid until the next step is planned
+
+
+@dataclass(slots=True)
 class SchedulerOutput:
     new_reqs: list[NewRequestData]
     cached_reqs: list[CachedRequestData]
@@ -62,6 +72,7 @@ class SchedulerOutput:
     # (A prefill chunk that stops short of the prompt's end does not sample.)
     sampling_req_ids: set[str] = field(default_factory=set)
     step_id: int = 0
+    grammar_bitmask: GrammarBitmask | None = None  # set by the engine core after scheduling
 
     @property
     def is_empty(self) -> bool:

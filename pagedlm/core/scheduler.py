@@ -404,8 +404,8 @@ class Scheduler:
             and len(self.running) < self.config.max_num_seqs
         ):
             request = self.waiting[i]
-            if request.num_output_placeholders > 0:  # preempted with a token still in flight
-                i += 1
+            if request.num_output_placeholders > 0 or not _grammar_ready(request):
+                i += 1  # preempted with a token still in flight, or its grammar still compiles
                 continue
             if reserve is None:
                 reserve = self._admission_reserve()
@@ -434,7 +434,11 @@ class Scheduler:
             self._commit(request, admission.num_new, plan)
 
     def _num_new_tokens(self, request: Request, token_budget: int) -> int:
-        """0 when the request's next sample would pass max_tokens or max_model_len."""
+        """0 when the request's next sample would pass max_tokens or max_model_len, or when it
+        is constrained and a token is in flight: its next bitmask needs that token (the request
+        waits a step rather than the step waiting for the token)."""
+        if request.num_output_placeholders and request.structured_output is not None:
+            return 0
         num_outputs = len(request.output_token_ids) + request.num_output_placeholders
         num_tokens = len(request.prompt_token_ids) + num_outputs  # known and in flight
         if num_outputs >= request.max_tokens or num_tokens >= self.max_model_len:
@@ -489,10 +493,13 @@ class Scheduler:
     ) -> EngineCoreOutput:
         new_token_ids: list[int] = []
         status = None
+        grammar = request.structured_output
         for token_id in token_ids:
             request.append_output_token(token_id)
             new_token_ids.append(token_id)
             status = request.check_stop(self.max_model_len)
+            if grammar is not None and grammar.accept_token(token_id) and status is None:
+                status = RequestStatus.FINISHED_STOPPED  # the grammar ended
             if status is not None:
                 self._finish(request, status)
                 break
@@ -552,3 +559,9 @@ class Scheduler:
         assert num_kv_tokens <= capacity, (
             f"the request may need KV for {num_kv_tokens} tokens, the cache holds {capacity}"
         )
+
+
+def _grammar_ready(request: Request) -> bool:
+    """A constrained request is admitted once its grammar is compiled (engine core's pool)."""
+    grammar = request.structured_output
+    return grammar is None or grammar.is_ready()

@@ -91,16 +91,18 @@ def build_core(source: EngineConfig | EngineArgs) -> EngineCore:
     """From EngineArgs the core builds its own config (as the front end does meanwhile, from the
     same arguments); the config and the weights share one parse of a GGUF file."""
     from pagedlm.engine.engine_core import EngineCore
+    from pagedlm.engine.tokenizer import load_tokenizer
     from pagedlm.model.gguf_loader import one_parse
 
     if isinstance(source, EngineConfig):
-        return EngineCore(source)
+        return EngineCore(source, load_tokenizer(source.model))
     with one_parse(source.model):
         try:
             config = source.create_engine_config()
         except ValueError as exc:
             raise InvalidEngineArgs(str(exc)) from exc
-        return EngineCore(config)
+        # the tokenizer for structured outputs' grammars, from the parse the config shares
+        return EngineCore(config, load_tokenizer(config.model))
 
 
 def core_stats(core: Any) -> wire.CoreStats:
@@ -223,7 +225,7 @@ class CoreLoop:
         for out in outputs:
             if out.finished:
                 self.live.pop(out.req_id, None)
-        self._send(outputs, {}, first_scheduled)
+        self._send(outputs, self.core.take_request_errors(), first_scheduled)
 
     def _newly_scheduled(self) -> dict[str, float]:
         found = {}

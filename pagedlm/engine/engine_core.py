@@ -8,22 +8,40 @@ produce the same tokens.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
+import logging
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from pagedlm import envs
 from pagedlm.config import EngineConfig
 from pagedlm.core.sched_output import EngineCoreOutput, SchedulerOutput
+from pagedlm.core.scheduler import SchedulerStats
 from pagedlm.engine.lifecycle import EngineLifecycle
 from pagedlm.request import Request, RequestStatus
+from pagedlm.structured_outputs.manager import StructuredOutputManager, StructuredOutputStats
+
+logger = logging.getLogger(__name__)
 
 _MAX_STEPS_IN_FLIGHT = 2
 
 
+@dataclass(slots=True)
+class EngineStats(SchedulerStats):
+    """The scheduler's stats and structured outputs' counters (cumulative)."""
+
+    num_grammar_compiles: int = 0
+    grammar_compile_seconds: float = 0.0
+    num_grammar_compile_waits: int = 0  # the step loop blocked on a compile (nothing else ran)
+
+
 class EngineCore:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, tokenizer: Any = None) -> None:
+        """tokenizer: what structured outputs compile their grammars for (None: none can)."""
         self.config = config
+        self.tokenizer = tokenizer
         self._init_model_runner()
         self._init_scheduler()
         self.model_runner.init_kv_cache(self.num_blocks)
@@ -32,6 +50,7 @@ class EngineCore:
         self._in_flight: deque[tuple[SchedulerOutput, Any]] = deque()  # (plan, pending output)
         self._drained: list[EngineCoreOutput] = []  # collected between steps, for the next step()
         self.lifecycle = EngineLifecycle(self.model_runner)  # pause, sleep, RPCs (lifecycle.py)
+        self.structured_outputs: StructuredOutputManager | None = None  # made on first use
         # What exists now (the model, imported libraries: ~200k tracked objects) lives as long as the
         # engine: moved out of the cyclic GC's way, a full collection while serving walks only what
         # was made since (one took ~140 ms of a 0.9 s T0-shaped generate on the CPU). Start-up's
@@ -67,6 +86,15 @@ class EngineCore:
     def add_request(self, request: Request) -> None:
         self.lifecycle.check_accepts_requests()
         self.scheduler.add_request(request)
+        if request.sampling_params.structured_outputs is not None:
+            self._structured_outputs().add_request(request)
+
+    def _structured_outputs(self) -> StructuredOutputManager:
+        if self.structured_outputs is None:
+            self.structured_outputs = StructuredOutputManager(
+                self.config.model, self.config.scheduler.max_num_seqs, self.tokenizer
+            )
+        return self.structured_outputs
 
     def abort_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
         return self.scheduler.abort_requests(request_ids)
@@ -91,6 +119,8 @@ class EngineCore:
         self.abort_all()
         self._drained = []
         self.lifecycle.shut_down = True
+        if self.structured_outputs is not None:
+            self.structured_outputs.shutdown()
         device, self.model_runner = self.model_runner.device, None
         free_engine_memory(device)
 
@@ -123,8 +153,16 @@ class EngineCore:
             sched_output, pending = self._in_flight.popleft()
             self._drained += self._update(sched_output, pending)
 
-    def get_stats(self) -> Any:
-        return self.scheduler.get_stats()
+    def get_stats(self) -> EngineStats:
+        stats = self.scheduler.get_stats()
+        manager = self.structured_outputs
+        grammars = StructuredOutputStats() if manager is None else manager.stats
+        return EngineStats(
+            **{f.name: getattr(stats, f.name) for f in dataclasses.fields(stats)},
+            num_grammar_compiles=grammars.num_compiles,
+            grammar_compile_seconds=grammars.compile_seconds,
+            num_grammar_compile_waits=grammars.num_compile_waits,
+        )
 
     def step(self) -> list[EngineCoreOutput]:
         """Launches the next step when there is work and a free slot; collects the oldest step
@@ -133,6 +171,7 @@ class EngineCore:
         if self._drained:
             drained, self._drained = self._drained, []
             return drained
+        failed = self._fail_grammars()
         launched = False
         if (
             len(self._in_flight) < self._max_steps_in_flight
@@ -140,11 +179,20 @@ class EngineCore:
             and self.scheduler.has_unfinished_requests()
         ):
             launched = self._launch()
-        if not self._in_flight:
+        if not self._in_flight or (launched and len(self._in_flight) < self._max_steps_in_flight):
+            return failed
+        return failed + self._update(*self._in_flight.popleft())
+
+    def _fail_grammars(self) -> list[EngineCoreOutput]:
+        """Aborts the requests whose grammar failed to compile or timed out; their outputs say why."""
+        if not self._structured_outputs_pending():
             return []
-        if launched and len(self._in_flight) < self._max_steps_in_flight:
-            return []
-        return self._update(*self._in_flight.popleft())
+        failed = self.structured_outputs.take_failed()
+        outputs = self.scheduler.abort_requests(list(failed))
+        for output in outputs:
+            output.error = failed[output.req_id]
+            logger.warning("request %s failed: %s", output.req_id, output.error)
+        return outputs
 
     def _update(self, sched_output: SchedulerOutput, pending: Any) -> list[EngineCoreOutput]:
         """A collected step's outputs, stamped with the weights' version (updates run between
@@ -158,14 +206,23 @@ class EngineCore:
     def _launch(self) -> bool:
         sched_output = self.scheduler.schedule()
         if sched_output.is_empty and not sched_output.finished_req_ids:
-            if not self._in_flight and self.scheduler.has_unfinished_requests():
+            if not self._in_flight and self._structured_outputs_pending():
+                self.structured_outputs.wait_for_compile()  # nothing else could run
+            elif not self._in_flight and self.scheduler.has_unfinished_requests():
                 raise RuntimeError(
                     "scheduler: unfinished requests but nothing could be "
                     "scheduled with no step in flight (is the KV cache too small?)"
                 )
             return False
+        if self.structured_outputs is not None and sched_output.sampling_req_ids:
+            sched_output.grammar_bitmask = self.structured_outputs.bitmask(
+                sched_output, self.scheduler.requests
+            )
         self._in_flight.append((sched_output, self.model_runner.execute_model(sched_output)))
         return not sched_output.is_empty
+
+    def _structured_outputs_pending(self) -> bool:
+        return self.structured_outputs is not None and self.structured_outputs.has_pending()
 
 
 def _check_kv_capacity(capacity_tokens: int, max_model_len: int, num_blocks: int) -> None:

@@ -46,7 +46,9 @@ class LLMEngine:
         self.config = config
         self.model_config = config.model
         self.tokenizer = load_tokenizer(config.model)
-        self.engine_core = engine_core if engine_core is not None else EngineCore(config)
+        self.engine_core = (
+            engine_core if engine_core is not None else EngineCore(config, self.tokenizer)
+        )
         self.output_processor = OutputProcessor(self.tokenizer)
         self._held_outputs: list[RequestOutput] = []  # stepped by wait_for_requests, not yet given
 
@@ -171,6 +173,11 @@ class LLMEngine:
                 )
             params.bad_words_token_ids = bad_words_token_ids(self.tokenizer, params.bad_words)
         params.check_vocab(self.model_config.vocab_size)  # the ids bad_words became, too
+        if params.structured_outputs is not None and self.tokenizer is None:
+            raise InvalidRequest(
+                "structured_outputs: needs a tokenizer, but skip_tokenizer_init=True",
+                param="structured_outputs",
+            )
         check_structured_outputs(params.structured_outputs)
         return params
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from pagedlm.attention import triton_decode, triton_paged
 from pagedlm.ops import gate_up_silu
 from pagedlm.ops.warm_up import WarmUpRequest, WarmUpTarget
-from pagedlm.sample import sampler
+from pagedlm.sample import grammar_mask, sampler
 from pagedlm.sampling_params import SamplingParams
 from pagedlm.worker.dummy_steps import DummySteps
 
@@ -26,7 +26,7 @@ WARM_UP_REQUESTS = (
     *triton_decode.WARM_UP_REQUESTS,
     *sampler.WARM_UP_REQUESTS,
 )
-WARM_UP_CALLS = (gate_up_silu.warm_up, sampler.warm_up_threshold_kernel)
+WARM_UP_CALLS = (gate_up_silu.warm_up, sampler.warm_up_threshold_kernel, grammar_mask.warm_up)
 
 
 def warm_up_kernels(runner: ModelRunner) -> None:

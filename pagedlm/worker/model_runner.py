@@ -50,12 +50,14 @@ from pagedlm.core.sched_output import NewRequestData, SchedulerOutput
 from pagedlm.model.llama import LlamaForCausalLM
 from pagedlm.model.loader import load_model
 from pagedlm.ops.jit_watch import compile_watch
+from pagedlm.sample.grammar_mask import apply_grammar_bitmask
 from pagedlm.sample.sampler import SamplerOutput
 from pagedlm.sample.state import SamplingState
 from pagedlm.worker import memory, sleep
 from pagedlm.worker.batch_layout import BatchLayout
 from pagedlm.worker.cuda_graphs import DecodeGraphs, graphs_enabled
 from pagedlm.worker.dummy_steps import DummySteps
+from pagedlm.worker.grammar_inputs import GrammarInputs, GrammarRows
 from pagedlm.worker.input_batch import InputBatch
 from pagedlm.worker.kernel_warmup import warm_up_kernels
 from pagedlm.worker.lm_head import PaddedLMHead, leading
@@ -106,6 +108,9 @@ class ModelRunner:
         self._inference_mode = torch.inference_mode()
         self.sampler = SamplingState(
             self.max_num_reqs, config.model.vocab_size, self.device, config.seed
+        )
+        self.grammar_inputs = GrammarInputs(
+            self.max_num_reqs, config.model.vocab_size, self.device, NUM_STAGING_SETS
         )
         self._num_steps = 0
         self._first_compile = compile_watch().start_up() if self.use_cuda else 0
@@ -345,8 +350,9 @@ class ModelRunner:
         self._reclaim(slot)
         plan = self._plan(sched.step_id, slot, self.input_batch.prepare(sched, self._staging[slot]))
         self._send_inputs(plan)
+        grammar = self.grammar_inputs.stage(sched.grammar_bitmask, slot)
         try:
-            output = self._launch(plan)
+            output = self._launch(plan, grammar)
         except BaseException:
             if self.use_cuda:  # no event will guard this staging set's copy: wait for it here
                 torch.cuda.current_stream(
@@ -390,11 +396,11 @@ class ModelRunner:
             self._inputs.copy_from(staging, plan.copy_end)
         self._table_version += layout.num_table_elems_to_copy > 0
 
-    def _launch(self, plan: StepPlan) -> AsyncRunnerOutput:
+    def _launch(self, plan: StepPlan, grammar: GrammarRows | None) -> AsyncRunnerOutput:
         """The step's forward, sampling and output copies, queued after its input copy (or a staged
         graph that copies its inputs itself)."""
         hidden = self._forward(plan)
-        sample, ids_on_host = self._sample(hidden, plan)
+        sample, ids_on_host = self._sample(hidden, plan, grammar)
         layout = plan.layout
         prompt_logprobs = (
             None
@@ -539,12 +545,15 @@ class ModelRunner:
             ]
         return embeds
 
-    def _sample(self, hidden: torch.Tensor, plan: StepPlan) -> tuple[SamplerOutput | None, bool]:
+    def _sample(
+        self, hidden: torch.Tensor, plan: StepPlan, grammar: GrammarRows | None
+    ) -> tuple[SamplerOutput | None, bool]:
         """Each sampling request's token, its id scattered by row into last_sampled (None when no
         request samples this step), and whether the ids are in the slot's pinned output already. A
         greedy batch of a graph that computes the argmax takes the graph's ids ([graph_size]: the rows
         past num_samples are padding), which the graph wrote into last_sampled itself (and, a staged
-        graph, into the pinned output)."""
+        graph, into the pinned output), unless constrained rows (`grammar`) need their bitmask on
+        the logits first: such a step samples eagerly from the graph's logits."""
         layout = plan.layout
         num_samples = layout.num_samples
         if num_samples == 0:
@@ -554,10 +563,12 @@ class ModelRunner:
             plan.replays_decode_graph and layout.samples_every_token
         ):  # the graph's rows 0..N-1 sample
             argmax = self.graphs.argmax(plan.graph_size, plan.stage_slot)
-            if argmax is not None and self.sampler.is_greedy(rows_np):
+            if argmax is not None and grammar is None and self.sampler.is_greedy(rows_np):
                 self.sampler.count_sampled(rows_np)
                 return SamplerOutput(argmax), plan.stage_slot is not None
         logits = self._logits(hidden, plan)
+        if grammar is not None:  # before the sampler: logprobs are of the masked distribution
+            apply_grammar_bitmask(logits, *grammar)
         sample = self.sampler.sample(logits, rows_np)
         self._last_sampled.index_copy_(
             0, plan.inputs.prefix("sample_rows", num_samples), sample.sampled_token_ids

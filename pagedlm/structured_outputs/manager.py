@@ -1,0 +1,210 @@
+"""The engine core's structured outputs: grammars compiled off the step loop, one matcher per
+request, the step's token bitmask.
+
+Compiles run on a small thread pool (xgrammar's compiler releases the GIL), one future per
+constraint in an LRU cache, so equal constraints compile once. A request waits in the scheduler
+(GrammarState.is_ready) until its grammar is compiled while the others run; a compile that fails
+or passes `timeout_s` fails the request alone (`take_failed`). The step loop blocks on a compile
+only when nothing else can run, and counts each such wait."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pagedlm.core.sched_output import GrammarBitmask, SchedulerOutput
+from pagedlm.sampling_params import StructuredOutputsParams
+from pagedlm.structured_outputs.grammars import GrammarKey, build_grammar, grammar_key
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
+
+    from pagedlm.config import ModelConfig
+    from pagedlm.request import Request
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_COMPILE_TIMEOUT_S = 30.0
+_NUM_COMPILE_THREADS = 2
+_CACHE_SIZE = 256  # compiled grammars kept (LRU)
+_IDLE_WAIT_S = 0.05  # longest block on a compile when nothing else runs (the loop stays live)
+
+
+@dataclass(slots=True)
+class StructuredOutputStats:
+    num_compiles: int = 0  # grammars compiled (cache misses)
+    compile_seconds: float = 0.0  # their total compile time
+    num_compile_waits: int = 0  # times the step loop blocked on a compile (nothing else to run)
+    num_failed: int = 0  # requests failed by a compile error or timeout
+
+
+@dataclass(slots=True, eq=False)
+class GrammarState:
+    """One request's constraint: its compile, then its matcher (made on the first is_ready)."""
+
+    future: Future
+    deadline: float  # time.monotonic() past which a compile still running fails the request
+    matcher: xgr.GrammarMatcher | None = None
+    error: str | None = None
+    num_rejected: int = field(default=0)
+
+    def is_ready(self) -> bool:
+        if self.matcher is None and self.error is None and self.future.done():
+            if self.future.exception() is not None:
+                self.error = (
+                    f"structured_outputs: the grammar failed to compile: {self.future.exception()}"
+                )
+            else:
+                import xgrammar as xgr
+
+                self.matcher = xgr.GrammarMatcher(self.future.result())
+        return self.matcher is not None
+
+    def accept_token(self, token_id: int) -> bool:
+        """Advances the matcher; True when the grammar ended (terminated, or refused the token:
+        possible only where another rule, e.g. min_tokens, banned every token it allowed)."""
+        if not self.matcher.accept_token(token_id):
+            self.num_rejected += 1
+            logger.warning("structured outputs: token %d is outside the grammar", token_id)
+            return True
+        return self.matcher.is_terminated()
+
+
+class StructuredOutputManager:
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        max_num_seqs: int,
+        tokenizer: Any,
+        timeout_s: float | None = None,
+    ) -> None:
+        """tokenizer: a Hugging Face tokenizer of the model (None: every compile fails)."""
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        self.timeout_s = DEFAULT_COMPILE_TIMEOUT_S if timeout_s is None else timeout_s
+        self.stats = StructuredOutputStats()
+        self._pool = ThreadPoolExecutor(_NUM_COMPILE_THREADS, thread_name_prefix="pagedlm-grammar")
+        self._compiler: xgr.GrammarCompiler | None = None
+        self._compiler_lock = threading.Lock()
+        self._cache: OrderedDict[GrammarKey, Future] = OrderedDict()
+        self._pending: dict[str, Request] = {}  # compiles not ready yet, by request id
+        num_words = (model_config.vocab_size + 31) // 32
+        self._bitmask = np.zeros((max_num_seqs, num_words), dtype=np.int32)  # [rows, V / 32]
+
+    # ---- requests ----
+
+    def add_request(self, request: Request) -> None:
+        params = request.sampling_params.structured_outputs
+        assert params is not None
+        request.structured_output = GrammarState(
+            self._compile(params), time.monotonic() + self.timeout_s
+        )
+        self._pending[request.request_id] = request
+
+    def take_failed(self) -> dict[str, str]:
+        """Requests whose compile failed or timed out since the last call: id -> the reason."""
+        failed = {}
+        now = time.monotonic()
+        for req_id, request in list(self._pending.items()):
+            state = request.structured_output
+            if request.is_finished or state.is_ready():
+                del self._pending[req_id]
+            elif state.error is not None or now > state.deadline:
+                failed[req_id] = state.error or (
+                    f"structured_outputs: the grammar did not compile within {self.timeout_s:g} s"
+                )
+                del self._pending[req_id]
+        self.stats.num_failed += len(failed)
+        return failed
+
+    def has_pending(self) -> bool:
+        return bool(self._pending)
+
+    def wait_for_compile(self) -> None:
+        """Blocks (briefly) until some pending compile ends: the step loop has nothing else to do."""
+        self.stats.num_compile_waits += 1
+        logger.debug("the step loop waits on a grammar compile")
+        futures = [request.structured_output.future for request in self._pending.values()]
+        wait_futures(futures, timeout=_IDLE_WAIT_S, return_when="FIRST_COMPLETED")
+
+    # ---- the step's bitmask ----
+
+    def bitmask(
+        self, sched: SchedulerOutput, requests: dict[str, Request]
+    ) -> GrammarBitmask | None:
+        """The token bitmask of the step's constrained sampling rows; every such request's matcher
+        has seen all its tokens (the scheduler holds one back while a token is in flight)."""
+        sampling, indices, matchers = sched.sampling_req_ids, [], []
+        for req_id in _sampling_order(sched.num_scheduled_tokens, sampling):
+            state = requests[req_id].structured_output
+            if state is not None:
+                matchers.append(state.matcher)
+            indices.append(state is not None)
+        if not matchers:
+            return None
+        bitmask = self._bitmask[: len(matchers)]
+        for i, matcher in enumerate(matchers):
+            matcher.fill_next_token_bitmask(bitmask, i)
+        sample_indices = np.flatnonzero(np.array(indices, dtype=bool))  # [M] sampling positions
+        return GrammarBitmask(sample_indices, bitmask)
+
+    # ---- compiling ----
+
+    def _compile(self, params: StructuredOutputsParams) -> Future:
+        key = grammar_key(params)
+        future = self._cache.get(key)
+        if future is not None and not (future.done() and future.exception() is not None):
+            self._cache.move_to_end(key)
+            return future
+        future = self._pool.submit(self._compile_now, params)
+        self._cache[key] = future
+        if len(self._cache) > _CACHE_SIZE:
+            self._cache.popitem(last=False)
+        return future
+
+    def _compile_now(self, params: StructuredOutputsParams) -> xgr.CompiledGrammar:
+        start = time.perf_counter()
+        compiled = self._get_compiler().compile_grammar(build_grammar(params))
+        seconds = time.perf_counter() - start
+        self.stats.num_compiles += 1
+        self.stats.compile_seconds += seconds
+        logger.debug("compiled a %s grammar in %.3f s", params.kind, seconds)
+        return compiled
+
+    def _get_compiler(self) -> xgr.GrammarCompiler:
+        """Made on the first compile (a pool thread): the tokenizer's vocabulary, padded to the
+        model's, with the model's EOS ids as the grammar's stop tokens."""
+        with self._compiler_lock:
+            if self._compiler is None:
+                self._compiler = _new_compiler(self.model_config, self.tokenizer)
+            return self._compiler
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _sampling_order(num_scheduled: Iterable[str], sampling: set[str]) -> Iterable[str]:
+    """The step's sampling requests in batch order: the sampler's rows (worker/input_batch.py)."""
+    return (req_id for req_id in num_scheduled if req_id in sampling)
+
+
+def _new_compiler(model_config: ModelConfig, tokenizer: Any) -> Any:
+    import xgrammar as xgr
+
+    if tokenizer is None:
+        raise ValueError("structured outputs need a tokenizer, but skip_tokenizer_init=True")
+    info = xgr.TokenizerInfo.from_huggingface(
+        tokenizer,
+        vocab_size=model_config.vocab_size,
+        stop_token_ids=sorted(model_config.eos_token_ids),
+    )
+    return xgr.GrammarCompiler(info, max_threads=_NUM_COMPILE_THREADS)

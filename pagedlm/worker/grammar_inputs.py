@@ -1,0 +1,57 @@
+"""A step's structured-outputs bitmask on its way to the device: the engine core's numpy rows go
+into the step's pinned staging pair (one per staging set, reused with it two steps later), then
+over with one non-blocking copy each into the device pair the sampler's mask reads."""
+
+from __future__ import annotations
+
+import torch
+
+from pagedlm.core.sched_output import GrammarBitmask
+
+GrammarRows = tuple[torch.Tensor, torch.Tensor]  # indices [M] int64, bitmask [M, W] int32
+
+
+class GrammarInputs:
+    def __init__(
+        self, max_num_reqs: int, vocab_size: int, device: torch.device, num_sets: int
+    ) -> None:
+        self.max_num_reqs = max_num_reqs
+        self.num_words = (vocab_size + 31) // 32
+        self.device = device
+        self.num_sets = num_sets
+        self._host: list[GrammarRows] | None = None  # by staging set; made on first use
+        self._device: GrammarRows | None = None
+
+    def stage(self, mask: GrammarBitmask | None, slot: int) -> GrammarRows | None:
+        """The step's rows on the device (None without constrained rows); never waits."""
+        if mask is None:
+            return None
+        if self._host is None:
+            self._allocate()
+        num_rows = mask.sample_indices.shape[0]
+        host_indices, host_bitmask = (t[:num_rows] for t in self._host[slot])
+        host_indices.numpy()[:] = mask.sample_indices
+        host_bitmask.numpy()[:] = mask.bitmask
+        if self.device.type == "cpu":  # the host pair is the device pair
+            return host_indices, host_bitmask
+        indices, bitmask = (t[:num_rows] for t in self._device)
+        indices.copy_(host_indices, non_blocking=True)
+        bitmask.copy_(host_bitmask, non_blocking=True)
+        return indices, bitmask
+
+    def _allocate(self) -> None:
+        pin = self.device.type == "cuda"
+        rows = self.max_num_reqs
+
+        def pair(device: torch.device, pin_memory: bool) -> GrammarRows:
+            return (
+                torch.zeros(rows, dtype=torch.int64, device=device, pin_memory=pin_memory),
+                torch.zeros(
+                    rows, self.num_words, dtype=torch.int32, device=device, pin_memory=pin_memory
+                ),
+            )
+
+        cpu = torch.device("cpu")
+        self._host = [pair(cpu, pin) for _ in range(self.num_sets)]
+        if self.device.type != "cpu":
+            self._device = pair(self.device, False)
