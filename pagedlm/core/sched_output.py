@@ -109,6 +109,7 @@ class EngineCoreOutput:
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0  # prefix-cache hit, in tokens
     weight_version: str | None = None  # of the weights that produced new_token_ids
+    error: str | None = None  # why the core failed the request (finish_reason "abort")
 
     @property
     def finished(self) -> bool:

@@ -318,7 +318,12 @@ class Scheduler:
         if self.config.policy != "priority" or len(self.running) >= self.config.max_num_seqs:
             return None
         return next(
-            (request for request in self.waiting if request.num_output_placeholders == 0), None
+            (
+                request
+                for request in self.waiting
+                if request.num_output_placeholders == 0 and _grammar_ready(request)
+            ),
+            None,
         )
 
     def _preempt_for_waiting(self, head: Request, first_after: int, plan: _StepPlan) -> None:

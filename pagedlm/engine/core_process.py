@@ -106,7 +106,7 @@ def build_core(source: EngineConfig | EngineArgs) -> EngineCore:
 
 
 def core_stats(core: Any) -> wire.CoreStats:
-    stats = core.get_stats()  # the scheduler's SchedulerStats
+    stats = core.get_stats()  # EngineCore's EngineStats
     return wire.CoreStats(
         num_running=stats.num_running,
         num_waiting=stats.num_waiting,
@@ -115,6 +115,9 @@ def core_stats(core: Any) -> wire.CoreStats:
         prefix_cache_hits=stats.prefix_cache_hits,
         num_preemptions=stats.num_preemptions,
         num_kernel_compiles=num_compiles_while_serving(),
+        num_grammar_compiles=stats.num_grammar_compiles,
+        grammar_compile_seconds=stats.grammar_compile_seconds,
+        num_grammar_compile_waits=stats.num_grammar_compile_waits,
     )
 
 
@@ -225,7 +228,8 @@ class CoreLoop:
         for out in outputs:
             if out.finished:
                 self.live.pop(out.req_id, None)
-        self._send(outputs, self.core.take_request_errors(), first_scheduled)
+        errors = {out.req_id: out.error for out in outputs if out.error is not None}
+        self._send(outputs, errors, first_scheduled)
 
     def _newly_scheduled(self) -> dict[str, float]:
         found = {}

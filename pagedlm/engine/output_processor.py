@@ -84,6 +84,7 @@ class _RequestState:
     final_only: bool  # no RequestOutput until it finishes (offline generate)
     prompt_logprobs: PromptLogprobs = field(default_factory=list)
     num_cached_tokens: int = 0
+    error: str | None = None  # a sample the core failed (e.g. its grammar did not compile)
 
     @property
     def finished(self) -> bool:
@@ -99,6 +100,7 @@ class _RequestState:
             metrics=self.metrics,
             prompt_logprobs=self.prompt_logprobs if self.want_prompt_logprobs else None,
             num_cached_tokens=self.num_cached_tokens,
+            error=self.error,
         )
 
 
@@ -181,6 +183,7 @@ class OutputProcessor:
             if entry is None:  # finished by a stop string or aborted while a step was in flight
                 continue
             state, sample = entry
+            state.error = state.error or out.error
             self._update_request(state, out, now)
             if self._update_sample(sample, out) and not out.finished:
                 reqs_to_finish.append(out.req_id)

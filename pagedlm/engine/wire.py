@@ -30,6 +30,10 @@ class CoreStats:
     prefix_cache_hits: int = 0  # tokens found
     num_preemptions: int = 0
     num_kernel_compiles: int = 0  # Triton compiles a step waited for (pagedlm.ops.jit_watch)
+    # structured outputs (pagedlm/structured_outputs/manager.py), cumulative
+    num_grammar_compiles: int = 0
+    grammar_compile_seconds: float = 0.0
+    num_grammar_compile_waits: int = 0  # the step loop blocked on a compile (nothing else ran)
 
 
 class AddRequest(msgspec.Struct, tag=True):

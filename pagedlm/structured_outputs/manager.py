@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -55,7 +55,6 @@ class GrammarState:
     deadline: float  # time.monotonic() past which a compile still running fails the request
     matcher: xgr.GrammarMatcher | None = None
     error: str | None = None
-    num_rejected: int = field(default=0)
 
     def is_ready(self) -> bool:
         if self.matcher is None and self.error is None and self.future.done():
@@ -73,7 +72,6 @@ class GrammarState:
         """Advances the matcher; True when the grammar ended (terminated, or refused the token:
         possible only where another rule, e.g. min_tokens, banned every token it allowed)."""
         if not self.matcher.accept_token(token_id):
-            self.num_rejected += 1
             logger.warning("structured outputs: token %d is outside the grammar", token_id)
             return True
         return self.matcher.is_terminated()
