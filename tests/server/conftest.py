@@ -13,7 +13,8 @@ from server_helpers import API_KEY, ServerProcess, start_server
 
 @pytest.fixture(scope="session")
 def default_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """The default model (SmolLM2-135M GGUF), an API key, a small body limit."""
+    """The default model (SmolLM2-135M GGUF), an API key, a small body limit, tool_choice
+    "auto" read by the hermes parser."""
     log_path = tmp_path_factory.mktemp("default_server") / "server.log"
     server = start_server(
         [
@@ -25,6 +26,9 @@ def default_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerP
             "100000",
             "--kv-cache-memory-gib",
             "0.1",
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "hermes",
         ],
         log_path,
     )

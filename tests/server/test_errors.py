@@ -89,9 +89,8 @@ def test_completion_parameter_errors(
     "extra, param, fragment",
     [
         ({"messages": []}, "messages", "at least 1 item"),
-        ({"messages": [{"role": "tool", "content": "x"}]}, "messages", "role"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages", "role"),
         ({"top_logprobs": 2}, "top_logprobs", "logprobs=true"),
-        ({"tools": []}, "tools", "unrecognized or unsupported parameter"),
         ({"max_completion_tokens": -1}, "max_completion_tokens", "greater than or equal to 1"),
         (
             {"messages": [{"role": "user", "content": None}]},
@@ -109,6 +108,119 @@ def test_completion_parameter_errors(
     ],
 )
 def test_chat_parameter_errors(http: httpx.Client, extra: dict, param: str, fragment: str) -> None:
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, **extra}
+    assert_error(http.post("/v1/chat/completions", json=body), 400, fragment, param=param)
+
+
+def tool(name: str, parameters: object = None) -> dict:
+    function = {"name": name} if parameters is None else {"name": name, "parameters": parameters}
+    return {"type": "function", "function": function}
+
+
+def named(name: str) -> dict:
+    return {"type": "function", "function": {"name": name}}
+
+
+def json_schema_format(schema: object) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+CONSTRAINT_ERRORS = [
+    # (body fields, param, a fragment of the message), on both endpoints
+    ({"response_format": json_schema_format({"type": "bogus"})}, "response_format", "bogus"),
+    (
+        {"response_format": json_schema_format({"type": "object"}) | {"json_schema": {}}},
+        "response_format",
+        "response_format.json_schema.name",
+    ),
+    ({"response_format": {"type": "xml"}}, "response_format", "json_object or json_schema"),
+    ({"structured_outputs": {"json": "{not json"}}, "structured_outputs.json", "is invalid"),
+    ({"structured_outputs": {"regex": "a(b"}}, "structured_outputs.regex", "not closed"),
+    ({"structured_outputs": {"grammar": "root ::= nowhere"}}, "structured_outputs.grammar", ""),
+    ({"structured_outputs": {}}, "structured_outputs", "exactly one of"),
+    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "got regex"),
+    ({"structured_outputs": {"grammer": "x"}}, "structured_outputs", "grammer"),
+    (
+        {"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}},
+        "response_format",
+        "not both",
+    ),
+    ({"guided_json": {"type": "object"}}, "guided_json", "use structured_outputs.json"),
+    ({"guided_regex": "a+"}, "guided_regex", "use structured_outputs.regex"),
+    ({"guided_choice": ["a"]}, "guided_choice", "use structured_outputs.choice"),
+    ({"guided_grammar": "root ::= x"}, "guided_grammar", "use structured_outputs.grammar"),
+    ({"guided_decoding_backend": "xgrammar"}, "guided_decoding_backend", "xgrammar"),
+    ({"guided_whitespace_pattern": " "}, "guided_whitespace_pattern", "disable_any_whitespace"),
+    ({"guided_json_object": True}, "guided_json_object", "json_object"),
+]
+
+
+@pytest.mark.parametrize("extra, param, fragment", CONSTRAINT_ERRORS)
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_constraint_errors(
+    http: httpx.Client, path: str, extra: dict, param: str, fragment: str
+) -> None:
+    body = {"messages": [{"role": "user", "content": "Hi"}]} if "chat" in path else {"prompt": "Hi"}
+    response = http.post(path, json={**body, "max_tokens": 2, **extra})
+    assert_error(response, 400, fragment, param=param)
+
+
+WEATHER = tool("get_weather", {"type": "object", "properties": {"city": {"type": "string"}}})
+
+
+@pytest.mark.parametrize(
+    "extra, param, fragment",
+    [
+        ({"tools": [tool("bad name!")]}, "tools", "tools.0.function.name"),
+        ({"tools": [tool("x" * 65)]}, "tools", "tools.0.function.name"),
+        ({"tools": [WEATHER, WEATHER]}, "tools", "given twice"),
+        ({"tools": [{"type": "code", "function": {"name": "f"}}]}, "tools", "tools.0.type"),
+        ({"tools": [tool("f", "not a schema")]}, "tools", "valid dictionary"),
+        ({"tools": [WEATHER], "tool_choice": named("get_time")}, "tool_choice", "get_time"),
+        ({"tool_choice": named("get_time")}, "tool_choice", "not among the tools (none)"),
+        ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+        ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice", "tool_choice"),
+        (
+            {"tools": [tool("f", {"type": "bogus"})], "tool_choice": named("f")},
+            "tools",
+            "the function's parameters",
+        ),
+        (
+            {
+                "tools": [WEATHER],
+                "tool_choice": "required",
+                "response_format": {"type": "json_object"},
+            },
+            "tool_choice",
+            "cannot be combined",
+        ),
+        ({"messages": [{"role": "tool", "content": "21"}]}, "messages", "tool_call_id"),
+        (
+            {"messages": [{"role": "user", "content": "x", "tool_calls": []}]},
+            "messages",
+            "only an assistant message has tool_calls",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "tool_calls": [
+                            {
+                                "id": "1",
+                                "type": "function",
+                                "function": {"name": "f", "arguments": "{x"},
+                            }
+                        ],
+                    }
+                ]
+            },
+            "messages",
+            "must be a JSON text",
+        ),
+    ],
+)
+def test_tool_errors(http: httpx.Client, extra: dict, param: str, fragment: str) -> None:
     body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, **extra}
     assert_error(http.post("/v1/chat/completions", json=body), 400, fragment, param=param)
 
