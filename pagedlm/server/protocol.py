@@ -232,7 +232,7 @@ class ChatMessage(RequestBase):
         if self.role == "tool" and self.tool_call_id is None:
             raise PydanticCustomError("missing", "a tool message needs tool_call_id")
         if self.tool_calls is not None and self.role != "assistant":
-            raise PydanticCustomError("extra_forbidden", "only an assistant message has tool_calls")
+            raise PydanticCustomError("not_assistant", "only an assistant message has tool_calls")
         return self
 
     def text(self) -> str:

@@ -232,12 +232,7 @@ class _ChatWriter:
                 for choice in final.outputs:
                     delta = tracker.delta(choice.index, choice)
                     if delta is not None:
-                        if self.new_parser is not None:
-                            stream = calls.setdefault(
-                                choice.index, ToolCallStream(self.new_parser())
-                            )
-                        else:
-                            stream = None
+                        stream = self._calls(calls, choice.index)
                         # one event per choice update, as OpenAI sends them
                         usage_info = usage([final]) if self.body.continuous_usage else None
                         yield "".join(
@@ -249,6 +244,14 @@ class _ChatWriter:
         except Exception as exc:  # noqa: BLE001 - an error event, not a cut-off stream
             yield stream_error_event(exc, self.response_id)
         yield SSE_DONE
+
+    def _calls(self, streams: dict[int, ToolCallStream], index: int) -> ToolCallStream | None:
+        """Choice `index`'s tool-call stream; None where the output is content only."""
+        if self.new_parser is None:
+            return None
+        if index not in streams:
+            streams[index] = ToolCallStream(self.new_parser())
+        return streams[index]
 
     def _stream_choices(
         self, choice: CompletionOutput, delta: Delta, calls: ToolCallStream | None

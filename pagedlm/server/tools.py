@@ -109,7 +109,12 @@ def required_schema(tools: list[ChatTool], parallel_tool_calls: bool) -> dict[st
     variants = []
     for tool in tools:
         parameters = copy.deepcopy(tool.function.parameters or NO_ARGUMENTS)
-        for name, definition in parameters.pop("$defs", {}).items():
+        tool_defs = parameters.pop("$defs", {})
+        if not isinstance(tool_defs, dict):
+            raise APIError(
+                400, f"tools: `{tool.function.name}`'s $defs must be an object", param="tools"
+            )
+        for name, definition in tool_defs.items():
             if defs.setdefault(name, definition) != definition:
                 raise APIError(
                     400,

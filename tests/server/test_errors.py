@@ -131,7 +131,7 @@ CONSTRAINT_ERRORS = [
     (
         {"response_format": json_schema_format({"type": "object"}) | {"json_schema": {}}},
         "response_format",
-        "response_format.json_schema.name",
+        "json_schema.name: Field required",
     ),
     ({"response_format": {"type": "xml"}}, "response_format", "json_object or json_schema"),
     ({"structured_outputs": {"json": "{not json"}}, "structured_outputs.json", "is invalid"),

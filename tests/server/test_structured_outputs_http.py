@@ -249,6 +249,7 @@ def test_auto_tool_choice_reads_hermes_calls(
         stream,
         messages=WEATHER_QUESTION,
         tools=TOOLS,
+        max_tokens=100,
         extra_body={"structured_outputs": constraint},
     )
     assert_calls_valid(answer, ["get_weather", "get_time"])
@@ -263,6 +264,7 @@ def test_auto_tool_choice_reads_hermes_calls(
         messages=WEATHER_QUESTION,
         tools=TOOLS,
         parallel_tool_calls=False,
+        max_tokens=100,
         extra_body={"structured_outputs": constraint},
     )
     assert [name for _, name, _ in one["tool_calls"]] == ["get_weather"]

@@ -77,6 +77,9 @@ def test_tools_with_conflicting_defs_under_required() -> None:
     with pytest.raises(APIError, match=r"\$defs.name") as caught:
         tool_use(request(tools=tools, tool_choice="required"), None, False)
     assert caught.value.param == "tools"
+    not_an_object = {"type": "function", "function": {"name": "f", "parameters": {"$defs": 5}}}
+    with pytest.raises(APIError, match=r"\$defs must be an object"):
+        tool_use(request(tools=[not_an_object], tool_choice="required"), None, False)
 
 
 TOOL_AWARE_TEMPLATE = (
