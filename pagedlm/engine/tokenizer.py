@@ -49,10 +49,11 @@ def apply_chat_template(
     tokenizer: Tokenizer,
     conversation: Conversation,
     chat_template_kwargs: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> tuple[str, list[int]]:
     """The templated text and its token ids; the template already holds the special tokens,
     so they are not added a second time."""
-    text = render_chat_template(tokenizer, conversation, chat_template_kwargs)
+    text = render_chat_template(tokenizer, conversation, chat_template_kwargs, tools)
     return text, list(tokenizer.encode(text, add_special_tokens=False))
 
 
