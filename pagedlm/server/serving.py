@@ -344,6 +344,8 @@ class Generation:
                     raise item
                 if item is None:
                     num_running -= 1
+                elif item.error is not None:  # e.g. its grammar did not compile in time
+                    raise InvalidRequest(item.error)
                 else:
                     yield index, item
         finally:
@@ -359,7 +361,7 @@ def generation_error(exc: Exception) -> APIError:
         return APIError(500, str(exc), code="engine_dead")
     if isinstance(exc, ClientDisconnected):
         return APIError(499, "client disconnected")
-    return APIError(400, str(exc))
+    return bad_request(exc)
 
 
 GENERATION_ERRORS = (RequestAborted, EngineDeadError, ClientDisconnected, ValueError)

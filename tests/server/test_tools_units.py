@@ -128,3 +128,43 @@ def test_a_template_without_tools_gets_them_in_hermes_format(tokenizer: Any) -> 
     assert text.endswith("tool: sunny\nassistant:")
     without_tools = render_chat_template(tokenizer, HI)
     assert without_tools == "user: Hi\nassistant:"
+
+
+def test_a_grammar_that_fails_in_the_core_ends_the_request_with_a_400() -> None:
+    """The core fails a request whose grammar does not compile in time (RequestOutput.error);
+    the client gets a 400 with the reason, not a finished answer."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from pagedlm.server.serving import GENERATION_ERRORS, Generation, generation_error
+
+    reason = "structured_outputs: the grammar did not compile within 30 s"
+
+    class FakeEngine:
+        def add_request(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        async def outputs(self, engine_id: str):
+            yield SimpleNamespace(error=reason)
+
+        def release(self, engine_id: str) -> None:
+            pass
+
+    class Connected:
+        async def receive(self) -> dict:
+            await asyncio.sleep(3600)
+            return {}
+
+    async def run() -> Exception:
+        ctx = SimpleNamespace(engine=FakeEngine())
+        body = SimpleNamespace(priority=0, stream=False)
+        generation = Generation(ctx, Connected(), "r", [object()], body)
+        try:
+            async for _ in generation:
+                pass
+        except GENERATION_ERRORS as exc:
+            return exc
+        raise AssertionError("the failed request finished")
+
+    error = generation_error(asyncio.run(run()))
+    assert (error.status, error.message) == (400, reason)
