@@ -10,6 +10,7 @@ only when nothing else can run, and counts each such wait."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -36,6 +37,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_COMPILE_TIMEOUT_S = 30.0
 _NUM_COMPILE_THREADS = 2
 _CACHE_SIZE = 256  # compiled grammars kept (LRU)
+_NUM_FILL_THREADS = max(1, min(8, (os.cpu_count() or 2) // 2))  # half the cores, at most 8
 _IDLE_WAIT_S = 0.05  # longest block on a compile when nothing else runs (the loop stays live)
 
 
@@ -95,6 +97,7 @@ class StructuredOutputManager:
         self._compiler_lock = threading.Lock()
         self._cache: OrderedDict[GrammarKey, Future] = OrderedDict()
         self._pending: dict[str, Request] = {}  # compiles not ready yet, by request id
+        self._filler: xgr.BatchGrammarMatcher | None = None
         num_words = (model_config.vocab_size + 31) // 32
         self._bitmask = np.zeros((max_num_seqs, num_words), dtype=np.int32)  # [rows, V / 32]
 
@@ -150,10 +153,17 @@ class StructuredOutputManager:
         if not matchers:
             return None
         bitmask = self._bitmask[: len(matchers)]
-        for i, matcher in enumerate(matchers):
-            matcher.fill_next_token_bitmask(bitmask, i)
+        self._batch_matcher().batch_fill_next_token_bitmask(matchers, bitmask)
         sample_indices = np.flatnonzero(np.array(indices, dtype=bool))  # [M] sampling positions
         return GrammarBitmask(sample_indices, bitmask)
+
+    def _batch_matcher(self) -> xgr.BatchGrammarMatcher:
+        """Fills the rows on xgrammar's own threads (the GIL released)."""
+        if self._filler is None:
+            import xgrammar as xgr
+
+            self._filler = xgr.BatchGrammarMatcher(max_threads=_NUM_FILL_THREADS)
+        return self._filler
 
     # ---- compiling ----
 

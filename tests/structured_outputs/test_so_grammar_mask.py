@@ -50,3 +50,24 @@ def test_unpack_agrees_with_xgrammar_packing() -> None:
     logits = torch.zeros(2, vocab_size)
     xgr.apply_token_bitmask_inplace(logits, bitmask, backend="torch_native")
     torch.testing.assert_close(unpack_bitmask(bitmask, vocab_size), torch.isfinite(logits))
+
+
+def test_the_kernel_is_warmed_up_at_start_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its one specialisation (the model's vocabulary size) runs among the start-up calls, so no
+    constrained step compiles it while serving."""
+    from pagedlm.ops.warm_up import WarmUpTarget
+    from pagedlm.sample import grammar_mask
+    from pagedlm.worker.kernel_warmup import WARM_UP_CALLS
+
+    assert grammar_mask.warm_up in WARM_UP_CALLS
+    shapes = []
+    apply = grammar_mask.apply_grammar_bitmask
+
+    def recorded(logits, indices, bitmask, triton_device_types=("cpu",)):
+        shapes.append((tuple(logits.shape), tuple(bitmask.shape)))
+        return apply(logits, indices, bitmask, triton_device_types)
+
+    monkeypatch.setattr(grammar_mask, "apply_grammar_bitmask", recorded)
+    target = WarmUpTarget(model=None, device=torch.device("cpu"), vocab_size=70, max_num_tokens=8)
+    grammar_mask.warm_up(target)
+    assert shapes == [((2, 70), (1, 3))]
