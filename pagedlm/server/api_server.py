@@ -45,6 +45,7 @@ from pagedlm.server.serving import (
 )
 from pagedlm.server.serving_chat import create_chat_completion, tokenize_chat
 from pagedlm.server.serving_completion import create_completion
+from pagedlm.server.tools import template_tools_of
 
 Body = TypeVar("Body", bound=BaseModel)
 REQUEST_BODIES = (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest)
@@ -260,7 +261,8 @@ def _add_service_routes(app: FastAPI, ctx: ServingContext) -> None:
 
 def _tokenize(tokenizer: Tokenizer | None, ctx: ServingContext, body: TokenizeRequest) -> list[int]:
     if body.messages is not None:
-        return tokenize_chat(tokenizer, ctx, body.messages)["prompt_token_ids"]
+        tools = template_tools_of(body.tools)
+        return tokenize_chat(tokenizer, ctx, body.messages, tools)["prompt_token_ids"]
     return tokenize_within_context(ctx, tokenizer, body.prompt, "prompt", body.add_special_tokens)
 
 

@@ -261,6 +261,7 @@ class TokenizeRequest(RequestBase):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    tools: list[ChatTool] | None = None  # with messages: what the chat template gets
     add_special_tokens: bool = True
 
 

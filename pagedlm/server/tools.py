@@ -42,7 +42,7 @@ def tool_use(body: ChatCompletionRequest, auto_parser: str | None, constrained: 
     tools = body.tools or []
     _check_unique_names(tools)
     choice = body.tool_choice or ("auto" if tools else "none")
-    template_tools = [tool.model_dump(exclude_none=True) for tool in tools] or None
+    template_tools = template_tools_of(tools)
     max_calls = None if body.parallel_tool_calls else 1
     if choice == "none" or (choice == "auto" and not tools):
         return ToolUse(template_tools, None, None)
@@ -73,6 +73,11 @@ def tool_use(body: ChatCompletionRequest, auto_parser: str | None, constrained: 
     return ToolUse(
         template_tools, {"json": parameters}, lambda: NamedToolParser(tool.function.name)
     )
+
+
+def template_tools_of(tools: list[ChatTool] | None) -> list[dict[str, Any]] | None:
+    """The tools as chat templates read them (Hugging Face's `tools`: OpenAI's shape)."""
+    return [tool.model_dump(exclude_none=True) for tool in tools or []] or None
 
 
 def _check_unique_names(tools: list[ChatTool]) -> None:

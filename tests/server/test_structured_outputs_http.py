@@ -10,6 +10,7 @@ import json
 import re
 from typing import Any
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -299,3 +300,14 @@ def test_a_conversation_with_tool_calls_and_results(client: openai.OpenAI, model
     ]
     answer = chat(client, model, False, messages=messages, tools=TOOLS, max_tokens=4)
     assert answer["finish_reason"] in ("stop", "length") and answer["content"]
+
+
+def test_tokenize_renders_the_tools(default_server: ServerProcess) -> None:
+    def count(**fields: Any) -> int:
+        body = {"messages": WEATHER_QUESTION, **fields}
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        response = httpx.post(default_server.url("/tokenize"), json=body, headers=headers)
+        assert response.status_code == 200, response.text
+        return response.json()["count"]
+
+    assert count(tools=TOOLS) > count() + 50  # the tools' signatures in the system message
