@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "LLM": "pagedlm.llm",
     "SamplingParams": "pagedlm.sampling_params",
+    "StructuredOutputsParams": "pagedlm.sampling_params",
     "BeamSearchParams": "pagedlm.beam_search",
     "EngineArgs": "pagedlm.config",
     "RequestOutput": "pagedlm.outputs",

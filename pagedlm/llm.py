@@ -83,13 +83,17 @@ class LLM(LifecycleMixin):
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[RequestOutput]:
-        """One conversation (a list of {'role', 'content'} dicts) or a list of them."""
+        """One conversation (a list of {'role', 'content'} dicts) or a list of them. `tools`:
+        OpenAI's function definitions, for the chat template (vLLM's LLM.chat argument)."""
         conversations = [messages] if _is_conversation(messages) else list(messages)
         tokenizer = self.get_tokenizer()
         prompts: list[PromptType] = []
         for conversation in conversations:
-            text, token_ids = apply_chat_template(tokenizer, conversation, chat_template_kwargs)
+            text, token_ids = apply_chat_template(
+                tokenizer, conversation, chat_template_kwargs, tools
+            )
             prompts.append({"prompt": text, "prompt_token_ids": token_ids})
         return self.generate(prompts, sampling_params, use_tqdm)
 
