@@ -66,13 +66,21 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+def resolve_dtype(
+    dtype: str | torch.dtype, device: torch.device, load_format: str = "safetensors"
+) -> torch.dtype:
+    """auto: bfloat16 on CUDA; on the CPU bfloat16 for GGUF files where the CPU has bf16 matmuls
+    (their quantized blocks then load into the int4 / int8 kernels, pagedlm/model/quant_linear.py),
+    else float32 (the exact reference)."""
     import torch
 
     if isinstance(dtype, torch.dtype):
         return dtype
+    if dtype == "auto" and device.type == "cpu":
+        quantized_cpu = load_format == "gguf" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        return torch.bfloat16 if quantized_cpu else torch.float32
     if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.bfloat16
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {dtype!r}")
     return getattr(torch, _DTYPES[dtype])
@@ -160,7 +168,7 @@ def build_model_config(
         load_format=load_format,
         hf_config=hf,
         architecture=arch,
-        dtype=resolve_dtype(dtype, device),
+        dtype=resolve_dtype(dtype, device, load_format),
         max_model_len=max_model_len,
         vocab_size=hf.vocab_size,
         hidden_size=hf.hidden_size,
@@ -460,7 +468,8 @@ def _scalar_type(type_name: str) -> type:
 _CLI_HELP = {  # one line per EngineArgs field
     "model": "a Hugging Face model folder or a .gguf file (default: SmolLM2-135M-Instruct, GGUF)",
     "tokenizer": "where the tokenizer lives (default: the model)",
-    "dtype": "auto | float32 | bfloat16 | float16",
+    "dtype": "auto | float32 | bfloat16 | float16 (auto: bfloat16 on GPUs; on CPUs bfloat16 for "
+    "GGUF files, whose quantized weights then stay quantized, else float32)",
     "load_format": "auto | safetensors | gguf | dummy (random weights)",
     "max_model_len": "longest sequence, prompt plus output (default: the model's)",
     "max_num_seqs": "most requests in one batch (default: chosen by device)",

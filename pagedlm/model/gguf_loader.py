@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from pagedlm.config import ModelConfig
+from pagedlm.model.gguf_quant import quantized_from_blocks
+from pagedlm.model.quant_linear import QuantizedTensor
 
 if TYPE_CHECKING:
     from gguf import GGUFReader, ReaderTensor
@@ -61,6 +63,14 @@ def unpermute_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     half = weight.shape[0] // num_heads // 2
     per_head = weight.reshape(num_heads, half, 2, *weight.shape[1:])
     return per_head.transpose(1, 2).reshape(weight.shape)
+
+
+def _unpermuted(
+    weight: torch.Tensor | QuantizedTensor, num_heads: int
+) -> torch.Tensor | QuantizedTensor:
+    if isinstance(weight, QuantizedTensor):
+        return weight.map_rows(lambda rows: unpermute_rows(rows, num_heads))
+    return unpermute_rows(weight, num_heads)
 
 
 def reader(path: str) -> GGUFReader:
@@ -118,8 +128,11 @@ def one_parse(model: str | None) -> Iterator[None]:
             release_readers()
 
 
-def iter_gguf_tensors(config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    """(Hugging Face name, float32 tensor) for every tensor of config.model that the model knows."""
+def iter_gguf_tensors(
+    config: ModelConfig, quantized: bool = False
+) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
+    """(Hugging Face name, float32 tensor) for every tensor of config.model that the model knows;
+    with `quantized`, a QuantizedTensor for each quantized matrix instead (gguf_quant.py)."""
     path, parsed = _parsed(config)
     # only llama.cpp's llama converter (also used for Mistral) permutes q/k rows
     arch_field = parsed.fields.get("general.architecture")
@@ -128,11 +141,12 @@ def iter_gguf_tensors(config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]
         name = hf_name(tensor.name)
         if name is None:
             continue
-        weight = _dequantize(tensor, path)
+        weight = quantized_from_blocks(tensor.data, tensor.tensor_type) if quantized else None
+        weight = _dequantize(tensor, path) if weight is None else weight
         if permuted and ".q_proj." in name:
-            weight = unpermute_rows(weight, config.num_heads)
+            weight = _unpermuted(weight, config.num_heads)
         elif permuted and ".k_proj." in name:
-            weight = unpermute_rows(weight, config.num_kv_heads)
+            weight = _unpermuted(weight, config.num_kv_heads)
         yield name, weight
 
 

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedlm import envs, ops
+from pagedlm.model.quant_linear import Int4Matmul, Int8Matmul, QuantizedTensor, pack
 from pagedlm.ops import gate_up_silu, gemv
 from pagedlm.ops.gemv import PendingNorm, ResidualSum
 
@@ -40,6 +41,12 @@ class Linear(nn.Module):
             if bias
             else None
         )
+        self.quant: Int4Matmul | Int8Matmul | None = None  # set by load_quantized
+
+    def load_quantized(self, weight: QuantizedTensor) -> None:
+        """Hold weight packed for the CPU's quantized kernels (quant_linear.py), not self.weight."""
+        self.quant = pack(weight, self.weight.dtype)
+        self.weight = None
 
     def forward(
         self,
@@ -49,6 +56,8 @@ class Linear(nn.Module):
     ) -> torch.Tensor | ResidualSum:
         """x: [T, in_features] ([T, 2 * in_features] with act) -> y [T, out_features], or (GEMV path,
         residual [T, out_features] given) the ResidualSum of y + residual."""
+        if self.quant is not None:
+            return self._quantized_forward(x, act)
         if takes_gemv(gemv.input_rows(x), self.weight):
             return gemv.gemv(
                 x, self.weight, self.bias, act=act, residual=residual if FUSE_NORMS else None
@@ -59,11 +68,23 @@ class Linear(nn.Module):
             x = ops.silu_and_mul(x)
         return F.linear(x, self.weight, self.bias)
 
+    def _quantized_forward(self, x: torch.Tensor | PendingNorm, act: str | None) -> torch.Tensor:
+        if isinstance(x, PendingNorm):
+            x = x.materialize()
+        if act is not None:
+            x = ops.silu_and_mul(x)
+        y = self.quant(x)  # [T, out_features]
+        return y if self.bias is None else y + self.bias
+
     def gated(self, x: torch.Tensor | PendingNorm) -> torch.Tensor | None:
         """For a gate_up projection (rows gate, then up): silu(x W_gate^T) * (x W_up^T) [T, out_features / 2]
         from the fused GEMM (ops/gate_up_silu.py) where it applies (prefill-sized 16-bit batches on CUDA),
         else None: the caller passes this layer's output to the next with act="silu_and_mul"."""
-        if isinstance(x, PendingNorm) or not gate_up_silu.takes_fused(x, self.weight, self.bias):
+        if (
+            self.quant is not None
+            or isinstance(x, PendingNorm)
+            or not gate_up_silu.takes_fused(x, self.weight, self.bias)
+        ):
             return None
         return gate_up_silu.gate_up_silu(x, self.weight)
 
@@ -79,8 +100,16 @@ class Embedding(nn.Module):
         self.weight = nn.Parameter(
             torch.empty(num_embeddings, embedding_dim, dtype=dtype), requires_grad=False
         )
+        self.quant: Int8Matmul | None = None  # set by load_quantized
+
+    def load_quantized(self, weight: QuantizedTensor) -> None:
+        """Hold weight as int8 rows (also the tied LM head's matmul), not self.weight."""
+        self.quant = Int8Matmul(weight, self.weight.dtype)
+        self.weight = None
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.quant is not None:
+            return self.quant.rows(input_ids)  # [T, embedding_dim]
         return F.embedding(input_ids, self.weight)  # [T, embedding_dim]
 
 

@@ -236,11 +236,10 @@ class LlamaForCausalLM(nn.Module):
         float32 itself (cuBLAS epilogue): no 16-bit logits rounded and then copied (at 256 x 151936,
         that copy alone was 0.11 ms a step); at batch 1 the Triton GEMV writes them (4.4-4.5 TB/s
         against cuBLAS's 4.0-4.2 on both LM heads, gemv_bench.py)."""
-        weight = (
-            self.model.embed_tokens.weight
-            if self.config.tie_word_embeddings
-            else self.lm_head.weight
-        )
+        head = self.model.embed_tokens if self.config.tie_word_embeddings else self.lm_head
+        if head.quant is not None:
+            return head.quant(hidden).float()
+        weight = head.weight
         if layers.takes_gemv(hidden, weight):
             return gemv.gemv(hidden, weight, out_dtype=torch.float32)
         if hidden.is_cuda and hidden.dtype != torch.float32:

@@ -18,6 +18,7 @@ from pagedlm.model.gguf_loader import (
     release_readers,
 )
 from pagedlm.model.llama import LlamaForCausalLM
+from pagedlm.model.quant_linear import QuantizedTensor, concat_rows, takes_quantized
 
 DUMMY_SEED = 0
 DUMMY_STD = 0.02
@@ -34,18 +35,22 @@ def load_model(
             if config.load_format == "dummy":
                 fill_dummy_weights(model, device)
             else:
-                fill_weights(model, iter_tensors(config), config.model)
+                quantized = takes_quantized(device, config.dtype)
+                fill_weights(model, iter_tensors(config, quantized), config.model)
     finally:
         release_readers()  # the GGUF parse the model's build and its weights shared
     return model.eval()
 
 
-def iter_tensors(config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    """(Hugging Face name, tensor) of every tensor of config.model's checkpoint."""
+def iter_tensors(
+    config: ModelConfig, quantized: bool = False
+) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
+    """(Hugging Face name, tensor) of every tensor of config.model's checkpoint; with `quantized`,
+    a GGUF file's quantized matrices as QuantizedTensors."""
     if config.load_format == "safetensors":
         return iter_safetensors(config.model)
     if config.load_format == "gguf":
-        return iter_gguf_tensors(config)
+        return iter_gguf_tensors(config, quantized)
     raise ValueError(f"load_format must be safetensors, gguf or dummy; got {config.load_format!r}")
 
 
@@ -59,19 +64,56 @@ def iter_shapes(config: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
 
 
 def fill_weights(
-    model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Tensor]], source: str
+    model: LlamaForCausalLM,
+    tensors: Iterable[tuple[str, torch.Tensor | QuantizedTensor]],
+    source: str,
 ) -> None:
     """Copy each known checkpoint tensor into its (slice of a) parameter, one at a time; unknown
-    names (rotary_emb.inv_freq, lm_head of a tied model) are ignored, a missing one is an error."""
+    names (rotary_emb.inv_freq, lm_head of a tied model) are ignored, a missing one is an error.
+    QuantizedTensors are gathered per parameter and loaded into its module (load_quantized)."""
     targets = checkpoint_targets(model)
+    layout = model.checkpoint_layout()
     filled: set[str] = set()
+    quantized: dict[str, dict[int, QuantizedTensor]] = {}  # param -> row_start -> shard
     for name, tensor in tensors:
         target = target_of(targets, name, tuple(tensor.shape), source)
-        if target is not None:
+        if target is None:
+            continue
+        if isinstance(tensor, QuantizedTensor):
+            quantized.setdefault(layout[name].param, {})[layout[name].row_start] = tensor
+        else:
             target.copy_(tensor)
-            filled.add(name)
-    if check_complete(targets.keys(), filled, source):
+        filled.add(name)
+    tied_head = check_complete(targets.keys(), filled, source)
+    if tied_head and "model.embed_tokens.weight" in quantized:
+        quantized["lm_head.weight"] = quantized["model.embed_tokens.weight"]
+    elif tied_head:
         targets["lm_head.weight"].copy_(targets["model.embed_tokens.weight"])
+    params = dict(model.named_parameters())
+    for param, shards in quantized.items():
+        _load_quantized(model, params[param], param, shards)
+
+
+def _load_quantized(
+    model: LlamaForCausalLM, param: torch.Tensor, name: str, shards: dict[int, QuantizedTensor]
+) -> None:
+    """A parameter whose shards all came quantized goes packed into its module; one that mixes
+    them with float shards stays dense (its quantized shards dequantised into it)."""
+    if sum(shard.shape[0] for shard in shards.values()) == param.shape[0]:
+        weight = concat_rows([shards[start] for start in sorted(shards)])
+        model.get_submodule(name.rpartition(".")[0]).load_quantized(weight)
+        return
+    for start, shard in shards.items():
+        param.narrow(0, start, shard.shape[0]).copy_(shard.dequantize())
+
+
+def check_dense(model: LlamaForCausalLM) -> None:
+    """Weight updates copy into parameters: a model loaded quantized has none to copy into."""
+    if any(getattr(module, "quant", None) is not None for module in model.modules()):
+        raise ValueError(
+            "weights: this model holds quantized weights (a GGUF file on the CPU in bfloat16); "
+            'updating them needs dense ones: load it with dtype="float32"'
+        )
 
 
 class PartialReload(RuntimeError):
@@ -90,6 +132,7 @@ def reload_weights(model: LlamaForCausalLM, config: ModelConfig, weights_path: s
             f"weights_path must be a Hugging Face folder or a .gguf file; got {weights_path!r}"
         )
     source = replace(config, model=weights_path, load_format="gguf" if is_gguf else "safetensors")
+    check_dense(model)
     try:
         targets = checkpoint_targets(model)
         found = {
@@ -114,6 +157,7 @@ def update_weights(
     """Copy some checkpoint tensors (Hugging Face names, any subset) into their parameters in
     place, after checking every name, shape and dtype: a mismatch raises ValueError and copies
     nothing. Returns how many tensors were copied (the ignored names aside)."""
+    check_dense(model)
     targets = checkpoint_targets(model)
     copies = []
     for pair in named_tensors:

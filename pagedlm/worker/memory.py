@@ -14,7 +14,10 @@ from pagedlm.worker.input_batch import cdiv
 logger = logging.getLogger("pagedlm")
 
 GiB = 1 << 30
-DEFAULT_CPU_KV_CACHE_GIB = 2.0
+# The CPU's default KV cache: room for this many sequences of max(max_model_len,
+# max_num_batched_tokens) tokens, at most CPU_KV_MAX_RAM_SHARE of the machine's memory.
+CPU_KV_FULL_SEQUENCES = 2
+CPU_KV_MAX_RAM_SHARE = 0.25
 T = TypeVar("T")
 
 
@@ -30,8 +33,8 @@ def determine_num_blocks(
     weights_bytes: int,
     profile_graphs: Callable[[], int] | None = None,
 ) -> int:
-    """num_gpu_blocks_override wins; then kv_cache_memory_gib (default 2 GiB on CPU); on CUDA
-    without either, what the profile leaves of total x gpu_memory_utilization. `profile` runs
+    """num_gpu_blocks_override wins; then kv_cache_memory_gib; on the CPU without either,
+    default_cpu_num_blocks; on CUDA, what the profile leaves of total x gpu_memory_utilization. `profile` runs
     one step of the largest batch and returns the bytes of the KV cache it used itself;
     `profile_graphs` (when CUDA graphs are on) returns the device bytes the graphs take. Logs the
     KV cache's size once."""
@@ -39,9 +42,15 @@ def determine_num_blocks(
     bytes_per_block = kv_cache_bytes_per_block(config.model, cache.block_size)
     if cache.num_gpu_blocks_override is not None:
         num_blocks, source = cache.num_gpu_blocks_override, "num_gpu_blocks_override"
-    elif cache.kv_cache_memory_gib is not None or config.device.type != "cuda":
-        gib = cache.kv_cache_memory_gib or DEFAULT_CPU_KV_CACHE_GIB
+    elif cache.kv_cache_memory_gib is not None:
+        gib = cache.kv_cache_memory_gib
         num_blocks, source = int(gib * GiB) // bytes_per_block, f"a budget of {gib:.2f} GiB"
+    elif config.device.type != "cuda":
+        num_blocks = default_cpu_num_blocks(config, bytes_per_block, physical_memory_bytes())
+        source = (
+            f"{CPU_KV_FULL_SEQUENCES} sequences of max(max_model_len, max_num_batched_tokens), "
+            f"at most {CPU_KV_MAX_RAM_SHARE:.0%} of RAM"
+        )
     else:
         num_blocks = _profiled_num_blocks(
             config, profile, weights_bytes, bytes_per_block, profile_graphs
@@ -57,6 +66,20 @@ def determine_num_blocks(
     )
     check_max_model_len_fits(config, num_blocks)
     return num_blocks
+
+
+def default_cpu_num_blocks(config: EngineConfig, bytes_per_block: int, ram_bytes: int) -> int:
+    """Blocks for CPU_KV_FULL_SEQUENCES sequences of the longest a request or a step can be, within
+    CPU_KV_MAX_RAM_SHARE of ram_bytes (then check_max_model_len_fits says if one sequence fits)."""
+    longest = max(config.model.max_model_len, config.scheduler.max_num_batched_tokens)
+    wanted = CPU_KV_FULL_SEQUENCES * cdiv(longest, config.cache.block_size)
+    return max(1, min(wanted, int(ram_bytes * CPU_KV_MAX_RAM_SHARE) // bytes_per_block))
+
+
+def physical_memory_bytes() -> int:
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _profiled_num_blocks(

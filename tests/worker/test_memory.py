@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from pagedlm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from pagedlm.worker.memory import GiB, determine_num_blocks, kv_cache_bytes_per_block
+from pagedlm.worker.memory import (
+    CPU_KV_MAX_RAM_SHARE,
+    GiB,
+    default_cpu_num_blocks,
+    determine_num_blocks,
+    kv_cache_bytes_per_block,
+)
 
 
 def _config(cache: CacheConfig, max_model_len: int = 4096, dtype=torch.float32) -> EngineConfig:
@@ -61,8 +67,25 @@ def test_cpu_budget_explicit_and_default():
     per_block = 2 * 3 * 16 * 2 * 16 * 4  # fp32
     config = _config(CacheConfig(kv_cache_memory_gib=0.01))
     assert determine_num_blocks(config, _never, 0) == int(0.01 * GiB) // per_block
-    default = _config(CacheConfig())
-    assert determine_num_blocks(default, _never, 0) == 2 * GiB // per_block
+
+
+def test_cpu_default_holds_two_of_the_longest_sequences():
+    """Two sequences of the longer of max_model_len and a step's max_num_batched_tokens (8192)."""
+    default = _config(CacheConfig(), max_model_len=4096)
+    assert determine_num_blocks(default, _never, 0) == 2 * 8192 // 16
+    long = _config(CacheConfig(), max_model_len=20000)
+    assert determine_num_blocks(long, _never, 0) == 2 * 1250
+
+
+def test_cpu_default_is_capped_by_a_share_of_ram():
+    per_block = 2 * 3 * 16 * 2 * 16 * 4  # fp32
+    config = _config(CacheConfig(), max_model_len=20000)
+    ram = 1000 * per_block
+    assert (
+        default_cpu_num_blocks(config, per_block, ram)
+        == int(ram * CPU_KV_MAX_RAM_SHARE) // per_block
+    )
+    assert default_cpu_num_blocks(config, per_block, 10**6 * per_block) == 2 * 1250
 
 
 def test_max_model_len_must_fit():
@@ -78,7 +101,10 @@ def test_max_model_len_must_fit():
     [
         (CacheConfig(num_gpu_blocks_override=300), "num_gpu_blocks_override"),
         (CacheConfig(kv_cache_memory_gib=0.01), "a budget of 0.01 GiB"),
-        (CacheConfig(), "a budget of 2.00 GiB"),
+        (
+            CacheConfig(),
+            "2 sequences of max(max_model_len, max_num_batched_tokens), at most 25% of RAM",
+        ),
     ],
 )
 def test_the_kv_cache_size_is_logged_once_with_its_source(caplog, cache, source):

@@ -1,0 +1,142 @@
+"""Weight-only quantized matmuls for the CPU, through the packed kernels torch ships:
+`_weight_int4pack_mm_for_cpu` (4-bit codes in groups of 32 columns, a scale and a zero per group)
+and `_weight_int8pack_mm` (int8 codes, one scale per output row). Both read activations in
+bfloat16 (in float32 they fall back to a loop ~30x slower) and write the activation dtype.
+
+A weight arrives as a QuantizedTensor (the GGUF loader maps each llama.cpp block type to one of
+the two, pagedlm/model/gguf_quant.py); `pack` turns it into the module a Linear or Embedding calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+GROUP_SIZE = 32  # columns per int4 group: llama.cpp's Q4_0 / Q4_1 / Q4_K sub-block size
+INT4_N_MULTIPLE = 16  # _convert_weight_to_int4pack_for_cpu needs rows (N) in multiples of 16
+INT4_OFFSET = 8  # the int4 kernel computes (code - 8) * scale + zero
+
+
+@dataclass(frozen=True)
+class QuantizedTensor:
+    """A weight [rows, cols] as integer codes: w = scales * codes + mins, one scale (and min) per
+    group of `group_size` columns. 4 bits: codes 0..15 in groups of GROUP_SIZE; 8 bits: int8 codes,
+    one group per row, no mins (symmetric)."""
+
+    codes: torch.Tensor  # [rows, cols] uint8 (4 bits) or int8 (8 bits)
+    scales: torch.Tensor  # [rows, cols // group_size] float32
+    mins: torch.Tensor | None  # [rows, cols // group_size] float32; None for 8 bits
+    bits: int
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.codes.shape
+
+    @property
+    def group_size(self) -> int:
+        return self.codes.shape[1] // self.scales.shape[1]
+
+    def dequantize(self) -> torch.Tensor:
+        """[rows, cols] float32."""
+        per_column = self.scales.repeat_interleave(self.group_size, dim=1)
+        weight = self.codes.float() * per_column
+        if self.mins is not None:
+            weight += self.mins.repeat_interleave(self.group_size, dim=1)
+        return weight
+
+    def map_rows(self, fn) -> QuantizedTensor:
+        """The same weight with fn (a permutation or slice of dim 0) applied to every row field."""
+        mins = None if self.mins is None else fn(self.mins)
+        return QuantizedTensor(fn(self.codes), fn(self.scales), mins, self.bits)
+
+
+def int4_groups(weight: torch.Tensor) -> QuantizedTensor:
+    """The nearest 4-bit form of weight [rows, cols] (cols a multiple of GROUP_SIZE): each group's
+    range [min, max] cut in 15 steps. Exact for values already on such a grid spanning it."""
+    groups = weight.float().reshape(weight.shape[0], -1, GROUP_SIZE)  # [rows, G, 32]
+    low, high = groups.amin(dim=2), groups.amax(dim=2)  # [rows, G]
+    scales = ((high - low) / 15).clamp_min(torch.finfo(torch.float32).tiny)
+    codes = ((groups - low[..., None]) / scales[..., None]).round_().clamp_(0, 15)
+    return QuantizedTensor(codes.to(torch.uint8).reshape(weight.shape), scales, low, bits=4)
+
+
+def int8_rows(weight: torch.Tensor) -> QuantizedTensor:
+    """The nearest symmetric int8 form of weight [rows, cols], one scale per row."""
+    weight = weight.float()
+    scales = (weight.abs().amax(dim=1, keepdim=True) / 127).clamp_min(
+        torch.finfo(torch.float32).tiny
+    )  # [rows, 1]
+    codes = (weight / scales).round_().clamp_(-127, 127).to(torch.int8)
+    return QuantizedTensor(codes, scales, None, bits=8)
+
+
+def concat_rows(parts: list[QuantizedTensor]) -> QuantizedTensor:
+    """Row shards (q, k, v; gate, up) as one weight: 4 bits if every part is, else int8 rows."""
+    if any(part.bits != parts[0].bits for part in parts):
+        parts = [part if part.bits == 8 else int8_rows(part.dequantize()) for part in parts]
+    mins = None if parts[0].mins is None else torch.cat([part.mins for part in parts])
+    return QuantizedTensor(
+        torch.cat([part.codes for part in parts]),
+        torch.cat([part.scales for part in parts]),
+        mins,
+        parts[0].bits,
+    )
+
+
+class Int4Matmul(nn.Module):
+    """y = x W^T for W in 4-bit groups of GROUP_SIZE columns."""
+
+    def __init__(self, weight: QuantizedTensor, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.out_features = weight.shape[0]
+        codes = weight.codes.to(torch.int32)  # [N, K]
+        self.register_buffer(
+            "packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+        )  # [N, K / 2] uint8
+        zeros = weight.mins + INT4_OFFSET * weight.scales  # [N, G]
+        self.register_buffer(
+            "scales_and_zeros", torch.stack((weight.scales.t(), zeros.t()), dim=-1).to(dtype)
+        )  # [G, N, 2]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, K] -> [T, N] in x's dtype."""
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x, self.packed, GROUP_SIZE, self.scales_and_zeros
+        )
+
+
+class Int8Matmul(nn.Module):
+    """y = x W^T for W in int8 with one scale per row; also W's rows themselves (embeddings)."""
+
+    def __init__(self, weight: QuantizedTensor, dtype: torch.dtype) -> None:
+        super().__init__()
+        if weight.bits != 8:
+            weight = int8_rows(weight.dequantize())
+        self.out_features = weight.shape[0]
+        self.register_buffer("codes", weight.codes.contiguous())  # [N, K] int8
+        self.register_buffer("scales", weight.scales.reshape(-1).to(dtype))  # [N]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, K] -> [T, N] in x's dtype."""
+        return torch.ops.aten._weight_int8pack_mm(x, self.codes, self.scales)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [T] -> W[ids] [T, K] in the scales' dtype."""
+        return self.codes[ids].to(self.scales.dtype) * self.scales[ids, None]
+
+
+def pack(weight: QuantizedTensor, dtype: torch.dtype) -> Int4Matmul | Int8Matmul:
+    """The matmul module for weight; 4-bit shapes the int4 kernel cannot take go to int8 rows."""
+    rows, cols = weight.shape
+    fits_int4 = rows % INT4_N_MULTIPLE == 0 and cols % GROUP_SIZE == 0
+    if weight.bits == 4 and fits_int4:
+        return Int4Matmul(weight, dtype)
+    return Int8Matmul(weight, dtype)
+
+
+def takes_quantized(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether weights of this device and dtype may load quantized: the kernels run on the CPU
+    and are fast only for bfloat16 activations."""
+    return device.type == "cpu" and dtype == torch.bfloat16
