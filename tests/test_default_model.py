@@ -1,5 +1,7 @@
-"""The default model (SmolLM2-135M-Instruct, a Q4_1 GGUF file): LLM() loads it without
-arguments, its greedy tokens equal transformers' on the same file, and it answers sensibly."""
+"""The default model (SmolLM2-135M-Instruct, a Q4_1 GGUF file): LLM() loads it without a model
+argument, its greedy tokens in float32 (the exact path; the CPU default runs it quantized in
+bfloat16, tests/model/test_default_quantized.py) equal transformers' on the same file, and it
+answers sensibly."""
 
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ def llm_and_parses() -> tuple[LLM, list[str]]:
             return construct(path, *args, **kwargs)
 
         patch.setattr(gguf, "GGUFReader", counting)
-        llm = LLM()
+        llm = LLM(dtype="float32")
         assert gguf.GGUFReader is counting  # the start-up put back the constructor it found
     return llm, parses
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from pagedlm.model.quant_linear import (
+    DENSE_MIN_ROWS,
     Int4Matmul,
     Int8Matmul,
     QuantizedTensor,
@@ -74,7 +75,7 @@ def random_weight(bits: int, rows: int, cols: int, seed: int) -> QuantizedTensor
 
 
 @pytest.mark.parametrize("bits, rows", [(4, 96), (8, 96), (8, 40)])
-@pytest.mark.parametrize("num_tokens", [1, 7])
+@pytest.mark.parametrize("num_tokens", [1, 7, DENSE_MIN_ROWS])  # packed kernels; dense
 def test_packed_matmul_matches_a_float_product(bits: int, rows: int, num_tokens: int) -> None:
     weight = random_weight(bits, rows, 128, seed=rows + bits)
     module = pack(weight, torch.bfloat16)
