@@ -69,12 +69,11 @@ def test_cpu_budget_explicit_and_default():
     assert determine_num_blocks(config, _never, 0) == int(0.01 * GiB) // per_block
 
 
-def test_cpu_default_holds_two_of_the_longest_sequences():
-    """Two sequences of the longer of max_model_len and a step's max_num_batched_tokens (8192)."""
-    default = _config(CacheConfig(), max_model_len=4096)
-    assert determine_num_blocks(default, _never, 0) == 2 * 8192 // 16
+def test_cpu_default_holds_the_longest_sequence_and_a_step():
+    default = _config(CacheConfig(), max_model_len=4096)  # max_num_batched_tokens 8192
+    assert determine_num_blocks(default, _never, 0) == (4096 + 8192) // 16
     long = _config(CacheConfig(), max_model_len=20000)
-    assert determine_num_blocks(long, _never, 0) == 2 * 1250
+    assert determine_num_blocks(long, _never, 0) == 1250 + 512
 
 
 def test_cpu_default_is_capped_by_a_share_of_ram():
@@ -85,7 +84,7 @@ def test_cpu_default_is_capped_by_a_share_of_ram():
         default_cpu_num_blocks(config, per_block, ram)
         == int(ram * CPU_KV_MAX_RAM_SHARE) // per_block
     )
-    assert default_cpu_num_blocks(config, per_block, 10**6 * per_block) == 2 * 1250
+    assert default_cpu_num_blocks(config, per_block, 10**6 * per_block) == 1250 + 512
 
 
 def test_max_model_len_must_fit():
@@ -103,7 +102,7 @@ def test_max_model_len_must_fit():
         (CacheConfig(kv_cache_memory_gib=0.01), "a budget of 0.01 GiB"),
         (
             CacheConfig(),
-            "2 sequences of max(max_model_len, max_num_batched_tokens), at most 25% of RAM",
+            "max_model_len + max_num_batched_tokens tokens, at most 25% of RAM",
         ),
     ],
 )
