@@ -45,8 +45,9 @@ def test_auto_loads_the_blocks_quantized(models) -> None:
         tensors = [*model.parameters(), *model.buffers()]
         return sum(t.numel() * t.element_size() for t in tensors)
 
-    # float32: 538 MB of weights; quantized: the int4 layers, the int8 table, bf16 norms, RoPE
-    assert resident_bytes(quantized) < resident_bytes(exact) / 5
+    # measured 538 MB in float32, 174 MB quantized: each int4 layer packed for its kernel and
+    # two to a byte for the dense path (float32 scales and mins), the int8 table, bf16 norms
+    assert resident_bytes(quantized) < resident_bytes(exact) / 3
 
 
 def test_quantized_logits_are_close_to_float32(models) -> None:
@@ -63,3 +64,12 @@ def test_quantized_logits_are_close_to_float32(models) -> None:
         want, got = logits(exact, ids), logits(quantized, ids)
         assert (want - got).abs().mean() <= 0.6
         assert torch.nn.functional.cosine_similarity(want, got, dim=-1).min() >= 0.98
+
+
+def test_weight_updates_need_the_dense_path(models) -> None:
+    from pagedlm.model.loader import update_weights
+
+    _, quantized = models
+    norm = quantized.model.norm.weight
+    with pytest.raises(ValueError, match='dtype="float32"'):
+        update_weights(quantized, [("model.norm.weight", torch.ones_like(norm))], "test")
