@@ -49,7 +49,7 @@ def build_llm(args: argparse.Namespace) -> LLM:
     folder = model_dir(args.model, Path(tempfile.mkdtemp()))
     return LLM(
         str(folder),
-        tokenizer=default_model_path(),
+        tokenizer=args.tokenizer or default_model_path(),
         load_format="dummy",
         dtype="bfloat16" if args.device == "cuda" else "float32",
         max_model_len=args.input_len + args.output_len + 16,
@@ -114,6 +114,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument(
         "--model", default="default", choices=["default", "qwen3-0.6b", "llama3-8b"]
+    )
+    parser.add_argument(
+        "--tokenizer", default=None, help="for the dummy shapes (default: the default model's GGUF)"
     )
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--input-len", type=int, default=32)

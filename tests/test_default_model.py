@@ -102,3 +102,22 @@ def test_chat_answers_the_question(llm: LLM) -> None:
     )
     assert "Paris" in output.outputs[0].text
     assert "<|im_start|>assistant" in output.prompt  # the template's generation prompt
+
+
+def test_chat_passes_tools_to_the_template(llm: LLM) -> None:
+    """LLM.chat(tools=) renders OpenAI's function definitions into the prompt (SmolLM2's template
+    knows no tools: they go to the system message in Hermes' format)."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+    conversation = [{"role": "user", "content": "Weather in Paris?"}]
+    params = SamplingParams(temperature=0.0, max_tokens=1)
+    (plain,) = llm.chat(conversation, params, use_tqdm=False)
+    (with_tools,) = llm.chat(conversation, params, use_tqdm=False, tools=[tool])
+    assert "get_weather" not in plain.prompt
+    assert "get_weather" in with_tools.prompt and "<tools>" in with_tools.prompt
