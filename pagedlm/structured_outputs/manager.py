@@ -213,6 +213,7 @@ def _new_compiler(model_config: ModelConfig, tokenizer: Any) -> Any:
     info = xgr.TokenizerInfo.from_huggingface(
         tokenizer,
         vocab_size=model_config.vocab_size,
-        stop_token_ids=sorted(model_config.eos_token_ids),
+        # None: xgrammar takes the tokenizer's EOS (a config may name none, e.g. a dummy shape)
+        stop_token_ids=sorted(model_config.eos_token_ids) or None,
     )
     return xgr.GrammarCompiler(info, max_threads=_NUM_COMPILE_THREADS)
