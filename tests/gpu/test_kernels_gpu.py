@@ -248,7 +248,8 @@ def test_batch_1_logits_come_out_of_the_gemv_in_float32(vocab_size: int, hidden_
         torch.bfloat16
     )
     model = SimpleNamespace(
-        config=SimpleNamespace(tie_word_embeddings=False), lm_head=SimpleNamespace(weight=weight)
+        config=SimpleNamespace(tie_word_embeddings=False),
+        lm_head=SimpleNamespace(weight=weight, quant=None),
     )
     logits = LlamaForCausalLM.compute_logits(model, hidden)
     assert logits.dtype == torch.float32 and logits.shape == (1, vocab_size)
@@ -265,7 +266,8 @@ def test_logits_come_out_of_the_gemm_in_float32() -> None:
     hidden = torch.randn(37, 1024, device="cuda").to(torch.bfloat16)
     weight = torch.randn(5000, 1024, device="cuda").to(torch.bfloat16)
     model = SimpleNamespace(
-        config=SimpleNamespace(tie_word_embeddings=False), lm_head=SimpleNamespace(weight=weight)
+        config=SimpleNamespace(tie_word_embeddings=False),
+        lm_head=SimpleNamespace(weight=weight, quant=None),
     )
     logits = LlamaForCausalLM.compute_logits(model, hidden)
     assert logits.dtype == torch.float32 and logits.shape == (37, 5000)
