@@ -139,6 +139,14 @@ class ServerMetrics:
             "kernel_compiles_while_serving",
             "Triton kernel compiles a step waited for (0 when start-up covered all).",
         )
+        self.grammar_compiles = counter("grammar_compiles", "Structured-output grammars compiled.")
+        self.grammar_compile_seconds = counter(
+            "grammar_compile_seconds", "Seconds spent compiling structured-output grammars."
+        )
+        self.grammar_compile_waits = counter(
+            "grammar_compile_waits",
+            "Steps the engine loop blocked on a grammar compile (nothing else could run).",
+        )
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.")
         self.generation_tokens = counter("generation_tokens", "Generated tokens.")
         self.request_success = counter(
@@ -164,6 +172,9 @@ class ServerMetrics:
             self.prefix_hits,
             self.preemptions,
             self.kernel_compiles,
+            self.grammar_compiles,
+            self.grammar_compile_seconds,
+            self.grammar_compile_waits,
             self.prompt_tokens,
             self.generation_tokens,
         ):
@@ -207,6 +218,17 @@ class ServerMetrics:
             (self.prefix_hits, stats.prefix_cache_hits, self._last.prefix_cache_hits),
             (self.preemptions, stats.num_preemptions, self._last.num_preemptions),
             (self.kernel_compiles, stats.num_kernel_compiles, self._last.num_kernel_compiles),
+            (self.grammar_compiles, stats.num_grammar_compiles, self._last.num_grammar_compiles),
+            (
+                self.grammar_compile_seconds,
+                stats.grammar_compile_seconds,
+                self._last.grammar_compile_seconds,
+            ),
+            (
+                self.grammar_compile_waits,
+                stats.num_grammar_compile_waits,
+                self._last.num_grammar_compile_waits,
+            ),
         ):
             if now > before:
                 self._m(counter).inc(now - before)

@@ -195,9 +195,19 @@ def test_remote_core_accounting_and_metrics() -> None:
     assert (core.num_in_flight, core.num_prefill_tokens) == (0, 0)
     last = wire.to_core_decoder().decode(sent[-1])
     assert isinstance(last, wire.AbortRequests) and last.request_ids == ["c"] and last.stopped
-    metrics.update_core_stats(wire.CoreStats(num_kernel_compiles=2))
+    metrics.update_core_stats(
+        wire.CoreStats(
+            num_kernel_compiles=2,
+            num_grammar_compiles=3,
+            grammar_compile_seconds=0.5,
+            num_grammar_compile_waits=1,
+        )
+    )
     text = metrics.render().decode()
     assert 'pagedlm:kernel_compiles_while_serving_total{model_name="m"} 2.0' in text
+    assert 'pagedlm:grammar_compiles_total{model_name="m"} 3.0' in text
+    assert 'pagedlm:grammar_compile_seconds_total{model_name="m"} 0.5' in text
+    assert 'pagedlm:grammar_compile_waits_total{model_name="m"} 1.0' in text
     for reason in ("length", "abort", "stop"):
         assert (
             f'pagedlm:request_success_total{{finished_reason="{reason}",model_name="m"}} 1.0'
