@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from tiny_hf_models import save_tiny_model
 
 from pagedlm.config import default_model_path
 from pagedlm.rl import WeightSender, http_rpc
@@ -22,23 +23,9 @@ START_TIMEOUT_S = 120
 
 def _save(folder: Path, seed: int) -> torch.nn.Module:
     """A tiny Llama with the default model's vocabulary, so the server takes its tokenizer."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        initializer_range=0.3,
-        tie_word_embeddings=True,
+    return save_tiny_model(
+        folder, "llama", seed, vocab_size=49152, config_overrides={"tie_word_embeddings": True}
     )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).eval()
-    model.save_pretrained(folder)
-    return model
 
 
 @pytest.fixture(scope="module")
