@@ -13,9 +13,14 @@ finish_weight_update) and broadcasts the tensors to its workers (pagedlm.rl.tran
         sender.send_weights(model.named_parameters(), weight_version=f"step-{step}")
     sender.close()
 
-An engine method that joins or receives a collective blocks until this side takes part, so such a
-call and this side's part run at once, each on a thread; if the engine's fails first (a refused
-update), its error is raised here at once rather than after the group's timeout.
+Two transports. "distributed" (the default): a torch.distributed group, NCCL on CUDA and gloo on
+the CPU, for a trainer on other GPUs or hosts. An engine method that joins or receives a
+collective blocks until this side takes part, so such a call and this side's part run at once,
+each on a thread; if the engine's fails first (a refused update), its error is raised here at once
+rather than after the group's timeout. "ipc": a trainer in another process on the engine's own GPU
+(NCCL refuses two ranks on one GPU), or on the same host's CPU: each chunk is packed into a bucket
+buffer the engine maps once (pagedlm.rl.ipc), one engine call per chunk, nothing broadcast. A
+trainer in the engine's own process needs neither: LLM.update_weights_from_tensor.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any
 
 import torch
 
+from pagedlm.rl import ipc
 from pagedlm.rl.transport import (
     DEFAULT_TIMEOUT_S,
     ChunkInfo,
@@ -37,6 +43,7 @@ from pagedlm.rl.transport import (
     host_store,
     new_group,
     pack,
+    pack_into,
 )
 
 # (worker method, its kwargs) -> what collective_rpc returns: one result per engine worker
@@ -47,9 +54,14 @@ _SETTLE_S = 1.0  # how long a refusal waits for the other side to finish
 _POLL_S = 0.005
 
 
+TRANSPORTS = ("distributed", ipc.TRANSPORT)
+
+
 class WeightSender:
-    """Rank 0 of a transfer group with the engine's workers (ranks 1..world_size - 1).
-    master_port 0: a free port, chosen here and told to the engine."""
+    """The trainer's side of transfers to one engine. transport "distributed": rank 0 of a
+    transfer group with the engine's workers (ranks 1..world_size - 1); master_port 0: a free
+    port, chosen here and told to the engine. transport "ipc": the master_* and world_size
+    arguments are not used."""
 
     def __init__(
         self,
@@ -59,20 +71,18 @@ class WeightSender:
         world_size: int = 2,
         device: torch.device | str = "cpu",
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        transport: str = "distributed",
     ) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}; got {transport!r}")
         self._engine = engine
         self.device = torch.device(device)
-        self._store = host_store(master_address, master_port, world_size, timeout_s)
-        self.init_info = TransferInit(
-            master_address, self._store.port, world_size, rank_offset=1, timeout_s=timeout_s
-        )
-        init = self.init_info
-        self._broken = False  # a collective was left half done: this group cannot go on
-        self._group = self._together(
-            "init_weight_transfer_engine",
-            {"init_info": vars(init).copy()},
-            lambda: new_group(init, 0, self.device, store=self._store),
-        )
+        self._link: _GroupLink | _IpcLink | None
+        if transport == ipc.TRANSPORT:
+            self._link = _IpcLink(engine, self.device)
+        else:
+            init = TransferInit(master_address, master_port, world_size, timeout_s=timeout_s)
+            self._link = _GroupLink(engine, init, self.device)
 
     def send_weights(
         self,
@@ -81,9 +91,9 @@ class WeightSender:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ) -> str:
         """Sends (Hugging Face name, tensor) pairs, any subset of the weights, in chunks of about
-        chunk_bytes (one broadcast each); returns the engine's new weight version. A chunk the
-        engine refuses raises here; the chunks before it stay applied."""
-        if self._group is None or self._broken:
+        chunk_bytes (one broadcast or engine call each); returns the engine's new weight version.
+        A chunk the engine refuses raises here; the chunks before it stay applied."""
+        if self._link is None or self._link.broken:
             raise RuntimeError(
                 "WeightSender: the transfer group is closed, or broken by an earlier failure "
                 "(close() it and make a new WeightSender)"
@@ -91,12 +101,7 @@ class WeightSender:
         self._engine("start_weight_update", {})
         try:
             for chunk in _chunks(named_tensors, chunk_bytes):
-                buffer = pack(chunk, self.device)  # [chunk bytes] uint8
-                self._together(
-                    "update_weights",
-                    {"update_info": ChunkInfo.of(chunk).to_dict()},
-                    functools.partial(_broadcast_and_wait, self._group, buffer),
-                )
+                self._link.send_chunk(chunk)
         except BaseException:
             with contextlib.suppress(Exception):  # end the engine's session; the error matters
                 self._engine("finish_weight_update", {})
@@ -104,9 +109,44 @@ class WeightSender:
         return self._engine("finish_weight_update", {"weight_version": weight_version})[0]
 
     def close(self) -> None:
-        """Ends the engine's side of the group, then this one (also after a failure)."""
-        if self._group is not None:
-            self._engine("shutdown_weight_transfer_engine", {})
+        """Ends the engine's side of the transfer, then this one (also after a failure)."""
+        if self._link is not None:
+            try:
+                self._engine("shutdown_weight_transfer_engine", {})
+            finally:
+                self._link.close()
+        self._link = None
+
+
+class _GroupLink:
+    """A torch.distributed group with the engine's workers; a chunk is one broadcast."""
+
+    def __init__(self, engine: EngineRPC, init: TransferInit, device: torch.device) -> None:
+        self._engine = engine
+        self._device = device
+        self._store = host_store(
+            init.master_address, init.master_port, init.world_size, init.timeout_s
+        )
+        self.init_info = TransferInit(
+            init.master_address, self._store.port, init.world_size, 1, init.timeout_s
+        )
+        self.broken = False  # a collective was left half done: this group cannot go on
+        init = self.init_info
+        self._group = self._together(
+            "init_weight_transfer_engine",
+            {"init_info": vars(init).copy()},
+            lambda: new_group(init, 0, device, store=self._store),
+        )
+
+    def send_chunk(self, chunk: list[tuple[str, torch.Tensor]]) -> None:
+        buffer = pack(chunk, self._device)  # [chunk bytes] uint8
+        self._together(
+            "update_weights",
+            {"update_info": ChunkInfo.of(chunk).to_dict()},
+            functools.partial(_broadcast_and_wait, self._group, buffer),
+        )
+
+    def close(self) -> None:
         self._group = None
 
     def _together(self, method: str, kwargs: dict[str, Any], local: Callable[[], Any]) -> Any:
@@ -122,11 +162,42 @@ class WeightSender:
                 # refusal this side's broadcast completes within moments: wait for it briefly
                 # before giving the group up.
                 finished = all(call.done.wait(_SETTLE_S) for call in calls)
-                self._broken = self._broken or not finished
+                self.broken = self.broken or not finished
                 raise failed.error
             if finished:
                 return calls[1].result
             time.sleep(_POLL_S)
+
+
+class _IpcLink:
+    """A bucket the engine maps (pagedlm.rl.ipc); a chunk is packed into it, then one engine call
+    copies it out. The bucket grows to the largest chunk met (a new one, shared anew)."""
+
+    broken = False  # each chunk is one engine call: nothing is ever left half done
+
+    def __init__(self, engine: EngineRPC, device: torch.device) -> None:
+        self._engine = engine
+        self._device = device
+        self._bucket: ipc.SharedBucket | None = None
+        engine("init_weight_transfer_engine", {"init_info": {"transport": ipc.TRANSPORT}})
+
+    def send_chunk(self, chunk: list[tuple[str, torch.Tensor]]) -> None:
+        info = ChunkInfo.of(chunk)
+        _, num_bytes = info.offsets()
+        if self._bucket is None or self._bucket.num_bytes < num_bytes:
+            if self._bucket is not None:
+                self._bucket.close()  # the engine's mapping outlives this (pagedlm.rl.ipc)
+            self._bucket = ipc.SharedBucket(num_bytes, self._device)
+        pack_into(chunk, self._bucket.tensor)
+        if self._device.type == "cuda":
+            torch.cuda.current_stream(self._device).synchronize()  # the engine reads it next
+        update_info = {**info.to_dict(), ipc.BUCKET_KEY: self._bucket.handle}
+        self._engine("update_weights", {"update_info": update_info})
+
+    def close(self) -> None:
+        if self._bucket is not None:
+            self._bucket.close()
+        self._bucket = None
 
 
 class _Call:

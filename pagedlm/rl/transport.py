@@ -122,12 +122,23 @@ def parse_dtype(name: str) -> torch.dtype:
 def pack(named_tensors: Sequence[tuple[str, torch.Tensor]], device: torch.device) -> torch.Tensor:
     """The chunk's tensors in one uint8 buffer [total bytes] on device, laid out as ChunkInfo.of
     says."""
-    offsets, total = ChunkInfo.of(named_tensors).offsets()
+    _, total = ChunkInfo.of(named_tensors).offsets()
     buffer = torch.zeros(total, dtype=torch.uint8, device=device)
+    pack_into(named_tensors, buffer)
+    return buffer
+
+
+def pack_into(named_tensors: Sequence[tuple[str, torch.Tensor]], buffer: torch.Tensor) -> None:
+    """The chunk's tensors into the start of buffer [>= total bytes] uint8 (the gaps between them
+    keep what they held)."""
+    offsets, total = ChunkInfo.of(named_tensors).offsets()
+    if buffer.numel() < total:
+        raise ValueError(
+            f"pack_into: the chunk needs {total} bytes, the buffer has {buffer.numel()}"
+        )
     for (_, tensor), offset in zip(named_tensors, offsets):
         flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
         buffer[offset : offset + flat.numel()].copy_(flat)
-    return buffer
 
 
 def unpack(info: ChunkInfo, buffer: torch.Tensor) -> list[tuple[str, torch.Tensor]]:

@@ -1,6 +1,7 @@
 """The worker's weight changes (collective_rpc methods, registered in worker/rpc.py): a reload from
 disk, tensors from a trainer in the same process, and vLLM's four-phase transfer from a trainer
-over torch.distributed (pagedlm.rl.transport). Each copies into the existing parameter storages
+over torch.distributed (pagedlm.rl.transport) or, colocated, through a shared bucket
+(pagedlm.rl.ipc). Each copies into the existing parameter storages
 (CUDA graphs bind them) only after validating what it copies, and sets the weight version, which
 the engine core reads (get_weight_version) to stamp outputs and reset the prefix cache.
 
@@ -18,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from pagedlm.model import loader
+from pagedlm.rl import ipc
 from pagedlm.rl.transport import ChunkInfo, TransferInit, broadcast, new_group, unpack
 
 if TYPE_CHECKING:
@@ -30,7 +32,7 @@ INITIAL_WEIGHT_VERSION = "default"  # vLLM's
 class _WeightState:
     version: str = INITIAL_WEIGHT_VERSION
     num_changes: int = 0  # names a change that brings no version of its own
-    group: dist.ProcessGroup | None = None
+    receiver: _GroupReceiver | _IpcReceiver | None = None  # between init and shutdown
     updating: bool = False  # between start_weight_update and finish_weight_update
 
 
@@ -87,17 +89,23 @@ def update_weights_from_tensor(
 
 def init_weight_transfer_engine(runner: ModelRunner, init_info: dict) -> None:
     """Joins the trainer's group (blocks until every rank has joined: the trainer joins meanwhile).
-    init_info: master_address, master_port, world_size, rank_offset (this worker's rank)."""
-    init = TransferInit.from_dict(init_info)
+    init_info: master_address, master_port, world_size, rank_offset (this worker's rank); or
+    {"transport": "ipc"} for a colocated trainer's shared bucket."""
     state = _state(runner)
-    if state.group is not None:
+    if state.receiver is not None:
         raise ValueError("init_weight_transfer_engine: a transfer group is open already")
-    state.group = new_group(init, init.rank_offset, runner.device)
+    if isinstance(init_info, dict) and init_info.get("transport") == ipc.TRANSPORT:
+        if set(init_info) != {"transport"}:
+            raise ValueError("init_info: transport 'ipc' takes no other key")
+        state.receiver = _IpcReceiver()
+        return
+    init = TransferInit.from_dict(init_info)
+    state.receiver = _GroupReceiver(new_group(init, init.rank_offset, runner.device))
 
 
 def start_weight_update(runner: ModelRunner) -> None:
     state = _state(runner)
-    if state.group is None:
+    if state.receiver is None:
         raise ValueError("start_weight_update: call init_weight_transfer_engine first")
     if state.updating:
         raise ValueError("start_weight_update: an update is in progress already")
@@ -105,18 +113,16 @@ def start_weight_update(runner: ModelRunner) -> None:
 
 
 def update_weights(runner: ModelRunner, update_info: dict) -> None:
-    """Receives one chunk the trainer broadcasts (names, dtype_names, shapes: its tensors in
-    packing order), then checks and copies it in place. The chunk is received whatever its
-    content, so that the trainer's broadcast completes; a bad name or shape then raises and copies
-    nothing of this chunk."""
+    """Receives one chunk (names, dtype_names, shapes: its tensors in packing order; over IPC
+    also the bucket's handle), then checks and copies it in place. A broadcast chunk is received
+    whatever its content, so that the trainer's broadcast completes; a bad name or shape then
+    raises and copies nothing of this chunk."""
     state = _state(runner)
-    if state.group is None or not state.updating:
+    if state.receiver is None or not state.updating:
         raise ValueError("update_weights: call start_weight_update first")
-    info = ChunkInfo.from_dict(update_info)
-    _, num_bytes = info.offsets()
-    buffer = torch.empty(num_bytes, dtype=torch.uint8, device=runner.device)  # [num_bytes]
-    broadcast(state.group, buffer).wait()
+    info, buffer = state.receiver.receive(update_info, runner.device)
     loader.update_weights(runner.model, unpack(info, buffer), "update_weights")
+    state.receiver.done_reading(runner.device)
 
 
 def finish_weight_update(runner: ModelRunner, weight_version: str | None = None) -> str:
@@ -130,7 +136,54 @@ def finish_weight_update(runner: ModelRunner, weight_version: str | None = None)
 
 def shutdown_weight_transfer_engine(runner: ModelRunner) -> None:
     state = _state(runner)
-    state.group, state.updating = None, False
+    state.receiver, state.updating = None, False
+
+
+class _GroupReceiver:
+    """Chunks broadcast over the trainer's torch.distributed group, each into a new buffer."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        self.group = group
+
+    def receive(self, update_info: dict, device: torch.device) -> tuple[ChunkInfo, torch.Tensor]:
+        info = ChunkInfo.from_dict(update_info)
+        _, num_bytes = info.offsets()
+        buffer = torch.empty(num_bytes, dtype=torch.uint8, device=device)  # [num_bytes]
+        broadcast(self.group, buffer).wait()
+        return info, buffer
+
+    def done_reading(self, device: torch.device) -> None:
+        """The buffer is this side's own: nothing to hand back."""
+
+
+class _IpcReceiver:
+    """Chunks in the trainer's shared bucket (pagedlm.rl.ipc); the bucket last opened is kept, so
+    the trainer's one allocation is mapped once."""
+
+    def __init__(self) -> None:
+        self._handle: dict | None = None
+        self._bucket: torch.Tensor | None = None  # [bucket bytes] uint8
+
+    def receive(self, update_info: dict, device: torch.device) -> tuple[ChunkInfo, torch.Tensor]:
+        if not isinstance(update_info, dict) or ipc.BUCKET_KEY not in update_info:
+            raise ValueError(f"update_info: transport 'ipc' needs the {ipc.BUCKET_KEY!r} handle")
+        handle = update_info[ipc.BUCKET_KEY]
+        info = ChunkInfo.from_dict({k: v for k, v in update_info.items() if k != ipc.BUCKET_KEY})
+        if handle != self._handle:
+            self._bucket, self._handle = None, None  # the old mapping goes before the new opens
+            self._bucket, self._handle = ipc.open_bucket(handle, device), handle
+        _, num_bytes = info.offsets()
+        if num_bytes > self._bucket.numel():
+            raise ValueError(
+                f"update_info: the chunk needs {num_bytes} bytes, the bucket has "
+                f"{self._bucket.numel()}"
+            )
+        return info, self._bucket
+
+    def done_reading(self, device: torch.device) -> None:
+        """The copies out of the bucket are complete before the trainer refills it."""
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()
 
 
 def _refuse_during_transfer(runner: ModelRunner, method: str) -> None:

@@ -35,14 +35,23 @@ def greedy(llm: Any) -> list[list[int]]:
     return [out.outputs[0].token_ids for out in outputs]
 
 
-def serve_trainer(llm: Any, weights_folder: Path, device: str, timeout_s: float = 120) -> dict:
+def hf_tensors(model: TinyModel) -> list[tuple[str, torch.Tensor]]:
+    """A trainer's parameters under Hugging Face names, q/k/v and gate/up apart."""
+    return [(name, param.detach()) for name, param in model.hf_model.named_parameters()]
+
+
+def serve_trainer(
+    llm: Any, weights_folder: Path, device: str, transport: str, timeout_s: float = 120
+) -> dict:
     """Runs rl_trainer.run in a spawned process and serves its pipe: its collective_rpc calls go to
     llm, its ("generate", label) records greedy(llm) under label. Returns those outputs."""
     import rl_trainer
 
     context = multiprocessing.get_context("spawn")
     conn, child_conn = context.Pipe()
-    trainer = context.Process(target=rl_trainer.run, args=(child_conn, str(weights_folder), device))
+    trainer = context.Process(
+        target=rl_trainer.run, args=(child_conn, str(weights_folder), device, transport)
+    )
     trainer.start()
     outputs = {}
     try:

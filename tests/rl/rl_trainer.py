@@ -14,18 +14,18 @@ from safetensors.torch import load_file
 from pagedlm.rl import WeightSender
 
 
-def run(conn: Connection, weights_folder: str, device: str) -> None:
+def run(conn: Connection, weights_folder: str, device: str, transport: str) -> None:
     try:
         if device.startswith("cuda"):
             torch.cuda.set_device(device)  # NCCL: this rank's GPU
-        _train(conn, weights_folder, device)
+        _train(conn, weights_folder, device, transport)
         conn.send(("done",))
     except BaseException:
         conn.send(("failed", traceback.format_exc()))
         raise
 
 
-def _train(conn: Connection, weights_folder: str, device: str) -> None:
+def _train(conn: Connection, weights_folder: str, device: str, transport: str) -> None:
     def engine(method: str, kwargs: dict) -> list:
         conn.send(("rpc", method, kwargs))
         status, value = conn.recv()
@@ -39,7 +39,7 @@ def _train(conn: Connection, weights_folder: str, device: str) -> None:
         name: tensor + 0.5 * torch.randn(tensor.shape, generator=generator)
         for name, tensor in originals.items()
     }
-    sender = WeightSender(engine, device=device, timeout_s=60)
+    sender = WeightSender(engine, device=device, timeout_s=60, transport=transport)
     assert sender.send_weights(perturbed.items(), "perturbed", chunk_bytes=32 << 10) == "perturbed"
     _generate(conn, "perturbed")
     assert sender.send_weights(originals.items(), "restored") == "restored"

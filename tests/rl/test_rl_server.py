@@ -1,5 +1,6 @@
 """A training script's path to a server: WeightSender over POST /collective_rpc into the server's
-core process (--enable-dev-endpoints), gloo between this process and the core's worker."""
+core process (--enable-dev-endpoints), gloo or a shared bucket between this process and the core's
+worker."""
 
 from __future__ import annotations
 
@@ -75,16 +76,18 @@ def _complete(url: str) -> str:
 
 @pytest.mark.slow
 def test_weight_sender_over_http(server) -> None:
+    """Both transports: the ipc bucket's handle crosses JSON and the core process's msgpack."""
     url, model_a, model_b = server
     text_a = _complete(url)
-    sender = WeightSender(http_rpc(url), timeout_s=60)
-    try:
-        assert sender.send_weights(model_b.named_parameters(), "b", chunk_bytes=1 << 20) == "b"
-        text_b = _complete(url)
-        sender.send_weights(model_a.named_parameters(), "a")
-        assert _complete(url) == text_a != text_b
-    finally:
-        sender.close()
+    for transport in ("distributed", "ipc"):
+        sender = WeightSender(http_rpc(url), timeout_s=60, transport=transport)
+        try:
+            assert sender.send_weights(model_b.named_parameters(), "b", chunk_bytes=1 << 20) == "b"
+            text_b = _complete(url)
+            sender.send_weights(model_a.named_parameters(), "a")
+            assert _complete(url) == text_a != text_b, transport
+        finally:
+            sender.close()
     bad = {"method": "reload_weights", "kwargs": {"weights_path": "/nowhere"}}
     response = httpx.post(url + "/collective_rpc", json=bad, timeout=60)
     assert response.status_code == 400 and response.json()["error"]["param"] == "args"

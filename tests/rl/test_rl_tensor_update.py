@@ -7,15 +7,10 @@ import time
 
 import pytest
 import torch
-from rl_helpers import greedy
+from rl_helpers import greedy, hf_tensors
 
 from pagedlm.errors import InvalidRequest
 from pagedlm.rl import WeightSender, llm_rpc
-
-
-def hf_tensors(model) -> list[tuple[str, torch.Tensor]]:
-    """A trainer's parameters under Hugging Face names, q/k/v and gate/up apart."""
-    return [(name, param.detach()) for name, param in model.hf_model.named_parameters()]
 
 
 def test_update_from_tensor_a_b_a(llm, model_a, model_b) -> None:

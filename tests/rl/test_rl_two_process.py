@@ -1,6 +1,8 @@
 """The four-phase transfer between two processes: a trainer process perturbs the weights (the
-engine's outputs change), then sends the originals back (they are restored exactly). gloo on the
-CPU; NCCL between two GPUs (NCCL refuses two ranks on one GPU: "Duplicate GPU detected")."""
+engine's outputs change), then sends the originals back (they are restored exactly). Transport
+"distributed": gloo on the CPU, NCCL between two GPUs (NCCL refuses two ranks on one GPU:
+"Duplicate GPU detected"); transport "ipc": a shared file bucket on the CPU (one GPU:
+tests/gpu/test_rl_ipc_gpu.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ import torch
 from rl_helpers import greedy, serve_trainer
 
 
-def test_trainer_process_perturbs_then_restores(llm, model_a) -> None:
-    outputs = serve_trainer(llm, model_a.folder, "cpu")
+@pytest.mark.parametrize("transport", ["distributed", "ipc"])
+def test_trainer_process_perturbs_then_restores(llm, model_a, transport) -> None:
+    outputs = serve_trainer(llm, model_a.folder, "cpu", transport)
     assert outputs["perturbed"] != model_a.greedy
     assert outputs["restored"] == model_a.greedy
     assert llm.collective_rpc("get_weight_version") == ["restored"]
@@ -29,6 +32,6 @@ def test_nccl_between_two_gpus(model_a) -> None:
         device="cuda:0",
     )
     before = greedy(llm)
-    outputs = serve_trainer(llm, model_a.folder, "cuda:1")
+    outputs = serve_trainer(llm, model_a.folder, "cuda:1", "distributed")
     assert outputs["perturbed"] != before
     assert outputs["restored"] == before
