@@ -1,7 +1,8 @@
 """Sleep mode's worker side: release the weights' and the KV cache's memory, and take it back.
 
-Tags (vLLM's): "weights" and "kv_cache". Level 1 moves each weight to host memory (pinned, on
-CUDA; on a CPU device the tensor itself is kept, it is host memory already); level 2 keeps only
+Tags (vLLM's): "weights" and "kv_cache". Level 1 moves the weights to host memory (on CUDA into
+one flat page-locked buffer, worker/host_offload.py; on a CPU device the tensors themselves are
+kept, they are host memory already); level 2 keeps only
 its shape and dtype, and wake_up(["weights"]) gives it back uninitialised, to be filled by
 reload_weights or a weight update. The model's buffers (RoPE tables) stay either way. The KV
 cache is dropped whole and allocated again, zeroed, on wake_up(["kv_cache"]); the prefix cache
@@ -24,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from pagedlm.worker.host_offload import HostCopy
+
 if TYPE_CHECKING:
     from pagedlm.worker.model_runner import ModelRunner
 
@@ -37,7 +40,7 @@ GiB = 1 << 30
 class _AsleepWeight:
     shape: torch.Size
     dtype: torch.dtype
-    host: torch.Tensor | None  # level 1: the values; level 2: None
+    host: torch.Tensor | None  # level 1: the values (on CUDA a view of the HostCopy); 2: None
 
 
 @dataclass
@@ -45,6 +48,7 @@ class SleepingParts:
     """What a sleeping runner needs to wake up."""
 
     weights: dict[str, _AsleepWeight] | None = None  # by parameter name, while weights sleep
+    host_copy: HostCopy | None = None  # level 1 on CUDA: the buffer weights' host views are in
     num_kv_blocks: int | None = None  # while the KV cache sleeps
 
 
@@ -57,7 +61,7 @@ def release(runner: ModelRunner, parts: SleepingParts, level: int, tags: set[str
         parts.num_kv_blocks = runner.input_batch.num_kv_blocks
         runner.kv_caches = []
     if "weights" in tags:
-        parts.weights = _release_weights(runner.model, keep_values=level == 1)
+        parts.weights, parts.host_copy = _release_weights(runner.model, keep_values=level == 1)
     _return_memory(runner.device)
     freed = _device_free_bytes(runner.device) - free_before
     logger.info(
@@ -76,8 +80,9 @@ def restore(runner: ModelRunner, parts: SleepingParts, tags: set[str]) -> None:
         if any(weight.host is None for weight in parts.weights.values()):
             logger.info("wake_up: the weights (level 2) are uninitialised until reload_weights")
         _restore_weights(runner.model, parts.weights, runner.device)
-        parts.weights = None
-        _empty_host_cache(runner.device)
+        if parts.host_copy is not None:
+            parts.host_copy.free()
+        parts.weights = parts.host_copy = None
     if "kv_cache" in tags:
         runner.allocate_kv_cache(parts.num_kv_blocks)
         parts.num_kv_blocks = None
@@ -86,16 +91,22 @@ def restore(runner: ModelRunner, parts: SleepingParts, tags: set[str]) -> None:
     logger.info("wake_up (%s) in %.2f s", ", ".join(sorted(tags)), time.perf_counter() - start)
 
 
-def _release_weights(model: torch.nn.Module, keep_values: bool) -> dict[str, _AsleepWeight]:
+def _release_weights(
+    model: torch.nn.Module, keep_values: bool
+) -> tuple[dict[str, _AsleepWeight], HostCopy | None]:
+    params = dict(model.named_parameters())
+    on_device = [p.data for p in params.values() if p.device.type != "cpu"]
+    host_copy = HostCopy(on_device) if keep_values and on_device else None
+    host_views = iter(host_copy.views() if host_copy is not None else ())
     asleep = {}
-    for name, param in model.named_parameters():
+    for name, param in params.items():
         data = param.data
         host = None
         if keep_values:
-            host = data if data.device.type == "cpu" else _pinned_copy(data)
+            host = data if data.device.type == "cpu" else next(host_views)
         asleep[name] = _AsleepWeight(data.shape, data.dtype, host)
         param.data = torch.empty(0, dtype=data.dtype, device=data.device)
-    return asleep
+    return asleep, host_copy
 
 
 def _restore_weights(
@@ -110,21 +121,7 @@ def _restore_weights(
         if weight.host is not None:
             param.data.copy_(weight.host, non_blocking=True)
     if device.type == "cuda":
-        torch.cuda.synchronize(device)  # the pinned copies are dropped next
-
-
-def _empty_host_cache(device: torch.device) -> None:
-    """The pinned copies just dropped go back to the system: torch's pinned allocator would keep
-    the weights' size cached."""
-    empty_host_cache = getattr(torch._C, "_host_emptyCache", None)  # CUDA builds of torch >= 2.5
-    if device.type == "cuda" and empty_host_cache is not None:
-        empty_host_cache()
-
-
-def _pinned_copy(data: torch.Tensor) -> torch.Tensor:
-    host = torch.empty(data.shape, dtype=data.dtype, device="cpu", pin_memory=True)
-    host.copy_(data)
-    return host
+        torch.cuda.synchronize(device)  # the host copy is freed next
 
 
 def _return_memory(device: torch.device) -> None:
