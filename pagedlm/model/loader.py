@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +18,7 @@ from pagedlm.model.gguf_loader import (
     iter_gguf_tensors,
     release_readers,
 )
-from pagedlm.model.llama import LlamaForCausalLM
+from pagedlm.model.llama import LlamaForCausalLM, WeightShard
 from pagedlm.model.quant_linear import QuantizedTensor, concat_rows, takes_quantized
 
 DUMMY_SEED = 0
@@ -72,7 +73,7 @@ def fill_weights(
     names (rotary_emb.inv_freq, lm_head of a tied model) are ignored, a missing one is an error.
     QuantizedTensors are gathered per parameter and loaded into its module (load_quantized)."""
     targets = checkpoint_targets(model)
-    layout = model.checkpoint_layout()
+    layout = checkpoint_layout(model)
     filled: set[str] = set()
     quantized: dict[str, dict[int, QuantizedTensor]] = {}  # param -> row_start -> shard
     for name, tensor in tensors:
@@ -158,12 +159,13 @@ def update_weights(
     place, after checking every name, shape and dtype: a mismatch raises ValueError and copies
     nothing. Returns how many tensors were copied (the ignored names aside)."""
     check_dense(model)
-    targets = checkpoint_targets(model)
-    copies = []
-    for pair in named_tensors:
+    pairs = list(named_tensors)
+    for pair in pairs:
         if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not isinstance(pair[0], str):
             raise ValueError(f"{source}: named_tensors must be (name, tensor) pairs; got {pair!r}")
-        name, tensor = pair
+    targets = checkpoint_targets(model, [name for name, _ in pairs])
+    copies = []
+    for name, tensor in pairs:
         if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
             kind = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
             raise ValueError(f"{source}: tensor {name} must be a floating-point tensor, not {kind}")
@@ -176,13 +178,30 @@ def update_weights(
     return len(copies)
 
 
-def checkpoint_targets(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
-    """Hugging Face tensor name -> the view of the (fused) parameter it fills."""
+def checkpoint_targets(
+    model: LlamaForCausalLM, names: Iterable[str] | None = None
+) -> dict[str, torch.Tensor]:
+    """Hugging Face tensor name -> the view of the (fused) parameter it fills; with `names`, only
+    theirs (a weight update's chunk: the other views are not made)."""
     params = dict(model.named_parameters())
+    layout = checkpoint_layout(model)
+    wanted = layout if names is None else [name for name in names if name in layout]
     return {
-        name: params[shard.param].narrow(0, shard.row_start, shard.num_rows)
-        for name, shard in model.checkpoint_layout().items()
+        name: params[layout[name].param].narrow(0, layout[name].row_start, layout[name].num_rows)
+        for name in wanted
     }
+
+
+_LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its layout
+
+
+def checkpoint_layout(model: LlamaForCausalLM) -> dict[str, WeightShard]:
+    """model.checkpoint_layout(), made once per model: it depends on the architecture alone, and
+    a weight transfer asks for it once per chunk. Read only."""
+    layout = _LAYOUTS.get(model)
+    if layout is None:
+        layout = _LAYOUTS[model] = model.checkpoint_layout()
+    return layout
 
 
 def target_of(
