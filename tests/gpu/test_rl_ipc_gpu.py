@@ -26,6 +26,8 @@ def test_ipc_trainer_on_the_engine_gpu(checkpoints) -> None:
         skip_tokenizer_init=True,
         dtype="float32",
         max_model_len=64,
+        max_num_seqs=8,  # few graphs to capture: a short start-up
+        max_num_batched_tokens=256,
         kv_cache_memory_gib=0.5,
         graph_size_timing=False,
         device="cuda:0",
