@@ -11,7 +11,8 @@ cannot use the broadcast of pagedlm.rl.transport. Instead the bucket is shared b
 
 A bucket's handle is a dict of strings, numbers and booleans only (bytes in base64), so it travels
 through any collective_rpc, the server's msgpack wire and JSON included; reading it unpickles
-nothing. Each update_weights carries the handle of the bucket its chunk is in (a chunk larger than
+nothing. Like every weight-writing method, it trusts its caller (offline code, or a client of
+the server's --enable-dev-endpoints): a CUDA handle names shared memory the engine then maps. Each update_weights carries the handle of the bucket its chunk is in (a chunk larger than
 the bucket makes the trainer allocate a larger one); the engine keeps the last bucket it opened
 and opens another only when the handle changes. The two sides take turns: the trainer's copy into
 the bucket is complete before it calls update_weights, and the engine's copy out of it is complete
@@ -127,6 +128,11 @@ def _open_cuda(handle: dict[str, Any], device: torch.device) -> torch.Tensor:
         )
     except (KeyError, TypeError) as exc:
         raise ValueError(f"update_info: a malformed CUDA bucket handle ({exc})") from exc
+    except RuntimeError as exc:  # CUDA refused the handle: stale (the trainer gone) or forged
+        raise ValueError(
+            f"transport 'ipc': the trainer's bucket could not be opened ({exc}); is the trainer "
+            "alive, and on this GPU?"
+        ) from exc
 
 
 def _open_file(handle: dict[str, Any]) -> torch.Tensor:
