@@ -101,7 +101,7 @@ class WeightSender:
         self._engine("start_weight_update", {})
         try:
             for chunk in _chunks(named_tensors, chunk_bytes):
-                self._link.send_chunk(chunk)
+                self._link.send_chunk(chunk, chunk_bytes)
         except BaseException:
             with contextlib.suppress(Exception):  # end the engine's session; the error matters
                 self._engine("finish_weight_update", {})
@@ -138,7 +138,8 @@ class _GroupLink:
             lambda: new_group(init, 0, device, store=self._store),
         )
 
-    def send_chunk(self, chunk: list[tuple[str, torch.Tensor]]) -> None:
+    def send_chunk(self, chunk: list[tuple[str, torch.Tensor]], chunk_bytes: int) -> None:
+        """One broadcast of a buffer of the chunk's own size (chunk_bytes is the IPC bucket's)."""
         buffer = pack(chunk, self._device)  # [chunk bytes] uint8
         self._together(
             "update_weights",
@@ -171,7 +172,8 @@ class _GroupLink:
 
 class _IpcLink:
     """A bucket the engine maps (pagedlm.rl.ipc); a chunk is packed into it, then one engine call
-    copies it out. The bucket grows to the largest chunk met (a new one, shared anew)."""
+    copies it out. The bucket holds chunk_bytes, or the largest tensor met if larger (a new
+    bucket, shared anew)."""
 
     broken = False  # each chunk is one engine call: nothing is ever left half done
 
@@ -181,13 +183,13 @@ class _IpcLink:
         self._bucket: ipc.SharedBucket | None = None
         engine("init_weight_transfer_engine", {"init_info": {"transport": ipc.TRANSPORT}})
 
-    def send_chunk(self, chunk: list[tuple[str, torch.Tensor]]) -> None:
+    def send_chunk(self, chunk: list[tuple[str, torch.Tensor]], chunk_bytes: int) -> None:
         info = ChunkInfo.of(chunk)
         _, num_bytes = info.offsets()
         if self._bucket is None or self._bucket.num_bytes < num_bytes:
             if self._bucket is not None:
                 self._bucket.close()  # the engine's mapping outlives this (pagedlm.rl.ipc)
-            self._bucket = ipc.SharedBucket(num_bytes, self._device)
+            self._bucket = ipc.SharedBucket(max(num_bytes, chunk_bytes), self._device)
         pack_into(chunk, self._bucket.tensor)
         if self._device.type == "cuda":
             torch.cuda.current_stream(self._device).synchronize()  # the engine reads it next
