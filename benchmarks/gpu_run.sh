@@ -33,7 +33,8 @@ step() {  # name timeout command...
 for s in ${STEPS:-tests sweep workloads}; do
   case $s in
     tests) step tests "${TEST_TIMEOUT:-170}" python3 -m pytest -q -m gpu tests/gpu tests/attention \
-             tests/ops tests/sample tests/worker/test_gpu_runner.py tests/worker/test_kernel_warmup.py ;;
+             tests/ops tests/sample tests/worker/test_gpu_runner.py tests/worker/test_kernel_warmup.py \
+             tests/worker/test_host_offload.py ;;
     sweep) step sweep "${SWEEP_TIMEOUT:-200}" python3 benchmarks/attention_kernels.py --sweep --json "$OUT/sweep.json" ;;
     workloads) step workloads "${BENCH_TIMEOUT:-300}" python3 benchmarks/gpu_workloads.py --json "$OUT/bench.json" \
              ${PEER:+--peer} --workloads "${WORKLOADS:-L2,T0-qwen3-0.6b,T1,L1,T0-llama3-8b,T3-on,T3-off}" ;;
