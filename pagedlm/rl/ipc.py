@@ -58,7 +58,12 @@ class SharedBucket:
         if self._path is not None:
             self._path.unlink(missing_ok=True)
             self._path = None
+        on_cuda = self.tensor.device.type == "cuda"
         self.tensor = torch.empty(0, dtype=torch.uint8)
+        if on_cuda:
+            # torch keeps a shared block until every process that opened it has let go; this
+            # frees it now if the engine has (WeightSender closes the engine's side first)
+            torch.cuda.ipc_collect()
 
 
 def open_bucket(handle: Any, device: torch.device) -> torch.Tensor:
