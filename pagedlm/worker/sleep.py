@@ -2,9 +2,9 @@
 
 Tags (vLLM's): "weights" and "kv_cache". Level 1 moves the weights to host memory (on CUDA into
 one flat page-locked buffer, worker/host_offload.py; on a CPU device the tensors themselves are
-kept, they are host memory already); level 2 keeps only
-its shape and dtype, and wake_up(["weights"]) gives it back uninitialised, to be filled by
-reload_weights or a weight update. The model's buffers (RoPE tables) stay either way. The KV
+kept, they are host memory already); level 2 keeps only each weight's shape and dtype, and
+wake_up(["weights"]) gives them back uninitialised, to be filled by reload_weights or a weight
+update. The model's buffers (RoPE tables) stay either way. The KV
 cache is dropped whole and allocated again, zeroed, on wake_up(["kv_cache"]); the prefix cache
 that pointed into it is reset by the engine core first.
 
