@@ -1,13 +1,12 @@
 """Level-1 sleep's host copy of the weights: one flat page-locked buffer for all of them.
 
 A pinned tensor per weight cost more than the copies: torch's pinned allocator rounds each one up
-to a power of two and takes it from the driver one cudaHostAlloc at a time (llama3-8b's 291
-weights: sleep level 1 took 12.55 s, RESULTS.md). Here the buffer is allocated pageable at the
+to a power of two and takes it from the driver one cudaHostAlloc at a time (benchmarks/RESULTS.md,
+"Sleep mode", has the figures). Here the buffer is allocated pageable at the
 exact size, its pages first touched by torch's threads in parallel, then page-locked in place
 (cudaHostRegister, as torch.distributed.checkpoint's staging does), so every weight's copy out
-and back is an asynchronous DMA into a view of it and one synchronisation waits for them all:
-sleep level 1 in 3.24 s (the host copy alone 10.14 -> 1.83 s). Where the registration fails the
-buffer stays pageable: the copies still work, more slowly (13.04 s).
+and back is an asynchronous DMA into a view of it and one synchronisation waits for them all.
+Where the registration fails the buffer stays pageable: the copies still work, more slowly.
 """
 
 from __future__ import annotations
