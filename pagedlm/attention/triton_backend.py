@@ -1,7 +1,10 @@
-"""The Triton attention backend: one varlen paged kernel or, for small decode-only batches with
-long contexts, the flash-decoding split path. Every choice is made from host ints."""
+"""The Triton attention backend: the varlen paged kernel, or for decode-only batches the
+flash-decoding split path (small batches with long contexts: every sequence splits; large ones:
+the longest sequences split). Every choice is made from host ints."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -9,6 +12,7 @@ from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.attention.triton_decode import (
     DEFAULT_NUM_SMS,
     choose_num_splits,
+    choose_split_seqs,
     split_decode_attention,
 )
 from pagedlm.attention.triton_paged import varlen_attention
@@ -18,11 +22,31 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 
 
-def decode_num_splits(num_seqs: int, kv_cache: torch.Tensor, max_seq_len: int) -> int:
-    """The splits per sequence of a decode-only batch of these host ints (1: the varlen kernel)."""
-    return choose_num_splits(
-        num_seqs, kv_cache.shape[3], max_seq_len, num_sms(kv_cache.device, DEFAULT_NUM_SMS)
+class DecodeSplit(NamedTuple):
+    """The split decode's shape for a decode-only batch (triton_decode's choose_* functions)."""
+
+    num_splits: int  # programs per split sequence and KV head; 1: the varlen kernel
+    split_seqs: int  # the longest sequences (decode_order) that split; the others take one program
+
+    def kind(self, num_seqs: int) -> tuple[int, bool]:
+        """What a CUDA graph of num_seqs rows launches: the split count and whether only the
+        longest sequences split (a large batch)."""
+        return self.num_splits, self.num_splits > 1 and self.split_seqs < num_seqs
+
+
+def decode_split(num_seqs: int, kv_cache: torch.Tensor, max_seq_len: int) -> DecodeSplit:
+    """The split decode of a decode-only batch of these host ints."""
+    sms = num_sms(kv_cache.device, DEFAULT_NUM_SMS)
+    num_kv_heads = kv_cache.shape[3]
+    return DecodeSplit(
+        choose_num_splits(num_seqs, num_kv_heads, max_seq_len, sms),
+        choose_split_seqs(num_seqs, num_kv_heads, sms),
     )
+
+
+def decode_kind(num_seqs: int, kv_cache: torch.Tensor, max_seq_len: int) -> tuple[int, bool]:
+    """The attention kernel a decode-only batch of these host ints takes (DecodeSplit.kind)."""
+    return decode_split(num_seqs, kv_cache, max_seq_len).kind(num_seqs)
 
 
 class TritonAttentionBackend:
@@ -39,15 +63,19 @@ class TritonAttentionBackend:
         _check_attention(q, kv_cache, meta, sliding_window)
         if meta.num_seqs == 0:
             return torch.empty_like(q) if out is None else out
-        num_splits = (
-            decode_num_splits(meta.num_seqs, kv_cache, meta.max_seq_len)
-            if meta.max_query_len == 1
-            else 1
-        )
-        if num_splits > 1:
-            return split_decode_attention(
-                q, kv_cache, meta, scale, sliding_window, num_splits, out=out
-            )
+        if meta.max_query_len == 1:
+            split = decode_split(meta.num_seqs, kv_cache, meta.max_seq_len)
+            if split.num_splits > 1:
+                return split_decode_attention(
+                    q,
+                    kv_cache,
+                    meta,
+                    scale,
+                    sliding_window,
+                    split.num_splits,
+                    out=out,
+                    split_seqs=split.split_seqs,
+                )
         return varlen_attention(q, kv_cache, meta, scale, sliding_window, out=out)
 
 

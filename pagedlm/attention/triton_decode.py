@@ -1,18 +1,34 @@
-"""Flash-decoding: a decode-only batch (every query_len <= 1) with long contexts split across programs.
+"""Flash-decoding: a decode-only batch (every query_len <= 1) whose long contexts are split across
+programs.
 
-Too few (sequence, KV head) pairs leave most of the GPU idle when each pair is one program, so each
-sequence's visible keys are cut into num_splits contiguous chunks: one program per
-(sequence, KV head, split) writes an unnormalised partial output with its running max and sum, and
-the last program of a (sequence, KV head) group to finish merges the group's partials into the
-output rows, all in one launch. num_splits comes from host-known shapes only.
+Each split sequence's visible keys are cut into up to num_splits contiguous chunks of whole key
+tiles: one program per (sequence, KV head, split) writes an unnormalised partial output with its
+running max and sum, and the last program of a (sequence, KV head) group to finish merges the
+group's partials into the output rows, all in one launch. A sequence whose keys fit one split (a
+short one, or one that does not split) has one live split, which writes its output directly:
+no partials, no counter, no merge.
 
-Who merges: each (sequence, KV head) group has an int32 counter (pagedlm.ops.counters), zero at
-every launch. A live split (one with keys) stores its partial, then adds 1 to the counter; the
-program that reads num_live - 1 is the last and merges. Empty splits (short contexts: num_live <
-num_splits) store nothing and do not count, so the merge never reads them. The merging program
-resets the counter to 0: no other program of this launch touches it again, and the next launch on
-the stream touches counters only after its PDL wait, when this one has ended, so every launch (and
-every CUDA graph replay) starts from zeros.
+Which sequences split (host ints only, so the grid is fixed per CUDA graph size):
+- a small batch (fewer (sequence, KV head) pairs than SMs): every sequence, into enough splits for
+  ~2 waves over the SMs, so a few sequences still fill the GPU;
+- a large batch: the longest cdiv(B, LARGE_BATCH_SPLIT_SHARE) in decode_order (the host's
+  permutation by decreasing seq_len), into up to LARGE_BATCH_MAX_SPLITS chunks of at least one
+  tile; the others take one program each. Without it one long context among many short ones was
+  walked by one program per KV head long after the rest of the batch had finished (issue 31: T4's
+  decode steps lost 1.2 ms per 1,000 keys of the longest context). A grid of splits for every
+  sequence would launch mostly empty programs, each holding shared memory until its PDL wait.
+The grid is (KV heads, programs), x-fastest as the varlen decode's (a sequence's heads together),
+program p being rank p // num_splits's split p % num_splits for p < split_seqs * num_splits, then
+one program per remaining rank: in decode_order, the longest sequence's splits start first (LPT).
+
+Who merges: each split sequence's (rank, KV head) group has an int32 counter
+(pagedlm.ops.counters), zero at every launch. A live split (one with keys) of a sequence with
+several stores its partial, then adds 1 to the counter; the program that reads num_live - 1 is the
+last and merges. Empty splits (short contexts: num_live < num_splits) store nothing and do not
+count, so the merge never reads them. The merging program resets the counter to 0: no other
+program of this launch touches it again, and the next launch on the stream touches counters only
+after its PDL wait, when this one has ended, so every launch (and every CUDA graph replay) starts
+from zeros.
 
 Before its PDL wait each program reads its split's first tile of keys and values, all but the
 newest key (which prepare_qkv, the kernel before, writes in this step): the other keys were written
@@ -37,6 +53,7 @@ from pagedlm.attention.triton_paged import (
     LOG2_E,
     attend_key_range,
     cache_strides,
+    decode_order,
     kernel_constexprs,
     key_tile_offsets,
     online_softmax,
@@ -48,6 +65,12 @@ from pagedlm.ops.warm_up import WarmUpRequest
 DEFAULT_NUM_SMS = 132  # H100/H200; used where no CUDA device can be asked
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 32
+# A large batch (issue 31: one long context among many short ones walked its keys in one program per
+# KV head while the rest of the GPU idled) splits its longest LARGE_BATCH_SPLIT_SHARE-th of sequences
+# into chunks of about LARGE_BATCH_SPLIT_KEYS keys of the longest possible context.
+LARGE_BATCH_SPLIT_KEYS = 1024
+LARGE_BATCH_MAX_SPLITS = 8
+LARGE_BATCH_SPLIT_SHARE = 4
 SPLIT_BLOCK_N = (
     64  # keys per tile; at batch 1 also per split (MIN_KEYS_PER_SPLIT spreads them wider)
 )
@@ -101,22 +124,34 @@ def merge_head_splits(
     tl.store(out_row_ptr + offs_d, out.to(out_row_ptr.dtype.element_ty))
 
 
-@triton.jit(do_not_specialize=["window", "num_splits", "stride_bt"])
+@triton.jit
+def program_split(p, split_seqs, num_splits):
+    """Program p's (rank in launch order, split, splits of that sequence): the first split_seqs ranks
+    take num_splits programs each, the others one."""
+    tiered = p < split_seqs * num_splits
+    rank = tl.where(tiered, p // num_splits, p - split_seqs * (num_splits - 1))
+    split = tl.where(tiered, p % num_splits, 0)
+    return rank, split, tl.where(tiered, num_splits, 1)
+
+
+@triton.jit(do_not_specialize=["window", "num_splits", "split_seqs", "stride_bt"])
 def decode_split_kernel(
     out_ptr,  # [T, num_heads, HEAD_DIM]
-    part_out_ptr,  # [B, num_heads, num_splits, HEAD_DIM] fp32, unnormalised
+    part_out_ptr,  # [split_seqs, num_heads, num_splits, HEAD_DIM] fp32, unnormalised
     part_max_ptr,
-    part_sum_ptr,  # [B, num_heads, num_splits] fp32 (max in the log2 domain)
-    counters_ptr,  # [>= B * num_kv_heads] int32, zero at launch; zero again when the launch ends
+    part_sum_ptr,  # [split_seqs, num_heads, num_splits] fp32 (max in the log2 domain)
+    counters_ptr,  # [>= split_seqs * num_kv_heads] int32, zero at launch; zero again at its end
     q_ptr,  # [T, num_heads, HEAD_DIM]
     k_cache_ptr,
     v_cache_ptr,  # [num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM]
     block_table_ptr,
     query_start_loc_ptr,
     seq_lens_ptr,
+    decode_order_ptr,  # [B] int32, a permutation of range(B), read when ORDERED; else None
     qk_scale,
     window,
     num_splits,
+    split_seqs,
     stride_q_t,
     stride_q_h,
     stride_o_t,
@@ -136,18 +171,23 @@ def decode_split_kernel(
     BLOCK_SIZE: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    ORDERED: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """One program: one split of one sequence's keys x the GROUP query heads of one KV head; the
-    group's last live split to finish also merges (see the module notes for the ordering)."""
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
+    """One program: one split of one sequence's keys x the GROUP query heads of one KV head. A
+    sequence with one live split writes its output; else the group's last live split to finish
+    merges (see the module notes for the ordering). Grid (KV heads, programs): program_split."""
+    kv_head = tl.program_id(0)
+    num_kv_heads = tl.num_programs(0)
+    rank, split, seq_splits = program_split(tl.program_id(1), split_seqs, num_splits)
+    seq = rank
+    if ORDERED:
+        seq = tl.load(decode_order_ptr + rank)
     q_token = tl.load(query_start_loc_ptr + seq)
     has_query = tl.load(query_start_loc_ptr + seq + 1) > q_token  # else a padding sequence
     seq_len = tl.load(seq_lens_ptr + seq)
     kv_lo, kv_hi, num_live = split_key_range(
-        seq_len, window, num_splits, split, BLOCK_N, USE_WINDOW
+        seq_len, window, seq_splits, split, BLOCK_N, USE_WINDOW
     )
     offs_d = tl.arange(0, HEAD_DIM)
     table_row = block_table_ptr + seq.to(tl.int64) * stride_bt
@@ -238,7 +278,13 @@ def decode_split_kernel(
             USE_WINDOW,
             DOT_PRECISION,
         )
-    part_rows = ((seq * tl.num_programs(1) * GROUP + heads) * num_splits + split).to(
+    if num_live == 1:  # the whole sequence in this program: no partials, no merge
+        o_offs = q_token.to(tl.int64) * stride_o_t + heads[:, None] * stride_o_h + offs_d[None, :]
+        out = acc / l_i[:, None]  # l_i >= 1: the row's max key contributes 2^0
+        tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+        return
+    # num_live > 1 only for the first split_seqs ranks, which own the partial rows of their rank
+    part_rows = ((rank * num_kv_heads * GROUP + heads) * num_splits + split).to(
         tl.int64
     )  # [BLOCK_M]
     tl.store(
@@ -247,12 +293,12 @@ def decode_split_kernel(
     tl.store(part_max_ptr + part_rows, m_i, mask=row_ok)
     tl.store(part_sum_ptr + part_rows, l_i, mask=row_ok)
 
-    if last_to_arrive(counters_ptr + seq * tl.num_programs(1) + kv_head, num_live):
+    if last_to_arrive(counters_ptr + rank * num_kv_heads + kv_head, num_live):
         for h in tl.static_range(GROUP):
             head = kv_head * GROUP + h
             merge_head_splits(
                 out_ptr + q_token.to(tl.int64) * stride_o_t + head * stride_o_h,
-                (seq * tl.num_programs(1) * GROUP + head).to(tl.int64) * num_splits,
+                (rank * num_kv_heads * GROUP + head).to(tl.int64) * num_splits,
                 num_live,
                 part_out_ptr,
                 part_max_ptr,
@@ -265,14 +311,25 @@ def decode_split_kernel(
 def choose_num_splits(
     num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int = DEFAULT_NUM_SMS
 ) -> int:
-    """Splits per sequence for a decode-only batch: enough programs for ~2 waves over the SMs,
-    each split at least MIN_KEYS_PER_SPLIT keys, at most MAX_SPLITS; 1 means: don't split."""
+    """Splits per split sequence of a decode-only batch; 1 means: don't split (the varlen kernel).
+    A small batch (fewer (sequence, KV head) pairs than SMs): enough programs for ~2 waves over the
+    SMs, each split at least MIN_KEYS_PER_SPLIT keys, at most MAX_SPLITS. A large batch: splits of
+    about LARGE_BATCH_SPLIT_KEYS keys of the longest context, at most LARGE_BATCH_MAX_SPLITS (for
+    choose_split_seqs' longest sequences only)."""
     num_programs = num_seqs * num_kv_heads
     if num_programs >= num_sms:
-        return 1
+        return min(triton.cdiv(max_seq_len, LARGE_BATCH_SPLIT_KEYS), LARGE_BATCH_MAX_SPLITS)
     by_occupancy = triton.cdiv(2 * num_sms, num_programs)
     by_length = triton.cdiv(max_seq_len, MIN_KEYS_PER_SPLIT)
     return max(1, min(by_occupancy, by_length, MAX_SPLITS))
+
+
+def choose_split_seqs(num_seqs: int, num_kv_heads: int, num_sms: int = DEFAULT_NUM_SMS) -> int:
+    """How many of a decode-only batch's sequences split, the longest (decode_order): every one in a
+    small batch, the longest 1 / LARGE_BATCH_SPLIT_SHARE in a large one."""
+    if num_seqs * num_kv_heads >= num_sms:
+        return triton.cdiv(num_seqs, LARGE_BATCH_SPLIT_SHARE)
+    return num_seqs
 
 
 # ops/warm_up.py: its decode step reads more than MIN_KEYS_PER_SPLIT keys of one sequence, so it splits
@@ -293,7 +350,9 @@ def split_decode_attention(
     sliding_window: int | None,
     num_splits: int,
     out: torch.Tensor | None = None,  # [T, num_heads, head_dim], like q; allocated when None
+    split_seqs: int | None = None,  # the first this many in decode_order split; None: all of them
 ) -> torch.Tensor:  # [T, num_heads, head_dim]; rows of no sequence's query are left unwritten
+    split_seqs = meta.num_seqs if split_seqs is None else split_seqs
     if (
         meta.max_query_len > 1 or not 1 <= num_splits <= MAX_SPLITS
     ):  # the merge reads SPLITS_PAD = MAX_SPLITS
@@ -301,21 +360,23 @@ def split_decode_attention(
             f"split decode needs max_query_len <= 1 and 1 <= num_splits <= {MAX_SPLITS}; "
             f"got {meta.max_query_len}, {num_splits}"
         )
+    if not 0 <= split_seqs <= meta.num_seqs:
+        raise ValueError(f"split_seqs must be in [0, num_seqs={meta.num_seqs}]; got {split_seqs}")
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = kv_cache.shape[3]
     out = torch.empty_like(q) if out is None else out
     part_out = torch.empty(
-        meta.num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
+        split_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
     )
-    part_max = torch.empty(
-        meta.num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device
-    )
+    part_max = torch.empty(split_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
     part_sum = torch.empty_like(part_max)
-    counters = zeroed_counters(q.device, meta.num_seqs * num_kv_heads)
+    counters = zeroed_counters(q.device, split_seqs * num_kv_heads)
+    order = decode_order(meta, meta.num_seqs)
     constexprs = kernel_constexprs(q, kv_cache, sliding_window)
     if head_dim <= 128:
         constexprs["BLOCK_N"] = SPLIT_BLOCK_N
-    decode_split_kernel[(meta.num_seqs, num_kv_heads, num_splits)](
+    num_programs = split_seqs * num_splits + meta.num_seqs - split_seqs  # per KV head
+    decode_split_kernel[(num_kv_heads, num_programs)](
         out,
         part_out,
         part_max,
@@ -327,9 +388,11 @@ def split_decode_attention(
         meta.block_table,
         meta.query_start_loc,
         meta.seq_lens,
+        order,
         scale * LOG2_E,
         sliding_window or 0,
         num_splits,
+        split_seqs,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -338,6 +401,7 @@ def split_decode_attention(
         *cache_strides(kv_cache),
         SPLITS_PAD=MAX_SPLITS,  # not from num_splits: one compile for all
         BLOCK_M=max(16, triton.next_power_of_2(constexprs["GROUP"])),
+        ORDERED=order is not None,
         **constexprs,
         num_warps=SPLIT_NUM_WARPS,
         num_stages=SPLIT_NUM_STAGES,

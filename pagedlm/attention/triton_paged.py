@@ -33,7 +33,8 @@ over the whole launch. With (sequences, KV heads), as prefill tiles keep (neighb
 share its keys in L2), a decode batch ran head by head: 256-byte rows of each block, and LPT order
 only within a head's pass (measured: benchmarks/RESULTS.md, "Measured choices").
 
-Decode-only batches too small to fill the GPU take the flash-decoding path in triton_decode.py.
+Decode-only batches take the flash-decoding path in triton_decode.py where their contexts can be long
+enough to split.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ largest first after a warm-up run each. A batch of n sequences replays the small
 kept (keep_fastest): after the capture, each graph above MAX_LOGITS_ROWS rows is timed over an
 all-padding batch together with the LM head the runner then runs on its rows (replay_times), and a
 size gives way to the next kept larger one when that one replays markedly faster
-(sizes.fastest_sizes) and its capture chose the same attention kernel (the same number of decode
-splits: the all-padding batch attends to nothing, so the timing cannot see that difference; the
-split count never grows with the size, so each count holds one range of sizes).
+(sizes.fastest_sizes) and its capture chose the same attention kernel (triton_backend.decode_kind:
+the number of decode splits and whether only the longest sequences split; the all-padding batch
+attends to nothing, so the timing cannot see that difference; each kind holds one range of sizes).
 cuBLAS's heuristic picks a poor kernel at some row counts (llama3-8b's gate_up GEMM at 448 rows is
 much slower than at 512: benchmarks/probes/gemm_rows_scan.py), and a workload's decode batches may
 sit just below such a size. Padding rows cost their GEMM and LM-head rows and elementwise work; the
@@ -65,7 +65,7 @@ import torch
 import triton
 
 from pagedlm.attention.backend import AttentionMetadata
-from pagedlm.attention.triton_backend import decode_num_splits
+from pagedlm.attention.triton_backend import decode_kind
 from pagedlm.config import EngineConfig
 from pagedlm.model.llama import LlamaForCausalLM
 from pagedlm.ops.argmax import greedy_pick
@@ -201,9 +201,7 @@ class DecodeGraphs:
         size's ms)."""
         timed = [size for size in self.sizes if size > MAX_LOGITS_ROWS]
         times = self.replay_times(timed)
-        kinds = {
-            size: decode_num_splits(size, self._kv_caches[0], self._max_model_len) for size in timed
-        }
+        kinds = {size: decode_kind(size, self._kv_caches[0], self._max_model_len) for size in timed}
         moves = self._sizes.keep_fastest_decode(times, kinds)
         for key in [key for key in self._graphs if key[0] in moves]:
             for held in (self._graphs, self._outputs, self._logits, self._argmax):

@@ -18,7 +18,7 @@ holds every later layout.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 MAX_CAPTURE_SIZE = 1024  # the default max_num_seqs
 MAX_LOGITS_ROWS = (
@@ -87,9 +87,9 @@ def piecewise_sizes(max_num_tokens: int) -> list[int]:
     return sizes + [cap]
 
 
-def fastest_sizes(times: dict[int, float], kinds: dict[int, int]) -> list[int]:
-    """times: size -> ms of a replay; kinds: size -> its attention kernel, the number of decode splits
-    (sizes of one kind lie in one range). The sizes to keep, ascending: a size goes when the next kept
+def fastest_sizes(times: dict[int, float], kinds: dict[int, Hashable]) -> list[int]:
+    """times: size -> ms of a replay; kinds: size -> its attention kernel (triton_backend.decode_kind;
+    sizes of one kind lie in one range). The sizes to keep, ascending: a size goes when the next kept
     larger size of its kind beats it by SPEED_MARGIN and MIN_SAVING_MS (the largest of each kind is
     kept)."""
     kept, next_kept = [], {}  # kind -> ms of the smallest size of that kind kept so far
@@ -146,8 +146,8 @@ class SizePolicy:
         """Whether decode graphs of this size stage their inputs in (cuda_graphs.py)."""
         return size <= STAGED_MAX_SIZE
 
-    def keep_fastest_decode(self, times: dict[int, float], kinds: dict[int, int]) -> Moves:
-        """times: ms of each timed decode size's replay; kinds: its number of decode splits. Drops the
+    def keep_fastest_decode(self, times: dict[int, float], kinds: dict[int, Hashable]) -> Moves:
+        """times: ms of each timed decode size's replay; kinds: its attention kernel. Drops the
         sizes a larger one of their kind beats (fastest_sizes) -> each size dropped: (the size its
         steps take from now on, its ms, that one's ms)."""
         kept = fastest_sizes(times, kinds)

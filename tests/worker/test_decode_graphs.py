@@ -272,16 +272,16 @@ def test_batches_of_a_slow_size_replay_the_larger_graph(tiny):
 
 
 def test_a_size_gives_way_only_within_its_number_of_decode_splits(tiny, monkeypatch):
-    """Each timed size's kind is the split count its capture chose (decode_num_splits of that size and
+    """Each timed size's kind is the split decode its capture chose (decode_kind of that size and
     max_model_len): 16 splitting, 24 not, so 16 stays though 24 replays faster."""
     runner, graphs = _graphed_runner(tiny[0], max_num_seqs=24, max_num_batched_tokens=32)
     asked: list[tuple[int, int]] = []
 
-    def splits(num_seqs: int, kv_cache: torch.Tensor, max_seq_len: int) -> int:
+    def kind(num_seqs: int, kv_cache: torch.Tensor, max_seq_len: int) -> tuple[int, bool]:
         asked.append((num_seqs, max_seq_len))
-        return 2 if num_seqs <= 16 else 1
+        return (2, False) if num_seqs <= 16 else (2, True)
 
-    monkeypatch.setattr(cuda_graphs, "decode_num_splits", splits)
+    monkeypatch.setattr(cuda_graphs, "decode_kind", kind)
     graphs.replay_times = lambda sizes: {16: 3.0, 24: 2.0}
     runner._keep_fastest_graph_sizes()
     assert sorted(asked) == [(16, 64), (24, 64)] and graphs.sizes == [1, 2, 4, 8, 16, 24]
