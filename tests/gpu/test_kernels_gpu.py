@@ -74,12 +74,12 @@ SCENARIOS = {
     "mixed_llama8b": (8, 3000, 1000, 32, 8, 128, 16, None),
     "mixed_smollm_window": (12, 2000, 600, 9, 3, 64, 32, 700),
     "prefill_4k": (1, 0, 4096, 16, 2, 128, 16, None),
-    "decode_many": (200, 4000, 1, 32, 8, 128, 16, None),
+    "decode_many": (200, 4000, 1, 32, 8, 128, 16, None),  # split: its longest quarter
     "decode_few_long": (2, 4000, 1, 32, 8, 128, 32, None),  # the flash-decoding split path
     "decode_few_window_d256": (3, 3000, 1, 8, 1, 256, 16, 1000),
 }
 # the scenarios the backend sends down the split (flash-decoding) path; the others to the varlen kernel
-SPLIT_SCENARIOS = {"decode_few_long", "decode_few_window_d256"}
+SPLIT_SCENARIOS = {"decode_many", "decode_few_long", "decode_few_window_d256"}
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -115,9 +115,12 @@ def test_attention_backend_gpu(
         sliding_window: int | None,
         num_splits: int,
         out: torch.Tensor | None = None,
+        split_seqs: int | None = None,
     ) -> torch.Tensor:
         split_calls.append(num_splits)
-        return split_decode_attention(q, kv_cache, meta, scale, sliding_window, num_splits, out=out)
+        return split_decode_attention(
+            q, kv_cache, meta, scale, sliding_window, num_splits, out=out, split_seqs=split_seqs
+        )
 
     monkeypatch.setattr(triton_backend, "split_decode_attention", spy_split_decode)
     out = TritonAttentionBackend().attend(batch.q, batch.kv_cache, batch.meta, scale, window)
