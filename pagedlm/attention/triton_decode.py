@@ -67,10 +67,12 @@ MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 32
 # A large batch (issue 31: one long context among many short ones walked its keys in one program per
 # KV head while the rest of the GPU idled) splits its longest LARGE_BATCH_SPLIT_SHARE-th of sequences
-# into chunks of about LARGE_BATCH_SPLIT_KEYS keys of the longest possible context.
+# into chunks of about LARGE_BATCH_SPLIT_KEYS keys of the longest possible context, at most
+# LARGE_BATCH_MAX_SPLITS. 4 splits of the longest eighth were the fastest of 3 x 4 tried on uniform and
+# skewed batches (benchmarks/split_decode.py; benchmarks/RESULTS.md, "Large decode batches split").
 LARGE_BATCH_SPLIT_KEYS = 1024
-LARGE_BATCH_MAX_SPLITS = 8
-LARGE_BATCH_SPLIT_SHARE = 4
+LARGE_BATCH_MAX_SPLITS = 4
+LARGE_BATCH_SPLIT_SHARE = 8
 SPLIT_BLOCK_N = (
     64  # keys per tile; at batch 1 also per split (MIN_KEYS_PER_SPLIT spreads them wider)
 )

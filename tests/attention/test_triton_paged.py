@@ -268,10 +268,10 @@ def test_reference_sees_window_and_causality() -> None:
 
 
 def test_choose_num_splits() -> None:
-    # a large batch: 1,024-key splits of the longest context, at most 8 (its longest quarter only)
+    # a large batch: 1,024-key splits of the longest context, at most 4 (its longest eighth only)
     assert choose_num_splits(num_seqs=256, num_kv_heads=8, max_seq_len=4096, num_sms=132) == 4
     assert choose_num_splits(num_seqs=17, num_kv_heads=8, max_seq_len=1024, num_sms=132) == 1
-    assert choose_num_splits(num_seqs=17, num_kv_heads=8, max_seq_len=10**6, num_sms=132) == 8
+    assert choose_num_splits(num_seqs=17, num_kv_heads=8, max_seq_len=10**6, num_sms=132) == 4
     assert choose_num_splits(num_seqs=1, num_kv_heads=8, max_seq_len=100, num_sms=132) == 1
     assert choose_num_splits(num_seqs=2, num_kv_heads=2, max_seq_len=600, num_sms=132) == 3
     assert (

@@ -74,7 +74,7 @@ SCENARIOS = {
     "mixed_llama8b": (8, 3000, 1000, 32, 8, 128, 16, None),
     "mixed_smollm_window": (12, 2000, 600, 9, 3, 64, 32, 700),
     "prefill_4k": (1, 0, 4096, 16, 2, 128, 16, None),
-    "decode_many": (200, 4000, 1, 32, 8, 128, 16, None),  # split: its longest quarter
+    "decode_many": (200, 4000, 1, 32, 8, 128, 16, None),  # split: its longest eighth
     "decode_few_long": (2, 4000, 1, 32, 8, 128, 32, None),  # the flash-decoding split path
     "decode_few_window_d256": (3, 3000, 1, 8, 1, 256, 16, 1000),
 }
