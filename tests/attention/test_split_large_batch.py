@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 from test_triton_paged import DEVICE, check_output, lpt_order, make_batch, random_order, write_cache
+from test_window_skipping import DECODES, WINDOW, batch_for, null_block_entry, poison_skipped
 
 from pagedlm.attention import triton_backend
 from pagedlm.attention.triton_backend import TritonAttentionBackend, decode_kind, decode_split
@@ -155,3 +156,25 @@ def test_backend_splits_a_large_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     out = TritonAttentionBackend().attend(batch.q, batch.kv_cache, meta, 0.3, window)
     check_output(out, batch, 0.3, window)
     assert calls == [(4, 2)]
+
+
+def test_tiered_split_skips_freed_blocks() -> None:
+    """Blocks below the window freed (NaN, the table naming a NaN null block): the split and the
+    unsplit sequences of a tiered launch read none of them (test_window_skipping's set-up)."""
+    torch.manual_seed(11)
+    batch = batch_for(DECODES, 16, torch.float32)
+    write_cache(batch)
+    assert poison_skipped(batch, 16, null_block_entry(batch)) > 0
+    order = lpt_order(batch.meta.seq_lens_cpu).to(DEVICE)
+    meta = dataclasses.replace(batch.meta, decode_order=order)
+    out = split_decode_attention(
+        batch.q,
+        batch.kv_cache,
+        meta,
+        0.3,
+        WINDOW,
+        3,
+        out=torch.full_like(batch.q, math.nan),
+        split_seqs=2,
+    )
+    check_output(out, batch, 0.3, WINDOW)

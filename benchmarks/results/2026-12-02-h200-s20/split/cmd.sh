@@ -1,4 +1,4 @@
-# 2026-12-02, session 20, helper split, one device call at d0f3d8d (issue 31 item 1): the split-decode
+# 2026-12-02, session 20, helper split, one device call at d0f3d8d (7e37ee0 after the rebase; issue 31 item 1): the split-decode
 # kernel benchmark, T4 / T0-llama3-8b / L1, then the GPU tests (cut by their 70 s limit; two failures
 # were a test bug: decode_order left on the host, fixed after).
 # Measured with LARGE_BATCH_MAX_SPLITS = 8, LARGE_BATCH_SPLIT_SHARE = 4 ("engine S8 top1/4" rows); the
