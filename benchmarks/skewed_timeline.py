@@ -76,6 +76,13 @@ def run_inputs(run: str, num_requests: int, vocab_size: int) -> tuple[list, list
     return prompts, params
 
 
+def warm_up(llm: LLM) -> None:
+    """16 of T4's requests, 16 tokens each, their prompts reversed (other ids than T4's)."""
+    prompts, params = run_inputs("t4", 16, llm.llm_engine.model_config.vocab_size)
+    warm = [dataclasses.replace(p, max_tokens=16) for p in params]
+    llm.generate([{"prompt_token_ids": p[::-1]} for p in prompts], warm, use_tqdm=False)
+
+
 def timed_run(llm: LLM, run: str, num_requests: int, out: Path) -> dict:
     engine = llm.llm_engine
     core = engine.engine_core
@@ -147,9 +154,7 @@ def main() -> None:
             skip_tokenizer_init=True,
             **engine_args,
         )
-        prompts, params = run_inputs("t4", 16, llm.llm_engine.model_config.vocab_size)
-        warm = [dataclasses.replace(p, max_tokens=16) for p in params]  # other ids than T4's
-        llm.generate([{"prompt_token_ids": p[::-1]} for p in prompts], warm, use_tqdm=False)
+        warm_up(llm)
         rows = []
         for run in args.runs.split(","):
             num = args.serve_prompts if run == "serve-offline" else args.num_requests

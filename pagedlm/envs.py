@@ -92,6 +92,14 @@ ENVIRONMENT_VARIABLES = {
             "instead of freeing those below the window (for A/B measurements)",
         ),
         EnvVar(
+            "PAGEDLM_SPLIT_LARGE_DECODE",
+            "1",
+            _flag,
+            "0: decode batches with at least as many (sequence, KV head) pairs as SMs take the "
+            "varlen kernel instead of splitting their longest sequences (for A/B measurements); "
+            "read at import",
+        ),
+        EnvVar(
             "TRITON_INTERPRET",
             "0",
             _triton_flag,
@@ -111,6 +119,7 @@ if TYPE_CHECKING:
     PAGEDLM_FUSE_NORMS: bool
     PAGEDLM_PDL: bool
     PAGEDLM_FREE_SLIDING_WINDOW: bool
+    PAGEDLM_SPLIT_LARGE_DECODE: bool
     TRITON_INTERPRET: bool
 
 

@@ -28,8 +28,9 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
         envs.PAGEDLM_FUSE_NORMS,
         envs.PAGEDLM_PDL,
         envs.PAGEDLM_FREE_SLIDING_WINDOW,
+        envs.PAGEDLM_SPLIT_LARGE_DECODE,
         envs.TRITON_INTERPRET,
-    ) == ("INFO", False, True, True, True, False)
+    ) == ("INFO", False, True, True, True, True, False)
 
 
 def test_read_on_access(monkeypatch: pytest.MonkeyPatch) -> None:

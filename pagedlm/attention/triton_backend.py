@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 import torch
 
+from pagedlm import envs
 from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.attention.triton_decode import (
     DEFAULT_NUM_SMS,
@@ -20,6 +21,9 @@ from pagedlm.ops.device_info import num_sms
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
+# read once (decode_split runs at every attention call of an eager step); an A/B script in one
+# process may set it between engines, before their CUDA graphs are captured
+SPLIT_LARGE_BATCHES = envs.PAGEDLM_SPLIT_LARGE_DECODE
 
 
 class DecodeSplit(NamedTuple):
@@ -35,13 +39,14 @@ class DecodeSplit(NamedTuple):
 
 
 def decode_split(num_seqs: int, kv_cache: torch.Tensor, max_seq_len: int) -> DecodeSplit:
-    """The split decode of a decode-only batch of these host ints."""
+    """The split decode of a decode-only batch of these host ints (a large batch's is (1, num_seqs),
+    the varlen kernel, where SPLIT_LARGE_BATCHES is off)."""
     sms = num_sms(kv_cache.device, DEFAULT_NUM_SMS)
     num_kv_heads = kv_cache.shape[3]
-    return DecodeSplit(
-        choose_num_splits(num_seqs, num_kv_heads, max_seq_len, sms),
-        choose_split_seqs(num_seqs, num_kv_heads, sms),
-    )
+    split_seqs = choose_split_seqs(num_seqs, num_kv_heads, sms)
+    if split_seqs < num_seqs and not SPLIT_LARGE_BATCHES:
+        return DecodeSplit(1, num_seqs)
+    return DecodeSplit(choose_num_splits(num_seqs, num_kv_heads, max_seq_len, sms), split_seqs)
 
 
 def decode_kind(num_seqs: int, kv_cache: torch.Tensor, max_seq_len: int) -> tuple[int, bool]:

@@ -30,13 +30,17 @@ program of this launch touches it again, and the next launch on the stream touch
 after its PDL wait, when this one has ended, so every launch (and every CUDA graph replay) starts
 from zeros.
 
-Before its PDL wait each program reads its split's first tile of keys and values, all but the
-newest key (which prepare_qkv, the kernel before, writes in this step): the other keys were written
-by earlier steps (pagedlm/ops/pdl.py, rule 1). At batch 1 a split is one tile up to 32 x 64 keys,
-so the wait then only holds back q, the newest key and the math (reading the tile after the wait
-was measured slower: benchmarks/RESULTS.md, "Measured choices"). So the scheduler keeps a one-token
-query off a block that another sequence fills in the same step (core/kv_cache_manager.py), a
-constraint of its output (core/sched_output.py).
+In a small batch (every sequence splits: EARLY_FIRST_TILE) each program reads its split's first
+tile of keys and values before its PDL wait, all but the newest key (which prepare_qkv, the kernel
+before, writes in this step): the other keys were written by earlier steps (pagedlm/ops/pdl.py,
+rule 1). At batch 1 a split is one tile up to 32 x 64 keys, so the wait then only holds back q, the
+newest key and the math (reading the tile after the wait was measured slower: benchmarks/RESULTS.md,
+"Measured choices"). So the scheduler keeps a one-token query off a block that another sequence
+fills in the same step (core/kv_cache_manager.py), a constraint of its output (core/sched_output.py).
+In a large batch most programs walk a whole short context: they wait first, then run the varlen
+decode's one masked, pipelined loop over their keys (the early tile and an unmasked loop after it
+made such programs 9-11% slower than the varlen kernel on uniform batches: benchmarks/RESULTS.md,
+"Large decode batches split").
 
 The counter protocol and its memory ordering: pagedlm.ops.counters.last_to_arrive; the merge
 reads the partials with the .cg cache modifier, as it asks.
@@ -52,6 +56,7 @@ from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.attention.triton_paged import (
     LOG2_E,
     attend_key_range,
+    attend_keys,
     cache_strides,
     decode_order,
     kernel_constexprs,
@@ -174,6 +179,7 @@ def decode_split_kernel(
     USE_WINDOW: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     ORDERED: tl.constexpr,
+    EARLY_FIRST_TILE: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """One program: one split of one sequence's keys x the GROUP query heads of one KV head. A
@@ -193,74 +199,104 @@ def decode_split_kernel(
     )
     offs_d = tl.arange(0, HEAD_DIM)
     table_row = block_table_ptr + seq.to(tl.int64) * stride_bt
-    # The split's first tile of keys [kv_lo, first_hi), read before the wait except the newest key
-    # (position seq_len - 1), which prepare_qkv writes in this step: the cache's other keys come
-    # from earlier steps. Empty (every mask false) for a padding sequence or a split with no keys.
-    first_hi = tl.minimum(kv_lo + BLOCK_N, kv_hi)
-    offs_n, in_first, k_offs, v_offs = key_tile_offsets(
-        kv_lo,
-        first_hi,
-        table_row,
-        kv_head,
-        stride_kc_blk,
-        stride_kc_slot,
-        stride_kc_h,
-        stride_vc_blk,
-        stride_vc_slot,
-        stride_vc_h,
-        BLOCK_N,
-        BLOCK_SIZE,
-        True,
-    )
-    older = in_first & (offs_n < seq_len - 1)
-    k = tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=older[None, :], other=0.0)
-    v = tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :], mask=older[:, None], other=0.0)
+    if EARLY_FIRST_TILE:
+        # The split's first tile of keys [kv_lo, first_hi), read before the wait except the newest
+        # key (position seq_len - 1), which prepare_qkv writes in this step: the cache's other keys
+        # come from earlier steps. Empty (every mask false) for a padding sequence or an empty split.
+        first_hi = tl.minimum(kv_lo + BLOCK_N, kv_hi)
+        offs_n, in_first, k_offs, v_offs = key_tile_offsets(
+            kv_lo,
+            first_hi,
+            table_row,
+            kv_head,
+            stride_kc_blk,
+            stride_kc_slot,
+            stride_kc_h,
+            stride_vc_blk,
+            stride_vc_slot,
+            stride_vc_h,
+            BLOCK_N,
+            BLOCK_SIZE,
+            True,
+        )
+        older = in_first & (offs_n < seq_len - 1)
+        k = tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=older[None, :], other=0.0)
+        v = tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :], mask=older[:, None], other=0.0)
     # above: step inputs and keys of earlier steps (a one-token query never shares a block another
     # sequence fills in this step: kv_cache_manager); below: q and the newest key, from prepare_qkv
     pdl.wait_for_producers(PDL)
     if not has_query or split >= num_live:  # no keys: stores nothing, does not count
         return
-    newest = in_first & (
-        offs_n == seq_len - 1
-    )  # in the last live split's first tile, or a later one
-    k = tl.where(
-        newest[None, :],
-        tl.load(k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=newest[None, :], other=0.0),
-        k,
-    )
-    v = tl.where(
-        newest[:, None],
-        tl.load(v_cache_ptr + v_offs[:, None] + offs_d[None, :], mask=newest[:, None], other=0.0),
-        v,
-    )
-
     rows = tl.arange(0, BLOCK_M)
     heads = kv_head * GROUP + rows  # [BLOCK_M]
     row_ok = rows < GROUP
     q_offs = q_token.to(tl.int64) * stride_q_t + heads[:, None] * stride_q_h + offs_d[None, :]
     q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0).to(k_cache_ptr.dtype.element_ty)
-    # every key of the split is visible to the query (the window starts at kv_lo at the earliest)
-    s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
-    p, alpha, m_i, l_i = online_softmax(
-        tl.where(in_first[None, :], s, float("-inf")),
-        tl.full([BLOCK_M], float("-inf"), tl.float32),
-        tl.zeros([BLOCK_M], tl.float32),
-    )
-    acc = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)  # [BLOCK_M, HEAD_DIM] fp32
-    # the split's remaining keys [first_hi, kv_hi): whole tiles unmasked (no window), then a partial one
-    kv_mid = first_hi
-    if not USE_WINDOW:
-        kv_mid = first_hi + (kv_hi - first_hi) // BLOCK_N * BLOCK_N
     q_pos = tl.full([BLOCK_M], 0, tl.int32) + seq_len - 1
-    if kv_hi > first_hi:  # skipped where the split is one tile (no pipeline prologue to pay for)
-        acc, m_i, l_i = attend_key_range(
-            acc,
-            m_i,
-            l_i,
+    if EARLY_FIRST_TILE:
+        newest = in_first & (offs_n == seq_len - 1)  # in the last live split's first tile, or later
+        k = tl.where(
+            newest[None, :],
+            tl.load(
+                k_cache_ptr + k_offs[None, :] + offs_d[:, None], mask=newest[None, :], other=0.0
+            ),
+            k,
+        )
+        v = tl.where(
+            newest[:, None],
+            tl.load(
+                v_cache_ptr + v_offs[:, None] + offs_d[None, :], mask=newest[:, None], other=0.0
+            ),
+            v,
+        )
+        # every key of the split is visible to the query (the window starts at kv_lo at the earliest)
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+        p, alpha, m_i, l_i = online_softmax(
+            tl.where(in_first[None, :], s, float("-inf")),
+            tl.full([BLOCK_M], float("-inf"), tl.float32),
+            tl.zeros([BLOCK_M], tl.float32),
+        )
+        acc = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)  # [BLOCK_M, HEAD_DIM] fp32
+        # the remaining keys [first_hi, kv_hi): whole tiles unmasked (no window), then a partial one
+        kv_mid = first_hi
+        if not USE_WINDOW:
+            kv_mid = first_hi + (kv_hi - first_hi) // BLOCK_N * BLOCK_N
+        if kv_hi > first_hi:  # skipped where the split is one tile (no pipeline prologue to pay)
+            acc, m_i, l_i = attend_key_range(
+                acc,
+                m_i,
+                l_i,
+                q,
+                q_pos,
+                first_hi,
+                kv_mid,
+                kv_hi,
+                k_cache_ptr,
+                v_cache_ptr,
+                table_row,
+                kv_head,
+                window,
+                qk_scale,
+                stride_kc_blk,
+                stride_kc_slot,
+                stride_kc_h,
+                stride_vc_blk,
+                stride_vc_slot,
+                stride_vc_h,
+                HEAD_DIM,
+                BLOCK_N,
+                BLOCK_SIZE,
+                USE_WINDOW,
+                DOT_PRECISION,
+            )
+    else:  # the varlen decode's loop: every tile masked, in one pipeline (triton_paged's notes)
+        acc, m_i, l_i = attend_keys(
+            tl.zeros([BLOCK_M, HEAD_DIM], tl.float32),
+            tl.full([BLOCK_M], float("-inf"), tl.float32),
+            tl.zeros([BLOCK_M], tl.float32),
             q,
             q_pos,
-            first_hi,
-            kv_mid,
+            kv_lo,
             kv_hi,
             k_cache_ptr,
             v_cache_ptr,
@@ -279,6 +315,7 @@ def decode_split_kernel(
             BLOCK_SIZE,
             USE_WINDOW,
             DOT_PRECISION,
+            True,
         )
     if num_live == 1:  # the whole sequence in this program: no partials, no merge
         o_offs = q_token.to(tl.int64) * stride_o_t + heads[:, None] * stride_o_h + offs_d[None, :]
@@ -404,6 +441,7 @@ def split_decode_attention(
         SPLITS_PAD=MAX_SPLITS,  # not from num_splits: one compile for all
         BLOCK_M=max(16, triton.next_power_of_2(constexprs["GROUP"])),
         ORDERED=order is not None,
+        EARLY_FIRST_TILE=split_seqs == meta.num_seqs,  # a small batch: every sequence splits
         **constexprs,
         num_warps=SPLIT_NUM_WARPS,
         num_stages=SPLIT_NUM_STAGES,

@@ -136,6 +136,19 @@ def test_decode_kinds_tell_small_and_large_batches_apart(monkeypatch: pytest.Mon
     assert decode_kind(33, kv_cache, 1024) == decode_kind(40, kv_cache, 600) == (1, False)
 
 
+def test_large_batches_take_the_varlen_kernel_when_switched_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PAGEDLM_SPLIT_LARGE_DECODE=0 (read at import into SPLIT_LARGE_BATCHES): a large batch's decode
+    is the varlen kernel's; a small batch still splits."""
+    kv_cache = torch.empty(2, 1, 16, 4, 64)  # 4 KV heads
+    monkeypatch.setattr(triton_backend, "num_sms", lambda device, default: 132)
+    monkeypatch.setattr(triton_backend, "SPLIT_LARGE_BATCHES", False)
+    assert decode_split(33, kv_cache, 8192) == (1, 33)
+    assert decode_kind(33, kv_cache, 8192) == (1, False)
+    assert decode_split(9, kv_cache, 8192) == (8, 9)
+
+
 def test_backend_splits_a_large_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     """A decode batch with as many (sequence, KV head) pairs as SMs takes the tiered split decode,
     its split count from max_seq_len (a CUDA graph's is max_model_len)."""

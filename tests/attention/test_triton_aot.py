@@ -37,8 +37,11 @@ NO_PDL_KERNELS = (
 FLAGSHIP_MODELS = {"llama3-8b": (32, False), "qwen3-0.6b": (16, True)}
 FLAGSHIP_KV_HEADS = 8
 # per scenario: prepare_qkv; the varlen kernel's prefill tile, short-chunk tile, decode tiles in batch order
-# and in decode_order (a mixed batch's two launches are two of these); the split decode
-SCENARIO_KERNELS = ["decode_split_kernel"] + ["paged_attention_kernel"] * 4 + ["prepare_qkv_kernel"]
+# and in decode_order (a mixed batch's two launches are two of these); the split decode of a small
+# batch and of a large one
+SCENARIO_KERNELS = (
+    ["decode_split_kernel"] * 2 + ["paged_attention_kernel"] * 4 + ["prepare_qkv_kernel"]
+)
 
 
 @pytest.mark.slow
@@ -218,7 +221,11 @@ def run_attention_wrappers(
         metadata(20, num_decodes=1, ordered=True),
     ):
         varlen_attention(q, kv_cache, meta, 0.1, sliding_window)
+    # the split decode of a small batch (every sequence splits), then of a large one (the longest)
     split_decode_attention(q, kv_cache, metadata(1), 0.1, sliding_window, num_splits=5)
+    split_decode_attention(
+        q, kv_cache, metadata(1), 0.1, sliding_window, num_splits=4, split_seqs=1
+    )
 
 
 def run_op_wrappers() -> None:
