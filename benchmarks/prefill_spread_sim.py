@@ -1,15 +1,16 @@
-"""CPU: T4 under idealised schedules that spread its prompts over the run (issue 31, the plan after the
-split decode), costed per step with step_cost_model.py's H200 rates.
+"""CPU: T4 under idealised schedules that spread its prompts over the run (issue 31, the plan
+after the split decode), costed per step with step_cost_model.py's H200 rates.
 
-    python benchmarks/prefill_spread_sim.py [--caps 16384,8192,2048,1024,512,256]
+    python benchmarks/prefill_spread_sim.py [--caps 16384,8192,2048,1024,512,256] [--fill]
 
 Every request is admitted at once (T4 fits the KV cache and max_num_seqs); each step runs every
-decoding request's one token, then prompt chunks of at most `cap` tokens in all (--fill: up to `cap`
-rows with the decodes), within the 16,384-token step budget, from requests in admission order: as submitted (fcfs) or by max_tokens, the longest
-output first (lof). A prompt's last chunk samples its first token. No host time, no preemption;
-decode steps costed as the model costs them (T4's measured decode steps are ~1.1x the model with
-the split decode: benchmarks/results/2026-12-02-h200-s21/split/timeline_vs_model.txt). Prints the
-modelled seconds, steps and the longest request's finish step per (order, cap).
+decoding request's one token, then prompt chunks of at most `cap` tokens in all (--fill: up to
+`cap` rows with the decodes), within the 16,384-token step budget, from requests in admission
+order: as submitted (fcfs) or by max_tokens, the longest output first (lof). A prompt's last chunk
+samples its first token. No host time, no preemption; decode steps costed as the model costs them
+(T4's measured decode steps are ~1.1x the model with the split decode:
+benchmarks/results/2026-12-02-h200-s21/split/timeline_vs_model.txt). Prints the modelled seconds,
+the steps and the step of the last prompt chunk per (order, cap).
 """
 
 from __future__ import annotations

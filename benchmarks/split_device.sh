@@ -2,9 +2,9 @@
 # One device call for issue 31 item 1 (large decode batches split their longest sequences), each part
 # under its own timeout: the split-decode kernel benchmark (benchmarks/split_decode.py), the GPU tests
 # of the split decode against the fp32 reference (s21: 35 s ran only the first 4), then split on
-# against off end to end
-# (benchmarks/split_ab.py: T4 with its step timeline, T0-llama3-8b and L1 in each mode, then T4 with
-# an 8k step budget with the split on). Results in $OUT/results.tgz; the logs' tails printed last.
+# against off end to end (benchmarks/split_ab.py: T4 with its step timeline, T0-llama3-8b and L1 in
+# each mode, then T4 with an 8k step budget with the split on). Results in $OUT/results.tgz; the
+# logs' tails printed last.
 #   OUT=/tmp/out bash benchmarks/split_device.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -18,6 +18,7 @@ from pagedlm.attention.triton_decode import (
 )
 from pagedlm.attention.triton_paged import varlen_attention
 from pagedlm.ops.device_info import num_sms
+from pagedlm.ops.warm_up import WarmUpTarget
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
@@ -121,3 +122,57 @@ def _check_attention(
             f"block_table must be [>= {meta.num_seqs}, max_blocks_per_seq]; "
             f"got {tuple(meta.block_table.shape)}"
         )
+
+
+def warm_up_large_batch_split(target: WarmUpTarget) -> None:
+    """ops/warm_up.py: the split decode of a large batch (only its longest sequences split, so its
+    programs skip the early tile: a compile of its own), once per kind of the model's
+    Triton-attended layers (windowed or not, head count), on its KV cache, over two padding
+    sequences (no query: every program waits and exits, writing nothing). A decode graph's capture
+    launches it where max_model_len splits; eagerly only a decode of SMs / KV heads sequences or
+    more with a context over LARGE_BATCH_SPLIT_KEYS would, while serving."""
+    layers = [
+        module
+        for module in target.model.modules()
+        if isinstance(getattr(module, "attn_backend", None), TritonAttentionBackend)
+    ]
+    if not SPLIT_LARGE_BATCHES or len(layers) != len(target.kv_caches):
+        return
+    done = set()
+    for layer, kv_cache in zip(layers, target.kv_caches):
+        kind = (layer.sliding_window is None, layer.num_heads)
+        if kind in done:
+            continue
+        done.add(kind)
+        q = torch.zeros(
+            2, layer.num_heads, kv_cache.shape[4], dtype=kv_cache.dtype, device=kv_cache.device
+        )  # [2, num_heads, head_dim]
+        split_decode_attention(
+            q,
+            kv_cache,
+            _padding_decode(kv_cache.device),
+            layer.scale,
+            layer.sliding_window,
+            num_splits=2,
+            split_seqs=1,
+        )
+
+
+def _padding_decode(device: torch.device) -> AttentionMetadata:
+    """A decode batch of two padding sequences (no query, no keys), with a decode_order as the
+    runner's decode batches have."""
+    int32 = dict(dtype=torch.int32, device=device)
+    starts, lens = torch.zeros(3, dtype=torch.int32), torch.zeros(2, dtype=torch.int32)
+    return AttentionMetadata(
+        num_tokens=2,
+        num_seqs=2,
+        max_query_len=1,
+        max_seq_len=0,
+        query_start_loc=starts.to(device),
+        seq_lens=lens.to(device),
+        slot_mapping=torch.full((2,), -1, dtype=torch.int64, device=device),
+        block_table=torch.zeros(2, 1, **int32),
+        query_start_loc_cpu=starts,
+        seq_lens_cpu=lens,
+        decode_order=torch.arange(2, **int32),
+    )

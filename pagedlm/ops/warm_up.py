@@ -9,7 +9,7 @@ kernel no short request reaches.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +33,7 @@ class WarmUpTarget:
     device: torch.device
     vocab_size: int
     max_num_tokens: int  # the step budget
+    kv_caches: Sequence[torch.Tensor] = ()  # the runner's, one per layer in the model's order
 
 
 WarmUpCall = Callable[[WarmUpTarget], None]

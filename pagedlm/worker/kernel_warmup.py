@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pagedlm.attention import triton_decode, triton_paged
+from pagedlm.attention import triton_backend, triton_decode, triton_paged
 from pagedlm.ops import gate_up_silu
 from pagedlm.ops.warm_up import WarmUpRequest, WarmUpTarget
 from pagedlm.sample import grammar_mask, sampler
@@ -26,7 +26,12 @@ WARM_UP_REQUESTS = (
     *triton_decode.WARM_UP_REQUESTS,
     *sampler.WARM_UP_REQUESTS,
 )
-WARM_UP_CALLS = (gate_up_silu.warm_up, sampler.warm_up_threshold_kernel, grammar_mask.warm_up)
+WARM_UP_CALLS = (
+    gate_up_silu.warm_up,
+    sampler.warm_up_threshold_kernel,
+    grammar_mask.warm_up,
+    triton_backend.warm_up_large_batch_split,
+)
 
 
 def warm_up_kernels(runner: ModelRunner) -> None:
@@ -41,6 +46,7 @@ def warm_up_kernels(runner: ModelRunner) -> None:
         device=runner.device,
         vocab_size=model.vocab_size,
         max_num_tokens=runner.max_num_tokens,
+        kv_caches=runner.kv_caches,
     )
     for call in WARM_UP_CALLS:
         call(target)

@@ -183,6 +183,34 @@ def test_eager_warm_up_launches_the_split_decode_kernel(tiny, tmp_path, monkeypa
     assert split_counts and min(split_counts) >= 2, split_counts
 
 
+@pytest.mark.parametrize("split_large", [True, False])
+def test_warm_up_launches_the_large_batch_split_decode(tiny, monkeypatch, split_large):
+    """The split decode of a large batch (only its longest sequences split) is a compile of its own
+    that no warm-up request reaches eagerly: a direct call launches it, once for the tiny model's
+    layers (one kind), on the runner's KV cache; not where PAGEDLM_SPLIT_LARGE_DECODE=0 keeps large
+    batches on the varlen kernel (Triton under the interpreter on CPU)."""
+    from pagedlm.attention import triton_backend
+
+    runner = make_runner(
+        make_config(tiny[0], max_num_batched_tokens=32, attention_backend="triton")
+    )
+    monkeypatch.setattr(triton_backend, "SPLIT_LARGE_BATCHES", split_large)
+    calls = []
+    split_decode = triton_backend.split_decode_attention
+
+    def spy(q, kv_cache, meta, scale, sliding_window, num_splits, *args, **kwargs):
+        calls.append((kv_cache.data_ptr(), meta.num_seqs, kwargs.get("split_seqs")))
+        return split_decode(q, kv_cache, meta, scale, sliding_window, num_splits, *args, **kwargs)
+
+    monkeypatch.setattr(triton_backend, "split_decode_attention", spy)
+    warm_up_kernels(runner)
+    large = [c for c in calls if c[2] is not None and c[2] < c[1]]
+    if split_large:
+        assert large == [(runner.kv_caches[0].data_ptr(), 2, 1)], calls
+    else:
+        assert large == [], calls
+
+
 def test_warm_up_launches_a_mixed_steps_decode_part(tiny, monkeypatch):
     """The warm-up's mixed step attends to its leading decode with the varlen kernel's decode launch,
     then to the prompt with query tiles (Triton under the interpreter on CPU)."""
