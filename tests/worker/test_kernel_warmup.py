@@ -183,18 +183,17 @@ def test_eager_warm_up_launches_the_split_decode_kernel(tiny, tmp_path, monkeypa
     assert split_counts and min(split_counts) >= 2, split_counts
 
 
-@pytest.mark.parametrize("split_large", [True, False])
-def test_warm_up_launches_the_large_batch_split_decode(tiny, monkeypatch, split_large):
+def test_warm_up_launches_the_large_batch_split_decode(tiny, monkeypatch):
     """The split decode of a large batch (only its longest sequences split) is a compile of its own
     that no warm-up request reaches eagerly: a direct call launches it, once for the tiny model's
     layers (one kind), on the runner's KV cache; not where PAGEDLM_SPLIT_LARGE_DECODE=0 keeps large
     batches on the varlen kernel (Triton under the interpreter on CPU)."""
     from pagedlm.attention import triton_backend
+    from pagedlm.ops.warm_up import WarmUpTarget
 
     runner = make_runner(
         make_config(tiny[0], max_num_batched_tokens=32, attention_backend="triton")
     )
-    monkeypatch.setattr(triton_backend, "SPLIT_LARGE_BATCHES", split_large)
     calls = []
     split_decode = triton_backend.split_decode_attention
 
@@ -205,10 +204,12 @@ def test_warm_up_launches_the_large_batch_split_decode(tiny, monkeypatch, split_
     monkeypatch.setattr(triton_backend, "split_decode_attention", spy)
     warm_up_kernels(runner)
     large = [c for c in calls if c[2] is not None and c[2] < c[1]]
-    if split_large:
-        assert large == [(runner.kv_caches[0].data_ptr(), 2, 1)], calls
-    else:
-        assert large == [], calls
+    assert large == [(runner.kv_caches[0].data_ptr(), 2, 1)], calls
+    calls.clear()
+    monkeypatch.setattr(triton_backend, "SPLIT_LARGE_BATCHES", False)
+    target = WarmUpTarget(runner.model, runner.device, 1, 32, kv_caches=runner.kv_caches)
+    triton_backend.warm_up_large_batch_split(target)
+    assert calls == []
 
 
 def test_warm_up_launches_a_mixed_steps_decode_part(tiny, monkeypatch):
