@@ -41,7 +41,7 @@ In a large batch most programs walk a whole short context: they wait first, then
 decode's one masked, pipelined loop over their keys. With the early tile (held across the wait) the
 kernel took 168 registers a thread against the varlen decode's 96, so fewer programs per SM, and
 uniform batches ran 9-11% slower than in the varlen kernel; without it 92, and T0's batch runs as
-fast (benchmarks/RESULTS.md, "Large decode batches split, with the varlen decode's loop").
+fast (benchmarks/RESULTS.md, "Large decode batches split").
 
 The counter protocol and its memory ordering: pagedlm.ops.counters.last_to_arrive; the merge
 reads the partials with the .cg cache modifier, as it asks.
@@ -75,8 +75,8 @@ MAX_SPLITS = 32
 # KV head while the rest of the GPU idled) splits its longest LARGE_BATCH_SPLIT_SHARE-th of sequences
 # into chunks of about LARGE_BATCH_SPLIT_KEYS keys of the longest possible context, at most
 # LARGE_BATCH_MAX_SPLITS. 4 splits of the longest eighth were the best of 3 x 4 tried on uniform and
-# skewed batches of 256-448 rows (benchmarks/split_decode.py; benchmarks/RESULTS.md, "Large decode
-# batches split"); batches of 24-64 rows gain from 8-16 splits.
+# skewed batches of 256-448 rows (benchmarks/split_decode.py; its s21 sweep in
+# benchmarks/results/2026-12-02-h200-s21/split/); batches of 24-64 rows gain from 8-16 splits.
 LARGE_BATCH_SPLIT_KEYS = 1024
 LARGE_BATCH_MAX_SPLITS = 4
 LARGE_BATCH_SPLIT_SHARE = 8

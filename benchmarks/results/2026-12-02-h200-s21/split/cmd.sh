@@ -1,4 +1,4 @@
-# 2026-12-02, session 21, helper split, one device call at 33e6df3 (issue 31 item 1): the split-decode
+# 2026-12-02, session 21, helper split, one device call at 33e6df3 (806846d after the rebase onto baa7ead; issue 31 item 1): the split-decode
 # kernel benchmark, the GPU tests (cut by their 35 s limit after 4 passing tests), then split off / on
 # end to end in one process (benchmarks/split_ab.py). Defaults: LARGE_BATCH_MAX_SPLITS = 4,
 # LARGE_BATCH_SPLIT_SHARE = 8; large batches run the varlen decode's pipelined loop.
