@@ -93,11 +93,11 @@ ENVIRONMENT_VARIABLES = {
         ),
         EnvVar(
             "PAGEDLM_SPLIT_LARGE_DECODE",
-            "1",
+            "0",
             _flag,
-            "0: decode batches with at least as many (sequence, KV head) pairs as SMs take the "
-            "varlen kernel instead of splitting their longest sequences (for A/B measurements); "
-            "read at import",
+            "1: decode batches with at least as many (sequence, KV head) pairs as SMs split their "
+            "longest sequences instead of taking the varlen kernel (T4 faster, T2's attention "
+            "slower: off until T2 is measured end to end); read at import",
         ),
         EnvVar(
             "TRITON_INTERPRET",

@@ -30,7 +30,7 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
         envs.PAGEDLM_FREE_SLIDING_WINDOW,
         envs.PAGEDLM_SPLIT_LARGE_DECODE,
         envs.TRITON_INTERPRET,
-    ) == ("INFO", False, True, True, True, True, False)
+    ) == ("INFO", False, True, True, True, False, False)
 
 
 def test_read_on_access(monkeypatch: pytest.MonkeyPatch) -> None:

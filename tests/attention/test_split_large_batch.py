@@ -129,6 +129,7 @@ def test_decode_kinds_tell_small_and_large_batches_apart(monkeypatch: pytest.Mon
     one's, but not its kind; no split at all is one kind however large the batch."""
     kv_cache = torch.empty(2, 1, 16, 4, 64)  # 4 KV heads
     monkeypatch.setattr(triton_backend, "num_sms", lambda device, default: 132)
+    monkeypatch.setattr(triton_backend, "SPLIT_LARGE_BATCHES", True)
     assert decode_split(9, kv_cache, 8192) == (8, 9)  # 36 programs: 2 waves of 132 SMs
     assert decode_split(33, kv_cache, 8192) == (4, 5)  # 132 programs: the longest eighth split
     assert decode_kind(9, kv_cache, 8192) == (8, False)
@@ -154,6 +155,7 @@ def test_backend_splits_a_large_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     its split count from max_seq_len (a CUDA graph's is max_model_len)."""
     calls = []
     monkeypatch.setattr(triton_backend, "num_sms", lambda device, default: 16)
+    monkeypatch.setattr(triton_backend, "SPLIT_LARGE_BATCHES", True)
     monkeypatch.setattr(
         triton_backend,
         "split_decode_attention",

@@ -12,6 +12,7 @@ import pytest
 import torch
 from test_kernels_gpu import assert_rel_error, helpers
 
+from pagedlm.attention import triton_backend
 from pagedlm.attention.triton_backend import TritonAttentionBackend, decode_split
 from pagedlm.attention.triton_decode import split_decode_attention
 from pagedlm.ops.counters import zeroed_counters
@@ -42,7 +43,10 @@ def skewed_batch(dtype: torch.dtype, window: int | None):
 
 @pytest.mark.parametrize("window", [None, 4096])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_large_skewed_batch_splits_its_longest(dtype: torch.dtype, window: int | None) -> None:
+def test_large_skewed_batch_splits_its_longest(
+    dtype: torch.dtype, window: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(triton_backend, "SPLIT_LARGE_BATCHES", True)  # PAGEDLM_SPLIT_LARGE_DECODE=1
     batch, meta = skewed_batch(dtype, window)
     graph_meta = dataclasses.replace(meta, max_seq_len=8192)  # as a CUDA graph captures it
     split = decode_split(meta.num_seqs, batch.kv_cache, graph_meta.max_seq_len)

@@ -179,6 +179,7 @@ def test_eager_warm_up_launches_the_split_decode_kernel(tiny, tmp_path, monkeypa
         return split_decode(q, kv_cache, meta, scale, sliding_window, num_splits, *args, **kwargs)
 
     monkeypatch.setattr(triton_backend, "split_decode_attention", spy)
+    monkeypatch.setattr(triton_backend, "SPLIT_LARGE_BATCHES", True)
     warm_up_kernels(runner)
     assert split_counts and min(split_counts) >= 2, split_counts
 
@@ -202,6 +203,7 @@ def test_warm_up_launches_the_large_batch_split_decode(tiny, monkeypatch):
         return split_decode(q, kv_cache, meta, scale, sliding_window, num_splits, *args, **kwargs)
 
     monkeypatch.setattr(triton_backend, "split_decode_attention", spy)
+    monkeypatch.setattr(triton_backend, "SPLIT_LARGE_BATCHES", True)
     warm_up_kernels(runner)
     large = [c for c in calls if c[2] is not None and c[2] < c[1]]
     assert large == [(runner.kv_caches[0].data_ptr(), 2, 1)], calls
