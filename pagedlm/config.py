@@ -328,6 +328,53 @@ class SchedulerConfig:
             raise ValueError(f"scheduling_policy must be fcfs or priority, got {self.policy!r}")
 
 
+EXECUTOR_BACKENDS = ("uni", "mp")  # vLLM's ray and external_launcher: not yet
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Tensor parallelism (pagedlm/distributed/, pagedlm/executor/): tp ranks, one worker process
+    each ("mp"), or today's in-process worker at tp = 1 ("uni")."""
+
+    tensor_parallel_size: int = 1
+    distributed_executor_backend: str = "uni"
+    enable_batch_sharded_sampling: bool = False
+
+
+def build_parallel_config(
+    args: EngineArgs, model: ModelConfig, device: torch.device, max_num_seqs: int
+) -> ParallelConfig:
+    from pagedlm.distributed.sharding import check_tp
+
+    tp = args.tensor_parallel_size
+    check_tp(model, tp)
+    backend = args.distributed_executor_backend or ("uni" if tp == 1 else "mp")
+    if backend not in EXECUTOR_BACKENDS:
+        raise ValueError(
+            f"distributed_executor_backend must be one of {', '.join(EXECUTOR_BACKENDS)}; "
+            f"got {backend!r}"
+        )
+    if backend == "uni" and tp > 1:
+        raise ValueError(
+            f'distributed_executor_backend "uni" runs one worker: tensor_parallel_size {tp} '
+            'needs "mp"'
+        )
+    if device.type == "cuda":
+        import torch
+
+        if tp > torch.cuda.device_count():
+            raise ValueError(
+                f"tensor_parallel_size ({tp}) is greater than the GPUs present "
+                f"({torch.cuda.device_count()})"
+            )
+    if args.enable_batch_sharded_sampling and (tp == 1 or max_num_seqs < tp):
+        raise ValueError(
+            "enable_batch_sharded_sampling needs tensor_parallel_size > 1 and max_num_seqs >= "
+            f"tensor_parallel_size; got {tp} and {max_num_seqs}"
+        )
+    return ParallelConfig(tp, backend, bool(args.enable_batch_sharded_sampling))
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig
@@ -343,6 +390,7 @@ class EngineConfig:
     graph_size_timing: bool = True
     # sleep() / wake_up() allowed (pagedlm/engine/lifecycle.py)
     enable_sleep_mode: bool = False
+    parallel: ParallelConfig = ParallelConfig()
 
 
 @dataclass
@@ -371,6 +419,9 @@ class EngineArgs:
     graph_size_timing: bool = True
     enable_sleep_mode: bool = False
     device: str = "auto"
+    tensor_parallel_size: int = 1
+    distributed_executor_backend: str | None = None
+    enable_batch_sharded_sampling: bool = False
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -382,7 +433,7 @@ class EngineArgs:
         defaults taken from the dataclass."""
         group = parser.add_argument_group("engine")
         for f in fields(EngineArgs):
-            flag = "--" + f.name.replace("_", "-")
+            flags = ("--" + f.name.replace("_", "-"), *_CLI_ALIASES.get(f.name, ()))
             default = None if f.default is MISSING else f.default
             description = _CLI_HELP[f.name]
             help_text = (
@@ -393,11 +444,11 @@ class EngineArgs:
             type_name = str(f.type)
             if "bool" in type_name:
                 group.add_argument(
-                    flag, action=argparse.BooleanOptionalAction, default=default, help=help_text
+                    *flags, action=argparse.BooleanOptionalAction, default=default, help=help_text
                 )
             else:
                 group.add_argument(
-                    flag, type=_scalar_type(type_name), default=default, help=help_text
+                    *flags, type=_scalar_type(type_name), default=default, help=help_text
                 )
         return parser
 
@@ -440,17 +491,20 @@ class EngineArgs:
             raise ValueError(
                 f"cudagraph_mode must be one of {', '.join(CUDAGRAPH_MODES)}; got {self.cudagraph_mode!r}"
             )
+        parallel = build_parallel_config(self, model, device, max_num_seqs)
         return EngineConfig(
             model=model,
             cache=cache,
             scheduler=scheduler,
             device=device,
             seed=self.seed,
-            enforce_eager=self.enforce_eager or not on_gpu,
+            # tp > 1: eager (CUDA graphs over the collectives are not captured yet)
+            enforce_eager=self.enforce_eager or not on_gpu or parallel.tensor_parallel_size > 1,
             attention_backend=self.attention_backend,
             cudagraph_mode=self.cudagraph_mode,
             graph_size_timing=self.graph_size_timing,
             enable_sleep_mode=self.enable_sleep_mode,
+            parallel=parallel,
         )
 
 
@@ -465,6 +519,7 @@ def _scalar_type(type_name: str) -> type:
     return str
 
 
+_CLI_ALIASES = {"tensor_parallel_size": ("-tp",)}  # vLLM's short flags
 _CLI_HELP = {  # one line per EngineArgs field
     "model": "a Hugging Face model folder or a .gguf file (default: SmolLM2-135M-Instruct, GGUF)",
     "tokenizer": "where the tokenizer lives (default: the model)",
@@ -494,4 +549,10 @@ _CLI_HELP = {  # one line per EngineArgs field
     "enable_sleep_mode": "allow sleep() / wake_up(): free the weights' and the KV cache's memory "
     "while idle (the server's POST /sleep and /wake_up)",
     "device": "auto | cpu | cuda",
+    "tensor_parallel_size": "ranks the model's heads, MLP and vocabulary split over, one worker "
+    "process each (-tp; on the CPU the ranks are processes over gloo)",
+    "distributed_executor_backend": "uni (one in-process worker) | mp (one worker process per rank) "
+    "(default: uni at tensor_parallel_size 1, else mp)",
+    "enable_batch_sharded_sampling": "tp > 1: each rank samples its share of the batch's rows from "
+    "full-vocabulary logits (an all-to-all), instead of rank 0 sampling every row",
 }

@@ -60,10 +60,10 @@ class EngineCore:
         gc.freeze()
 
     def _init_model_runner(self) -> None:
-        from pagedlm.worker.model_runner import ModelRunner
+        from pagedlm.executor import make_executor
 
-        self.model_runner = ModelRunner(self.config)
-        self.model_runner.load_model()
+        # the ModelRunner itself at tp = 1; at tp > 1 its worker processes (pagedlm/executor/)
+        self.model_runner = make_executor(self.config)
         self.num_blocks = self.model_runner.determine_num_blocks()  # logs the KV cache's size
 
     def _init_scheduler(self) -> None:
@@ -121,8 +121,10 @@ class EngineCore:
         self.lifecycle.shut_down = True
         if self.structured_outputs is not None:
             self.structured_outputs.shutdown()
-        device, self.model_runner = self.model_runner.device, None
-        free_engine_memory(device)
+        runner, self.model_runner = self.model_runner, None
+        if hasattr(runner, "close"):  # an executor's worker processes
+            runner.close()
+        free_engine_memory(runner.device)
 
     def abort_all(self) -> None:
         """Every request finishes with reason "abort"; their outputs come with the next step()."""

@@ -11,13 +11,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from pagedlm.config import ModelConfig
+from pagedlm.distributed.sharding import TensorSlice, narrow
 from pagedlm.model.gguf_quant import quantized_from_blocks
 from pagedlm.model.quant_linear import QuantizedTensor
 
@@ -129,10 +131,14 @@ def one_parse(model: str | None) -> Iterator[None]:
 
 
 def iter_gguf_tensors(
-    config: ModelConfig, quantized: bool = False
+    config: ModelConfig,
+    quantized: bool = False,
+    shard: Callable[[str], TensorSlice | None] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
     """(Hugging Face name, float32 tensor) for every tensor of config.model that the model knows;
-    with `quantized`, a QuantizedTensor for each quantized matrix instead (gguf_quant.py)."""
+    with `quantized`, a QuantizedTensor for each quantized matrix instead (gguf_quant.py). With
+    `shard` (a TP rank; config: its shapes, so q/k rows unpermute per local head), each tensor's
+    part is cut from the file's blocks before dequantising: the rank reads its part only."""
     path, parsed = _parsed(config)
     # only llama.cpp's llama converter (also used for Mistral) permutes q/k rows
     arch_field = parsed.fields.get("general.architecture")
@@ -141,8 +147,12 @@ def iter_gguf_tensors(
         name = hf_name(tensor.name)
         if name is None:
             continue
-        weight = quantized_from_blocks(tensor.data, tensor.tensor_type) if quantized else None
-        weight = _dequantize(tensor, path) if weight is None else weight
+        if shard is not None:
+            data = _sliced_blocks(tensor, shard(name), name, path)
+            weight = _dequantize(tensor, path, data)
+        else:
+            weight = quantized_from_blocks(tensor.data, tensor.tensor_type) if quantized else None
+            weight = _dequantize(tensor, path) if weight is None else weight
         if permuted and ".q_proj." in name:
             weight = _unpermuted(weight, config.num_heads)
         elif permuted and ".k_proj." in name:
@@ -203,12 +213,34 @@ def gguf_rope_freqs(config: ModelConfig) -> torch.Tensor | None:
     return factors
 
 
-def _dequantize(tensor: ReaderTensor, path: Path) -> torch.Tensor:
-    """A GGUFReader tensor as a float32 torch tensor of its (numpy) shape."""
+def _sliced_blocks(tensor: ReaderTensor, part: TensorSlice | None, name: str, path: Path):
+    """The tensor's raw data (numpy, rows first) narrowed to part: rows as they are; columns of a
+    quantized type by whole blocks (their bytes), which part must align to."""
+    import gguf
+
+    data = tensor.data
+    if part is None or part.dim == 0 or data.dtype != "uint8":  # rows first in either case
+        return narrow(data, part, name, str(path))
+    block, type_bytes = gguf.GGML_QUANT_SIZES[tensor.tensor_type]
+    if part.start % block or part.length % block:
+        raise ValueError(
+            f"model: tensor {name} in {path}: its {block}-wide quantized blocks do not split at "
+            f"column {part.start} (+{part.length}) for tensor_parallel_size"
+        )
+    full_bytes = part.full // block * type_bytes
+    as_bytes = TensorSlice(
+        1, part.start // block * type_bytes, part.length // block * type_bytes, full_bytes
+    )
+    return np.ascontiguousarray(narrow(data, as_bytes, name, str(path)))
+
+
+def _dequantize(tensor: ReaderTensor, path: Path, data=None) -> torch.Tensor:
+    """A GGUFReader tensor (or `data`, a slice of its raw blocks) as a float32 torch tensor of its
+    (numpy) shape."""
     import gguf
 
     try:
-        data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        data = gguf.quants.dequantize(tensor.data if data is None else data, tensor.tensor_type)
     except NotImplementedError as exc:
         raise ValueError(
             f"model: tensor {tensor.name} in {path} has type "

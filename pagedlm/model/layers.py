@@ -56,25 +56,37 @@ class Linear(nn.Module):
     ) -> torch.Tensor | ResidualSum:
         """x: [T, in_features] ([T, 2 * in_features] with act) -> y [T, out_features], or (GEMV path,
         residual [T, out_features] given) the ResidualSum of y + residual."""
+        return self.project(x, act, residual)
+
+    def project(
+        self,
+        x: torch.Tensor | PendingNorm,
+        act: str | None = None,
+        residual: torch.Tensor | None = None,
+        bias: bool = True,
+    ) -> torch.Tensor | ResidualSum:
+        """forward's product; without `bias` the bias is left out (a row-parallel layer adds it
+        after its all-reduce)."""
+        b = self.bias if bias else None
         if self.quant is not None:
-            return self._quantized_forward(x, act)
+            return self._quantized_forward(x, act, b)
         if takes_gemv(gemv.input_rows(x), self.weight):
-            return gemv.gemv(
-                x, self.weight, self.bias, act=act, residual=residual if FUSE_NORMS else None
-            )
+            return gemv.gemv(x, self.weight, b, act=act, residual=residual if FUSE_NORMS else None)
         if isinstance(x, PendingNorm):
             x = x.materialize()
         if act is not None:
             x = ops.silu_and_mul(x)
-        return F.linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, b)
 
-    def _quantized_forward(self, x: torch.Tensor | PendingNorm, act: str | None) -> torch.Tensor:
+    def _quantized_forward(
+        self, x: torch.Tensor | PendingNorm, act: str | None, bias: torch.Tensor | None
+    ) -> torch.Tensor:
         if isinstance(x, PendingNorm):
             x = x.materialize()
         if act is not None:
             x = ops.silu_and_mul(x)
         y = self.quant(x)  # [T, out_features]
-        return y if self.bias is None else y + self.bias
+        return y if bias is None else y + bias
 
     def gated(self, x: torch.Tensor | PendingNorm) -> torch.Tensor | None:
         """For a gate_up projection (rows gate, then up): silu(x W_gate^T) * (x W_up^T) [T, out_features / 2]

@@ -18,6 +18,10 @@ from torch import nn
 from pagedlm.attention.backend import AttentionBackend, AttentionMetadata
 from pagedlm.attention.prepare_qkv import prepare_qkv
 from pagedlm.config import ModelConfig
+from pagedlm.distributed import collectives
+from pagedlm.distributed.layers import RowParallelLinear, VocabParallelEmbedding
+from pagedlm.distributed.parallel_state import TPGroup, get_tp_group
+from pagedlm.distributed.sharding import vocab_shard_rows
 from pagedlm.model import layers
 from pagedlm.model.gguf_loader import gguf_rope_freqs
 from pagedlm.model.layers import Embedding, Linear, RMSNorm, RotaryEmbedding
@@ -49,7 +53,18 @@ def o_proj_bias(config: ModelConfig) -> bool:
     return bool(getattr(config.hf_config, "attention_bias", False))
 
 
+def row_linear(
+    in_features: int, out_features: int, bias: bool, dtype: torch.dtype, group: TPGroup
+) -> Linear:
+    """o_proj and down_proj: all-reduced over the ranks at tp > 1."""
+    if group.size == 1:
+        return Linear(in_features, out_features, bias, dtype)
+    return RowParallelLinear(in_features, out_features, bias, dtype, group)
+
+
 class LlamaAttention(nn.Module):
+    """config: this rank's shapes (sharding.local_model_config): its query and KV heads."""
+
     def __init__(
         self,
         config: ModelConfig,
@@ -69,7 +84,9 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = Linear(
             config.hidden_size, self.q_size + 2 * self.kv_size, config.attention_bias, dtype
         )
-        self.o_proj = Linear(self.q_size, config.hidden_size, o_proj_bias(config), dtype)
+        self.o_proj = row_linear(
+            self.q_size, config.hidden_size, o_proj_bias(config), dtype, get_tp_group()
+        )
         # Qwen3: per-head RMSNorm of q and k before RoPE; only their weights are used (prepare_qkv)
         self.q_norm = (
             RMSNorm(config.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
@@ -114,7 +131,9 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = Linear(
             config.hidden_size, 2 * config.intermediate_size, bias, config.dtype
         )
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias, config.dtype)
+        self.down_proj = row_linear(
+            config.intermediate_size, config.hidden_size, bias, config.dtype, get_tp_group()
+        )
 
     def forward(
         self, hidden: torch.Tensor | PendingNorm, residual: torch.Tensor
@@ -163,7 +182,17 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, attn_backend: AttentionBackend) -> None:
         super().__init__()
-        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, config.dtype)
+        group = get_tp_group()
+        self.embed_tokens = (
+            Embedding(config.vocab_size, config.hidden_size, config.dtype)
+            if group.size == 1
+            else VocabParallelEmbedding(
+                vocab_shard_rows(config.vocab_size, group.size),
+                config.hidden_size,
+                config.dtype,
+                group,
+            )
+        )
         # a GGUF's RoPE factors, kept so that a reload can check it brings the same ones
         self.rope_freq_factors = gguf_rope_freqs(config)  # [head_dim // 2] float32 or None
         # one cos/sin table shared by every layer; not a parameter, so not in the layout
@@ -201,9 +230,14 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, attn_backend: AttentionBackend) -> None:
         super().__init__()
         self.config = config
+        self.tp_group = get_tp_group()
         self.model = LlamaModel(config, attn_backend)
+        # at tp > 1 each rank holds a vocabulary shard of the head (padding rows zero)
+        self.vocab_rows = self.model.embed_tokens.weight.shape[0]
         if not config.tie_word_embeddings:
-            self.lm_head = Linear(config.hidden_size, config.vocab_size, False, config.dtype)
+            self.lm_head = Linear(config.hidden_size, self.vocab_rows, False, config.dtype)
+            if self.tp_group.size > 1:
+                nn.init.zeros_(self.lm_head.weight)
         kv_rows = config.num_kv_heads * config.head_dim
         self._fused_splits = {
             "qkv_proj": (
@@ -232,7 +266,17 @@ class LlamaForCausalLM(nn.Module):
         return self.model(positions, hidden, kv_caches, attn_metadata)  # [T, hidden_size]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, hidden_size] -> logits [N, vocab_size] float32. On CUDA in 16-bit the GEMM writes
+        """hidden [N, hidden_size] -> logits [N, vocab_size] float32 (at tp > 1 all-gathered from
+        the ranks' shards; the sampler takes compute_local_logits and its own collectives)."""
+        logits = self.compute_local_logits(hidden)
+        if self.tp_group.size == 1:
+            return logits
+        gathered = collectives.all_gather_last_dim(logits, self.tp_group)
+        return gathered[:, : self.config.vocab_size]
+
+    def compute_local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden_size] -> this rank's logits [N, vocab_rows] float32 (at tp = 1 the
+        model's [N, vocab_size]). On CUDA in 16-bit the GEMM writes
         float32 itself (cuBLAS epilogue): no 16-bit logits rounded and then copied (at 256 x 151936,
         that copy alone was 0.11 ms a step); at batch 1 the Triton GEMV writes them (4.4-4.5 TB/s
         against cuBLAS's 4.0-4.2 on both LM heads, gemv_bench.py)."""

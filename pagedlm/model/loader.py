@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,6 +12,7 @@ import torch
 
 from pagedlm.attention.backend import AttentionBackend
 from pagedlm.config import ModelConfig
+from pagedlm.distributed.sharding import TensorSlice, narrow
 from pagedlm.model.gguf_loader import (
     gguf_rope_freqs,
     iter_gguf_shapes,
@@ -24,34 +25,44 @@ from pagedlm.model.quant_linear import QuantizedTensor, concat_rows, takes_quant
 DUMMY_SEED = 0
 DUMMY_STD = 0.02
 
+# a TP rank's part of a checkpoint tensor by its Hugging Face name (None: all of it); sharding.py
+Shard = Callable[[str], TensorSlice | None]
+
 
 def load_model(
-    config: ModelConfig, attn_backend: AttentionBackend, device: torch.device
+    config: ModelConfig,
+    attn_backend: AttentionBackend,
+    device: torch.device,
+    shard: Shard | None = None,
+    dummy_seed: int = DUMMY_SEED,
 ) -> LlamaForCausalLM:
-    """The model in config.dtype on device, in eval mode, every weight filled, no grad."""
+    """The model in config.dtype on device, in eval mode, every weight filled, no grad. A TP rank
+    (config: its shapes) gives `shard`: it reads only its part of each tensor; its quantized GGUF
+    blocks load dequantised (dense)."""
     try:
         with torch.device(device):
             model = LlamaForCausalLM(config, attn_backend)
         with torch.no_grad():
             if config.load_format == "dummy":
-                fill_dummy_weights(model, device)
+                fill_dummy_weights(model, device, dummy_seed)
             else:
-                quantized = takes_quantized(device, config.dtype)
-                fill_weights(model, iter_tensors(config, quantized), config.model)
+                quantized = shard is None and takes_quantized(device, config.dtype)
+                tensors = iter_tensors(config, quantized, shard)
+                fill_weights(model, tensors, config.model, shard)
     finally:
         release_readers()  # the GGUF parse the model's build and its weights shared
     return model.eval()
 
 
 def iter_tensors(
-    config: ModelConfig, quantized: bool = False
+    config: ModelConfig, quantized: bool = False, shard: Shard | None = None
 ) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
     """(Hugging Face name, tensor) of every tensor of config.model's checkpoint; with `quantized`,
-    a GGUF file's quantized matrices as QuantizedTensors."""
+    a GGUF file's quantized matrices as QuantizedTensors; with `shard`, each narrowed to it."""
     if config.load_format == "safetensors":
-        return iter_safetensors(config.model)
+        return iter_safetensors(config.model, shard)
     if config.load_format == "gguf":
-        return iter_gguf_tensors(config, quantized)
+        return iter_gguf_tensors(config, quantized, shard)
     raise ValueError(f"load_format must be safetensors, gguf or dummy; got {config.load_format!r}")
 
 
@@ -68,11 +79,14 @@ def fill_weights(
     model: LlamaForCausalLM,
     tensors: Iterable[tuple[str, torch.Tensor | QuantizedTensor]],
     source: str,
+    shard: Shard | None = None,
 ) -> None:
     """Copy each known checkpoint tensor into its (slice of a) parameter, one at a time; unknown
     names (rotary_emb.inv_freq, lm_head of a tied model) are ignored, a missing one is an error.
-    QuantizedTensors are gathered per parameter and loaded into its module (load_quantized)."""
-    targets = checkpoint_targets(model)
+    QuantizedTensors are gathered per parameter and loaded into its module (load_quantized).
+    With `shard`, the tensors come narrowed (iter_tensors) and a vocabulary shard fills the rows
+    of its parameter it covers."""
+    targets = checkpoint_targets(model, shard=shard)
     layout = checkpoint_layout(model)
     filled: set[str] = set()
     quantized: dict[str, dict[int, QuantizedTensor]] = {}  # param -> row_start -> shard
@@ -179,17 +193,22 @@ def update_weights(
 
 
 def checkpoint_targets(
-    model: LlamaForCausalLM, names: Iterable[str] | None = None
+    model: LlamaForCausalLM, names: Iterable[str] | None = None, shard: Shard | None = None
 ) -> dict[str, torch.Tensor]:
     """Hugging Face tensor name -> the view of the (fused) parameter it fills; with `names`, only
-    theirs (a weight update's chunk: the other views are not made)."""
+    theirs (a weight update's chunk: the other views are not made); with `shard` (a TP rank), a
+    vocabulary shard's view covers the rows its slice fills (the padding rows past the vocabulary
+    left out)."""
     params = dict(model.named_parameters())
     layout = checkpoint_layout(model)
     wanted = layout if names is None else [name for name in names if name in layout]
-    return {
-        name: params[layout[name].param].narrow(0, layout[name].row_start, layout[name].num_rows)
-        for name in wanted
-    }
+    targets = {}
+    for name in wanted:
+        where = layout[name]
+        part = None if shard is None else shard(name)
+        rows = where.num_rows if part is None or part.dim else min(where.num_rows, part.length)
+        targets[name] = params[where.param].narrow(0, where.row_start, rows)
+    return targets
 
 
 _LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its layout
@@ -253,9 +272,11 @@ def check_rope_freqs(model: LlamaForCausalLM, source: ModelConfig) -> None:
         )
 
 
-def fill_dummy_weights(model: LlamaForCausalLM, device: torch.device) -> None:
+def fill_dummy_weights(
+    model: LlamaForCausalLM, device: torch.device, seed: int = DUMMY_SEED
+) -> None:
     """Seeded random weights: norms 1, everything else normal(0, DUMMY_STD)."""
-    generator = torch.Generator(device=device).manual_seed(DUMMY_SEED)
+    generator = torch.Generator(device=device).manual_seed(seed)
     for name, param in model.named_parameters():
         if name.endswith("norm.weight"):
             param.fill_(1.0)
@@ -293,10 +314,15 @@ def iter_safetensors_shapes(folder: str) -> Iterator[tuple[str, tuple[int, ...]]
                 yield name, tuple(handle.get_slice(name).get_shape())
 
 
-def iter_safetensors(folder: str) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_safetensors(folder: str, shard: Shard | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """With `shard`, a sharded tensor is read through its slice: only the rank's part is read."""
     from safetensors import safe_open
 
     for file in safetensors_files(folder):
         with safe_open(str(file), framework="pt", device="cpu") as handle:
             for name in handle.keys():
-                yield name, handle.get_tensor(name)
+                part = None if shard is None else shard(name)
+                if part is None:
+                    yield name, handle.get_tensor(name)
+                else:
+                    yield name, narrow(handle.get_slice(name), part, name, str(file))

@@ -47,6 +47,7 @@ from pagedlm.attention.backend import AttentionMetadata, get_attention_backend
 from pagedlm.config import EngineConfig
 from pagedlm.core.block_pool import NULL_BLOCK_ID
 from pagedlm.core.sched_output import NewRequestData, SchedulerOutput
+from pagedlm.distributed import tp_worker
 from pagedlm.model.llama import LlamaForCausalLM
 from pagedlm.model.loader import load_model
 from pagedlm.ops.jit_watch import compile_watch
@@ -60,7 +61,7 @@ from pagedlm.worker.dummy_steps import DummySteps
 from pagedlm.worker.grammar_inputs import GrammarInputs, GrammarRows
 from pagedlm.worker.input_batch import InputBatch
 from pagedlm.worker.kernel_warmup import warm_up_kernels
-from pagedlm.worker.lm_head import PaddedLMHead, leading
+from pagedlm.worker.lm_head import LMHead, PaddedLMHead, leading
 from pagedlm.worker.piecewise_graphs import PiecewiseGraphs
 from pagedlm.worker.profile_run import profile_run
 from pagedlm.worker.prompt_logprobs import MAX_ROWS_PER_CHUNK, compute_prompt_logprobs
@@ -82,6 +83,8 @@ class ModelRunner:
     """Persistent rows (InputBatch), static step buffers, the model, the KV cache, the sampler."""
 
     def __init__(self, config: EngineConfig) -> None:
+        self.tp = tp_worker.TPWorkerState.create(config)  # this rank's part (None at tp = 1)
+        config = self.tp.config if self.tp is not None else config  # this rank's shapes
         self.config = config
         self.device = config.device
         self.use_cuda = self.device.type == "cuda"
@@ -111,6 +114,9 @@ class ModelRunner:
         )
         self.grammar_inputs = GrammarInputs(
             self.max_num_reqs, config.model.vocab_size, self.device, NUM_STAGING_SETS
+        )
+        self.tp_sampler = (
+            None if self.tp is None else self.tp.sampler(self.sampler, NUM_STAGING_SETS)
         )
         self._num_steps = 0
         self._first_compile = compile_watch().start_up() if self.use_cuda else 0
@@ -169,7 +175,9 @@ class ModelRunner:
             self.config.attention_backend, self.device
         )
         before = torch.cuda.memory_allocated(self.device) if self.use_cuda else 0
-        self.model = load_model(self.config.model, backend, self.device)
+        self.model = load_model(
+            self.config.model, backend, self.device, *tp_worker.load_args(self.tp)
+        )
         if self.use_cuda:
             self.weights_bytes = torch.cuda.memory_allocated(self.device) - before
         # the most rows the LM head takes at once: a step's sampling rows (but a replay's where every
@@ -185,9 +193,10 @@ class ModelRunner:
 
     def determine_num_blocks(self) -> int:
         profile_graphs = self._profile_graphs if self.use_cuda_graphs else None
-        return memory.determine_num_blocks(
+        num_blocks = memory.determine_num_blocks(
             self.config, functools.partial(profile_run, self), self.weights_bytes, profile_graphs
         )
+        return tp_worker.min_over_ranks(num_blocks)
 
     def init_kv_cache(self, num_blocks: int) -> None:
         """Allocates the KV cache, then captures the CUDA graphs, which bind its address."""
@@ -566,17 +575,26 @@ class ModelRunner:
             if argmax is not None and grammar is None and self.sampler.is_greedy(rows_np):
                 self.sampler.count_sampled(rows_np)
                 return SamplerOutput(argmax), plan.stage_slot is not None
-        logits = self._logits(hidden, plan)
-        if grammar is not None:  # before the sampler: logprobs are of the masked distribution
-            apply_grammar_bitmask(logits, *grammar)
-        sample = self.sampler.sample(logits, rows_np)
+        if (
+            self.tp_sampler is not None
+        ):  # tp > 1: each rank's vocabulary shard (distributed/sampling.py)
+            local = self._logits(hidden, plan, self.model.compute_local_logits)
+            sample = self.tp_sampler.sample(
+                local, rows_np, layout.sample_num_logprobs_np, grammar, plan.slot
+            )
+        else:
+            logits = self._logits(hidden, plan, self.model.compute_logits)
+            if grammar is not None:  # before the sampler: logprobs are of the masked distribution
+                apply_grammar_bitmask(logits, *grammar)
+            sample = self.sampler.sample(logits, rows_np)
         self._last_sampled.index_copy_(
             0, plan.inputs.prefix("sample_rows", num_samples), sample.sampled_token_ids
         )
         return sample, False
 
-    def _logits(self, hidden: torch.Tensor, plan: StepPlan) -> torch.Tensor:
-        """[num_samples, vocab_size] float32: the logits of each sampling request's last token. A replay
+    def _logits(self, hidden: torch.Tensor, plan: StepPlan, head: LMHead) -> torch.Tensor:
+        """[num_samples, vocab_size] float32 (head's columns): the logits of each sampling request's
+        last token. A replay
         where every row samples takes the graph's own logits where it computes them, else runs the LM
         head on its graph_size hidden rows (a graph size is one of the LM head's row counts); any other
         step goes through the padded LM head (lm_head.py)."""
@@ -584,12 +602,12 @@ class ModelRunner:
         num_samples = layout.num_samples
         if plan.replays_decode_graph and layout.samples_every_token:  # rows 0..N-1
             graph_logits = self.graphs.logits(plan.graph_size, plan.stage_slot)
-            logits = self.model.compute_logits(hidden) if graph_logits is None else graph_logits
+            logits = head(hidden) if graph_logits is None else graph_logits
             return leading(logits, num_samples)
         if layout.samples_every_token:  # rows 0..N-1: no gather
-            return self.lm_head.run(self.model.compute_logits, hidden[:num_samples])
+            return self.lm_head.run(head, hidden[:num_samples])
         return self.lm_head.gathered(
-            self.model.compute_logits, hidden, plan.inputs.prefix("logits_indices", num_samples)
+            head, hidden, plan.inputs.prefix("logits_indices", num_samples)
         )
 
     def _launch_output(

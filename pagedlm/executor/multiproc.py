@@ -1,0 +1,194 @@
+"""MultiprocExecutor: one worker process per TP rank on this host (vLLM's "mp" backend).
+
+The engine core keeps its one scheduler; each step's SchedulerOutput goes to every worker through
+the shared-memory broadcast ring (distributed/shm_broadcast.py), and rank 0 alone sends back each
+step's ModelRunnerOutput (and each call's result) over one ZeroMQ PULL socket, in order. Steps stay
+pipelined: execute_model returns at once, a RemoteOutput's get_output() waits for that step's
+message only.
+
+Faults: while waiting, the executor checks its workers; one that exited (a crash, a kill, a
+failed start) ends the executor with one error naming the rank and its exit code, after every
+other worker is killed. A worker reports its own exception before exiting. Workers watch their
+parent and exit when it is gone; they are daemonic, so a normal exit of the parent ends them too.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import socket
+import subprocess
+import sys
+import time
+import uuid
+import weakref
+from typing import Any
+
+import zmq
+
+from pagedlm.config import EngineConfig
+from pagedlm.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from pagedlm.distributed.shm_broadcast import BroadcastWriter
+
+logger = logging.getLogger(__name__)
+
+_POLL_MS = 100  # between liveness checks while waiting on rank 0
+_JOIN_S = 5.0
+
+
+class WorkerFailed(RuntimeError):
+    """A TP worker died or raised: the executor (and the engine) cannot go on."""
+
+
+class RemoteOutput:
+    """A step launched on the workers; get_output() waits for rank 0's output of it."""
+
+    def __init__(self, executor: MultiprocExecutor, step_id: int) -> None:
+        self._executor, self._step_id = executor, step_id
+        self._result: ModelRunnerOutput | None = None
+
+    def get_output(self) -> ModelRunnerOutput:
+        if self._result is None:
+            self._result = self._executor.wait_output(self._step_id)
+        return self._result
+
+
+class MultiprocExecutor:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = config.device
+        size = config.parallel.tensor_parallel_size
+        self._ctx = zmq.Context()
+        self._results = self._ctx.socket(zmq.PULL)
+        results_path = f"ipc:///tmp/pagedlm-tp-{uuid.uuid4().hex[:12]}"
+        self._results.bind(results_path)
+        self._broadcast = BroadcastWriter(num_readers=size)
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        self._procs: list[subprocess.Popen] = []
+        self._finalizer = weakref.finalize(
+            self, _stop, self._procs, self._broadcast, self._results, self._ctx
+        )
+        self._outputs: dict[int, ModelRunnerOutput] = {}  # rank 0's, arrived before asked for
+        for rank in range(size):
+            args = (config, rank, size, init_method, self._broadcast.handle, results_path)
+            self._procs.append(_start_worker(args))
+        self.num_blocks = self._wait("ready")  # every rank loaded, KV size agreed (least)
+        logger.info("tensor parallel: %d worker processes ready", size)
+
+    # ---- the engine core's calls ----
+
+    def load_model(self) -> None:
+        """Loaded by every worker at start."""
+
+    def determine_num_blocks(self) -> int:
+        return self.num_blocks
+
+    def init_kv_cache(self, num_blocks: int) -> None:
+        self._call("init_kv_cache", num_blocks)
+
+    def execute_model(self, sched: SchedulerOutput) -> RemoteOutput:
+        self._broadcast.enqueue(("execute_model", sched), self._check_workers)
+        return RemoteOutput(self, sched.step_id)
+
+    def sleep(self, level: int, tags: set[str]) -> None:
+        self._call("sleep", level, tags)
+
+    def wake_up(self, tags: set[str]) -> None:
+        self._call("wake_up", tags)
+
+    def call_worker_method(self, method: str, args=(), kwargs=None) -> Any:
+        """collective_rpc's method on every rank (pagedlm/worker/rpc.py); rank 0's result."""
+        return self._call("rpc", method, args, kwargs)
+
+    def close(self) -> None:
+        self._finalizer()
+
+    # ---- waiting on rank 0 ----
+
+    def wait_output(self, step_id: int) -> ModelRunnerOutput:
+        while step_id not in self._outputs:
+            self._wait("output")
+        return self._outputs.pop(step_id)
+
+    def _call(self, method: str, *args: Any) -> Any:
+        self._broadcast.enqueue(("call", method, args), self._check_workers)
+        return self._wait("result")
+
+    def _wait(self, kind: str) -> Any:
+        """The next message of this kind from rank 0 (step outputs met on the way are kept)."""
+        while True:
+            while not self._results.poll(_POLL_MS):
+                self._check_workers()
+            message = pickle.loads(self._results.recv())
+            tag = message[0]
+            if tag == "output":
+                self._outputs[message[1].step_id] = message[1]
+                if kind == "output":
+                    return None
+            elif tag == "error":
+                self._fail(f"TP worker rank {message[1]} failed: {message[2]}")
+            elif tag == "raise":  # a call's own error (bad arguments): the workers go on
+                raise message[1]
+            elif tag == kind:
+                return message[1]
+
+    def _check_workers(self) -> None:
+        for rank, proc in enumerate(self._procs):
+            if proc.poll() is not None:
+                if self._results.poll(_POLL_MS):  # its own report of why, if it sent one
+                    message = pickle.loads(self._results.recv())
+                    if message[0] == "error":
+                        self._fail(f"TP worker rank {message[1]} failed: {message[2]}")
+                self._fail(
+                    f"TP worker rank {rank} (pid {proc.pid}) exited with code {proc.returncode}"
+                )
+
+    def _fail(self, message: str) -> None:
+        logger.error("%s; stopping the other workers", message)
+        self._finalizer()
+        raise WorkerFailed(message)
+
+
+def _start_worker(args: tuple) -> subprocess.Popen:
+    """A fresh interpreter running worker_proc (not multiprocessing's spawn, which would import
+    the user's __main__ again), its arguments pickled on stdin."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pagedlm.executor.worker_proc"], stdin=subprocess.PIPE
+    )
+    proc.stdin.write(pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL))
+    proc.stdin.close()
+    return proc
+
+
+def _stop(procs: list, broadcast: BroadcastWriter, results: zmq.Socket, ctx: zmq.Context) -> None:
+    """Every worker asked to stop (if the ring has room), given _JOIN_S, then killed."""
+    if procs and all(p.poll() is None for p in procs):
+        try:
+            broadcast.enqueue(("shutdown",), _raise_if_any_exited(procs))
+        except Exception:  # a worker gone: the rest are killed below
+            pass
+    for proc in procs:
+        try:
+            proc.wait(_JOIN_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    broadcast.close()
+    results.close(linger=0)
+    ctx.term()
+
+
+def _raise_if_any_exited(procs: list):
+    deadline = time.monotonic() + _JOIN_S
+
+    def check() -> None:
+        if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+            raise RuntimeError("a worker exited or the ring stayed full")
+
+    return check
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
