@@ -17,8 +17,7 @@ def all_reduce(x: torch.Tensor, group: TPGroup) -> torch.Tensor:
 
 def all_gather_last_dim(x: torch.Tensor, group: TPGroup) -> torch.Tensor:
     """x [N, C] on each rank -> [N, size * C]: rank r's columns at [r * C, (r + 1) * C)."""
-    parts = torch.empty((group.size, *x.shape), dtype=x.dtype, device=x.device)  # [P, N, C]
-    dist.all_gather_into_tensor(parts, x.contiguous(), group=group.device_group)
+    parts = all_gather_rows(x, group)  # [P, N, C]
     return parts.permute(1, 0, 2).reshape(x.shape[0], group.size * x.shape[1])
 
 
@@ -41,9 +40,9 @@ def broadcast_from_first(x: torch.Tensor, group: TPGroup) -> torch.Tensor:
 
 def all_gather_rows(x: torch.Tensor, group: TPGroup) -> torch.Tensor:
     """x [n, ...] (same n on every rank) -> [size, n, ...]."""
-    out = torch.empty((group.size, *x.shape), dtype=x.dtype, device=x.device)
-    dist.all_gather_into_tensor(out, x.contiguous(), group=group.device_group)
-    return out
+    out = torch.empty((group.size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+    dist.all_gather_single(out, x.contiguous(), group=group.device_group)
+    return out.view(group.size, *x.shape)
 
 
 def min_over_ranks(value: int, group: TPGroup) -> int:

@@ -115,7 +115,8 @@ class TPSampler:
             input_split_sizes=plan.counts.tolist(),  # sync-ok: numpy
             group=self.group.device_group,
         )
-        mine = recv.view(size, n_mine, -1).permute(1, 0, 2).reshape(n_mine, -1)
+        width = local_logits.shape[1]
+        mine = recv.view(size, n_mine, width).permute(1, 0, 2).reshape(n_mine, size * width)
         mine = mine[:, : self.vocab_size].contiguous()  # [n_mine, V]
         mine_rows_np = plan.rows_of(rank)
         output = self.sampler.sample(mine, mine_rows_np) if n_mine else None

@@ -115,7 +115,10 @@ class EngineCore:
 
         if self.model_runner is None:
             return
-        self.drain()
+        if getattr(self.model_runner, "failed", None) is None:
+            self.drain()
+        else:  # a TP worker died (executor/multiproc.py): no step in flight can be collected
+            self._in_flight.clear()
         self.abort_all()
         self._drained = []
         self.lifecycle.shut_down = True

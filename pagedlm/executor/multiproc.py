@@ -69,6 +69,7 @@ class MultiprocExecutor:
             self, _stop, self._procs, self._broadcast, self._results, self._ctx
         )
         self._outputs: dict[int, ModelRunnerOutput] = {}  # rank 0's, arrived before asked for
+        self.failed: str | None = None  # why the workers stopped; every later call raises it
         for rank in range(size):
             args = (config, rank, size, init_method, self._broadcast.handle, results_path)
             self._procs.append(_start_worker(args))
@@ -87,6 +88,8 @@ class MultiprocExecutor:
         self._call("init_kv_cache", num_blocks)
 
     def execute_model(self, sched: SchedulerOutput) -> RemoteOutput:
+        if self.failed is not None:
+            raise WorkerFailed(self.failed)
         self._broadcast.enqueue(("execute_model", sched), self._check_workers)
         return RemoteOutput(self, sched.step_id)
 
@@ -106,11 +109,15 @@ class MultiprocExecutor:
     # ---- waiting on rank 0 ----
 
     def wait_output(self, step_id: int) -> ModelRunnerOutput:
+        if self.failed is not None:
+            raise WorkerFailed(self.failed)
         while step_id not in self._outputs:
             self._wait("output")
         return self._outputs.pop(step_id)
 
     def _call(self, method: str, *args: Any) -> Any:
+        if self.failed is not None:
+            raise WorkerFailed(self.failed)
         self._broadcast.enqueue(("call", method, args), self._check_workers)
         return self._wait("result")
 
@@ -126,27 +133,37 @@ class MultiprocExecutor:
                 if kind == "output":
                     return None
             elif tag == "error":
-                self._fail(f"TP worker rank {message[1]} failed: {message[2]}")
+                self._fail(self._why([message]))
             elif tag == "raise":  # a call's own error (bad arguments): the workers go on
                 raise message[1]
             elif tag == kind:
                 return message[1]
 
     def _check_workers(self) -> None:
-        for rank, proc in enumerate(self._procs):
-            if proc.poll() is not None:
-                if self._results.poll(_POLL_MS):  # its own report of why, if it sent one
-                    message = pickle.loads(self._results.recv())
-                    if message[0] == "error":
-                        self._fail(f"TP worker rank {message[1]} failed: {message[2]}")
-                self._fail(
-                    f"TP worker rank {rank} (pid {proc.pid}) exited with code {proc.returncode}"
-                )
+        if any(proc.poll() is not None for proc in self._procs):
+            self._fail(self._why([]))
+
+    def _why(self, reports: list[tuple]) -> str:
+        """The workers that exited, then the error reports the ranks sent (those arriving within
+        _POLL_MS more too): a dead rank is the cause, its peers' failed collectives follow."""
+        while self._results.poll(_POLL_MS):
+            message = pickle.loads(self._results.recv())
+            if message[0] == "error":
+                reports.append(message)
+        exits = [
+            f"TP worker rank {rank} (pid {proc.pid}) exited with code {proc.returncode}"
+            for rank, proc in enumerate(self._procs)
+            if proc.poll() is not None
+        ]
+        errors = [f"TP worker rank {rank} failed: {text}" for _, rank, text in sorted(reports)]
+        return "; ".join(exits + errors)
 
     def _fail(self, message: str) -> None:
-        logger.error("%s; stopping the other workers", message)
-        self._finalizer()
-        raise WorkerFailed(message)
+        if self.failed is None:
+            logger.error("%s; stopping the other workers", message)
+            self.failed = message
+            self._finalizer()
+        raise WorkerFailed(self.failed)
 
 
 def _start_worker(args: tuple) -> subprocess.Popen:
