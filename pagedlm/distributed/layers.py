@@ -29,7 +29,7 @@ class RowParallelLinear(Linear):
         act: str | None = None,
         residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        y = collectives.all_reduce(self.project(x, act, bias=False), self.group)
+        y = collectives.all_reduce(super().forward(x, act, bias=False), self.group)
         return y if self.bias is None else y + self.bias
 
 

@@ -53,20 +53,11 @@ class Linear(nn.Module):
         x: torch.Tensor | PendingNorm,
         act: str | None = None,
         residual: torch.Tensor | None = None,
-    ) -> torch.Tensor | ResidualSum:
-        """x: [T, in_features] ([T, 2 * in_features] with act) -> y [T, out_features], or (GEMV path,
-        residual [T, out_features] given) the ResidualSum of y + residual."""
-        return self.project(x, act, residual)
-
-    def project(
-        self,
-        x: torch.Tensor | PendingNorm,
-        act: str | None = None,
-        residual: torch.Tensor | None = None,
         bias: bool = True,
     ) -> torch.Tensor | ResidualSum:
-        """forward's product; without `bias` the bias is left out (a row-parallel layer adds it
-        after its all-reduce)."""
+        """x: [T, in_features] ([T, 2 * in_features] with act) -> y [T, out_features], or (GEMV path,
+        residual [T, out_features] given) the ResidualSum of y + residual. Without `bias` the bias
+        is left out (a row-parallel layer adds it after its all-reduce)."""
         b = self.bias if bias else None
         if self.quant is not None:
             return self._quantized_forward(x, act, b)

@@ -109,3 +109,19 @@ def test_shard_plan_gives_each_row_to_one_rank_and_maps_back() -> None:
     for rank in range(3):
         gathered[rank * 3 : rank * 3 + len(mine[rank])] = mine[rank] * 10
     assert gathered[plan.back].tolist() == (rows * 10).tolist()
+
+
+def test_more_ranks_than_gpus_is_refused(tiny_llama_dir, monkeypatch) -> None:
+    import torch
+
+    from pagedlm.config import build_parallel_config
+
+    args = EngineArgs(model=str(tiny_llama_dir), device="cpu", tensor_parallel_size=2)
+    model = args.create_engine_config().model  # the CPU allows tp ranks as processes
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match=r"greater than the GPUs present \(1\)"):
+        build_parallel_config(args, model, torch.device("cuda"), max_num_seqs=8)
+    assert (
+        build_parallel_config(args, model, torch.device("cpu"), 8).distributed_executor_backend
+        == "mp"
+    )
