@@ -328,7 +328,9 @@ class SchedulerConfig:
             raise ValueError(f"scheduling_policy must be fcfs or priority, got {self.policy!r}")
 
 
-EXECUTOR_BACKENDS = ("uni", "mp")  # vLLM's ray and external_launcher: not yet
+# external_launcher: every rank is a process torchrun started, running the same script (vLLM's
+# name); vLLM's ray: not yet
+EXECUTOR_BACKENDS = ("uni", "mp", "external_launcher")
 
 
 @dataclass(frozen=True)
@@ -359,7 +361,9 @@ def build_parallel_config(
             f'distributed_executor_backend "uni" runs one worker: tensor_parallel_size {tp} '
             'needs "mp"'
         )
-    if device.type == "cuda":
+    if backend == "external_launcher":
+        _check_launcher_env(tp)
+    elif device.type == "cuda":
         import torch
 
         if tp > torch.cuda.device_count():
@@ -373,6 +377,21 @@ def build_parallel_config(
             f"tensor_parallel_size; got {tp} and {max_num_seqs}"
         )
     return ParallelConfig(tp, backend, bool(args.enable_batch_sharded_sampling))
+
+
+def _check_launcher_env(tp: int) -> None:
+    import os
+
+    world = os.environ.get("WORLD_SIZE")
+    if world is None or "RANK" not in os.environ:
+        raise ValueError(
+            'distributed_executor_backend "external_launcher" needs the ranks torchrun starts '
+            "(RANK and WORLD_SIZE in the environment)"
+        )
+    if int(world) != tp:
+        raise ValueError(
+            f"tensor_parallel_size ({tp}) must equal the launcher's WORLD_SIZE ({world})"
+        )
 
 
 @dataclass(frozen=True)
@@ -552,6 +571,7 @@ _CLI_HELP = {  # one line per EngineArgs field
     "tensor_parallel_size": "ranks the model's heads, MLP and vocabulary split over, one worker "
     "process each (-tp; on the CPU the ranks are processes over gloo)",
     "distributed_executor_backend": "uni (one in-process worker) | mp (one worker process per rank) "
+    "| external_launcher (each rank a torchrun process running the same script) "
     "(default: uni at tensor_parallel_size 1, else mp)",
     "enable_batch_sharded_sampling": "tp > 1: each rank samples its share of the batch's rows from "
     "full-vocabulary logits (an all-to-all), instead of rank 0 sampling every row",

@@ -1,5 +1,8 @@
-"""Where the engine core's model runs: in process ("uni": the ModelRunner itself) or one worker
-process per TP rank ("mp": MultiprocExecutor). Both take the same calls from the core."""
+"""Where the engine core's model runs: in process ("uni": the ModelRunner itself), one worker
+process per TP rank ("mp": MultiprocExecutor), or in process as this rank of a group torchrun
+started ("external_launcher": every rank runs the same script, its own engine core and scheduler,
+which plan the same steps from the same requests; the sampled ids are broadcast from rank 0, so
+the ranks stay in step; rank 0's outputs carry the logprobs). All take the same calls."""
 
 from __future__ import annotations
 
@@ -16,6 +19,26 @@ def make_executor(config: EngineConfig) -> Any:
         return MultiprocExecutor(config)
     from pagedlm.worker.model_runner import ModelRunner
 
+    if config.parallel.distributed_executor_backend == "external_launcher":
+        config = _join_launched_group(config)
     runner = ModelRunner(config)
     runner.load_model()
     return runner
+
+
+def _join_launched_group(config: EngineConfig) -> EngineConfig:
+    """This process's rank of torchrun's group (once per process); on CUDA its LOCAL_RANK's GPU."""
+    import os
+    from dataclasses import replace
+
+    import torch
+
+    from pagedlm.distributed.parallel_state import get_tp_group, init_from_env
+
+    if config.device.type == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
+        torch.cuda.set_device(local_rank)
+        config = replace(config, device=torch.device("cuda", local_rank))
+    if get_tp_group().size == 1:
+        init_from_env(config.device)
+    return config
