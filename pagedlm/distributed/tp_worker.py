@@ -29,7 +29,9 @@ class TPWorkerState:
             return None
         size = config.parallel.tensor_parallel_size
         assert group.size == size, f"TP group of {group.size} ranks for tensor_parallel_size {size}"
-        shard = functools.partial(_slice_of, model=config.model, rank=group.rank, size=group.size)
+        shard = functools.partial(
+            checkpoint_slice, config=config.model, rank=group.rank, tp=group.size
+        )
         local = replace(config, model=local_model_config(config.model, group.size))
         return TPWorkerState(group, local, shard)
 
@@ -45,10 +47,6 @@ class TPWorkerState:
             config.device,
             num_slots,
         )
-
-
-def _slice_of(name: str, model, rank: int, size: int):
-    return checkpoint_slice(name, model, rank, size)
 
 
 def load_args(tp: TPWorkerState | None) -> tuple:
