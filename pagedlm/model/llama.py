@@ -19,12 +19,12 @@ from pagedlm.attention.backend import AttentionBackend, AttentionMetadata
 from pagedlm.attention.prepare_qkv import prepare_qkv
 from pagedlm.config import ModelConfig
 from pagedlm.distributed import collectives
-from pagedlm.distributed.layers import RowParallelLinear, VocabParallelEmbedding
 from pagedlm.distributed.parallel_state import TPGroup, get_tp_group
 from pagedlm.distributed.sharding import vocab_shard_rows
 from pagedlm.model import layers
 from pagedlm.model.gguf_loader import gguf_rope_freqs
 from pagedlm.model.layers import Embedding, Linear, RMSNorm, RotaryEmbedding
+from pagedlm.model.parallel_layers import RowParallelLinear, VocabParallelEmbedding
 from pagedlm.ops import gemv
 from pagedlm.ops.gemv import PendingNorm, ResidualSum
 

@@ -125,3 +125,20 @@ def test_more_ranks_than_gpus_is_refused(tiny_llama_dir, monkeypatch) -> None:
         build_parallel_config(args, model, torch.device("cpu"), 8).distributed_executor_backend
         == "mp"
     )
+
+
+def test_tp1_builds_the_plain_layers(tiny_llama_dir) -> None:
+    """Today's path is untouched at tp = 1: no collective layer, the full vocabulary."""
+    import torch
+
+    from pagedlm.attention.backend import get_attention_backend
+    from pagedlm.model.llama import LlamaForCausalLM
+    from pagedlm.model.parallel_layers import RowParallelLinear, VocabParallelEmbedding
+
+    config = EngineArgs(model=str(tiny_llama_dir), device="cpu", skip_tokenizer_init=True)
+    model_config = config.create_engine_config().model
+    with torch.device("meta"):
+        model = LlamaForCausalLM(model_config, get_attention_backend("torch", torch.device("cpu")))
+    kinds = {type(module) for module in model.modules()}
+    assert not kinds & {RowParallelLinear, VocabParallelEmbedding}
+    assert model.vocab_rows == model_config.vocab_size == model.lm_head.weight.shape[0]
