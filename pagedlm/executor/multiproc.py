@@ -8,8 +8,11 @@ message only.
 
 Faults: while waiting, the executor checks its workers; one that exited (a crash, a kill, a
 failed start) ends the executor with one error naming the rank and its exit code, after every
-other worker is killed. A worker reports its own exception before exiting. Workers watch their
-parent and exit when it is gone; they are daemonic, so a normal exit of the parent ends them too.
+other worker is stopped (killed past _JOIN_S). A worker reports its own exception before exiting.
+Workers are fresh interpreters (`python -m pagedlm.executor.worker_proc`, arguments pickled on
+stdin): multiprocessing's spawn would import the caller's __main__ again, and a forked child hangs
+in its first OpenMP region when the parent's pool ran. They watch their parent and exit once it
+is gone; the executor's finalizer (close(), garbage collection, interpreter exit) stops them.
 """
 
 from __future__ import annotations
