@@ -575,9 +575,7 @@ class ModelRunner:
             if argmax is not None and grammar is None and self.sampler.is_greedy(rows_np):
                 self.sampler.count_sampled(rows_np)
                 return SamplerOutput(argmax), plan.stage_slot is not None
-        if (
-            self.tp_sampler is not None
-        ):  # tp > 1: each rank's vocabulary shard (distributed/sampling.py)
+        if self.tp_sampler is not None:  # tp > 1: from each rank's vocabulary shard (sampling.py)
             local = self._logits(hidden, plan, self.model.compute_local_logits)
             sample = self.tp_sampler.sample(
                 local, rows_np, layout.sample_num_logprobs_np, grammar, plan.slot
@@ -593,9 +591,8 @@ class ModelRunner:
         return sample, False
 
     def _logits(self, hidden: torch.Tensor, plan: StepPlan, head: LMHead) -> torch.Tensor:
-        """[num_samples, vocab_size] float32 (head's columns): the logits of each sampling request's
-        last token. A replay
-        where every row samples takes the graph's own logits where it computes them, else runs the LM
+        """[num_samples, head's columns] float32: the logits of each sampling request's last token. A
+        replay where every row samples takes the graph's own logits where it computes them, else runs
         head on its graph_size hidden rows (a graph size is one of the LM head's row counts); any other
         step goes through the padded LM head (lm_head.py)."""
         layout = plan.layout
