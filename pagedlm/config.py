@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pagedlm import envs
+from pagedlm.spec_decode.config import SpeculativeConfig
 
 if TYPE_CHECKING:
     import torch
@@ -410,6 +411,7 @@ class EngineConfig:
     # sleep() / wake_up() allowed (pagedlm/engine/lifecycle.py)
     enable_sleep_mode: bool = False
     parallel: ParallelConfig = ParallelConfig()
+    speculative: SpeculativeConfig | None = None  # None: no speculative decoding
 
 
 @dataclass
@@ -437,6 +439,7 @@ class EngineArgs:
     cudagraph_mode: str = "FULL_AND_PIECEWISE"
     graph_size_timing: bool = True
     enable_sleep_mode: bool = False
+    speculative_config: dict | str | None = None  # a dict, or its JSON text from the CLI
     device: str = "auto"
     tensor_parallel_size: int = 1
     distributed_executor_backend: str | None = None
@@ -524,7 +527,23 @@ class EngineArgs:
             graph_size_timing=self.graph_size_timing,
             enable_sleep_mode=self.enable_sleep_mode,
             parallel=parallel,
+            speculative=_speculative_config(self.speculative_config, model),
         )
+
+
+def _speculative_config(value: dict | str | None, target: ModelConfig) -> SpeculativeConfig | None:
+    """Parsed and validated; a draft model must share the target's vocabulary."""
+    if value is None:
+        return None
+    spec = SpeculativeConfig.from_user(value)
+    if spec.method == "draft_model":
+        draft_vocab = load_hf_config(spec.model).vocab_size
+        if draft_vocab != target.vocab_size:
+            raise ValueError(
+                f"speculative_config.model: the draft's vocabulary ({draft_vocab} ids) differs "
+                f"from the target's ({target.vocab_size}); a draft must share the vocabulary"
+            )
+    return spec
 
 
 def _or_default(value: int | None, default: int) -> int:
@@ -567,6 +586,8 @@ _CLI_HELP = {  # one line per EngineArgs field
     "every size: restarts replay the same graphs and give the same tokens",
     "enable_sleep_mode": "allow sleep() / wake_up(): free the weights' and the KV cache's memory "
     "while idle (the server's POST /sleep and /wake_up)",
+    "speculative_config": "speculative decoding, vLLM's JSON keys, e.g. "
+    '\'{"method": "ngram", "num_speculative_tokens": 4}\' (default: off)',
     "device": "auto | cpu | cuda",
     "tensor_parallel_size": "ranks the model's heads, MLP and vocabulary split over, one worker "
     "process each (-tp; on the CPU the ranks are processes over gloo)",
