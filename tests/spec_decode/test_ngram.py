@@ -84,3 +84,24 @@ def test_a_batch_mixes_matches_and_misses(k: int) -> None:
     assert out.num_drafts.tolist() == [k, 0, k]
     assert out.token_ids[0].tolist() == brute_force([1, 2, 1], k, 1, 2)
     assert out.token_ids[1].tolist() == [NO_DRAFT] * k
+
+
+def test_the_device_version_drafts_the_same() -> None:
+    """propose_ngram_device (torch, fixed shapes) against the host version on random rows."""
+    import torch
+
+    from pagedlm.spec_decode.ngram_device import propose_ngram_device
+
+    rng = np.random.default_rng(1)
+    for _ in range(100):
+        batch, width = int(rng.integers(1, 9)), int(rng.integers(1, 40))
+        table = rng.integers(0, int(rng.integers(2, 6)), (batch, width)).astype(np.int32)
+        lengths = rng.integers(0, width + 1, batch)
+        k, min_n = int(rng.integers(1, 6)), int(rng.integers(1, 4))
+        max_n = min_n + int(rng.integers(0, 3))
+        host = propose_ngram(table, lengths, np.arange(batch), k, min_n, max_n)
+        drafts, num_drafts = propose_ngram_device(
+            torch.from_numpy(table), torch.from_numpy(lengths), k, min_n, max_n
+        )
+        assert drafts.tolist() == host.token_ids.tolist()
+        assert num_drafts.tolist() == host.num_drafts.tolist()

@@ -1,0 +1,56 @@
+"""Speculative decoding's device pieces on CUDA: no host sync (set_sync_debug_mode("error")), and
+the same verdicts as on the CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pagedlm.sample.noise import row_keys_np
+from pagedlm.sample.sampler import RandomParams, SamplingBatch
+from pagedlm.spec_decode.ngram_device import propose_ngram_device
+from pagedlm.spec_decode.rejection_sampler import rejection_sample
+
+pytestmark = pytest.mark.gpu
+
+
+def _inputs(device: str) -> tuple:
+    generator = torch.Generator().manual_seed(0)
+    num_drafts = torch.tensor([0, 3, 1, 3, 2])
+    cu = num_drafts.cumsum(0)
+    num_rows = int(num_drafts.sum()) + len(num_drafts)
+    logits = torch.randn(num_rows, 1000, generator=generator)
+    drafts = logits.argmax(dim=-1)[: int(num_drafts.sum())].clone()
+    drafts[::3] = 7
+    keys = torch.from_numpy(row_keys_np(np.arange(num_rows, dtype=np.uint64), np.zeros(num_rows)))
+    greedy = torch.tensor([i % 2 == 0 for i in range(num_rows)])
+    batch = SamplingBatch(
+        random=RandomParams(noise_keys=keys.to(device), is_greedy=greedy.to(device))
+    )
+    return logits.to(device), drafts.to(device), cu.to(device), batch
+
+
+def test_rejection_sampling_and_device_ngram_make_no_sync() -> None:
+    logits, drafts, cu, batch = _inputs("cuda")
+    table = torch.randint(0, 5, (8, 256), device="cuda", dtype=torch.int32)
+    lengths = torch.full((8,), 200, device="cuda", dtype=torch.int64)
+    rejection_sample(logits.clone(), drafts, cu, 3, batch)  # warm caches and allocations
+    propose_ngram_device(table, lengths, 4, 2, 5)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = rejection_sample(logits.clone(), drafts, cu, 3, batch)
+        propose_ngram_device(table, lengths, 4, 2, 5)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    cpu = rejection_sample(*_cpu(logits, drafts, cu, batch))
+    assert torch.equal(out.token_ids.cpu(), cpu.token_ids)
+
+
+def _cpu(logits, drafts, cu, batch) -> tuple:
+    params = batch.random
+    cpu_batch = SamplingBatch(
+        random=RandomParams(noise_keys=params.noise_keys.cpu(), is_greedy=params.is_greedy.cpu())
+    )
+    return logits.cpu().clone(), drafts.cpu(), cu.cpu(), 3, cpu_batch
