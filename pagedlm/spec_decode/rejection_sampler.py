@@ -18,6 +18,7 @@ the bonus row. A draft id of NO_DRAFT (-1) is never accepted.
 Randomness is counter-based (sample/noise.py): row t's key (the request's seed and its count of
 sampled tokens + the row's position) gives the residual's Gumbel draw and, salted, the uniform of
 the accept test, so a seeded request verifies the same in any batch. Fixed shapes, no host sync.
+On CUDA the final scan (verdicts -> output rows) is one Triton kernel (triton_scan.py).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from pagedlm.sample.sampler import (
     process_logits,
 )
 from pagedlm.spec_decode.ngram import NO_DRAFT
+from pagedlm.spec_decode.triton_scan import triton_accept_scan
 
 _ACCEPT_SALT = to_int64(0xA5A5_5A5A_C3C3_3C3C)  # the accept uniforms' stream, apart from the draw's
 
@@ -104,7 +106,11 @@ def rejection_sample(
         rate = synthetic.rates[rows.position.clamp(max=synthetic.rates.shape[0] - 1)]  # [T]
         accept = valid & (_uniforms(synthetic.keys) < rate)
         token = torch.where(accept, rows.draft, target_token)
-    out = _scan(accept, token, rows, valid)
+    if target_logits.device.type in triton_device_types:
+        scanned = triton_accept_scan(accept, token, rows.draft, cu_num_draft_tokens, max_spec_len)
+        out = RejectionOutput(*scanned, row_token_ids=token)
+    else:
+        out = _scan(accept, token, rows, valid)
     if raw_logprobs is not None:
         out.logprobs = gather_logprobs(raw_logprobs, out.row_token_ids, batch.num_logprobs)
     return out
