@@ -93,19 +93,18 @@ def rejection_sample(
     argmax = logits.argmax(dim=-1)  # [T]
     valid = rows.draft >= 0  # [T]: a draft row with a real draft
     params = batch.random
+    greedy_accept = valid & (rows.draft == argmax)  # [T]
     if params is None:
-        accept, token = valid & (rows.draft == argmax), argmax
+        accept, own = greedy_accept, argmax
     else:
-        accept, token = _random_rows(
+        accept, own = _random_rows(
             logits, rows, valid, params, draft_probs, synthetic is None, triton_device_types
         )
-        greedy_accept = valid & (rows.draft == argmax)
-        accept, token = _greedy_where(params.is_greedy, greedy_accept, argmax, accept, token)
+        accept, own = _greedy_where(params.is_greedy, greedy_accept, argmax, accept, own)
     if synthetic is not None:
-        target_token = token  # what the row emits when its draft is refused
         rate = synthetic.rates[rows.position.clamp(max=synthetic.rates.shape[0] - 1)]  # [T]
         accept = valid & (_uniforms(synthetic.keys) < rate)
-        token = torch.where(accept, rows.draft, target_token)
+    token = torch.where(accept, rows.draft, own)  # [T]: greedy rows: the argmax either way
     if target_logits.device.type in triton_device_types:
         scanned = triton_accept_scan(accept, token, rows.draft, cu_num_draft_tokens, max_spec_len)
         out = RejectionOutput(*scanned, row_token_ids=token)
@@ -144,8 +143,9 @@ def _random_rows(
     residual: bool,
     triton_device_types: Collection[str],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """accept [T] bool, token [T] int64 for random rows; logits [T, V] become p (normalised).
-    residual: draw from max(0, p - q) on draft rows (False: synthetic, draws from p)."""
+    """accept [T] bool and the target's own token [T] int64 (what a refused row emits: a draw
+    from the residual max(0, p - q) on draft rows, from p on bonus rows and where `residual` is
+    False, synthetic) for random rows; logits [T, V] become p (normalised)."""
     probs = _unnormalised_probs(logits, params.temperature)  # [T, V], in place
     threshold = _truncation_threshold(probs, params, probs.device.type in triton_device_types)
     if threshold is not None:
@@ -166,15 +166,17 @@ def _random_rows(
     drawn = gumbel_draw(probs, params.noise_keys)  # [T]
     # a residual of no mass is never needed (p <= q nowhere: every draft accepted); keep ids sane
     drawn = torch.where(probs.sum(dim=-1) > 0, drawn, rows.draft.clamp(min=0))
-    return accept, torch.where(accept, rows.draft, drawn)
+    return accept, drawn
 
 
 def _draft_rows(draft_probs: torch.Tensor, rows: _Rows, valid: torch.Tensor) -> torch.Tensor:
     """draft_probs [D, V] at the T target rows: [T, V], zero on bonus rows and where the draft
     is NO_DRAFT (their emitted token is then a draw from p itself)."""
-    num_drafts, vocab_size = draft_probs.shape
-    padded = torch.cat([draft_probs, draft_probs.new_zeros(1, vocab_size)])  # [D + 1, V]
-    return padded[torch.where(valid, rows.draft_index, num_drafts)]
+    num_drafts = draft_probs.shape[0]
+    if num_drafts == 0:
+        return draft_probs.new_zeros(rows.draft.shape[0], draft_probs.shape[1])
+    q = draft_probs.index_select(0, rows.draft_index.clamp(max=num_drafts - 1))  # [T, V]
+    return q.mul_(valid[:, None])
 
 
 def _greedy_where(

@@ -221,7 +221,12 @@ def test_synthetic_rates_are_observed() -> None:
         reached = out.num_accepted >= j
         rate = (out.num_accepted[reached] > j).double().mean().item()
         assert abs(rate - rates[j].item()) < 0.015, j
-    # accepted drafts are emitted as they are; the first refused row emits the target's argmax
+    # the first refused row emits the target's argmax (a greedy batch), whatever its draft
+    rows = torch.arange(num_reqs) * (k + 1) + out.num_accepted
+    assert torch.equal(
+        out.token_ids[torch.arange(num_reqs), out.num_accepted], logits.argmax(-1)[rows]
+    )
+    # accepted drafts are emitted as they are
     accepted_rows = out.token_ids[:, :k][torch.arange(k)[None, :] < out.num_accepted[:, None]]
     assert (
         accepted_rows == drafts.view(num_reqs, k)[torch.arange(k) < out.num_accepted[:, None]]
@@ -269,3 +274,18 @@ def test_logprobs_are_those_of_the_emitted_tokens() -> None:
     rows = torch.arange(len(request)).view(num_reqs, k + 1)
     reached = out.token_ids >= 0
     assert torch.equal(out.token_ids[reached], out.row_token_ids[rows][reached])
+
+
+def test_synthetic_refusals_emit_the_targets_own_draws() -> None:
+    """Random rows: a row the synthetic rate refuses emits a draw from p, whatever its draft."""
+    num_reqs = 100_000
+    generator = torch.Generator().manual_seed(6)
+    p, q = _distributions(1, generator)
+    cu, request, position = _uniform_layout(num_reqs, 1)
+    logits = p.log()[torch.from_numpy(position)]
+    drafts = torch.multinomial(q[0], num_reqs, replacement=True, generator=generator)
+    synthetic = SyntheticAcceptance(torch.tensor([0.3]), _keys(request + 7, position))
+    batch = _random_batch(request, position)
+    out = rejection_sample(logits, drafts, cu, 1, batch, synthetic=synthetic)
+    refused = out.token_ids[out.num_accepted == 0, 0]
+    assert _total_variation(refused, p[0]) < tv_tolerance(p[0], len(refused))
