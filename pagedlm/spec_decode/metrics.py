@@ -18,7 +18,6 @@ NUM_DRAFTS = PREFIX + "num_drafts"  # spec steps, over requests
 NUM_DRAFT_TOKENS = PREFIX + "num_draft_tokens"
 NUM_ACCEPTED_TOKENS = PREFIX + "num_accepted_tokens"
 NUM_ACCEPTED_TOKENS_PER_POS = PREFIX + "num_accepted_tokens_per_pos"  # label: position
-PER_REQUEST_MODES = ("none", "summary", "detailed")  # --per-request-spec-decode-metrics
 
 
 @dataclass(frozen=True, slots=True)
