@@ -1,0 +1,73 @@
+"""NgramProposer: prompt-lookup drafts (ngram.py's matching) behind the Proposer boundary.
+
+It keeps its own table of every row's tokens on the runner's device, written at add_request and
+extended with each step's emitted tokens on the device. Where the matching runs (module notes of
+ngram.py and ngram_device.py): on a CPU device the host numpy version over the same memory (the
+engine runs synchronously there; numpy is 4-400x faster than the fixed-shape torch ops on this
+CPU), on CUDA the fixed-shape torch version, so that no step waits for the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from pagedlm.sample.tables import upload
+from pagedlm.spec_decode.config import SpeculativeConfig
+from pagedlm.spec_decode.ngram import propose_ngram
+from pagedlm.spec_decode.ngram_device import propose_ngram_device
+from pagedlm.spec_decode.proposer import Drafts, VerifiedStep
+
+
+class NgramProposer:
+    def __init__(
+        self, config: SpeculativeConfig, max_num_reqs: int, max_model_len: int, device: torch.device
+    ) -> None:
+        self.num_speculative_tokens = config.num_speculative_tokens
+        self._min_n, self._max_n = config.prompt_lookup_min, config.prompt_lookup_max
+        self._width = max_model_len
+        # [rows, max_model_len + 1] int32: the last column takes the writes past a row's tokens
+        self._table = torch.zeros(max_num_reqs, max_model_len + 1, dtype=torch.int32, device=device)
+        self._lengths = torch.zeros(max_num_reqs, dtype=torch.int64, device=device)  # [rows]
+        self._on_host = device.type == "cpu"
+
+    def add_request(self, row: int, token_ids: Sequence[int]) -> None:
+        num = len(token_ids)
+        self._table[row, :num] = upload(np.asarray(token_ids, dtype=np.int32), self._table.device)
+        self._lengths[row] = num
+
+    def remove_request(self, row: int) -> None:
+        """Nothing to free: add_request overwrites what the row's next request reads."""
+
+    def propose(self, step: VerifiedStep) -> Drafts:
+        self._record(step)
+        k = self.num_speculative_tokens
+        if self._on_host:  # CPU tensors: the numpy views share their memory
+            drafts = propose_ngram(
+                self._table.numpy(),
+                self._lengths.numpy(),
+                step.rows_np,
+                k,
+                self._min_n,
+                self._max_n,
+            )
+            return Drafts(torch.from_numpy(drafts.token_ids), torch.from_numpy(drafts.num_drafts))
+        rows = step.rows
+        table = self._table.index_select(0, rows)[:, : self._width]  # [R, W]
+        token_ids, num_drafts = propose_ngram_device(
+            table, self._lengths.index_select(0, rows), k, self._min_n, self._max_n
+        )
+        return Drafts(token_ids, num_drafts)
+
+    def _record(self, step: VerifiedStep) -> None:
+        """The emitted tokens [R, K + 1] into the table at first_positions + j, j <= num_accepted."""
+        offsets = torch.arange(step.token_ids.shape[1], device=step.rows.device)  # [K + 1]
+        positions = step.first_positions[:, None] + offsets[None, :]  # [R, K + 1]
+        emitted = offsets[None, :] <= step.num_accepted[:, None]
+        columns = torch.where(emitted & (positions < self._width), positions, self._width)
+        rows = step.rows[:, None].expand_as(columns)
+        self._table.index_put_((rows, columns), step.token_ids.to(torch.int32))
+        lengths = (step.first_positions + step.num_accepted + 1).clamp_(max=self._width)
+        self._lengths.index_copy_(0, step.rows, lengths)
