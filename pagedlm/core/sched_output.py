@@ -73,6 +73,9 @@ class SchedulerOutput:
     sampling_req_ids: set[str] = field(default_factory=set)
     step_id: int = 0
     grammar_bitmask: GrammarBitmask | None = None  # set by the engine core after scheduling
+    # Speculative decoding: requests whose last scheduled positions are that many drafts (the
+    # worker's, verified this step; core/spec_plan.py). They sample.
+    num_draft_tokens: dict[str, int] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -91,10 +94,12 @@ class Logprobs:
 @dataclass(slots=True)
 class ModelRunnerOutput:
     req_ids: list[str]  # requests that sampled this step, in batch order
-    sampled_token_ids: list[list[int]]  # [num_reqs][num_tokens_sampled] (1 without spec decode)
+    sampled_token_ids: list[list[int]]  # [num_reqs][tokens emitted: 1 + accepted drafts]
     logprobs: list[list[Logprobs]] | None = None  # parallel to sampled_token_ids, when asked
     prompt_logprobs: dict[str, list[Logprobs | None]] = field(default_factory=dict)
     step_id: int = 0
+    # Speculative decoding: the drafts the worker now holds per request (parallel to req_ids)
+    num_draft_tokens: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -110,6 +115,8 @@ class EngineCoreOutput:
     num_cached_tokens: int = 0  # prefix-cache hit, in tokens
     weight_version: str | None = None  # of the weights that produced new_token_ids
     error: str | None = None  # why the core failed the request (finish_reason "abort")
+    num_draft_tokens: int = 0  # speculative decoding: drafts this step verified
+    num_accepted_draft_tokens: int = 0  # of those, accepted
 
     @property
     def finished(self) -> bool:

@@ -44,7 +44,9 @@ from pagedlm.core.sched_output import (
     NewRequestData,
     SchedulerOutput,
 )
+from pagedlm.core.spec_plan import SpecPlanner
 from pagedlm.request import Request, RequestStatus
+from pagedlm.spec_decode.config import SpeculativeConfig
 
 
 @dataclass(slots=True)
@@ -63,6 +65,7 @@ class _StepPlan:
 
     token_budget: int
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)  # batch order
+    num_draft_tokens: dict[str, int] = field(default_factory=dict)  # of those, drafts
     new_reqs: list[NewRequestData] = field(default_factory=list)
     cached_reqs: list[CachedRequestData] = field(default_factory=list)
     sampling_req_ids: set[str] = field(default_factory=set)
@@ -88,8 +91,10 @@ class Scheduler:
         num_blocks: int,
         max_model_len: int,
         sliding_window: int | None = None,
+        speculative: SpeculativeConfig | None = None,
     ) -> None:
-        """sliding_window: every layer's window, if all have one (their blocks out of it are freed)."""
+        """sliding_window: every layer's window, if all have one (their blocks out of it are freed);
+        speculative: drafts verified by decoding requests (core/spec_plan.py)."""
         self.config = sched_config
         self.max_model_len = max_model_len
         self.kv_cache_manager = KVCacheManager(
@@ -112,6 +117,7 @@ class Scheduler:
         ] = {}  # step_id -> its requests, until updated
         self.num_preemptions = 0
         self.growth = GrowthEstimate(max_model_len, sliding_window=sliding_window)
+        self.spec = None if speculative is None else SpecPlanner(speculative, max_model_len)
 
     # ---- requests in and out ----
 
@@ -201,6 +207,7 @@ class Scheduler:
             finished_req_ids=self._finished_req_ids,
             sampling_req_ids=plan.sampling_req_ids,
             step_id=self._step_id,
+            num_draft_tokens=plan.num_draft_tokens,
         )
         self._finished_req_ids = set()
         return output
@@ -232,15 +239,35 @@ class Scheduler:
             if request is None:  # finished or aborted while the step ran
                 continue
             request.num_output_placeholders -= 1
+            num_drafts = sched_output.num_draft_tokens.get(req_id, 0)
+            num_accepted = self._verified(request, num_drafts, token_ids, runner_output, i)
             logprobs = runner_output.logprobs[i] if runner_output.logprobs is not None else None
-            outputs.append(
-                self._append_tokens(request, token_ids, logprobs, prompt_logprobs.get(req_id))
-            )
+            output = self._append_tokens(request, token_ids, logprobs, prompt_logprobs.get(req_id))
+            if num_drafts:
+                output.num_draft_tokens, output.num_accepted_draft_tokens = num_drafts, num_accepted
+            outputs.append(output)
         for req_id, entries in prompt_logprobs.items():
             if req_id not in sched_output.sampling_req_ids:
                 outputs.append(EngineCoreOutput(req_id, [], prompt_logprobs=entries))
         self._drop_finished_running()
         return outputs
+
+    def _verified(
+        self,
+        request: Request,
+        num_drafts: int,
+        token_ids: list[int],
+        runner_output: ModelRunnerOutput,
+        index: int,
+    ) -> int:
+        """A sampling request's verdict (spec_plan.py): its rejected drafts rolled back; returns
+        the accepted drafts."""
+        if self.spec is None:
+            return 0
+        held = runner_output.num_draft_tokens
+        return self.spec.verified(
+            request, num_drafts, len(token_ids), None if held is None else held[index]
+        )
 
     def _new_prompt_logprobs(
         self,
@@ -284,6 +311,10 @@ class Scheduler:
             if num_new == 0:
                 i += 1
                 continue
+            num_drafts = 0
+            if self.spec is not None:
+                num_drafts = self.spec.num_drafts(request, len(self.running), plan.token_budget)
+            num_new += num_drafts
             new_blocks = self._allocate_or_preempt(request, num_new, plan)
             if new_blocks is None:  # the request was the lowest and preempted itself
                 break
@@ -295,7 +326,7 @@ class Scheduler:
                     self.kv_cache_manager.get_num_null_blocks(request.request_id),
                 )
             )
-            self._commit(request, num_new, plan)
+            self._commit(request, num_new, plan, num_drafts)
             i += 1
 
     def _allocate_or_preempt(
@@ -444,17 +475,23 @@ class Scheduler:
         waits a step rather than the step waiting for the token)."""
         if request.num_output_placeholders and request.structured_output is not None:
             return 0
+        if self.spec is not None and self.spec.waits(request, len(self.running)):
+            return 0
         num_outputs = len(request.output_token_ids) + request.num_output_placeholders
         num_tokens = len(request.prompt_token_ids) + num_outputs  # known and in flight
         if num_outputs >= request.max_tokens or num_tokens >= self.max_model_len:
             return 0
         return min(num_tokens - request.num_computed_tokens, token_budget)
 
-    def _commit(self, request: Request, num_new: int, plan: _StepPlan) -> None:
+    def _commit(self, request: Request, num_new: int, plan: _StepPlan, num_drafts: int = 0) -> None:
+        """num_drafts: the last of the num_new positions are drafts (the request samples)."""
         plan.num_scheduled_tokens[request.request_id] = num_new
         plan.token_budget -= num_new
         request.num_computed_tokens += num_new
-        if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders:
+        if num_drafts:
+            plan.num_draft_tokens[request.request_id] = num_drafts
+        num_verified = request.num_computed_tokens - num_drafts
+        if num_verified == request.num_tokens + request.num_output_placeholders:
             plan.sampling_req_ids.add(request.request_id)
             request.num_output_placeholders += 1
 
@@ -469,6 +506,8 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         self.kv_cache_manager.free(request)
+        if self.spec is not None:
+            self.spec.forget(request.request_id)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -539,6 +578,8 @@ class Scheduler:
         if status != RequestStatus.FINISHED_ABORTED:
             self.growth.observe_finished(request)
         self.kv_cache_manager.free(request)
+        if self.spec is not None:
+            self.spec.forget(request.request_id)
         del self.requests[request.request_id]
         del self._sort_keys[request.request_id]
         self._num_prompt_logprobs_sent.pop(request.request_id, None)

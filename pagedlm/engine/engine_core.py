@@ -77,7 +77,12 @@ class EngineCore:
         if not envs.PAGEDLM_FREE_SLIDING_WINDOW:
             window = None  # every block kept (the kernels still apply the window)
         self.scheduler = Scheduler(
-            self.config.scheduler, self.config.cache, self.num_blocks, max_model_len, window
+            self.config.scheduler,
+            self.config.cache,
+            self.num_blocks,
+            max_model_len,
+            window,
+            speculative=self.config.speculative,
         )
         _check_kv_capacity(
             self.scheduler.kv_cache_manager.capacity_tokens, max_model_len, self.num_blocks

@@ -214,7 +214,14 @@ class SamplingState:
         batch = self.make_batch(rows_np)
         output = sample_batch(logits.float(), batch, self._triton_device_types)
         self._num_sampled_np[rows_np] += 1
-        sampled = output.sampled_token_ids  # [N]
+        self.record_drawn(batch, rows_np, output.sampled_token_ids)
+        return output
+
+    def record_drawn(
+        self, batch: SamplingBatch, rows_np: np.ndarray, sampled: torch.Tensor
+    ) -> None:
+        """The tokens sampled [N] by the batch made for rows [N] go into the histories of the
+        rows with penalties or bad words (speculative steps: rows that verified no draft)."""
         pen = batch.penalties
         if pen is not None:
             penalised_np = rows_np[self._flags_np[rows_np, Feature.PENALTIES]]
@@ -223,7 +230,16 @@ class SamplingState:
             )
         if batch.bad_words is not None:
             self._bad_words.record(batch.bad_words.rows, _pick(sampled, batch.bad_words.index))
-        return output
+
+    def count_emitted(self, rows_np: np.ndarray, counts_np: np.ndarray) -> None:
+        """Rows [N] (distinct) emitted counts_np [N] tokens outside sample() (speculative
+        steps); their next noise keys and min_tokens bans count them."""
+        self._num_sampled_np[rows_np] += counts_np
+
+    def noise_keys(self, rows_np: np.ndarray, offsets_np: np.ndarray) -> torch.Tensor:
+        """[N] int64 on the device: the noise keys of rows [N] offsets_np [N] tokens ahead."""
+        keys_np = row_keys_np(self._seeds_np[rows_np], self._num_sampled_np[rows_np] + offsets_np)
+        return upload(keys_np, self.device)
 
     def is_greedy(self, rows_np: np.ndarray) -> bool:
         """Whether the batch of rows [N] samples by argmax alone: no row draws at random or uses
@@ -253,9 +269,16 @@ class SamplingState:
         self._greedy_rows = (rows_np, self._rows_version, not used_np.any())
         return self._greedy_rows[2]
 
-    def make_batch(self, rows_np: np.ndarray) -> SamplingBatch:
-        """The device view of the features the rows [N] use this step (no state changes)."""
+    def make_batch(
+        self, rows_np: np.ndarray, offsets_np: np.ndarray | None = None
+    ) -> SamplingBatch:
+        """The device view of the features the rows [N] use this step (no state changes).
+        offsets_np [N]: each row samples that many tokens past the ones counted (a row repeated
+        for the positions of its drafts: noise keys and min_tokens bans count them)."""
         flags_np = self._flags_np[rows_np]  # [N, F]
+        num_sampled_np = self._num_sampled_np[rows_np]  # [N]
+        if offsets_np is not None:
+            num_sampled_np = num_sampled_np + offsets_np
         used = flags_np.any(axis=0)  # [F]
         batch = SamplingBatch()
         if used[Feature.LOGPROBS]:
@@ -267,7 +290,7 @@ class SamplingState:
             index, rows = self._select(rows_np, mask_np)
             batch.bad_words = self._bad_words.batch(index, rows, rows_np[mask_np])
         if used[Feature.MIN_TOKENS]:
-            below = self._num_sampled_np[rows_np] < self._min_tokens_np[rows_np]  # [N]
+            below = num_sampled_np < self._min_tokens_np[rows_np]  # [N]
             banning = (
                 flags_np[:, Feature.MIN_TOKENS] & below
             )  # [N]: rows with ids to ban, still below
@@ -278,7 +301,7 @@ class SamplingState:
         if used[Feature.PENALTIES]:
             batch.penalties = self._batch_penalties(rows_np, flags_np[:, Feature.PENALTIES])
         if used[Feature.RANDOM]:
-            batch.random = self._random_params(rows_np, flags_np, used)
+            batch.random = self._random_params(rows_np, flags_np, used, num_sampled_np)
         return batch
 
     def _check_batch(self, logits: torch.Tensor, rows_np: np.ndarray) -> np.ndarray:
@@ -349,12 +372,16 @@ class SamplingState:
         )
 
     def _random_params(
-        self, rows_np: np.ndarray, flags_np: np.ndarray, used: np.ndarray
+        self,
+        rows_np: np.ndarray,
+        flags_np: np.ndarray,
+        used: np.ndarray,
+        num_sampled_np: np.ndarray,
     ) -> RandomParams:
         self._floats.sync()
         self._ints.sync()
         is_random_np = flags_np[:, Feature.RANDOM]
-        keys_np = row_keys_np(self._seeds_np[rows_np], self._num_sampled_np[rows_np])
+        keys_np = row_keys_np(self._seeds_np[rows_np], num_sampled_np)
         packed_np = np.stack([rows_np, keys_np, is_random_np.astype(np.int64)])  # [3, N]
         rows, keys, is_random = upload(packed_np, self.device)
         params = RandomParams(noise_keys=keys)

@@ -118,5 +118,12 @@ class SpecDecodeCounters:
         positions = np.arange(self.num_speculative_tokens)
         self.accepted_per_pos += (accepted[:, None] > positions[None, :]).sum(axis=0)
 
+    def record_one(self, num_drafts: int, num_accepted: int) -> None:
+        """One request's spec step (num_drafts > 0)."""
+        self.num_drafts += 1
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
+        self.accepted_per_pos[:num_accepted] += 1
+
     def mean_acceptance_length(self) -> float:
         return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0

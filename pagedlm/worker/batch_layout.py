@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pagedlm.worker.prompt_logprobs import PromptLogprobsPlan
+from pagedlm.worker.spec_layout import SpecLayout
 
 
 @dataclass(slots=True)
@@ -80,6 +81,8 @@ class BatchLayout:
     # The leading sequences with one query token each (all of them in a decode-only batch): the
     # attention kernels' decode path, launched in decode_order.
     num_decodes: int = 0
+    spec: SpecLayout | None = None  # the drafts this step verifies (None: no drafts)
+    sample_batch_idx_np: np.ndarray | None = None  # [num_samples]; None: every request samples
 
     @property
     def num_samples(self) -> int:

@@ -30,6 +30,7 @@ from pagedlm.worker.batch_layout import (
     leading_decodes,
 )
 from pagedlm.worker.prompt_logprobs import PromptLogprobsPlan, plan_prompt_logprobs
+from pagedlm.worker.spec_layout import SpecLayout, draft_token_mask, spec_layout
 from pagedlm.worker.step_buffers import StepBuffers
 
 
@@ -40,8 +41,12 @@ def cdiv(a: int | np.ndarray, b: int) -> int | np.ndarray:
 class InputBatch:
     """Persistent rows of the requests on the worker (host numpy; see the module invariant)."""
 
-    def __init__(self, max_num_reqs: int, max_model_len: int, block_size: int) -> None:
+    def __init__(
+        self, max_num_reqs: int, max_model_len: int, block_size: int, spec_k: int = 0
+    ) -> None:
+        """spec_k: the drafts a request may verify in a step (the DraftStore's width)."""
         self.max_num_reqs = max_num_reqs
+        self.spec_k = spec_k
         self.max_model_len = max_model_len
         self.block_size = block_size
         self.max_num_blocks_per_req = cdiv(max_model_len, block_size)
@@ -186,10 +191,20 @@ class InputBatch:
                 f"request {req_id}: block ids {block_ids[:8]} must lie in [0, num_blocks={limit})"
             )
 
-    def record_sampled(self, layout: BatchLayout, token_ids_np: np.ndarray) -> None:
+    def record_sampled(
+        self,
+        layout: BatchLayout,
+        token_ids_np: np.ndarray,
+        num_emitted_np: np.ndarray | None = None,
+    ) -> None:
         """Store the tokens [N] a past step sampled, where their row still has the same owner
         and the token is the next one the host does not know yet (and fits in the row). A row's
-        pending position needs no reset: it now lies below num_tokens_np[row]."""
+        pending position needs no reset: it now lies below num_tokens_np[row]. With
+        num_emitted_np [N] (speculative decoding), token_ids_np is [N, K + 1]: request i emitted
+        its first num_emitted_np[i] tokens."""
+        if num_emitted_np is not None:
+            self._record_emitted(layout, token_ids_np, num_emitted_np)
+            return
         rows_np, positions_np = layout.sample_rows_np, layout.sample_positions_np  # [N] each
         stored = positions_np == self.num_tokens_np.take(rows_np)  # [N]
         if layout.rows_version != self.rows_version:  # a row may have changed owner since
@@ -204,6 +219,19 @@ class InputBatch:
             )
         self.token_ids_np[rows_np, positions_np] = token_ids_np
         self.num_tokens_np[rows_np] = positions_np + 1
+
+    def _record_emitted(
+        self, layout: BatchLayout, token_ids_np: np.ndarray, num_emitted_np: np.ndarray
+    ) -> None:
+        """record_sampled's speculative case: where the first token would be stored, each
+        emitted token j at sample position + j, within the row."""
+        stored = layout.sample_positions_np == self.num_tokens_np.take(layout.sample_rows_np)
+        stored &= self.epochs_np.take(layout.sample_rows_np) == layout.sample_epochs_np
+        for i in np.flatnonzero(stored).tolist():  # sync-ok: numpy, host only
+            row, first = layout.sample_rows_np[i], layout.sample_positions_np[i]
+            num = min(int(num_emitted_np[i]), self.max_model_len - first)
+            self.token_ids_np[row, first : first + num] = token_ids_np[i, :num]
+            self.num_tokens_np[row] = first + num
 
     def prepare(self, sched: SchedulerOutput, buf: StepBuffers) -> BatchLayout:
         """Lay the scheduled tokens out as one ragged batch in the host buffers of buf."""
@@ -221,9 +249,11 @@ class InputBatch:
             rows = self._rows_of(req_ids)
         ragged = self._ragged(sched, rows, num_tokens)
         max_seq_len = self._check_lengths(req_ids, rows, ragged.seq_lens)
-        placeholder_idx = self._placeholders(ragged)  # [num_placeholders]
+        num_drafts_b = self._num_drafts_b(sched, req_ids)  # [B]; None: no drafts this step
+        placeholder_idx = self._placeholders(ragged, num_drafts_b)  # [num_placeholders]
         num_placeholders = placeholder_idx.size
         samples = self._samples(sched, req_ids, rows, ragged.seq_lens)
+        spec = None if num_drafts_b is None else self._spec_layout(num_drafts_b, ragged, samples)
         bucket_tokens = buf.bucket(num_tokens)
         key = StepKey(
             self.rows_version,
@@ -261,6 +291,8 @@ class InputBatch:
             num_decodes=num_seqs
             if num_tokens == num_seqs
             else leading_decodes(ragged.num_scheduled),
+            spec=spec,
+            sample_batch_idx_np=samples.batch_idx,
         )
         self._fill(buf, layout, ragged, samples, placeholder_idx)
         self.pending_position_np[samples.rows_np] = samples.positions_np
@@ -338,11 +370,40 @@ class InputBatch:
             )
         return max_seq_len
 
-    def _placeholders(self, ragged: Ragged) -> np.ndarray:
+    def _num_drafts_b(self, sched: SchedulerOutput, req_ids: list[str]) -> np.ndarray | None:
+        """[B] int64: the drafts each scheduled request verifies; None when none does."""
+        drafts = sched.num_draft_tokens
+        if not drafts:
+            return None
+        if not drafts.keys() <= sched.sampling_req_ids or max(drafts.values()) > self.spec_k:
+            raise ValueError(
+                f"num_draft_tokens: {drafts} must name sampling requests, at most "
+                f"{self.spec_k} drafts each"
+            )
+        return np.fromiter((drafts.get(r, 0) for r in req_ids), np.int64, len(req_ids))
+
+    def _spec_layout(
+        self, num_drafts_b: np.ndarray, ragged: Ragged, samples: Samples
+    ) -> SpecLayout:
+        """The drafts' layout; a drafting request's tokens land from its first draft position."""
+        batch_idx = samples.batch_idx
+        if batch_idx is None:
+            batch_idx = np.arange(len(samples.req_ids))
+        samples.positions_np = samples.positions_np - num_drafts_b[batch_idx]
+        return spec_layout(
+            num_drafts_b, ragged.query_start_loc, batch_idx, ragged.rows, self.spec_k
+        )
+
+    def _placeholders(self, ragged: Ragged, num_drafts_b: np.ndarray | None) -> np.ndarray:
         """[num_placeholders] batch indices of the input tokens whose value is still on the
-        device (the last token sampled in the row)."""
+        device (the last token sampled in the row); draft positions are not placeholders."""
         token_rows, positions = ragged.token_rows, ragged.positions
-        idx = (positions >= self.num_tokens_np.take(token_rows)).nonzero()[0]  # sync-ok: numpy
+        unknown = positions >= self.num_tokens_np.take(token_rows)
+        if num_drafts_b is not None:
+            unknown &= ~draft_token_mask(
+                num_drafts_b, ragged.seq_lens, ragged.num_scheduled, positions
+            )
+        idx = unknown.nonzero()[0]  # sync-ok: numpy
         if idx.size:
             bad = positions.take(idx) != self.pending_position_np.take(token_rows.take(idx))
             if np.count_nonzero(bad):

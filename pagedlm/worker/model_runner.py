@@ -41,6 +41,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 
 from pagedlm.attention.backend import AttentionMetadata, get_attention_backend
@@ -67,6 +68,7 @@ from pagedlm.worker.profile_run import profile_run
 from pagedlm.worker.prompt_logprobs import MAX_ROWS_PER_CHUNK, compute_prompt_logprobs
 from pagedlm.worker.runner_output import AsyncRunnerOutput
 from pagedlm.worker.sizes import SizePolicy
+from pagedlm.worker.spec_step import SpecOutput, SpecWorker
 from pagedlm.worker.start_up_log import (
     log_every_size_kept,
     log_graph_sizes_kept,
@@ -103,8 +105,13 @@ class ModelRunner:
         )
         self.graph_bytes_reserved: int | None = None  # trial capture, before sizing the KV cache
         self.graph_bytes = 0  # what the captured graphs take
+        spec = config.speculative
+        self.spec = None if spec is None else SpecWorker(config, NUM_STAGING_SETS)
         self.input_batch = InputBatch(
-            self.max_num_reqs, config.model.max_model_len, self.block_size
+            self.max_num_reqs,
+            config.model.max_model_len,
+            self.block_size,
+            0 if spec is None else spec.num_speculative_tokens,
         )
         self._init_buffers()
         self._init_streams()
@@ -182,8 +189,9 @@ class ModelRunner:
             self.weights_bytes = torch.cuda.memory_allocated(self.device) - before
         # the most rows the LM head takes at once: a step's sampling rows (but a replay's where every
         # row samples, which runs at its graph size) or a chunk of prompt-logprob rows
+        rows_per_req = 1 if self.spec is None else 1 + self.spec.k  # a request's logits rows
         max_rows = max(
-            min(self.max_num_reqs, self.max_num_tokens),
+            min(self.max_num_reqs * rows_per_req, self.max_num_tokens),
             min(MAX_ROWS_PER_CHUNK, self.max_num_tokens),
         )
         model = self.config.model
@@ -359,6 +367,8 @@ class ModelRunner:
         self._reclaim(slot)
         plan = self._plan(sched.step_id, slot, self.input_batch.prepare(sched, self._staging[slot]))
         self._send_inputs(plan)
+        if self.spec is not None:
+            self.spec.begin_step(plan)
         grammar = self.grammar_inputs.stage(sched.grammar_bitmask, slot)
         try:
             output = self._launch(plan, grammar)
@@ -409,7 +419,12 @@ class ModelRunner:
         """The step's forward, sampling and output copies, queued after its input copy (or a staged
         graph that copies its inputs itself)."""
         hidden = self._forward(plan)
-        sample, ids_on_host = self._sample(hidden, plan, grammar)
+        spec = None
+        if self.spec is None:
+            sample, ids_on_host = self._sample(hidden, plan, grammar)
+        else:
+            sample, ids_on_host = None, False
+            spec = self.spec.sample_and_propose(self, hidden, plan, grammar, plan.slot)
         layout = plan.layout
         prompt_logprobs = (
             None
@@ -420,7 +435,7 @@ class ModelRunner:
                 functools.partial(self.lm_head.run, self.model.compute_logits),
             )
         )
-        return self._launch_output(plan, sample, prompt_logprobs, ids_on_host)
+        return self._launch_output(plan, sample, prompt_logprobs, ids_on_host, spec)
 
     def _update_states(self, sched: SchedulerOutput) -> None:
         for req_id in sched.finished_req_ids:
@@ -447,11 +462,15 @@ class ModelRunner:
         except ValueError:
             self.input_batch.remove_request(new.req_id)
             raise
+        if self.spec is not None:
+            self.spec.add_request(row, new.prompt_token_ids + new.output_token_ids)
 
     def _remove_request(self, req_id: str) -> None:
         row = self.input_batch.remove_request(req_id)
         if row is not None:
             self.sampler.remove_request(row)
+            if self.spec is not None:
+                self.spec.remove_request(row)
 
     def _prompt_embeds_to_device(self, new: NewRequestData) -> torch.Tensor | None:
         embeds = new.prompt_embeds
@@ -482,6 +501,20 @@ class ModelRunner:
             sampled = unrecorded.popleft().sampled()
             if sampled is not None:
                 self.input_batch.record_sampled(*sampled)
+                if len(sampled) == 3:  # speculative: the drafting rows' tokens count now
+                    self._count_verified(*sampled)
+
+    def _count_verified(
+        self, layout: BatchLayout, token_ids_np: np.ndarray, num_emitted_np: np.ndarray
+    ) -> None:
+        """The sampler counts what rows with drafts emitted (spec_step.py), where their owner
+        is still the one that sampled."""
+        if layout.spec is None:
+            return
+        rows_np = layout.sample_rows_np
+        counted = layout.spec.num_drafts_np > 0
+        counted &= self.input_batch.epochs_np.take(rows_np) == layout.sample_epochs_np
+        self.sampler.count_emitted(rows_np[counted], num_emitted_np[counted])
 
     @staticmethod
     def _attention_metadata(plan: StepPlan, block_table: torch.Tensor) -> AttentionMetadata:
@@ -516,6 +549,8 @@ class ModelRunner:
                 )
             return graphs.replay(plan.graph_size, plan.stage_slot)
         input_ids = self._input_ids(inputs, layout)  # [T]
+        if layout.spec is not None:
+            self.spec.write_draft_inputs(input_ids)
         block_table = inputs.prefix("block_table", num_seqs, num_cols)
         meta = self._attention_metadata(plan, block_table)
         positions = inputs.prefix("positions", num_tokens)  # [T]
@@ -613,6 +648,7 @@ class ModelRunner:
         sample: SamplerOutput | None,
         prompt_logprobs: tuple[torch.Tensor, ...] | None,
         ids_on_host: bool,
+        spec: SpecOutput | None = None,
     ) -> AsyncRunnerOutput:
         """The device->host copies of the step's results (the sampled ids' unless a staged graph
         wrote them there), then the step's event (stream order: after all of the step's work)."""
@@ -626,12 +662,14 @@ class ModelRunner:
                 )
             sampled_np = self._sampled_np[slot]
             logprobs_cpu = _to_host(sample.logprobs)
+        elif spec is not None:
+            logprobs_cpu = _to_host(spec.logprobs)
         prompt_logprobs_cpu = _to_host(prompt_logprobs)
         event = self._step_events[slot]
         if event is not None:
             event.record(self._compute_stream())
         return AsyncRunnerOutput(
-            plan.step_id, plan.layout, sampled_np, logprobs_cpu, event, prompt_logprobs_cpu
+            plan.step_id, plan.layout, sampled_np, logprobs_cpu, event, prompt_logprobs_cpu, spec
         )
 
     def _compute_stream(self) -> torch.cuda.Stream:

@@ -9,6 +9,7 @@ import torch
 from pagedlm.core.sched_output import Logprobs, ModelRunnerOutput
 from pagedlm.worker.batch_layout import BatchLayout
 from pagedlm.worker.prompt_logprobs import logprobs_row, to_logprobs_lists
+from pagedlm.worker.spec_step import SpecOutput
 
 HostTensors = tuple[torch.Tensor, ...]
 
@@ -27,6 +28,7 @@ class AsyncRunnerOutput:
         logprobs_cpu: HostTensors | None = None,
         event: torch.cuda.Event | None = None,
         prompt_logprobs_cpu: HostTensors | None = None,
+        spec: SpecOutput | None = None,  # speculative decoding: replaces sampled_np
     ) -> None:
         self._step_id = step_id
         self._layout = layout
@@ -34,6 +36,7 @@ class AsyncRunnerOutput:
         self._logprobs_cpu = logprobs_cpu
         self._prompt_logprobs_cpu = prompt_logprobs_cpu
         self._event = event
+        self._spec = spec
         self._result: ModelRunnerOutput | None = None
 
     def get_output(self) -> ModelRunnerOutput:
@@ -47,13 +50,20 @@ class AsyncRunnerOutput:
         """Whether get_output() was called (the step's host copies are complete)."""
         return self._result is not None
 
-    def sampled(self) -> tuple[BatchLayout, np.ndarray] | None:
+    def sampled(
+        self,
+    ) -> tuple[BatchLayout, np.ndarray] | tuple[BatchLayout, np.ndarray, np.ndarray] | None:
         """Once read: the step's layout and its sampled ids [num_samples] int64 (host memory, valid
-        until the runner reuses the step's staging set); None when no request sampled."""
+        until the runner reuses the step's staging set); None when no request sampled. With
+        speculative decoding: the layout, the tokens [num_samples, k + 1] and how many of each
+        row were emitted [num_samples]."""
         assert self.is_read, "the output was not read"
         layout = self._layout
         if layout is None or layout.num_samples == 0:
             return None
+        if self._spec is not None:
+            host_np = self._spec.host_np
+            return layout, host_np[:, :-2], host_np[:, -2] + 1
         return layout, self._sampled_np[: layout.num_samples]
 
     def _build(self) -> ModelRunnerOutput:
@@ -69,11 +79,37 @@ class AsyncRunnerOutput:
             )
         if layout.num_samples == 0:
             return result
-        token_ids_np = self._sampled_np[: layout.num_samples]  # host memory, copy complete
         result.req_ids = layout.sampling_req_ids
+        if self._spec is not None:
+            self._build_spec(result, self._spec.host_np)
+            return result
+        token_ids_np = self._sampled_np[: layout.num_samples]  # host memory, copy complete
         result.sampled_token_ids = [[t] for t in token_ids_np.tolist()]  # sync-ok: host memory
         result.logprobs = self._logprobs()
         return result
+
+    def _build_spec(self, result: ModelRunnerOutput, host_np: np.ndarray) -> None:
+        """host_np [N, k + 3]: the emitted tokens, the accepted drafts, the drafts held next."""
+        rows = host_np.tolist()  # sync-ok: host memory, event waited
+        result.sampled_token_ids = [row[: row[-2] + 1] for row in rows]
+        result.num_draft_tokens = [row[-1] for row in rows]
+        if self._logprobs_cpu is None:
+            return
+        ids_np, logprobs_np, ranks_np = (t.numpy() for t in self._logprobs_cpu)  # sync-ok: host
+        starts = self._spec.logits_start_np.tolist()  # sync-ok: numpy
+        result.logprobs = [
+            []
+            if num < 0
+            else [
+                logprobs_row(ids_np, logprobs_np, ranks_np, start + j, 1 + num)
+                for j in range(len(tokens))
+            ]
+            for num, start, tokens in zip(
+                self._layout.sample_num_logprobs_np.tolist(),  # sync-ok: numpy
+                starts,
+                result.sampled_token_ids,
+            )
+        ]
 
     def _logprobs(self) -> list[list[Logprobs]] | None:
         """Per sampling request, the sampled token and its top-N (N as it asked; [] if it did

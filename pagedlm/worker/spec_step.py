@@ -1,0 +1,203 @@
+"""SpecWorker: the runner's speculative-decoding part, all on the device, no host sync.
+
+Per step (ModelRunner calls, in order):
+- `begin_step`: one upload of the step's draft layout (spec_layout.py) and the sampling
+  requests' first positions;
+- `write_draft_inputs`: the draft positions' input ids from the DraftStore;
+- `sample_and_propose`: a step without drafts samples as without speculation (the runner's own
+  `_sample`: graphs' argmax, grammar, every feature), one with drafts runs the rejection sampler
+  over each sampling request's 1 + n logits rows with the request's parameters repeated (noise
+  keys and min_tokens counting the row's position); then the proposer gets the emitted tokens
+  (proposer.py) and the next drafts go into the DraftStore; one copy brings [N, k + 3] to pinned
+  host memory: the emitted tokens (k + 1 columns, -1 past the emitted), the accepted drafts,
+  the drafts now held.
+
+Tokens sampled by rows without drafts are counted by the sampler at once (they may be in flight
+under async scheduling), those of rows with drafts when the host records the step (such requests
+are never scheduled while a step of theirs is in flight: core/spec_plan.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from pagedlm.config import EngineConfig
+from pagedlm.sample.grammar_mask import apply_grammar_bitmask
+from pagedlm.sample.sampler import Logprobs, SamplingBatch
+from pagedlm.sample.tables import upload
+from pagedlm.spec_decode.ngram import NO_DRAFT
+from pagedlm.spec_decode.proposer import DraftStore, VerifiedStep, make_proposer
+from pagedlm.spec_decode.rejection_sampler import SyntheticAcceptance, rejection_sample
+from pagedlm.worker.grammar_inputs import GrammarRows
+from pagedlm.worker.step_plan import StepPlan
+
+if TYPE_CHECKING:
+    from pagedlm.worker.model_runner import ModelRunner
+
+
+@dataclass(slots=True)
+class SpecOutput:
+    """A step's results on their way to the host (runner_output.py reads them)."""
+
+    host_np: np.ndarray  # [N, k + 3] int64 (pinned): tokens [k + 1], num_accepted, num_drafts
+    logprobs: Logprobs | None  # over the logits rows (device)
+    logits_start_np: np.ndarray  # [N]: each request's first logits row
+
+
+@dataclass(slots=True)
+class _StepTensors:
+    first_positions: torch.Tensor  # [N] int64
+    draft_token_idx: torch.Tensor | None = None  # [D]
+    draft_src: torch.Tensor | None = None  # [D]
+    logits_idx: torch.Tensor | None = None  # [T_l]
+    cu_num_drafts: torch.Tensor | None = None  # [N]
+    logits_start: torch.Tensor | None = None  # [N]
+
+
+class SpecWorker:
+    def __init__(self, config: EngineConfig, num_staging_sets: int) -> None:
+        spec = config.speculative
+        assert spec is not None
+        self.k = spec.num_speculative_tokens
+        self.device = config.device
+        max_num_reqs = config.scheduler.max_num_seqs
+        self.proposer = make_proposer(spec, max_num_reqs, config.model.max_model_len, self.device)
+        self.store = DraftStore(max_num_reqs, self.k, self.device)
+        self._rates = None
+        if spec.rejection_sample_method == "synthetic":
+            self._rates = torch.tensor(spec.synthetic_acceptance_rates, device=self.device)
+        self._zeros = torch.zeros(max_num_reqs, dtype=torch.int64, device=self.device)
+        pin = self.device.type == "cuda"
+        self._host = [
+            torch.zeros(max_num_reqs * (self.k + 3), dtype=torch.int64, pin_memory=pin)
+            for _ in range(num_staging_sets)
+        ]
+        self._step: _StepTensors | None = None
+
+    def add_request(self, row: int, token_ids: list[int]) -> None:
+        self.proposer.add_request(row, token_ids)
+
+    def remove_request(self, row: int) -> None:
+        self.proposer.remove_request(row)
+
+    def begin_step(self, plan: StepPlan) -> None:
+        layout = plan.layout
+        first_np = layout.sample_positions_np.astype(np.int64)
+        spec = layout.spec
+        if spec is None:
+            self._step = _StepTensors(upload(first_np, self.device)) if first_np.size else None
+            return
+        packed = upload(np.concatenate([spec.packed_np, first_np]), self.device)
+        d, t, n = spec.num_draft_tokens, spec.num_logits_rows, layout.num_samples
+        self._step = _StepTensors(
+            first_positions=packed[2 * d + t + 2 * n :],
+            draft_token_idx=packed[:d],
+            draft_src=packed[d : 2 * d],
+            logits_idx=packed[2 * d : 2 * d + t],
+            cu_num_drafts=packed[2 * d + t : 2 * d + t + n],
+            logits_start=packed[2 * d + t + n : 2 * d + t + 2 * n],
+        )
+
+    def write_draft_inputs(self, input_ids: torch.Tensor) -> None:
+        """input_ids [T]: the draft positions take their drafts."""
+        step = self._step
+        input_ids.index_copy_(
+            0, step.draft_token_idx, self.store.flat_ids.index_select(0, step.draft_src)
+        )
+
+    def sample_and_propose(
+        self,
+        runner: ModelRunner,
+        hidden: torch.Tensor,
+        plan: StepPlan,
+        grammar: GrammarRows | None,
+        slot: int,
+    ) -> SpecOutput | None:
+        layout = plan.layout
+        num_samples = layout.num_samples
+        if num_samples == 0:
+            return None
+        if layout.spec is None:
+            sample, _ = runner._sample(hidden, plan, grammar)
+            token_ids = torch.full(
+                (num_samples, self.k + 1), NO_DRAFT, dtype=torch.int64, device=self.device
+            )
+            token_ids[:, 0] = sample.sampled_token_ids[:num_samples]
+            num_accepted, logprobs = self._zeros[:num_samples], sample.logprobs
+            logits_start_np = np.arange(num_samples)
+        else:
+            token_ids, num_accepted, logprobs = self._verify(runner, hidden, plan, grammar)
+            logits_start_np = layout.spec.logits_start_np
+        rows = plan.inputs.prefix("sample_rows", num_samples)  # [N] int64
+        drafts = self.proposer.propose(
+            VerifiedStep(
+                rows_np=layout.sample_rows_np.astype(np.int64),
+                rows=rows,
+                token_ids=token_ids,
+                num_accepted=num_accepted,
+                first_positions_np=layout.sample_positions_np.astype(np.int64),
+                first_positions=self._step.first_positions,
+                hidden_states=hidden,
+                batch_index_np=_sample_batch_index(layout),
+                layout=layout,
+                inputs=plan.inputs,
+            )
+        )
+        self.store.store(rows, drafts)
+        packed = torch.cat([token_ids, num_accepted[:, None], drafts.num_drafts[:, None]], dim=1)
+        host = self._host[slot][: packed.numel()].view(num_samples, self.k + 3)
+        host.copy_(packed, non_blocking=True)
+        return SpecOutput(host.numpy(), logprobs, logits_start_np)  # sync-ok: pinned host view
+
+    def _verify(
+        self, runner: ModelRunner, hidden: torch.Tensor, plan: StepPlan, grammar: GrammarRows | None
+    ) -> tuple[torch.Tensor, torch.Tensor, Logprobs | None]:
+        """The rejection sampler over the step's logits rows -> emitted tokens [N, k + 1],
+        accepted drafts [N], logprobs of the rows' tokens."""
+        layout, step, spec = plan.layout, self._step, plan.layout.spec
+        logits = runner.lm_head.gathered(runner.model.compute_logits, hidden, step.logits_idx)
+        if grammar is not None:  # constrained requests never draft: one row each
+            indices, bitmask = grammar
+            apply_grammar_bitmask(logits, step.logits_start.index_select(0, indices), bitmask)
+        rows_np = layout.sample_rows_np
+        num_rows_np = spec.num_drafts_np + 1  # [N]
+        row_rows_np = np.repeat(rows_np, num_rows_np)  # [T_l]
+        offsets_np = np.arange(spec.num_logits_rows) - np.repeat(spec.logits_start_np, num_rows_np)
+        sampler = runner.sampler
+        batch = (
+            SamplingBatch()
+            if sampler.is_greedy(rows_np)
+            else sampler.make_batch(row_rows_np, offsets_np)
+        )
+        synthetic = None
+        if self._rates is not None:
+            synthetic = SyntheticAcceptance(
+                self._rates, sampler.noise_keys(row_rows_np, offsets_np)
+            )
+        draft_ids = self.store.flat_ids.index_select(0, step.draft_src)  # [D]
+        draft_probs = None
+        if self.store.probs is not None:
+            flat_probs = self.store.probs.view(-1, self.store.probs.shape[-1])
+            draft_probs = flat_probs.index_select(0, step.draft_src)  # [D, V]
+        out = rejection_sample(
+            logits, draft_ids, step.cu_num_drafts, self.k, batch, draft_probs, synthetic
+        )
+        no_drafts_np = spec.num_drafts_np == 0
+        sampler.count_emitted(rows_np[no_drafts_np], 1)
+        sampler.record_drawn(batch, row_rows_np, out.row_token_ids)
+        last = out.token_ids.gather(1, out.num_accepted[:, None])[:, 0]  # [N]
+        runner._last_sampled.index_copy_(
+            0, plan.inputs.prefix("sample_rows", layout.num_samples), last
+        )
+        return out.token_ids, out.num_accepted, out.logprobs
+
+
+def _sample_batch_index(layout) -> np.ndarray:
+    """[N]: each sampling request's index in the step's batch."""
+    if layout.sample_batch_idx_np is None:
+        return np.arange(layout.num_samples)
+    return layout.sample_batch_idx_np
