@@ -27,6 +27,7 @@ DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # vLLM's names: decode graphs for pure-decode steps and piecewise graphs for the others, or decode
 # graphs only (every other step eager). enforce_eager turns both off.
 CUDAGRAPH_MODES = ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
+PER_REQUEST_SPEC_METRICS = ("none", "summary", "detailed")
 _DTYPES = {  # spelling -> name of the torch dtype
     "float32": "float32",
     "fp32": "float32",
@@ -412,6 +413,8 @@ class EngineConfig:
     enable_sleep_mode: bool = False
     parallel: ParallelConfig = ParallelConfig()
     speculative: SpeculativeConfig | None = None  # None: no speculative decoding
+    # none | summary | detailed: each request's acceptance in its outputs (spec_decode/metrics.py)
+    per_request_spec_decode_metrics: str = "summary"
 
 
 @dataclass
@@ -440,6 +443,7 @@ class EngineArgs:
     graph_size_timing: bool = True
     enable_sleep_mode: bool = False
     speculative_config: dict | str | None = None  # a dict, or its JSON text from the CLI
+    per_request_spec_decode_metrics: str = "summary"
     device: str = "auto"
     tensor_parallel_size: int = 1
     distributed_executor_backend: str | None = None
@@ -528,6 +532,11 @@ class EngineArgs:
             enable_sleep_mode=self.enable_sleep_mode,
             parallel=parallel,
             speculative=_speculative_config(self.speculative_config, model),
+            per_request_spec_decode_metrics=_choice(
+                "per_request_spec_decode_metrics",
+                self.per_request_spec_decode_metrics,
+                PER_REQUEST_SPEC_METRICS,
+            ),
         )
 
 
@@ -544,6 +553,12 @@ def _speculative_config(value: dict | str | None, target: ModelConfig) -> Specul
                 f"from the target's ({target.vocab_size}); a draft must share the vocabulary"
             )
     return spec
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+    return value
 
 
 def _or_default(value: int | None, default: int) -> int:
@@ -588,6 +603,9 @@ _CLI_HELP = {  # one line per EngineArgs field
     "while idle (the server's POST /sleep and /wake_up)",
     "speculative_config": "speculative decoding, vLLM's JSON keys, e.g. "
     '\'{"method": "ngram", "num_speculative_tokens": 4}\' (default: off)',
+    "per_request_spec_decode_metrics": "none | summary | detailed: each request's draft "
+    "acceptance in its output (CompletionOutput.spec_decode_metrics, the response's "
+    "metrics.speculative_decoding); detailed adds every step's counts",
     "device": "auto | cpu | cuda",
     "tensor_parallel_size": "ranks the model's heads, MLP and vocabulary split over, one worker "
     "process each (-tp; on the CPU the ranks are processes over gloo)",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pagedlm.spec_decode.metrics import SpecDecodeMetrics
+
 
 @dataclass(slots=True)
 class Logprob:
@@ -46,6 +48,8 @@ class CompletionOutput:
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
     # which weights sampled which tokens, in token order; spans cover every token, none overlap
     weight_versions: list[WeightVersionSpan] = field(default_factory=list)
+    # speculative decoding: this sample's draft acceptance (None: off, or per-request metrics off)
+    spec_decode_metrics: SpecDecodeMetrics | None = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -57,6 +57,11 @@ class SchedulerStats:
     prefix_cache_queries: int  # tokens
     prefix_cache_hits: int  # tokens
     num_preemptions: int
+    # speculative decoding, cumulative (spec_decode/metrics.py: SpecDecodeCounters)
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -176,7 +181,7 @@ class Scheduler:
 
     def get_stats(self) -> SchedulerStats:
         kv = self.kv_cache_manager
-        return SchedulerStats(
+        stats = SchedulerStats(
             num_running=len(self.running),
             num_waiting=len(self.waiting),
             kv_cache_usage=kv.usage,
@@ -184,6 +189,13 @@ class Scheduler:
             prefix_cache_hits=kv.prefix_cache_hits,
             num_preemptions=self.num_preemptions,
         )
+        if self.spec is not None:
+            counters = self.spec.counters
+            stats.spec_num_drafts = counters.num_drafts
+            stats.spec_num_draft_tokens = counters.num_draft_tokens
+            stats.spec_num_accepted_tokens = counters.num_accepted_tokens
+            stats.spec_accepted_per_pos = tuple(counters.accepted_per_pos.tolist())
+        return stats
 
     # ---- one step ----
 

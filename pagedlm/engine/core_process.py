@@ -118,6 +118,10 @@ def core_stats(core: Any) -> wire.CoreStats:
         num_grammar_compiles=stats.num_grammar_compiles,
         grammar_compile_seconds=stats.grammar_compile_seconds,
         num_grammar_compile_waits=stats.num_grammar_compile_waits,
+        spec_num_drafts=stats.spec_num_drafts,
+        spec_num_draft_tokens=stats.spec_num_draft_tokens,
+        spec_num_accepted_tokens=stats.spec_num_accepted_tokens,
+        spec_accepted_per_pos=stats.spec_accepted_per_pos,
     )
 
 

@@ -49,7 +49,13 @@ class LLMEngine:
         self.engine_core = (
             engine_core if engine_core is not None else EngineCore(config, self.tokenizer)
         )
-        self.output_processor = OutputProcessor(self.tokenizer)
+        spec = config.speculative
+        self.output_processor = OutputProcessor(
+            self.tokenizer,
+            None
+            if spec is None
+            else (spec.num_speculative_tokens, config.per_request_spec_decode_metrics),
+        )
         self._held_outputs: list[RequestOutput] = []  # stepped by wait_for_requests, not yet given
 
     @classmethod

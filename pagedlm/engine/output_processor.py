@@ -24,6 +24,7 @@ from pagedlm.outputs import (
     WeightVersionSpan,
 )
 from pagedlm.sampling_params import SamplingParams
+from pagedlm.spec_decode.metrics import RequestSpecStats
 
 
 def core_request_ids(request_id: str, n: int) -> list[str]:
@@ -43,6 +44,7 @@ class _SampleState:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     weight_versions: list[WeightVersionSpan] = field(default_factory=list)
+    spec: RequestSpecStats | None = None  # speculative decoding's acceptance
 
     def to_output(self) -> CompletionOutput:
         finished = self.finish_reason is not None
@@ -56,6 +58,7 @@ class _SampleState:
             finish_reason=self.finish_reason,
             stop_reason=self.stop_reason,
             weight_versions=list(self.weight_versions),
+            spec_decode_metrics=None if self.spec is None else self.spec.metrics(),
         )
 
     def record_version(self, version: str | None, num_before: int) -> None:
@@ -112,8 +115,14 @@ class ProcessedOutputs:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: Tokenizer | None) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer | None, spec_metrics: tuple[int, str] | None = None
+    ) -> None:
+        """spec_metrics: (k, none | summary | detailed) with speculative decoding."""
         self._tokenizer = tokenizer
+        self._spec_metrics = (
+            None if spec_metrics is None or spec_metrics[1] == "none" else spec_metrics
+        )
         self._requests: dict[str, _RequestState] = {}
         # core request id -> (its user request, its sample)
         self._samples: dict[str, tuple[_RequestState, _SampleState]] = {}
@@ -154,8 +163,15 @@ class OutputProcessor:
         detokenizer = None
         if self._tokenizer is not None and params.detokenize:
             detokenizer = IncrementalDetokenizer(self._tokenizer, prime_token_ids, params)
+        spec = None
+        if self._spec_metrics is not None:
+            k, mode = self._spec_metrics
+            spec = RequestSpecStats(k, detailed=mode == "detailed")
         return _SampleState(
-            index=index, detokenizer=detokenizer, want_logprobs=params.logprobs is not None
+            index=index,
+            detokenizer=detokenizer,
+            want_logprobs=params.logprobs is not None,
+            spec=spec,
         )
 
     def num_unfinished_requests(self) -> int:
@@ -218,6 +234,8 @@ class OutputProcessor:
     def _update_sample(self, sample: _SampleState, out: EngineCoreOutput) -> bool:
         """Appends the new tokens up to a stop string; True when a stop string ended it."""
         num_before = len(sample.token_ids)
+        if sample.spec is not None and out.num_draft_tokens:
+            sample.spec.record(out.num_draft_tokens, out.num_accepted_draft_tokens)
         stopped = self._append_tokens(sample, out)
         sample.record_version(out.weight_version, num_before)
         return stopped

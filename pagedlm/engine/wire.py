@@ -34,6 +34,11 @@ class CoreStats:
     num_grammar_compiles: int = 0
     grammar_compile_seconds: float = 0.0
     num_grammar_compile_waits: int = 0  # the step loop blocked on a compile (nothing else ran)
+    # speculative decoding (spec_decode/metrics.py), cumulative
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: tuple[int, ...] = ()
 
 
 class AddRequest(msgspec.Struct, tag=True):

@@ -147,6 +147,18 @@ class ServerMetrics:
             "grammar_compile_waits",
             "Steps the engine loop blocked on a grammar compile (nothing else could run).",
         )
+        self.spec_drafts = counter(
+            "spec_decode_num_drafts", "Speculative steps of requests (steps that verified drafts)."
+        )
+        self.spec_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens verified.")
+        self.spec_accepted = counter(
+            "spec_decode_num_accepted_tokens", "Draft tokens the target accepted."
+        )
+        self.spec_accepted_per_pos = counter(
+            "spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted, by position in the draft (0 first).",
+            ("position",),
+        )
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.")
         self.generation_tokens = counter("generation_tokens", "Generated tokens.")
         self.request_success = counter(
@@ -175,6 +187,9 @@ class ServerMetrics:
             self.grammar_compiles,
             self.grammar_compile_seconds,
             self.grammar_compile_waits,
+            self.spec_drafts,
+            self.spec_draft_tokens,
+            self.spec_accepted,
             self.prompt_tokens,
             self.generation_tokens,
         ):
@@ -229,9 +244,23 @@ class ServerMetrics:
                 stats.num_grammar_compile_waits,
                 self._last.num_grammar_compile_waits,
             ),
+            (self.spec_drafts, stats.spec_num_drafts, self._last.spec_num_drafts),
+            (self.spec_draft_tokens, stats.spec_num_draft_tokens, self._last.spec_num_draft_tokens),
+            (
+                self.spec_accepted,
+                stats.spec_num_accepted_tokens,
+                self._last.spec_num_accepted_tokens,
+            ),
         ):
             if now > before:
                 self._m(counter).inc(now - before)
+        before_per_pos = self._last.spec_accepted_per_pos
+        for position, now in enumerate(stats.spec_accepted_per_pos):
+            before = before_per_pos[position] if position < len(before_per_pos) else 0
+            if now > before:
+                self.spec_accepted_per_pos.labels(
+                    model_name=self.model_name, position=str(position)
+                ).inc(now - before)
         self._last = stats
 
     def set_sleep_level(self, level: int) -> None:

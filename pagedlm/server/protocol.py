@@ -284,6 +284,25 @@ class UsageInfo(BaseModel):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
+class ResponseMetrics(BaseModel):
+    """The response's top-level `metrics` (vLLM's): a single choice's speculative decoding."""
+
+    speculative_decoding: dict[str, Any]
+
+
+class _WithMetrics(BaseModel):
+    """A response or chunk that carries `metrics` only where it has them."""
+
+    metrics: ResponseMetrics | None = None
+
+    @model_serializer(mode="wrap")
+    def _metrics_only_when_set(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        if out.get("metrics") is None:
+            out.pop("metrics", None)
+        return out
+
+
 class CompletionLogprobs(BaseModel):
     tokens: list[str] = Field(default_factory=list)
     token_logprobs: list[float | None] = Field(default_factory=list)
@@ -299,7 +318,7 @@ class CompletionChoice(BaseModel):
     stop_reason: int | str | None = None
 
 
-class CompletionResponse(BaseModel):
+class CompletionResponse(_WithMetrics):
     id: str
     object: Literal["text_completion"] = "text_completion"
     created: int = Field(default_factory=lambda: int(time.time()))
@@ -336,7 +355,7 @@ class ChatChoice(BaseModel):
     stop_reason: int | str | None = None
 
 
-class ChatCompletionResponse(BaseModel):
+class ChatCompletionResponse(_WithMetrics):
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int = Field(default_factory=lambda: int(time.time()))
@@ -364,7 +383,7 @@ class ChatStreamChoice(BaseModel):
     stop_reason: int | str | None = None
 
 
-class ChatCompletionChunk(BaseModel):
+class ChatCompletionChunk(_WithMetrics):
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int = Field(default_factory=lambda: int(time.time()))

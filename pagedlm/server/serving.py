@@ -26,7 +26,12 @@ from pagedlm.server.async_engine import (
     Overloaded,
     RequestAborted,
 )
-from pagedlm.server.protocol import PromptTokensDetails, SamplingFields, UsageInfo
+from pagedlm.server.protocol import (
+    PromptTokensDetails,
+    ResponseMetrics,
+    SamplingFields,
+    UsageInfo,
+)
 from pagedlm.server.protocol_tools import structured_outputs_of
 from pagedlm.server.tokenizer_pool import TokenizerPool
 
@@ -387,6 +392,15 @@ def usage(outputs: list[RequestOutput | None]) -> UsageInfo:
         total_tokens=prompt + completion,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
     )
+
+
+def response_metrics(outputs: list[RequestOutput | None]) -> ResponseMetrics | None:
+    """The speculative-decoding metrics of a response of one choice (None: more choices, or
+    none to report: speculation or per-request metrics off)."""
+    choices = [c for o in outputs if o is not None for c in o.outputs]
+    if len(choices) != 1 or choices[0].spec_decode_metrics is None:
+        return None
+    return ResponseMetrics(speculative_decoding=choices[0].spec_decode_metrics.to_dict())
 
 
 def sse(payload: BaseModel | dict[str, Any]) -> str:

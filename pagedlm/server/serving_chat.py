@@ -44,6 +44,7 @@ from pagedlm.server.serving import (
     generation_error,
     new_request_id,
     process_prompt,
+    response_metrics,
     sse,
     stream_error_event,
     tokenize_within_context,
@@ -195,7 +196,11 @@ class _ChatWriter:
             if choice.message.tool_calls:
                 choice.finish_reason = _with_calls(choice.finish_reason)
         return ChatCompletionResponse(
-            id=self.response_id, model=self.model_name, choices=choices, usage=usage([final])
+            id=self.response_id,
+            model=self.model_name,
+            choices=choices,
+            usage=usage([final]),
+            metrics=response_metrics([final]),
         )
 
     def _message(self, text: str) -> ChatMessageOut:
@@ -240,7 +245,9 @@ class _ChatWriter:
                             for update in self._stream_choices(choice, delta, stream)
                         )
             if self.body.include_usage:
-                yield sse(self._chunk([], usage([final])))
+                final_chunk = self._chunk([], usage([final]))
+                final_chunk.metrics = response_metrics([final])
+                yield sse(final_chunk)
         except Exception as exc:  # noqa: BLE001 - an error event, not a cut-off stream
             yield stream_error_event(exc, self.response_id)
         yield SSE_DONE

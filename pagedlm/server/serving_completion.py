@@ -35,6 +35,7 @@ from pagedlm.server.serving import (
     generation_error,
     new_request_id,
     process_prompt,
+    response_metrics,
     sse,
     stream_error_event,
     usage,
@@ -134,7 +135,11 @@ class _CompletionWriter:
                 delta = DeltaTracker().delta(0, choice)
                 choices.append(self._choice(prompt_index, choice, delta))
         return CompletionResponse(
-            id=self.response_id, model=self.model_name, choices=choices, usage=usage(finals)
+            id=self.response_id,
+            model=self.model_name,
+            choices=choices,
+            usage=usage(finals),
+            metrics=response_metrics(finals),
         )
 
     async def stream(self, generation: Generation) -> AsyncIterator[str]:
@@ -153,7 +158,9 @@ class _CompletionWriter:
                             )
                         )
             if self.body.include_usage:
-                yield sse(self._chunk([], usage(finals)))
+                final_chunk = self._chunk([], usage(finals))
+                final_chunk.metrics = response_metrics(finals)
+                yield sse(final_chunk)
         except Exception as exc:  # noqa: BLE001 - an error event, not a cut-off stream
             yield stream_error_event(exc, self.response_id)
         yield SSE_DONE
