@@ -5,6 +5,10 @@ extended with each step's emitted tokens on the device. Where the matching runs 
 ngram.py and ngram_device.py): on a CPU device the host numpy version over the same memory (the
 engine runs synchronously there; numpy is 4-400x faster than the fixed-shape torch ops on this
 CPU), on CUDA the fixed-shape torch version, so that no step waits for the host.
+
+Under rejection_sample_method synthetic (benchmarking: acceptance is drawn at configured rates
+whatever the drafts are) every request drafts k tokens each step, its last token repeated where
+the lookup finds nothing, so the measured speed is that of the configured acceptance.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ class NgramProposer:
         self._table = torch.zeros(max_num_reqs, max_model_len + 1, dtype=torch.int32, device=device)
         self._lengths = torch.zeros(max_num_reqs, dtype=torch.int64, device=device)  # [rows]
         self._on_host = device.type == "cpu"
+        self._always_draft = config.rejection_sample_method == "synthetic"
 
     def add_request(self, row: int, token_ids: Sequence[int]) -> None:
         num = len(token_ids)
@@ -53,13 +58,25 @@ class NgramProposer:
                 self._min_n,
                 self._max_n,
             )
-            return Drafts(torch.from_numpy(drafts.token_ids), torch.from_numpy(drafts.num_drafts))
-        rows = step.rows
-        table = self._table.index_select(0, rows)[:, : self._width]  # [R, W]
-        token_ids, num_drafts = propose_ngram_device(
-            table, self._lengths.index_select(0, rows), k, self._min_n, self._max_n
-        )
+            token_ids = torch.from_numpy(drafts.token_ids)
+            num_drafts = torch.from_numpy(drafts.num_drafts)
+        else:
+            table = self._table.index_select(0, step.rows)[:, : self._width]  # [R, W]
+            token_ids, num_drafts = propose_ngram_device(
+                table, self._lengths.index_select(0, step.rows), k, self._min_n, self._max_n
+            )
+        if self._always_draft:
+            token_ids, num_drafts = self._fill_missing(step.rows, token_ids, num_drafts)
         return Drafts(token_ids, num_drafts)
+
+    def _fill_missing(
+        self, rows: torch.Tensor, token_ids: torch.Tensor, num_drafts: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Synthetic acceptance: a request without drafts drafts its last token k times."""
+        last_at = (self._lengths.index_select(0, rows) - 1).clamp_(min=0)  # [R]
+        last = self._table[rows, last_at].to(torch.int64)  # [R]
+        token_ids = torch.where(num_drafts[:, None] > 0, token_ids, last[:, None])
+        return token_ids, torch.full_like(num_drafts, self.num_speculative_tokens)
 
     def _record(self, step: VerifiedStep) -> None:
         """The emitted tokens [R, K + 1] into the table at first_positions + j, j <= num_accepted."""

@@ -44,9 +44,10 @@ def folder(tmp_path_factory):
     return path
 
 
-def _engine(folder) -> EngineCore:
+def _engine(folder, **overrides) -> EngineCore:
     """bf16, max_num_seqs 16 (graph sizes 1, 2, 4, 8, 16), a 64-token budget, async scheduling."""
     config = EngineArgs(
+        **overrides,
         model=str(folder),
         dtype="bfloat16",
         device="cuda",
@@ -180,6 +181,31 @@ def test_steady_state_steps_make_no_sync(folder, monkeypatch):
     work.drain()
     assert work.received == work.max_tokens
     assert monitor.num_exposed >= 1  # the classifier sees one: the last step waits alone
+
+
+def test_speculative_steps_make_no_sync(folder):
+    """The same workload with n-gram speculation (k = 3, matches of one token: the random
+    model's tokens recur): steps that verify drafts, mixed with prefills and plain decodes, make
+    no sync; every request gets exactly its max_tokens. (A speculating request waits for its
+    step's output, so event waits may be exposed: not counted here.)"""
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+            "prompt_lookup_max": 2}  # fmt: skip
+    core = _engine(folder, speculative_config=spec)
+    work = Workload(core)
+    for _ in range(WARMUP_STEPS):
+        work.step()
+    counters = core.scheduler.spec.counters
+    drafts_before = counters.num_drafts
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(STEADY_STEPS):
+            work.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert counters.num_drafts - drafts_before >= 10, counters
+    work.drain()
+    assert work.received == work.max_tokens
+    assert counters.num_accepted_tokens > 0, counters
 
 
 def _memcpy_names(prof: profile) -> list[str]:

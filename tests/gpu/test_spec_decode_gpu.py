@@ -54,3 +54,32 @@ def _cpu(logits, drafts, cu, batch) -> tuple:
         random=RandomParams(noise_keys=params.noise_keys.cpu(), is_greedy=params.is_greedy.cpu())
     )
     return logits.cpu().clone(), drafts.cpu(), cu.cpu(), 3, cpu_batch
+
+
+def test_engine_greedy_equals_plain_on_cuda(tmp_path) -> None:
+    """float32 on CUDA: spec steps (piecewise graphs, the device n-gram, the Triton scan) give
+    plain decoding's greedy tokens (decode graphs), sync and async."""
+    from tiny_hf_models import save_tiny_model
+
+    from pagedlm import LLM, SamplingParams
+
+    save_tiny_model(tmp_path, "llama")
+    kwargs = dict(skip_tokenizer_init=True, dtype="float32", device="cuda", max_model_len=256,
+                  num_gpu_blocks_override=128, max_num_seqs=8)  # fmt: skip
+    rng = np.random.default_rng(0)
+    prompts = []
+    for length in (40, 17, 56, 33, 9):
+        phrase = rng.integers(3, 256, size=int(rng.integers(2, 6))).tolist()
+        prompts.append({"prompt_token_ids": (phrase * length)[:length]})
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in LLM(str(tmp_path), **kwargs).generate(prompts, params)]
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+            "prompt_lookup_max": 3}  # fmt: skip
+    for async_scheduling in (False, True):
+        llm = LLM(
+            str(tmp_path), speculative_config=spec, async_scheduling=async_scheduling, **kwargs
+        )
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        assert got == want
+        counters = llm.llm_engine.engine_core.scheduler.spec.counters
+        assert counters.num_drafts > 10 and counters.num_accepted_tokens > 0, counters

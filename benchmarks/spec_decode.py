@@ -1,0 +1,205 @@
+"""Speculative decoding (n-gram) against plain decoding: decode tok/s and mean acceptance length.
+
+    python benchmarks/spec_decode.py cpu [--batches 1,16] [--max-tokens 64]
+        the default model (SmolLM2-135M, the CPU default dtype) on a copy/edit workload: each
+        prompt holds a passage and asks for it back with an edit, so drafts come from the prompt;
+        real acceptance.
+    python benchmarks/spec_decode.py device [--batches 1,32] [--rates 0.5,0.7,0.9] [--ks 1,2,3,4,5]
+        dummy llama3-8b on CUDA, rejection_sample_method synthetic (every position accepted at
+        the rate, drafts every step): the speed at a given acceptance. One engine at k = max(ks)
+        serves every k (the per-batch-size k override) and rate (set between runs), one plain
+        engine the baseline.
+
+Prints one table row per configuration and a JSON line per row (--json FILE writes them all).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+PASSAGE = (
+    "The lighthouse keeper climbed the spiral stairs every evening at dusk. He trimmed the wick, "
+    "polished the great lens, and wrote the weather in a leather book: wind from the west, sea "
+    "calm, two ships passing north. In winter the storms came and the glass rattled in its frame, "
+    "but the light never went out. "
+)
+EDITS = ["lighthouse keeper", "old sailor", "young girl", "tired doctor", "quiet monk", "baker"]
+
+
+def cpu_prompts(num: int) -> list[str]:
+    return [
+        f"Rewrite this passage, replacing 'lighthouse keeper' with '{EDITS[i % len(EDITS)]}' and "
+        f"changing nothing else:\n\n{PASSAGE}\n\nRewritten passage:\n\n"
+        for i in range(num)
+    ]
+
+
+@dataclasses.dataclass
+class Row:
+    mode: str
+    batch: int
+    k: int
+    rate: float | None
+    tok_s: float
+    speedup: float | None
+    mean_acceptance_length: float | None
+
+    def line(self) -> str:
+        rate = "-" if self.rate is None else f"{self.rate:.1f}"
+        mal = "-" if self.mean_acceptance_length is None else f"{self.mean_acceptance_length:.2f}"
+        speedup = "-" if self.speedup is None else f"{self.speedup:.2f}x"
+        return (
+            f"{self.mode:6} batch {self.batch:3}  k {self.k}  rate {rate:>3}  "
+            f"{self.tok_s:9.1f} tok/s  {speedup:>6}  acc.len {mal}"
+        )
+
+
+def timed_generate(llm, prompts, params) -> tuple[float, int]:
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    return seconds, sum(len(o.outputs[0].token_ids) for o in outputs)
+
+
+def counters_of(llm):
+    return llm.llm_engine.engine_core.scheduler.spec.counters
+
+
+def acceptance_since(llm, before: tuple[int, int]) -> float | None:
+    counters = counters_of(llm)
+    steps = counters.num_drafts - before[0]
+    return 1.0 + (counters.num_accepted_tokens - before[1]) / steps if steps else None
+
+
+def snapshot(llm) -> tuple[int, int]:
+    counters = counters_of(llm)
+    return counters.num_drafts, counters.num_accepted_tokens
+
+
+def run_cpu(args) -> list[Row]:
+    from pagedlm import LLM, SamplingParams
+
+    spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": 2,
+            "prompt_lookup_max": 5}  # fmt: skip
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+    rows = []
+    engines = {"plain": LLM(), "ngram": LLM(speculative_config=spec)}
+    for batch in args.batches:
+        prompts = cpu_prompts(batch)
+        plain_tok_s = None
+        for mode, llm in engines.items():
+            llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+            before = snapshot(llm) if mode == "ngram" else None
+            seconds, tokens = timed_generate(llm, prompts, params)
+            tok_s = tokens / seconds
+            plain_tok_s = tok_s if mode == "plain" else plain_tok_s
+            rows.append(
+                Row(
+                    mode,
+                    batch,
+                    args.k if mode == "ngram" else 0,
+                    None,
+                    tok_s,
+                    None if mode == "plain" else tok_s / plain_tok_s,
+                    None if before is None else acceptance_since(llm, before),
+                )
+            )
+            print(rows[-1].line(), flush=True)
+    return rows
+
+
+def run_device(args) -> list[Row]:
+    import torch
+    from gpu_workloads import model_dir, random_prompts
+
+    from pagedlm import LLM, SamplingParams
+    from pagedlm.spec_decode.config import SpeculativeConfig
+
+    root = Path(tempfile.mkdtemp())
+    model = model_dir("llama3-8b", root)
+    rng = random.Random(0)
+    common = dict(load_format="dummy", max_num_seqs=max(args.batches), graph_size_timing=False)
+    k_max = max(args.ks)
+    prompts_of = {
+        b: [{"prompt_token_ids": p} for p in random_prompts(rng, b, 128)] for b in args.batches
+    }
+
+    def params(batch: int) -> SamplingParams:
+        tokens = args.max_tokens if batch == 1 else args.max_tokens // 2
+        return SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+
+    rows: list[Row] = []
+    plain = LLM(model, **common)
+    plain_tok_s = {}
+    for batch in args.batches:
+        plain.generate(prompts_of[batch][:2], params(batch), use_tqdm=False)  # warm-up
+        seconds, tokens = timed_generate(plain, prompts_of[batch], params(batch))
+        plain_tok_s[batch] = tokens / seconds
+        rows.append(Row("plain", batch, 0, None, plain_tok_s[batch], 1.0, None))
+        print(rows[-1].line(), flush=True)
+    del plain
+    torch.cuda.empty_cache()
+    spec = {"method": "ngram", "num_speculative_tokens": k_max,
+            "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": 0.5}  # fmt: skip
+    llm = LLM(model, speculative_config=spec, **common)
+    scheduler = llm.llm_engine.engine_core.scheduler
+    worker = llm.llm_engine.engine_core.model_runner.spec
+    for batch in args.batches:
+        llm.generate(prompts_of[batch][:2], params(batch), use_tqdm=False)  # warm-up
+        for rate in args.rates:
+            worker._rates.fill_(rate)
+            for k in args.ks:
+                scheduler.spec.config = SpeculativeConfig.from_user(
+                    {**spec, "num_speculative_tokens_per_batch_size": [[1, 4096, k]]}
+                )
+                before = snapshot(llm)
+                seconds, tokens = timed_generate(llm, prompts_of[batch], params(batch))
+                tok_s = tokens / seconds
+                rows.append(
+                    Row(
+                        "spec",
+                        batch,
+                        k,
+                        rate,
+                        tok_s,
+                        tok_s / plain_tok_s[batch],
+                        acceptance_since(llm, before),
+                    )  # fmt: skip
+                )
+                print(rows[-1].line(), flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("where", choices=("cpu", "device"))
+    parser.add_argument("--batches", default=None, help="comma-separated batch sizes")
+    parser.add_argument("--max-tokens", type=int, default=None)
+    parser.add_argument("--k", type=int, default=4, help="cpu: num_speculative_tokens")
+    parser.add_argument("--ks", default="1,2,3,4,5", help="device: the k values")
+    parser.add_argument("--rates", default="0.5,0.7,0.9", help="device: synthetic rates")
+    parser.add_argument("--json", default=None, help="write the rows here")
+    args = parser.parse_args()
+    on_cpu = args.where == "cpu"
+    args.batches = [int(b) for b in (args.batches or ("1,16" if on_cpu else "1,32")).split(",")]
+    args.max_tokens = args.max_tokens or (64 if on_cpu else 256)
+    args.ks = [int(k) for k in args.ks.split(",")]
+    args.rates = [float(r) for r in args.rates.split(",")]
+    rows = run_cpu(args) if on_cpu else run_device(args)
+    print("\n" + "\n".join(row.line() for row in rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
+
+
+if __name__ == "__main__":
+    main()
