@@ -119,7 +119,6 @@ def run_cpu(args) -> list[Row]:
 
 
 def run_device(args) -> list[Row]:
-    import torch
     from gpu_workloads import model_dir, random_prompts
 
     from pagedlm import LLM, SamplingParams
@@ -128,7 +127,12 @@ def run_device(args) -> list[Row]:
     root = Path(tempfile.mkdtemp())
     model = model_dir("llama3-8b", root)
     rng = random.Random(0)
-    common = dict(load_format="dummy", max_num_seqs=max(args.batches), graph_size_timing=False)
+    common = dict(
+        load_format="dummy",
+        max_num_seqs=max(args.batches),
+        max_num_batched_tokens=2048,
+        graph_size_timing=False,
+    )
     k_max = max(args.ks)
     prompts_of = {
         b: [{"prompt_token_ids": p} for p in random_prompts(rng, b, 128)] for b in args.batches
@@ -147,8 +151,7 @@ def run_device(args) -> list[Row]:
         plain_tok_s[batch] = tokens / seconds
         rows.append(Row("plain", batch, 0, None, plain_tok_s[batch], 1.0, None))
         print(rows[-1].line(), flush=True)
-    del plain
-    torch.cuda.empty_cache()
+    plain.shutdown()
     spec = {"method": "ngram", "num_speculative_tokens": k_max,
             "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": 0.5}  # fmt: skip
     llm = LLM(model, speculative_config=spec, **common)
