@@ -129,6 +129,7 @@ def run_device(args) -> list[Row]:
     rng = random.Random(0)
     common = dict(
         load_format="dummy",
+        skip_tokenizer_init=True,
         max_num_seqs=max(args.batches),
         max_num_batched_tokens=2048,
         graph_size_timing=False,

@@ -39,9 +39,11 @@ class NgramProposer:
         self._always_draft = config.rejection_sample_method == "synthetic"
 
     def add_request(self, row: int, token_ids: Sequence[int]) -> None:
+        """Uploads only (a host scalar written into a device tensor would sync)."""
         num = len(token_ids)
-        self._table[row, :num] = upload(np.asarray(token_ids, dtype=np.int32), self._table.device)
-        self._lengths[row] = num
+        device = self._table.device
+        self._table[row, :num] = upload(np.asarray(token_ids, dtype=np.int32), device)
+        self._lengths[row : row + 1] = upload(np.array([num], dtype=np.int64), device)
 
     def remove_request(self, row: int) -> None:
         """Nothing to free: add_request overwrites what the row's next request reads."""
