@@ -5,7 +5,10 @@ validated once. Imports no torch (pagedlm/config.py reads it).
 were: the mean acceptance length is then 1 + sum_i prod_{j <= i} rates[j]
 (`expected_acceptance_length`). `num_speculative_tokens_per_batch_size` is vLLM's dynamic k: a
 list of [first, last, k] batch-size ranges (inclusive, disjoint); a batch size in no range takes
-`num_speculative_tokens`, k = 0 means plain decoding at those sizes."""
+`num_speculative_tokens`, k = 0 means plain decoding at those sizes. Without the key, batches of
+more than DEFAULT_MAX_SPEC_BATCH requests decode plainly: on the H200 (llama3-8b, synthetic
+acceptance) speculation paid at batch 1 and 32 (benchmarks/results/2026-12-02-h200-s21/
+spec_decode), larger batches were not measured, and T0/T2-sized batches are compute-bound."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 REJECTION_SAMPLE_METHODS = ("standard", "synthetic")
 DEFAULT_PROMPT_LOOKUP = 5  # vLLM's: both bounds when neither is given
 MAX_SPEC_TOKENS = 128  # vLLM's MAX_SPEC_LEN
+DEFAULT_MAX_SPEC_BATCH = 32  # without num_speculative_tokens_per_batch_size (module notes)
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,10 @@ class SpeculativeConfig:
 
     def num_spec_tokens_for_batch(self, batch_size: int) -> int:
         """k for a step of `batch_size` requests; 0: plain decoding."""
-        for first, last, k in self.num_speculative_tokens_per_batch_size or ():
+        ranges = self.num_speculative_tokens_per_batch_size
+        if ranges is None:
+            return self.num_speculative_tokens if batch_size <= DEFAULT_MAX_SPEC_BATCH else 0
+        for first, last, k in ranges:
             if first <= batch_size <= last:
                 return k
         return self.num_speculative_tokens

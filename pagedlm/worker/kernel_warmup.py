@@ -50,6 +50,8 @@ def warm_up_kernels(runner: ModelRunner) -> None:
     )
     for call in WARM_UP_CALLS:
         call(target)
+    if runner.spec is not None:
+        runner.spec.warm_up()
 
 
 def _run(runner: ModelRunner, steps: DummySteps, request: WarmUpRequest) -> None:

@@ -32,6 +32,7 @@ from pagedlm.sample.tables import upload
 from pagedlm.spec_decode.ngram import NO_DRAFT
 from pagedlm.spec_decode.proposer import DraftStore, VerifiedStep, make_proposer
 from pagedlm.spec_decode.rejection_sampler import SyntheticAcceptance, rejection_sample
+from pagedlm.spec_decode.triton_scan import triton_accept_scan
 from pagedlm.worker.grammar_inputs import GrammarRows
 from pagedlm.worker.step_plan import StepPlan
 
@@ -77,6 +78,13 @@ class SpecWorker:
             for _ in range(num_staging_sets)
         ]
         self._step: _StepTensors | None = None
+
+    def warm_up(self) -> None:
+        """CUDA start-up: the accept scan's specialisation (K = k), so no step compiles it."""
+        num_rows = 2 * (self.k + 1)  # two requests of k drafts
+        token = torch.zeros(num_rows, dtype=torch.int64, device=self.device)
+        cu = torch.arange(1, 3, dtype=torch.int64, device=self.device) * self.k
+        triton_accept_scan(token.bool(), token, token, cu, self.k)
 
     def add_request(self, row: int, token_ids: list[int]) -> None:
         self.proposer.add_request(row, token_ids)

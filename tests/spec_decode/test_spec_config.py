@@ -17,7 +17,8 @@ def test_ngram_defaults_as_vllm() -> None:
     assert (spec.prompt_lookup_min, spec.prompt_lookup_max) == (5, 5)
     assert spec.draft_sample_method == "greedy"
     assert spec.rejection_sample_method == "standard"
-    assert spec.num_spec_tokens_for_batch(1) == 4
+    assert spec.num_spec_tokens_for_batch(1) == spec.num_spec_tokens_for_batch(32) == 4
+    assert spec.num_spec_tokens_for_batch(33) == 0  # DEFAULT_MAX_SPEC_BATCH: plain above
     assert spec.expected_acceptance_length() is None
 
 
