@@ -95,7 +95,8 @@ class RequestSpecStats:
 
 @dataclass(slots=True)
 class SpecDecodeCounters:
-    """The engine's counters (Prometheus, under the names above), from each step's verdicts."""
+    """The engine's counters (Prometheus, under the names above), from each request's verdicts
+    (the scheduler's, core/spec_plan.py)."""
 
     num_speculative_tokens: int  # k
     num_drafts: int = 0
@@ -105,18 +106,6 @@ class SpecDecodeCounters:
 
     def __post_init__(self) -> None:
         self.accepted_per_pos = np.zeros(self.num_speculative_tokens, dtype=np.int64)
-
-    def record_step(self, num_drafts_np: np.ndarray, num_accepted_np: np.ndarray) -> None:
-        """num_drafts_np, num_accepted_np [R]: one step's requests (requests without drafts
-        count nowhere). Accepted drafts are a prefix, so position j is accepted iff
-        num_accepted > j."""
-        drafted = num_drafts_np > 0
-        accepted = num_accepted_np[drafted]
-        self.num_drafts += int(drafted.sum())
-        self.num_draft_tokens += int(num_drafts_np[drafted].sum())
-        self.num_accepted_tokens += int(accepted.sum())
-        positions = np.arange(self.num_speculative_tokens)
-        self.accepted_per_pos += (accepted[:, None] > positions[None, :]).sum(axis=0)
 
     def record_one(self, num_drafts: int, num_accepted: int) -> None:
         """One request's spec step (num_drafts > 0)."""

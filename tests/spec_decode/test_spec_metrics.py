@@ -53,9 +53,10 @@ def test_requests_reconcile_with_the_counters() -> None:
         drafts = torch.randint(0, 4, (int(num_drafts.sum()),), generator=generator)
         out = rejection_sample(logits, drafts, cu, k, SamplingBatch())
         drafted_np, accepted_np = out.num_valid_drafts.numpy(), out.num_accepted.numpy()
-        counters.record_step(drafted_np, accepted_np)
         for stats, drafted, accepted in zip(requests, drafted_np, accepted_np, strict=True):
             stats.record(int(drafted), int(accepted))
+            if drafted:  # steps without drafts count nowhere (as the scheduler records them)
+                counters.record_one(int(drafted), int(accepted))
     per_request = [stats.metrics() for stats in requests]
     assert counters.num_drafts == sum(m.num_spec_steps for m in per_request)
     assert counters.num_draft_tokens == sum(m.num_draft_tokens for m in per_request)
