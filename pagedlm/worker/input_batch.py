@@ -225,13 +225,18 @@ class InputBatch:
     ) -> None:
         """record_sampled's speculative case: where the first token would be stored, each
         emitted token j at sample position + j, within the row."""
-        stored = layout.sample_positions_np == self.num_tokens_np.take(layout.sample_rows_np)
-        stored &= self.epochs_np.take(layout.sample_rows_np) == layout.sample_epochs_np
-        for i in np.flatnonzero(stored).tolist():  # sync-ok: numpy, host only
-            row, first = layout.sample_rows_np[i], layout.sample_positions_np[i]
-            num = min(int(num_emitted_np[i]), self.max_model_len - first)
-            self.token_ids_np[row, first : first + num] = token_ids_np[i, :num]
-            self.num_tokens_np[row] = first + num
+        rows_np, first_np = layout.sample_rows_np, layout.sample_positions_np  # [N] each
+        stored = first_np == self.num_tokens_np.take(rows_np)
+        stored &= self.epochs_np.take(rows_np) == layout.sample_epochs_np
+        idx = np.flatnonzero(stored)
+        rows_np, first_np = rows_np[idx], first_np[idx]  # [M]
+        num_np = np.minimum(num_emitted_np[idx], self.max_model_len - first_np)  # [M]
+        offsets = np.arange(token_ids_np.shape[1])  # [K + 1]
+        emitted = offsets[None, :] < num_np[:, None]  # [M, K + 1]
+        positions = first_np[:, None] + offsets[None, :]
+        at_rows = np.broadcast_to(rows_np[:, None], positions.shape)
+        self.token_ids_np[at_rows[emitted], positions[emitted]] = token_ids_np[idx][emitted]
+        self.num_tokens_np[rows_np] = first_np + num_np
 
     def prepare(self, sched: SchedulerOutput, buf: StepBuffers) -> BatchLayout:
         """Lay the scheduled tokens out as one ragged batch in the host buffers of buf."""
