@@ -80,6 +80,10 @@ class SpeculativeConfig:
                 return k
         return self.num_speculative_tokens
 
+    def max_logits_rows(self, max_num_seqs: int) -> int:
+        """The most logits rows a step of up to max_num_seqs requests has: 1 + k a request."""
+        return max(b * (1 + self.num_spec_tokens_for_batch(b)) for b in range(1, max_num_seqs + 1))
+
     def expected_acceptance_length(self) -> float | None:
         """1 + the expected accepted drafts a step under the synthetic rates (None: standard)."""
         if self.synthetic_acceptance_rates is None:

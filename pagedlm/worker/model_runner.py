@@ -189,9 +189,10 @@ class ModelRunner:
             self.weights_bytes = torch.cuda.memory_allocated(self.device) - before
         # the most rows the LM head takes at once: a step's sampling rows (but a replay's where every
         # row samples, which runs at its graph size) or a chunk of prompt-logprob rows
-        rows_per_req = 1 if self.spec is None else 1 + self.spec.k  # a request's logits rows
+        spec = self.config.speculative  # 1 + k logits rows a speculating request
+        max_sampled = self.max_num_reqs if spec is None else spec.max_logits_rows(self.max_num_reqs)
         max_rows = max(
-            min(self.max_num_reqs * rows_per_req, self.max_num_tokens),
+            min(max_sampled, self.max_num_tokens),
             min(MAX_ROWS_PER_CHUNK, self.max_num_tokens),
         )
         model = self.config.model

@@ -19,6 +19,7 @@ def test_ngram_defaults_as_vllm() -> None:
     assert spec.rejection_sample_method == "standard"
     assert spec.num_spec_tokens_for_batch(1) == spec.num_spec_tokens_for_batch(32) == 4
     assert spec.num_spec_tokens_for_batch(33) == 0  # DEFAULT_MAX_SPEC_BATCH: plain above
+    assert [spec.max_logits_rows(n) for n in (8, 40, 1024)] == [40, 160, 1024]  # the LM head's
     assert spec.expected_acceptance_length() is None
 
 
