@@ -141,8 +141,8 @@ def draw(
     if triton and _fused_draw_serves(params):
         random_ids = fused_gumbel_draw(logits, params.temperature, params.noise_keys)  # [N]
     else:
-        probs = _unnormalised_probs(logits, params.temperature)  # [N, V], the same memory
-        threshold = _truncation_threshold(probs, params, triton)  # [N]
+        probs = unnormalised_probs(logits, params.temperature)  # [N, V], the same memory
+        threshold = truncation_threshold(probs, params, triton)  # [N]
         if threshold is not None:
             truncate(probs, threshold)
         random_ids = gumbel_draw(probs, params.noise_keys)  # [N]
@@ -165,7 +165,7 @@ WARM_UP_REQUESTS = (
 )
 
 
-def _unnormalised_probs(logits: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
+def unnormalised_probs(logits: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
     """In place: logits [N, V] -> exp((logits - max) / temperature), in [0, 1], 1 at the top."""
     logits.sub_(logits.amax(dim=-1, keepdim=True))
     if temperature is not None:
@@ -173,7 +173,7 @@ def _unnormalised_probs(logits: torch.Tensor, temperature: torch.Tensor | None) 
     return logits.exp_()
 
 
-def _truncation_threshold(
+def truncation_threshold(
     probs: torch.Tensor, params: RandomParams, triton: bool
 ) -> torch.Tensor | None:
     """[N]: min-p, top-k and top-p keep the ids with probs >= it; None: no row truncates. triton:

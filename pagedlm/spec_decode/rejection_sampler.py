@@ -36,10 +36,10 @@ from pagedlm.sample.sampler import (
     Logprobs,
     RandomParams,
     SamplingBatch,
-    _truncation_threshold,
-    _unnormalised_probs,
     gather_logprobs,
     process_logits,
+    truncation_threshold,
+    unnormalised_probs,
 )
 from pagedlm.spec_decode.ngram import NO_DRAFT
 from pagedlm.spec_decode.triton_scan import triton_accept_scan
@@ -146,8 +146,8 @@ def _random_rows(
     """accept [T] bool and the target's own token [T] int64 (what a refused row emits: a draw
     from the residual max(0, p - q) on draft rows, from p on bonus rows and where `residual` is
     False, synthetic) for random rows; logits [T, V] become p (normalised)."""
-    probs = _unnormalised_probs(logits, params.temperature)  # [T, V], in place
-    threshold = _truncation_threshold(probs, params, probs.device.type in triton_device_types)
+    probs = unnormalised_probs(logits, params.temperature)  # [T, V], in place
+    threshold = truncation_threshold(probs, params, probs.device.type in triton_device_types)
     if threshold is not None:
         truncate(probs, threshold)
     probs.div_(probs.sum(dim=-1, keepdim=True))  # p, [T, V]

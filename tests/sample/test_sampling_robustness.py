@@ -130,7 +130,7 @@ EOS = 2
 @pytest.mark.parametrize("temperature", [1e300, math.inf])
 def test_huge_temperature_never_samples_masked_tokens(temperature: float) -> None:
     """BUG (sample/state.py _set_numeric_params stores the temperature in a float32 table:
-    1e300 becomes inf; sampler.py _unnormalised_probs then computes (-inf - max) / inf = NaN for
+    1e300 becomes inf; sampler.py unnormalised_probs then computes (-inf - max) / inf = NaN for
     every masked id, and the Gumbel argmax takes the NaN): allowed_token_ids, the min_tokens ban
     on EOS and bad words are all broken, the masked ids being drawn every time. 1e300 is a
     'valid' value for the server (tests/server/test_fuzz.py test_extreme_valid_values). With
