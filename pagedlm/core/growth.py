@@ -48,6 +48,9 @@ class GrowthEstimate:
         self.enabled = enabled
         self.sliding_window = sliding_window
         self.fraction = INITIAL_FRACTION
+        # speculative decoding's k: a request still generating may hold that many draft
+        # positions past its known tokens (core/spec_plan.py)
+        self.num_draft_positions = 0
 
     def observe_finished(self, request: Request) -> None:
         """A request stopped (not aborted): how much of its allowance it used."""
@@ -63,7 +66,9 @@ class GrowthEstimate:
         num_outputs = len(request.output_token_ids) + request.num_output_placeholders
         allowance = self._output_allowance(request.max_tokens, len(request.prompt_token_ids))
         num_uncomputed = max(request.num_tokens - num_kv_tokens, 0)
-        return num_uncomputed + self.fraction * max(allowance - num_outputs, 0)
+        num_left = max(allowance - num_outputs, 0)
+        drafts = self.num_draft_positions if num_left else 0
+        return num_uncomputed + self.fraction * num_left + drafts
 
     def blocks(
         self, request: Request, num_kv_tokens: int, block_size: int, num_held: int | None = None

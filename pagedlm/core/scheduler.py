@@ -123,6 +123,8 @@ class Scheduler:
         self.num_preemptions = 0
         self.growth = GrowthEstimate(max_model_len, sliding_window=sliding_window)
         self.spec = None if speculative is None else SpecPlanner(speculative, max_model_len)
+        if speculative is not None:
+            self.growth.num_draft_positions = speculative.num_speculative_tokens
 
     # ---- requests in and out ----
 

@@ -6,6 +6,7 @@ flight; penalised requests never draft; the per-step counts reach the outputs an
 from __future__ import annotations
 
 from pagedlm.config import CacheConfig, SchedulerConfig
+from pagedlm.core.growth import GrowthEstimate
 from pagedlm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagedlm.core.scheduler import Scheduler
 from pagedlm.spec_decode.config import SpeculativeConfig
@@ -58,6 +59,8 @@ def test_drafts_are_scheduled_verified_and_rolled_back() -> None:
     )
     assert counters.accepted_per_pos.tolist() == [1, 0, 0]
     assert scheduler.schedule().num_draft_tokens == {"a": 2}  # what the worker holds now
+    plain = GrowthEstimate(64)
+    assert scheduler.growth.tokens(request, 13) == plain.tokens(request, 13) + K  # the reserve
 
 
 def test_drafts_are_capped_by_max_tokens_max_model_len_and_budget() -> None:
