@@ -229,6 +229,18 @@ class KVCacheManager:
         """The request's tokens once num_new_tokens more are scheduled after its prefix hit."""
         return request.num_computed_tokens + len(computed_blocks) * self.block_size + num_new_tokens
 
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Frees the request's blocks past those holding its first num_tokens tokens (the tail a
+        speculative step's rejected drafts took; never registered: they hold no known token)."""
+        block_ids = self.req_to_blocks.get(request.request_id)
+        if not block_ids:
+            return
+        keep = max(cdiv(num_tokens, self.block_size), self.num_null_blocks[request.request_id])
+        tail = block_ids[keep:]
+        if tail:
+            del block_ids[keep:]
+            self.pool.free(reversed(tail))
+
     def free(self, request: Request) -> None:
         """Releases the request's blocks, tail first, so the tail is evicted first."""
         self.num_cached_blocks.pop(request.request_id, None)

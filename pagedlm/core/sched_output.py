@@ -47,6 +47,9 @@ class CachedRequestData:
     # Its leading block-table entries no longer read (freed out of a sliding window): the worker
     # points them to the null block. Never decreases while the request stays on the worker.
     num_null_blocks: int = 0
+    # Its blocks once new_block_ids are appended (None: as many as the worker's plus those): fewer
+    # when a speculative step's rejected tail gave blocks back (KVCacheManager.trim).
+    num_blocks: int | None = None
 
 
 @dataclass(slots=True)

@@ -259,6 +259,10 @@ class Scheduler:
             output = self._append_tokens(request, token_ids, logprobs, prompt_logprobs.get(req_id))
             if num_drafts:
                 output.num_draft_tokens, output.num_accepted_draft_tokens = num_drafts, num_accepted
+                if request.status == RequestStatus.RUNNING and num_accepted < num_drafts:
+                    # the rejected tail's blocks go back; the next step writes position
+                    # num_computed_tokens
+                    self.kv_cache_manager.trim(request, request.num_computed_tokens + 1)
             outputs.append(output)
         for req_id, entries in prompt_logprobs.items():
             if req_id not in sched_output.sampling_req_ids:
@@ -338,6 +342,9 @@ class Scheduler:
                     new_blocks,
                     request.num_computed_tokens,
                     self.kv_cache_manager.get_num_null_blocks(request.request_id),
+                    None
+                    if self.spec is None
+                    else len(self.kv_cache_manager.get_block_ids(request.request_id)),
                 )
             )
             self._commit(request, num_new, plan, num_drafts)

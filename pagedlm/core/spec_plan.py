@@ -6,9 +6,9 @@ the worker (the count came back with its last output) is scheduled 1 + n positio
 k of this batch size, the budget left - 1, max_tokens - outputs - 1, max_model_len - tokens -
 1): its last token and n drafts, so it never emits past max_tokens or max_model_len. After the
 step it emitted 1 + a tokens (a accepted drafts); num_computed_tokens drops by n - a, so the KV
-of the rejected positions is written over by the next step (the blocks they took stay with the
-request, which grows into them next: at most cdiv(k, block_size) blocks early). The prefix cache
-only hashes known tokens (KVCacheManager), so never a draft.
+of the rejected positions is written over by the next step, and the blocks only they took go back
+(KVCacheManager.trim; CachedRequestData.num_blocks tells the worker). The prefix cache only
+hashes known tokens (KVCacheManager), so never a draft.
 
 Async scheduling: a request that may speculate is not scheduled while a step of it is in flight
 (its next positions depend on how many drafts that step accepts), as a constrained request waits

@@ -157,6 +157,8 @@ class InputBatch:
             raise ValueError(f"cached_reqs: request {cached.req_id} is not on the worker")
         if cached.num_null_blocks > self.num_null_blocks_np[row]:
             self._null_blocks(row, cached.num_null_blocks)
+        if cached.num_blocks is not None:
+            self._trim_blocks(row, cached.num_blocks - len(cached.new_block_ids))
         if cached.new_block_ids:
             self._append_blocks(row, cached.new_block_ids)
         self.num_computed_tokens_np[row] = cached.num_computed_tokens
@@ -171,6 +173,17 @@ class InputBatch:
         self.block_table_np[row, self.num_null_blocks_np[row] : num_null] = 0
         self.num_null_blocks_np[row] = num_null
         self._blocks_version += 1
+
+    def _trim_blocks(self, row: int, num_blocks: int) -> None:
+        """The row keeps its first num_blocks blocks (the planner freed the rest)."""
+        if num_blocks < self.num_blocks_np[row]:
+            if num_blocks < self.num_null_blocks_np[row]:
+                raise ValueError(
+                    f"request {self.req_ids[row]}: num_blocks={num_blocks} is below its "
+                    f"{self.num_null_blocks_np[row]} null blocks"
+                )
+            self.num_blocks_np[row] = num_blocks
+            self._blocks_version += 1
 
     def _append_blocks(self, row: int, block_ids: list[int]) -> None:
         start = int(self.num_blocks_np[row])

@@ -96,3 +96,24 @@ def test_a_speculating_request_waits_for_its_step_and_penalised_ones_never_draft
     assert scheduler.requests["a"].num_computed_tokens == scheduler.requests["a"].num_tokens - 1
     third = scheduler.schedule()
     assert third.num_draft_tokens == {"a": K}
+
+
+def test_blocks_of_a_rejected_tail_go_back() -> None:
+    """Block size 8: a request of 15 tokens verifying 3 drafts holds positions up to 17 (3
+    blocks); all rejected, it keeps the 2 blocks that hold position 15, which the next step
+    writes, and tells the worker so."""
+    scheduler = _scheduler()
+    kv = scheduler.kv_cache_manager
+    request = make_request("a", list(range(14)), max_tokens=20)
+    scheduler.add_request(request)
+    prefill = scheduler.schedule()
+    scheduler.update_from_output(prefill, _output(prefill, {"a": [7]}, held=K))
+    step = scheduler.schedule()
+    assert step.num_draft_tokens == {"a": K} and len(kv.get_block_ids("a")) == 3
+    free_before = kv.pool.num_free_blocks
+    scheduler.update_from_output(step, _output(step, {"a": [9]}, held=K))
+    assert len(kv.get_block_ids("a")) == 2 and kv.pool.num_free_blocks == free_before + 1
+    again = scheduler.schedule()
+    [cached] = again.cached_reqs
+    assert cached.num_blocks == len(kv.get_block_ids("a")) == 3  # its tail taken again
+    assert cached.new_block_ids == kv.get_block_ids("a")[2:]
