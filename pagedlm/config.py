@@ -531,7 +531,9 @@ class EngineArgs:
             graph_size_timing=self.graph_size_timing,
             enable_sleep_mode=self.enable_sleep_mode,
             parallel=parallel,
-            speculative=_speculative_config(self.speculative_config, model),
+            speculative=_speculative_config(
+                self.speculative_config, model, parallel.tensor_parallel_size
+            ),
             per_request_spec_decode_metrics=_choice(
                 "per_request_spec_decode_metrics",
                 self.per_request_spec_decode_metrics,
@@ -540,11 +542,19 @@ class EngineArgs:
         )
 
 
-def _speculative_config(value: dict | str | None, target: ModelConfig) -> SpeculativeConfig | None:
-    """Parsed and validated; a draft model must share the target's vocabulary."""
+def _speculative_config(
+    value: dict | str | None, target: ModelConfig, tensor_parallel_size: int
+) -> SpeculativeConfig | None:
+    """Parsed and validated; a draft model must share the target's vocabulary. Not with tensor
+    parallelism yet (the verify step samples from full-vocabulary logits on one rank)."""
     if value is None:
         return None
     spec = SpeculativeConfig.from_user(value)
+    if tensor_parallel_size > 1:
+        raise ValueError(
+            "speculative_config: not supported with tensor_parallel_size > 1 yet "
+            f"(got {tensor_parallel_size})"
+        )
     if spec.method == "draft_model":
         draft_vocab = load_hf_config(spec.model).vocab_size
         if draft_vocab != target.vocab_size:

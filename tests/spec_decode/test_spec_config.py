@@ -174,3 +174,11 @@ def test_a_draft_with_another_vocabulary_is_refused(
         EngineArgs(model=target, speculative_config=spec).create_engine_config()
     same = {**spec, "model": target}
     assert EngineArgs(model=target, speculative_config=same).create_engine_config().speculative
+
+
+def test_tensor_parallelism_is_refused(tiny_llama_with_tokenizer_dir) -> None:
+    args = EngineArgs(
+        model=str(tiny_llama_with_tokenizer_dir), speculative_config=BASE, tensor_parallel_size=2
+    )
+    with pytest.raises(ValueError, match="speculative_config: not supported with tensor_para"):
+        args.create_engine_config()
