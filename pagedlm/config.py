@@ -415,6 +415,7 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None  # None: no speculative decoding
     # none | summary | detailed: each request's acceptance in its outputs (spec_decode/metrics.py)
     per_request_spec_decode_metrics: str = "summary"
+    draft_model: ModelConfig | None = None  # speculative method draft_model: the draft
 
 
 @dataclass
@@ -518,6 +519,9 @@ class EngineArgs:
                 f"cudagraph_mode must be one of {', '.join(CUDAGRAPH_MODES)}; got {self.cudagraph_mode!r}"
             )
         parallel = build_parallel_config(self, model, device, max_num_seqs)
+        speculative, draft = _speculative_config(
+            self.speculative_config, model, device, parallel.tensor_parallel_size
+        )
         return EngineConfig(
             model=model,
             cache=cache,
@@ -531,38 +535,35 @@ class EngineArgs:
             graph_size_timing=self.graph_size_timing,
             enable_sleep_mode=self.enable_sleep_mode,
             parallel=parallel,
-            speculative=_speculative_config(
-                self.speculative_config, model, parallel.tensor_parallel_size
-            ),
+            speculative=speculative,
             per_request_spec_decode_metrics=_choice(
                 "per_request_spec_decode_metrics",
                 self.per_request_spec_decode_metrics,
                 PER_REQUEST_SPEC_METRICS,
             ),
+            draft_model=draft,
         )
 
 
 def _speculative_config(
-    value: dict | str | None, target: ModelConfig, tensor_parallel_size: int
-) -> SpeculativeConfig | None:
-    """Parsed and validated; a draft model must share the target's vocabulary. Not with tensor
-    parallelism yet (the verify step samples from full-vocabulary logits on one rank)."""
+    value: dict | str | None, target: ModelConfig, device: torch.device, tensor_parallel_size: int
+) -> tuple[SpeculativeConfig | None, ModelConfig | None]:
+    """Parsed and validated, and for draft_model the draft's config (it must share the target's
+    vocabulary: spec_decode/draft_config.py). Not with tensor parallelism yet (the verify step
+    samples from full-vocabulary logits on one rank)."""
     if value is None:
-        return None
+        return None, None
     spec = SpeculativeConfig.from_user(value)
     if tensor_parallel_size > 1:
         raise ValueError(
             "speculative_config: not supported with tensor_parallel_size > 1 yet "
             f"(got {tensor_parallel_size})"
         )
-    if spec.method == "draft_model":
-        draft_vocab = load_hf_config(spec.model).vocab_size
-        if draft_vocab != target.vocab_size:
-            raise ValueError(
-                f"speculative_config.model: the draft's vocabulary ({draft_vocab} ids) differs "
-                f"from the target's ({target.vocab_size}); a draft must share the vocabulary"
-            )
-    return spec
+    if spec.method != "draft_model":
+        return spec, None
+    from pagedlm.spec_decode.draft_config import draft_model_config  # it imports this module
+
+    return spec, draft_model_config(spec.model, target, device)
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:

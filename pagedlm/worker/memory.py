@@ -26,6 +26,15 @@ def kv_cache_bytes_per_block(model: ModelConfig, block_size: int) -> int:
     return 2 * model.num_layers * block_size * model.num_kv_heads * model.head_dim * dtype_size
 
 
+def pool_bytes_per_block(config: EngineConfig) -> int:
+    """What one block of the pool costs: the target's KV and, with a draft model (speculative
+    decoding, spec_decode/draft_model.py), the draft's KV at the same block id."""
+    block_size = config.cache.block_size
+    draft = config.draft_model
+    draft_bytes = 0 if draft is None else kv_cache_bytes_per_block(draft, block_size)
+    return kv_cache_bytes_per_block(config.model, block_size) + draft_bytes
+
+
 def determine_num_blocks(
     config: EngineConfig,
     profile: Callable[[], int],
@@ -38,7 +47,7 @@ def determine_num_blocks(
     `profile_graphs` (when CUDA graphs are on) returns the device bytes the graphs take. Logs the
     KV cache's size once."""
     cache = config.cache
-    bytes_per_block = kv_cache_bytes_per_block(config.model, cache.block_size)
+    bytes_per_block = pool_bytes_per_block(config)
     if cache.num_gpu_blocks_override is not None:
         num_blocks, source = cache.num_gpu_blocks_override, "num_gpu_blocks_override"
     elif cache.kv_cache_memory_gib is not None:

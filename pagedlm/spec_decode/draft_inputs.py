@@ -1,0 +1,204 @@
+"""The draft model's batches, laid out on the device from the target's step, with no host sync.
+
+The draft's KV cache has the target's block ids: token position t of a request lives at the same
+slot in both caches, so the draft needs nothing from the scheduler but the target's block table
+(and k slots of lookahead past the target's scheduled positions, see below).
+
+After the target's step, request b (q_b query tokens at positions start_b .. seq_len_b - 1) has
+emitted its tokens; the first v_b = q_b - num_rejected_b of its inputs are verified and its next
+token n_b lands at position start_b + v_b. The draft then runs:
+
+- the first forward (`first_forward_inputs`), every request of the step: its q_b inputs, plus one
+  row for each sampling request (q_b + 1 rows), so that row v_b holds n_b; rows past v_b keep
+  the target's inputs. Positions are start_b + j, contiguous as attention needs. The rows up to
+  v_b write the draft's KV of verified tokens (all that later steps read); the rows past it write
+  KV at positions the next step writes again before reading. Draft 1 is the logits at row v_b.
+- k - 1 single-token steps (`single_step_inputs`) over the sampling requests, draft j at
+  position start_b + v_b + j.
+
+Positions reach seq_len_b + k - 1: the k lookahead slots vLLM's scheduler reserves for draft
+models. A position whose block the step's table does not hold (past its columns, or the null
+block) or at or past max_model_len gets slot -1: nothing is written and that draft is only worse,
+never wrong (the target verifies every draft).
+
+Host copies of the metadata: the first forward's are exact (the host knows the layout); a single
+step's lengths depend on num_rejected, so on CUDA the host holds bounds (the Triton kernels read
+the lengths on the device and only max_seq_len on the host) and on the CPU the device tensor
+itself (the CPU backends read host lengths; there the device is the host)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pagedlm.attention.backend import AttentionMetadata
+from pagedlm.core.block_pool import NULL_BLOCK_ID
+
+
+@dataclass(slots=True)
+class DraftStep:
+    """What the draft reads of one target step: its inputs and the verifier's verdicts."""
+
+    input_ids: torch.Tensor  # [T] int64: the target's input ids (drafts included)
+    meta: AttentionMetadata  # the target's: query_start_loc, seq_lens, block_table, host copies
+    sample_seqs: torch.Tensor  # [S] int64: the batch index of each sampling request, ascending
+    sample_seqs_np: np.ndarray  # [S] int64: the same on the host
+    next_token_ids: torch.Tensor  # [S] int64: each sampling request's last emitted token
+    num_rejected: torch.Tensor  # [S] int64: its drafts the verifier refused (0 without drafts)
+
+
+@dataclass(slots=True)
+class DraftBatch:
+    """One forward of the draft: its inputs and the rows whose logits give the drafts."""
+
+    input_ids: torch.Tensor  # [N] int64
+    positions: torch.Tensor  # [N] int64
+    meta: AttentionMetadata
+    logits_rows: torch.Tensor  # [S] int64: the row of each sampling request's draft
+
+
+def first_forward_inputs(
+    step: DraftStep, block_size: int, num_lookahead: int, max_model_len: int
+) -> DraftBatch:
+    """The step's inputs plus each sampling request's next token (the module doc). A request
+    already at max_model_len gets no extra row (its next token overwrites its last input: it
+    finishes, its drafts are never verified)."""
+    meta = step.meta
+    num_seqs, device = meta.num_seqs, meta.query_start_loc.device
+    qsl = meta.query_start_loc.long()  # [B + 1]
+    query_lens = qsl[1:] - qsl[:-1]  # [B]
+    extra = torch.zeros(num_seqs, dtype=torch.int64, device=device)
+    extra.index_fill_(0, step.sample_seqs, 1)
+    extra.mul_(meta.seq_lens < max_model_len)  # [B]: 1 where the request samples and has room
+    qsl_out = torch.cat([qsl[:1], qsl[1:] + extra.cumsum(0)])  # [B + 1]
+    seq_lens = meta.seq_lens.long() + extra  # [B]
+    host = _host_layout(meta, step.sample_seqs_np, max_model_len)
+    num_rows = int(host.query_start_loc[-1])
+    rows = torch.arange(num_rows, device=device)  # [N]
+    seq = torch.searchsorted(qsl_out[1:], rows, right=True).clamp_(max=num_seqs - 1)  # [N]
+    offset = rows - qsl_out[seq]  # [N]: the row's index in its request
+    source = qsl[seq] + torch.minimum(offset, query_lens[seq] - 1)  # [N]: a target row
+    input_ids = step.input_ids.index_select(0, source)  # [N]
+    positions = (seq_lens - query_lens - extra)[seq] + offset  # [N]
+    verified = query_lens.index_select(0, step.sample_seqs) - step.num_rejected  # [S]: v_b
+    logits_rows = torch.minimum(
+        qsl_out.index_select(0, step.sample_seqs) + verified,
+        qsl_out.index_select(0, step.sample_seqs + 1) - 1,
+    )  # [S]
+    input_ids.index_copy_(0, logits_rows, step.next_token_ids)
+    table = draft_block_table(meta, block_size, num_lookahead, max_model_len)
+    out_meta = AttentionMetadata(
+        num_tokens=num_rows,
+        num_seqs=num_seqs,
+        max_query_len=int(np.diff(host.query_start_loc).max()),
+        max_seq_len=int(host.seq_lens.max()),
+        query_start_loc=qsl_out.to(torch.int32),
+        seq_lens=seq_lens.to(torch.int32),
+        slot_mapping=slot_mapping(table, seq, positions, block_size, max_model_len),
+        block_table=table,
+        query_start_loc_cpu=torch.from_numpy(host.query_start_loc),
+        seq_lens_cpu=torch.from_numpy(host.seq_lens),
+    )
+    return DraftBatch(input_ids, positions, out_meta, logits_rows)
+
+
+@dataclass(slots=True)
+class _HostLayout:
+    query_start_loc: np.ndarray  # [B + 1] int32
+    seq_lens: np.ndarray  # [B] int32
+
+
+def _host_layout(
+    meta: AttentionMetadata, sample_seqs_np: np.ndarray, max_model_len: int
+) -> _HostLayout:
+    """The first forward's host metadata, as first_forward_inputs lays it out on the device."""
+    seq_lens = meta.seq_lens_cpu.numpy().astype(np.int64)  # [B]
+    extra = np.zeros_like(seq_lens)
+    extra[sample_seqs_np] = 1
+    extra *= seq_lens < max_model_len
+    query_start_loc = meta.query_start_loc_cpu.numpy() + np.concatenate([[0], extra.cumsum()])
+    return _HostLayout(query_start_loc.astype(np.int32), (seq_lens + extra).astype(np.int32))
+
+
+def draft_block_table(
+    meta: AttentionMetadata, block_size: int, num_lookahead: int, max_model_len: int
+) -> torch.Tensor:
+    """[B, C'] int32: the step's table, padded with the null block to the columns the draft's
+    positions reach (the step's own cover only its sequence lengths)."""
+    table = meta.block_table
+    reach = min(meta.max_seq_len + num_lookahead, max_model_len)
+    missing = -(-reach // block_size) - table.shape[1]
+    if missing <= 0:
+        return table
+    return torch.nn.functional.pad(table, (0, missing), value=NULL_BLOCK_ID)
+
+
+@dataclass(slots=True)
+class SingleSteps:
+    """What the k - 1 single-token steps share: the sampling requests' rows of the table."""
+
+    block_table: torch.Tensor  # [S, C'] int32
+    first_positions: torch.Tensor  # [S] int64: where each request's next token landed
+    query_start_loc: torch.Tensor  # [S + 1] int32: one query each
+    host_query_start_loc: torch.Tensor  # [S + 1] int32, on the host
+    host_seq_len_bounds: np.ndarray  # [S] int64: at least each next token's seq_len
+
+
+def single_steps(step: DraftStep, first: DraftBatch) -> SingleSteps:
+    num_samples = step.sample_seqs_np.shape[0]
+    device = first.positions.device
+    host_seq_lens = first.meta.seq_lens_cpu.numpy()[step.sample_seqs_np]
+    return SingleSteps(
+        block_table=first.meta.block_table.index_select(0, step.sample_seqs),
+        first_positions=first.positions.index_select(0, first.logits_rows),
+        query_start_loc=torch.arange(num_samples + 1, dtype=torch.int32, device=device),
+        host_query_start_loc=torch.arange(num_samples + 1, dtype=torch.int32),
+        host_seq_len_bounds=host_seq_lens.astype(np.int64),
+    )
+
+
+def single_step_inputs(
+    shared: SingleSteps, token_ids: torch.Tensor, j: int, block_size: int, max_model_len: int
+) -> DraftBatch:
+    """Draft j + 1 (1 <= j < k) of each sampling request from token_ids [S] (draft j), at the
+    next token's position + j."""
+    num_samples = token_ids.shape[0]
+    positions = shared.first_positions + j  # [S]
+    rows = torch.arange(num_samples, device=token_ids.device)
+    slots = slot_mapping(shared.block_table, rows, positions, block_size, max_model_len)
+    positions = positions.clamp(max=max_model_len - 1)
+    seq_lens = (positions + 1).to(torch.int32)  # [S]
+    bounds = np.minimum(shared.host_seq_len_bounds + j, max_model_len)  # [S]
+    on_host = token_ids.device.type == "cpu"
+    meta = AttentionMetadata(
+        num_tokens=num_samples,
+        num_seqs=num_samples,
+        max_query_len=1,
+        max_seq_len=int(bounds.max()),
+        query_start_loc=shared.query_start_loc,
+        seq_lens=seq_lens,
+        slot_mapping=slots,
+        block_table=shared.block_table,
+        query_start_loc_cpu=shared.host_query_start_loc,
+        seq_lens_cpu=seq_lens if on_host else torch.from_numpy(bounds.astype(np.int32)),
+    )
+    return DraftBatch(token_ids, positions, meta, rows)
+
+
+def slot_mapping(
+    block_table: torch.Tensor,
+    seq: torch.Tensor,
+    positions: torch.Tensor,
+    block_size: int,
+    max_model_len: int,
+) -> torch.Tensor:
+    """[N] int64 slots of (seq [N], positions [N]) in block_table [B, C]; -1 where the table
+    holds no block for the position (past its columns, the null block) or past max_model_len."""
+    num_cols = block_table.shape[1]
+    col = torch.div(positions, block_size, rounding_mode="floor")  # [N]
+    block = block_table[seq, col.clamp(max=num_cols - 1)].long()  # [N]
+    slots = block * block_size + positions % block_size
+    writable = (col < num_cols) & (block != NULL_BLOCK_ID) & (positions < max_model_len)
+    return torch.where(writable, slots, -1)

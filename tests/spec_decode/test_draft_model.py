@@ -1,0 +1,203 @@
+"""The draft_model proposer on the CPU in float32: its k drafts against k greedy steps of
+transformers on the same draft model, over ragged steps (a whole prompt, a prefill chunk that
+does not sample, verified drafts with some rejected); its KV addressed with the target's block
+table, NaN-poisoned so that a read of a slot nobody wrote shows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+from tiny_hf_models import hf_greedy, random_prompts, save_tiny_model
+
+from pagedlm.attention.backend import AttentionMetadata
+from pagedlm.config import EngineArgs
+from pagedlm.sample.noise import row_keys_np
+from pagedlm.sample.sampler import RandomParams
+from pagedlm.spec_decode.draft_inputs import DraftStep, slot_mapping
+from pagedlm.spec_decode.draft_model import DraftModelRunner, draw_drafts
+from pagedlm.worker.memory import kv_cache_bytes_per_block, pool_bytes_per_block
+
+K = 3
+BLOCK_SIZE = 8
+MAX_MODEL_LEN = 64
+NUM_COLS = MAX_MODEL_LEN // BLOCK_SIZE
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """(target folder, draft folder, the draft as a transformers model)."""
+    target = tmp_path_factory.mktemp("target")
+    draft = tmp_path_factory.mktemp("draft")
+    save_tiny_model(target, "llama", seed=1)
+    return target, draft, save_tiny_model(draft, "qwen3", seed=2)
+
+
+def spec_args(target, draft, **spec) -> EngineArgs:
+    config = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": K, **spec}
+    return EngineArgs(
+        model=str(target),
+        dtype="float32",
+        device="cpu",
+        max_model_len=MAX_MODEL_LEN,
+        block_size=BLOCK_SIZE,
+        num_gpu_blocks_override=64,
+        skip_tokenizer_init=True,
+        speculative_config=config,
+    )
+
+
+@pytest.fixture(scope="module")
+def runner(models):
+    target, draft, _ = models
+    runner = DraftModelRunner(spec_args(target, draft).create_engine_config())
+    runner.load_model()
+    runner.allocate_kv_cache(64)
+    for cache in runner.kv_caches:
+        cache.fill_(float("nan"))
+    return runner
+
+
+@dataclass
+class Chunk:
+    """One request's part of a target step."""
+
+    seq: int  # its row of the block table
+    token_ids: list[int]  # this step's inputs (drafts included)
+    num_computed: int
+    next_token: int | None = None  # None: does not sample this step
+    num_rejected: int = 0
+
+
+def draft_step(chunks: list[Chunk], block_table: torch.Tensor) -> DraftStep:
+    starts, seq_lens, ids = [0], [], []
+    for chunk in chunks:
+        ids += chunk.token_ids
+        starts.append(starts[-1] + len(chunk.token_ids))
+        seq_lens.append(chunk.num_computed + len(chunk.token_ids))
+    qsl = torch.tensor(starts, dtype=torch.int32)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    meta = AttentionMetadata(
+        num_tokens=len(ids),
+        num_seqs=len(chunks),
+        max_query_len=max(len(c.token_ids) for c in chunks),
+        max_seq_len=max(seq_lens),
+        query_start_loc=qsl.clone(),
+        seq_lens=lens.clone(),
+        slot_mapping=torch.full((len(ids),), -1),  # the target's: the draft computes its own
+        block_table=block_table[[c.seq for c in chunks]],
+        query_start_loc_cpu=qsl,
+        seq_lens_cpu=lens,
+    )
+    sampling = [i for i, c in enumerate(chunks) if c.next_token is not None]
+    return DraftStep(
+        input_ids=torch.tensor(ids),
+        meta=meta,
+        sample_seqs=torch.tensor(sampling, dtype=torch.int64),
+        sample_seqs_np=np.array(sampling, dtype=np.int64),
+        next_token_ids=torch.tensor([chunks[i].next_token for i in sampling], dtype=torch.int64),
+        num_rejected=torch.tensor([chunks[i].num_rejected for i in sampling], dtype=torch.int64),
+    )
+
+
+def test_drafts_equal_transformers_greedy_over_ragged_steps(models, runner):
+    _, _, hf_draft = models
+    block_table = torch.randperm(64, generator=torch.Generator().manual_seed(0))[1:]
+    block_table = block_table[: 3 * NUM_COLS].view(3, NUM_COLS).to(torch.int32)  # no null block
+    p0, p1, p2 = random_prompts(3, 6, 20, seed=3)
+    n0, n2, y0, z1, w2, u0 = 5, 9, 17, 33, 41, 58
+    cut = 12
+    steps = [
+        # a whole prompt; a prefill chunk that does not sample; another whole prompt
+        ([Chunk(0, p0, 0, n0), Chunk(1, p1[:cut], 0), Chunk(2, p2, 0, n2)], None),
+        # 3 drafts, 2 rejected; the chunk's end; 3 drafts, all accepted
+        (
+            [
+                Chunk(0, [n0, 70, 71, 72], len(p0), y0, num_rejected=2),
+                Chunk(1, p1[cut:], cut, z1),
+                Chunk(2, [n2, 80, 81, 82], len(p2), w2, num_rejected=0),
+            ],
+            [p0 + [n0, 70, y0], p1 + [z1], p2 + [n2, 80, 81, 82, w2]],
+        ),
+        # all 3 rejected, over the KV that the rejected tail left
+        ([Chunk(0, [y0, 90, 91, 92], len(p0) + 2, u0, num_rejected=3)], [p0 + [n0, 70, y0, u0]]),
+    ]
+    first_expected = [p0 + [n0], p2 + [n2]]
+    for i, (chunks, expected) in enumerate(steps):
+        proposal = runner.propose(draft_step(chunks, block_table), None)
+        assert proposal.probs is None
+        want = hf_greedy(hf_draft, first_expected if expected is None else expected, K)
+        assert proposal.token_ids.tolist() == want, f"step {i}"
+
+
+def test_a_step_without_sampling_requests_only_fills_the_draft_cache(models, runner):
+    block_table = torch.arange(1, 1 + NUM_COLS, dtype=torch.int32)[None, :]
+    proposal = runner.propose(draft_step([Chunk(0, [3, 4, 5], 0)], block_table), None)
+    assert proposal.token_ids.shape == (0, K)
+    written = runner.kv_caches[0][0, 1, :3]  # block 1, slots 0..2
+    assert not written.isnan().any() and runner.kv_caches[0][0, 1, 3:].isnan().all()
+
+
+def test_slots_without_a_block_are_not_written():
+    table = torch.tensor([[4, 0, 0], [6, 7, 2]], dtype=torch.int32)  # 0: the null block
+    seq = torch.tensor([0, 0, 0, 1, 1, 1])
+    positions = torch.tensor([3, 8, 30, 9, 17, 24])  # 24: past the columns
+    slots = slot_mapping(table, seq, positions, block_size=8, max_model_len=16)
+    assert slots.tolist() == [35, -1, -1, 57, -1, -1]  # 17: past max_model_len
+
+
+def test_the_pool_counts_target_and_draft_bytes(models):
+    target, draft, _ = models
+    config = spec_args(target, draft).create_engine_config()
+    target_bytes = kv_cache_bytes_per_block(config.model, BLOCK_SIZE)
+    draft_bytes = kv_cache_bytes_per_block(config.draft_model, BLOCK_SIZE)
+    assert pool_bytes_per_block(config) == target_bytes + draft_bytes
+    assert config.draft_model.head_dim == 16 and config.model.head_dim == 16
+    plain = EngineArgs(
+        model=str(target),
+        dtype="float32",
+        device="cpu",
+        block_size=BLOCK_SIZE,
+        skip_tokenizer_init=True,
+    )
+    assert pool_bytes_per_block(plain.create_engine_config()) == target_bytes
+
+
+def test_a_draft_with_other_special_ids_is_refused(models, tmp_path):
+    target, _, _ = models
+    other = tmp_path / "other_eos"
+    save_tiny_model(other, "llama", config_overrides={"eos_token_id": 7})
+    with pytest.raises(ValueError, match=r"speculative_config\.model: special token eos"):
+        spec_args(target, other).create_engine_config()
+
+
+def test_a_draft_that_is_the_target_passes(models):
+    target, _, _ = models
+    config = spec_args(target, target).create_engine_config()
+    assert config.draft_model.model == config.model.model
+
+
+def test_probabilistic_drafts_follow_q_with_salted_noise():
+    """Draws from q = softmax(logits / T), independent of the verifier's noise; greedy rows
+    take the argmax."""
+    num_rows, vocab = 20_000, 6
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, 3.0]]).repeat(num_rows, 1)
+    keys = torch.from_numpy(row_keys_np(np.arange(num_rows, dtype=np.uint64), np.zeros(num_rows)))
+    temperature = torch.full((num_rows,), 2.0)
+    is_greedy = torch.zeros(num_rows, dtype=torch.bool)
+    is_greedy[:10] = True
+    params = RandomParams(noise_keys=keys, is_greedy=is_greedy, temperature=temperature)
+    drafts, q = draw_drafts(logits.clone(), params, 0, probabilistic=True)
+    expected = torch.softmax(logits[0] / 2.0, dim=-1)
+    torch.testing.assert_close(q[0], expected)
+    assert (drafts[:10] == 5).all()
+    freq = torch.bincount(drafts[10:], minlength=vocab).double() / (num_rows - 10)
+    assert (freq - expected.double()).abs().sum() / 2 < 0.02  # total variation
+    again, _ = draw_drafts(logits.clone(), params, 0, probabilistic=True)
+    other_position, _ = draw_drafts(logits.clone(), params, 1, probabilistic=True)
+    assert torch.equal(again, drafts)  # counter-based: the same keys draw the same
+    assert (other_position != drafts).float().mean() > 0.3  # each draft position its own noise
+    greedy, none = draw_drafts(logits.clone(), params, 0, probabilistic=False)
+    assert none is None and (greedy == 5).all()
