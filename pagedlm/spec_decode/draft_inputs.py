@@ -9,10 +9,11 @@ emitted its tokens; the first v_b = q_b - num_rejected_b of its inputs are verif
 token n_b lands at position start_b + v_b. The draft then runs:
 
 - the first forward (`first_forward_inputs`), every request of the step: its q_b inputs, plus one
-  row for each sampling request (q_b + 1 rows), so that row v_b holds n_b; rows past v_b keep
-  the target's inputs. Positions are start_b + j, contiguous as attention needs. The rows up to
-  v_b write the draft's KV of verified tokens (all that later steps read); the rows past it write
-  KV at positions the next step writes again before reading. Draft 1 is the logits at row v_b.
+  row for each sampling request (q_b + 1 rows), at positions start_b + j (contiguous, as attention
+  needs), its ids read from the proposer's token table, which holds the emitted tokens already:
+  row v_b is n_b. The rows up to v_b write the draft's KV of verified tokens (all that later steps
+  read); the rows past it write KV at positions the next step writes again before it reads them.
+  Draft 1 is the logits at row v_b.
 - k - 1 single-token steps (`single_step_inputs`) over the sampling requests, draft j at
   position start_b + v_b + j.
 
@@ -39,14 +40,14 @@ from pagedlm.core.block_pool import NULL_BLOCK_ID
 
 @dataclass(slots=True)
 class DraftStep:
-    """What the draft reads of one target step: its inputs and the verifier's verdicts."""
+    """What the draft reads of one target step, after its tokens are in the token table."""
 
-    input_ids: torch.Tensor  # [T] int64: the target's input ids (drafts included)
     meta: AttentionMetadata  # the target's: query_start_loc, seq_lens, block_table, host copies
+    token_table: torch.Tensor  # [rows, W] int32: every row's tokens, this step's emitted ones too
+    seq_rows: torch.Tensor  # [B] int64: each request's row of the token table, in batch order
     sample_seqs: torch.Tensor  # [S] int64: the batch index of each sampling request, ascending
     sample_seqs_np: np.ndarray  # [S] int64: the same on the host
-    next_token_ids: torch.Tensor  # [S] int64: each sampling request's last emitted token
-    num_rejected: torch.Tensor  # [S] int64: its drafts the verifier refused (0 without drafts)
+    next_positions: torch.Tensor  # [S] int64: the position of each one's last emitted token
 
 
 @dataclass(slots=True)
@@ -62,64 +63,55 @@ class DraftBatch:
 def first_forward_inputs(
     step: DraftStep, block_size: int, num_lookahead: int, max_model_len: int
 ) -> DraftBatch:
-    """The step's inputs plus each sampling request's next token (the module doc). A request
-    already at max_model_len gets no extra row (its next token overwrites its last input: it
-    finishes, its drafts are never verified)."""
+    """The step's inputs and one more row for each sampling request (the module doc). A
+    sampling request's seq_len is below max_model_len (its token lands there), so its extra row
+    fits; the clamps only keep a malformed step inside the tables."""
     meta = step.meta
     num_seqs, device = meta.num_seqs, meta.query_start_loc.device
     qsl = meta.query_start_loc.long()  # [B + 1]
     query_lens = qsl[1:] - qsl[:-1]  # [B]
     extra = torch.zeros(num_seqs, dtype=torch.int64, device=device)
-    extra.index_fill_(0, step.sample_seqs, 1)
-    extra.mul_(meta.seq_lens < max_model_len)  # [B]: 1 where the request samples and has room
+    extra.index_fill_(0, step.sample_seqs, 1)  # [B]: 1 where the request samples
     qsl_out = torch.cat([qsl[:1], qsl[1:] + extra.cumsum(0)])  # [B + 1]
-    seq_lens = meta.seq_lens.long() + extra  # [B]
-    host = _host_layout(meta, step.sample_seqs_np, max_model_len)
-    num_rows = int(host.query_start_loc[-1])
+    starts = meta.seq_lens.long() - query_lens  # [B]: each request's first input position
+    num_rows = meta.num_tokens + step.sample_seqs_np.shape[0]
     rows = torch.arange(num_rows, device=device)  # [N]
     seq = torch.searchsorted(qsl_out[1:], rows, right=True).clamp_(max=num_seqs - 1)  # [N]
-    offset = rows - qsl_out[seq]  # [N]: the row's index in its request
-    source = qsl[seq] + torch.minimum(offset, query_lens[seq] - 1)  # [N]: a target row
-    input_ids = step.input_ids.index_select(0, source)  # [N]
-    positions = (seq_lens - query_lens - extra)[seq] + offset  # [N]
-    verified = query_lens.index_select(0, step.sample_seqs) - step.num_rejected  # [S]: v_b
+    positions = starts[seq] + rows - qsl_out[seq]  # [N]
+    width = step.token_table.shape[1]
+    table_rows = step.seq_rows.index_select(0, seq)  # [N]
+    input_ids = step.token_table[table_rows, positions.clamp(max=width - 1)].long()  # [N]
+    sample_starts = qsl_out.index_select(0, step.sample_seqs)  # [S]
+    verified = step.next_positions - starts.index_select(0, step.sample_seqs)  # [S]: v_b
     logits_rows = torch.minimum(
-        qsl_out.index_select(0, step.sample_seqs) + verified,
-        qsl_out.index_select(0, step.sample_seqs + 1) - 1,
+        sample_starts + verified, qsl_out.index_select(0, step.sample_seqs + 1) - 1
     )  # [S]
-    input_ids.index_copy_(0, logits_rows, step.next_token_ids)
     table = draft_block_table(meta, block_size, num_lookahead, max_model_len)
+    host_qsl, host_seq_lens = _host_layout(meta, step.sample_seqs_np, max_model_len)
     out_meta = AttentionMetadata(
         num_tokens=num_rows,
         num_seqs=num_seqs,
-        max_query_len=int(np.diff(host.query_start_loc).max()),
-        max_seq_len=int(host.seq_lens.max()),
+        max_query_len=int(np.diff(host_qsl).max()),
+        max_seq_len=int(host_seq_lens.max()),
         query_start_loc=qsl_out.to(torch.int32),
-        seq_lens=seq_lens.to(torch.int32),
+        seq_lens=(meta.seq_lens.long() + extra).clamp_(max=max_model_len).to(torch.int32),
         slot_mapping=slot_mapping(table, seq, positions, block_size, max_model_len),
         block_table=table,
-        query_start_loc_cpu=torch.from_numpy(host.query_start_loc),
-        seq_lens_cpu=torch.from_numpy(host.seq_lens),
+        query_start_loc_cpu=torch.from_numpy(host_qsl),
+        seq_lens_cpu=torch.from_numpy(host_seq_lens),
     )
-    return DraftBatch(input_ids, positions, out_meta, logits_rows)
-
-
-@dataclass(slots=True)
-class _HostLayout:
-    query_start_loc: np.ndarray  # [B + 1] int32
-    seq_lens: np.ndarray  # [B] int32
+    return DraftBatch(input_ids, positions.clamp(max=max_model_len - 1), out_meta, logits_rows)
 
 
 def _host_layout(
     meta: AttentionMetadata, sample_seqs_np: np.ndarray, max_model_len: int
-) -> _HostLayout:
-    """The first forward's host metadata, as first_forward_inputs lays it out on the device."""
-    seq_lens = meta.seq_lens_cpu.numpy().astype(np.int64)  # [B]
-    extra = np.zeros_like(seq_lens)
+) -> tuple[np.ndarray, np.ndarray]:
+    """The first forward's query_start_loc [B + 1] and seq_lens [B] (int32) on the host."""
+    extra = np.zeros(meta.num_seqs, dtype=np.int64)
     extra[sample_seqs_np] = 1
-    extra *= seq_lens < max_model_len
     query_start_loc = meta.query_start_loc_cpu.numpy() + np.concatenate([[0], extra.cumsum()])
-    return _HostLayout(query_start_loc.astype(np.int32), (seq_lens + extra).astype(np.int32))
+    seq_lens = np.minimum(meta.seq_lens_cpu.numpy() + extra, max_model_len)
+    return query_start_loc.astype(np.int32), seq_lens.astype(np.int32)
 
 
 def draft_block_table(

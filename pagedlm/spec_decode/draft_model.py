@@ -5,28 +5,36 @@ count and block size, addressed with the target's block tables (draft_inputs.py)
 blocks hold both models' KV, so a block costs target + draft bytes (`kv_bytes_per_block`,
 counted by worker/memory.py) and the scheduler knows nothing new but k lookahead slots.
 
-After the target's step is verified, `propose` runs the draft's first forward over the step's
-inputs and each sampling request's next token, then k - 1 single-token steps, all on the device
-with fixed shapes (no host sync). Drafts are the argmax (`draft_sample_method` greedy, or a greedy
+After each target step is verified, `propose` records the emitted tokens and runs the draft's
+first forward over the step's inputs and each sampling request's next token, then k - 1
+single-token steps, all on the device with fixed shapes (no host sync). Drafts are the argmax (`draft_sample_method` greedy, or a greedy
 request), or draws from q = softmax(draft logits / the request's temperature) (probabilistic,
-random requests): the rejection sampler then needs q at each draft (`DraftProposal.probs`).
+random requests): the rejection sampler then needs q at each draft (`Drafts.probs`).
 The draws use the sampler's counter-based noise (sample/noise.py) under a salt of their own,
 so a seeded request drafts the same in any batch and its drafts are independent of the
-verifier's accept test and residual draw."""
+verifier's accept test and residual draw.
+
+Behind the worker's Proposer boundary (proposer.py), with more of the step than a VerifiedStep
+holds (`ModelVerifiedStep`); like the n-gram proposer it keeps every row's tokens on the device
+(token_table.py), from which the draft's inputs are read."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from pagedlm.attention.backend import get_attention_backend
+from pagedlm.attention.backend import AttentionMetadata, get_attention_backend
 from pagedlm.config import EngineConfig, ModelConfig
 from pagedlm.model.llama import LlamaForCausalLM
 from pagedlm.model.loader import load_model
 from pagedlm.sample.gumbel import gumbel_draw
 from pagedlm.sample.noise import mix64_, to_int64
 from pagedlm.sample.sampler import RandomParams
+from pagedlm.sample.tables import upload
 from pagedlm.spec_decode.draft_inputs import (
     DraftBatch,
     DraftStep,
@@ -34,32 +42,38 @@ from pagedlm.spec_decode.draft_inputs import (
     single_step_inputs,
     single_steps,
 )
+from pagedlm.spec_decode.proposer import Drafts, VerifiedStep
+from pagedlm.spec_decode.token_table import TokenTable
 from pagedlm.worker.memory import kv_cache_bytes_per_block
 
 _DRAFT_SALT = to_int64(0x5D2A_F7C1_93E4_6B08)  # the drafts' noise, apart from the verifier's
 
 
-@dataclass(slots=True)
-class DraftProposal:
-    token_ids: torch.Tensor  # [S, k] int64: each sampling request's drafts
-    # [S * k, V] float32, normalised, request-major (the rejection sampler's draft_probs rows):
-    # q at each draft; None when every draft is an argmax (q one-hot)
-    probs: torch.Tensor | None = None
+@dataclass(frozen=True, slots=True)
+class ModelVerifiedStep(VerifiedStep):
+    """A VerifiedStep with what a proposer that runs a model over the whole step needs too. The
+    worker hands one over after every step, also a step where no request samples (R = 0: the
+    draft still writes the KV of its prefill chunks)."""
+
+    attn_metadata: AttentionMetadata  # the target's step (device tensors and host copies)
+    seq_rows_np: np.ndarray  # [B] int64: every request's persistent row, in batch order
+    sampling: RandomParams | None = None  # the R requests' (probabilistic drafts; None: greedy)
 
 
-class DraftModelRunner:
-    """The draft model, its KV cache and the proposal loop of one worker."""
+class DraftModelProposer:
+    """The draft model, its KV cache, a token table of every row and the proposal loop."""
 
     def __init__(self, config: EngineConfig) -> None:
         if config.draft_model is None or config.speculative is None:
-            raise ValueError("DraftModelRunner needs speculative_config method draft_model")
+            raise ValueError("DraftModelProposer needs speculative_config method draft_model")
         self.config: ModelConfig = config.draft_model
         self.device = config.device
         self.block_size = config.cache.block_size
-        self.num_spec_tokens = config.speculative.num_speculative_tokens
+        self.num_speculative_tokens = config.speculative.num_speculative_tokens
         self.probabilistic = config.speculative.draft_sample_method == "probabilistic"
         self.max_model_len = config.model.max_model_len
         self.attention_backend = config.attention_backend
+        self.tokens = TokenTable(config.scheduler.max_num_seqs, self.max_model_len, self.device)
         self.model: LlamaForCausalLM | None = None
         self.kv_caches: list[torch.Tensor] = []  # per draft layer [2, blocks, B, Hkv, D]
 
@@ -72,38 +86,69 @@ class DraftModelRunner:
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """Beside the target's cache of num_blocks blocks (the same block ids)."""
+        self.kv_caches = [self._new_kv_cache(num_blocks) for _ in range(self.config.num_layers)]
+
+    @contextlib.contextmanager
+    def dummy_kv_cache(self, num_blocks: int) -> Iterator[None]:
+        """For the runner's dummy steps on a cache of their own: one of num_blocks blocks for
+        every layer (their values matter to no one), the real one back on exit."""
+        saved = self.kv_caches
+        self.kv_caches = [self._new_kv_cache(num_blocks)] * self.config.num_layers
+        try:
+            yield
+        finally:
+            self.kv_caches = saved
+
+    def _new_kv_cache(self, num_blocks: int) -> torch.Tensor:
         config = self.config
         shape = (2, num_blocks, self.block_size, config.num_kv_heads, config.head_dim)
-        self.kv_caches = [
-            torch.zeros(shape, dtype=config.dtype, device=self.device)
-            for _ in range(config.num_layers)
-        ]
+        return torch.zeros(shape, dtype=config.dtype, device=self.device)
 
-    def propose(self, step: DraftStep, sampling: RandomParams | None) -> DraftProposal:
-        """k drafts for each of the step's S sampling requests (none: an empty proposal).
-        sampling: the S requests' random parameters as the sampler builds them
-        (SamplingState.make_batch(rows).random; None: every request greedy)."""
-        k, num_samples = self.num_spec_tokens, step.sample_seqs_np.shape[0]
-        first = first_forward_inputs(step, self.block_size, k, self.max_model_len)
+    def add_request(self, row: int, token_ids: Sequence[int]) -> None:
+        self.tokens.add(row, token_ids)
+
+    def remove_request(self, row: int) -> None:
+        """Nothing to free: add_request overwrites what the row's next request reads."""
+
+    def propose(self, step: VerifiedStep) -> Drafts:
+        """k drafts for each of the step's R sampling requests (module doc)."""
+        if not isinstance(step, ModelVerifiedStep):
+            raise TypeError("the draft model proposer needs a ModelVerifiedStep")
+        self.tokens.record(step.rows, step.token_ids, step.num_accepted, step.first_positions)
+        k, num_samples = self.num_speculative_tokens, step.rows_np.shape[0]
+        draft_step = self._draft_step(step)
+        first = first_forward_inputs(draft_step, self.block_size, k, self.max_model_len)
         if num_samples == 0:
             self._forward(first)  # prefill chunks: the draft's KV of their tokens
-            return DraftProposal(step.input_ids.new_empty((0, k)))
+            empty = step.token_ids.new_empty((0, k))
+            return Drafts(empty, empty.new_empty((0,)))
         drafts, probs = [], []
-        batch = first
-        shared = single_steps(step, first)
+        batch, shared = first, single_steps(draft_step, first)
         for j in range(k):
             if j > 0:
                 batch = single_step_inputs(
                     shared, drafts[-1], j, self.block_size, self.max_model_len
                 )
-            logits = self._logits(batch)  # [S, V]
-            token_ids, q = draw_drafts(logits, sampling, j, self.probabilistic)
+            token_ids, q = draw_drafts(self._logits(batch), step.sampling, j, self.probabilistic)
             drafts.append(token_ids)
             probs.append(q)
-        token_ids = torch.stack(drafts, dim=1)  # [S, k]
-        if probs[0] is None:
-            return DraftProposal(token_ids)
-        return DraftProposal(token_ids, torch.stack(probs, dim=1).view(num_samples * k, -1))
+        token_ids = torch.stack(drafts, dim=1)  # [R, k]
+        num_drafts = torch.full_like(token_ids[:, 0], k)  # [R]
+        return Drafts(token_ids, num_drafts, None if probs[0] is None else torch.stack(probs, 1))
+
+    def _draft_step(self, step: ModelVerifiedStep) -> DraftStep:
+        """The step's batch rows and sampling requests on the device, in one upload."""
+        seq_rows_np = step.seq_rows_np.astype(np.int64)
+        sample_seqs_np = step.batch_index_np.astype(np.int64)
+        packed = upload(np.concatenate([seq_rows_np, sample_seqs_np]), self.device)
+        return DraftStep(
+            meta=step.attn_metadata,
+            token_table=self.tokens.ids,
+            seq_rows=packed[: seq_rows_np.shape[0]],
+            sample_seqs=packed[seq_rows_np.shape[0] :],
+            sample_seqs_np=sample_seqs_np,
+            next_positions=step.first_positions + step.num_accepted,
+        )
 
     def _forward(self, batch: DraftBatch) -> torch.Tensor:
         """[N, hidden_size]: the draft over one batch, its KV written at batch's slots."""

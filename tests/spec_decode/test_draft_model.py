@@ -16,8 +16,8 @@ from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.config import EngineArgs
 from pagedlm.sample.noise import row_keys_np
 from pagedlm.sample.sampler import RandomParams
-from pagedlm.spec_decode.draft_inputs import DraftStep, slot_mapping
-from pagedlm.spec_decode.draft_model import DraftModelRunner, draw_drafts
+from pagedlm.spec_decode.draft_inputs import slot_mapping
+from pagedlm.spec_decode.draft_model import DraftModelProposer, ModelVerifiedStep, draw_drafts
 from pagedlm.worker.memory import kv_cache_bytes_per_block, pool_bytes_per_block
 
 K = 3
@@ -49,95 +49,121 @@ def spec_args(target, draft, **spec) -> EngineArgs:
     )
 
 
-@pytest.fixture(scope="module")
-def runner(models):
+@pytest.fixture
+def proposer(models):
+    """Fresh per test (the token table and the cache start empty), NaN-poisoned KV."""
     target, draft, _ = models
-    runner = DraftModelRunner(spec_args(target, draft).create_engine_config())
-    runner.load_model()
-    runner.allocate_kv_cache(64)
-    for cache in runner.kv_caches:
+    proposer = DraftModelProposer(spec_args(target, draft).create_engine_config())
+    proposer.load_model()
+    proposer.allocate_kv_cache(64)
+    for cache in proposer.kv_caches:
         cache.fill_(float("nan"))
-    return runner
+    return proposer
 
 
 @dataclass
 class Chunk:
-    """One request's part of a target step."""
+    """One request's part of a target step: inputs, its last num_drafts of them drafts."""
 
-    seq: int  # its row of the block table
-    token_ids: list[int]  # this step's inputs (drafts included)
+    row: int  # its persistent row, and its row of the block table
+    token_ids: list[int]
     num_computed: int
-    next_token: int | None = None  # None: does not sample this step
+    next_token: int | None = None  # the verifier's own token; None: does not sample
+    num_drafts: int = 0
     num_rejected: int = 0
 
+    @property
+    def emitted(self) -> list[int]:
+        """The accepted drafts, then the next token."""
+        first = len(self.token_ids) - self.num_drafts
+        accepted = self.num_drafts - self.num_rejected
+        return self.token_ids[first : first + accepted] + [self.next_token]
 
-def draft_step(chunks: list[Chunk], block_table: torch.Tensor) -> DraftStep:
-    starts, seq_lens, ids = [0], [], []
+
+def verified_step(chunks: list[Chunk], block_table: torch.Tensor) -> ModelVerifiedStep:
+    starts, seq_lens = [0], []
     for chunk in chunks:
-        ids += chunk.token_ids
         starts.append(starts[-1] + len(chunk.token_ids))
         seq_lens.append(chunk.num_computed + len(chunk.token_ids))
     qsl = torch.tensor(starts, dtype=torch.int32)
     lens = torch.tensor(seq_lens, dtype=torch.int32)
     meta = AttentionMetadata(
-        num_tokens=len(ids),
+        num_tokens=starts[-1],
         num_seqs=len(chunks),
         max_query_len=max(len(c.token_ids) for c in chunks),
         max_seq_len=max(seq_lens),
         query_start_loc=qsl.clone(),
         seq_lens=lens.clone(),
-        slot_mapping=torch.full((len(ids),), -1),  # the target's: the draft computes its own
-        block_table=block_table[[c.seq for c in chunks]],
+        slot_mapping=torch.full((starts[-1],), -1),  # the target's: the draft computes its own
+        block_table=block_table[[c.row for c in chunks]],
         query_start_loc_cpu=qsl,
         seq_lens_cpu=lens,
     )
     sampling = [i for i, c in enumerate(chunks) if c.next_token is not None]
-    return DraftStep(
-        input_ids=torch.tensor(ids),
-        meta=meta,
-        sample_seqs=torch.tensor(sampling, dtype=torch.int64),
-        sample_seqs_np=np.array(sampling, dtype=np.int64),
-        next_token_ids=torch.tensor([chunks[i].next_token for i in sampling], dtype=torch.int64),
-        num_rejected=torch.tensor([chunks[i].num_rejected for i in sampling], dtype=torch.int64),
+    emitted = torch.full((len(sampling), K + 1), -1, dtype=torch.int64)
+    for i, seq in enumerate(sampling):
+        emitted[i, : len(chunks[seq].emitted)] = torch.tensor(chunks[seq].emitted)
+    rows = np.array([chunks[i].row for i in sampling], dtype=np.int64)
+    first = np.array([seq_lens[i] - chunks[i].num_drafts for i in sampling], dtype=np.int64)
+    return ModelVerifiedStep(
+        rows_np=rows,
+        rows=torch.from_numpy(rows),
+        token_ids=emitted,
+        num_accepted=torch.tensor([len(chunks[i].emitted) - 1 for i in sampling]).long(),
+        first_positions_np=first,
+        first_positions=torch.from_numpy(first),
+        hidden_states=torch.zeros(1, 1),
+        batch_index_np=np.array(sampling, dtype=np.int64),
+        layout=None,
+        inputs=None,
+        attn_metadata=meta,
+        seq_rows_np=np.array([c.row for c in chunks], dtype=np.int64),
     )
 
 
-def test_drafts_equal_transformers_greedy_over_ragged_steps(models, runner):
+def test_drafts_equal_transformers_greedy_over_ragged_steps(models, proposer):
     _, _, hf_draft = models
     block_table = torch.randperm(64, generator=torch.Generator().manual_seed(0))[1:]
     block_table = block_table[: 3 * NUM_COLS].view(3, NUM_COLS).to(torch.int32)  # no null block
     p0, p1, p2 = random_prompts(3, 6, 20, seed=3)
+    for row, prompt in enumerate((p0, p1, p2)):
+        proposer.add_request(row, prompt)
     n0, n2, y0, z1, w2, u0 = 5, 9, 17, 33, 41, 58
     cut = 12
     steps = [
         # a whole prompt; a prefill chunk that does not sample; another whole prompt
-        ([Chunk(0, p0, 0, n0), Chunk(1, p1[:cut], 0), Chunk(2, p2, 0, n2)], None),
+        (
+            [Chunk(0, p0, 0, n0), Chunk(1, p1[:cut], 0), Chunk(2, p2, 0, n2)],
+            [p0 + [n0], p2 + [n2]],
+        ),
         # 3 drafts, 2 rejected; the chunk's end; 3 drafts, all accepted
         (
             [
-                Chunk(0, [n0, 70, 71, 72], len(p0), y0, num_rejected=2),
+                Chunk(0, [n0, 70, 71, 72], len(p0), y0, num_drafts=3, num_rejected=2),
                 Chunk(1, p1[cut:], cut, z1),
-                Chunk(2, [n2, 80, 81, 82], len(p2), w2, num_rejected=0),
+                Chunk(2, [n2, 80, 81, 82], len(p2), w2, num_drafts=3),
             ],
             [p0 + [n0, 70, y0], p1 + [z1], p2 + [n2, 80, 81, 82, w2]],
         ),
         # all 3 rejected, over the KV that the rejected tail left
-        ([Chunk(0, [y0, 90, 91, 92], len(p0) + 2, u0, num_rejected=3)], [p0 + [n0, 70, y0, u0]]),
+        (
+            [Chunk(0, [y0, 90, 91, 92], len(p0) + 2, u0, num_drafts=3, num_rejected=3)],
+            [p0 + [n0, 70, y0, u0]],
+        ),
     ]
-    first_expected = [p0 + [n0], p2 + [n2]]
     for i, (chunks, expected) in enumerate(steps):
-        proposal = runner.propose(draft_step(chunks, block_table), None)
-        assert proposal.probs is None
-        want = hf_greedy(hf_draft, first_expected if expected is None else expected, K)
-        assert proposal.token_ids.tolist() == want, f"step {i}"
+        drafts = proposer.propose(verified_step(chunks, block_table))
+        assert drafts.probs is None and drafts.num_drafts.tolist() == [K] * len(expected)
+        assert drafts.token_ids.tolist() == hf_greedy(hf_draft, expected, K), f"step {i}"
 
 
-def test_a_step_without_sampling_requests_only_fills_the_draft_cache(models, runner):
+def test_a_step_without_sampling_requests_only_fills_the_draft_cache(proposer):
     block_table = torch.arange(1, 1 + NUM_COLS, dtype=torch.int32)[None, :]
-    proposal = runner.propose(draft_step([Chunk(0, [3, 4, 5], 0)], block_table), None)
-    assert proposal.token_ids.shape == (0, K)
-    written = runner.kv_caches[0][0, 1, :3]  # block 1, slots 0..2
-    assert not written.isnan().any() and runner.kv_caches[0][0, 1, 3:].isnan().all()
+    proposer.add_request(0, [3, 4, 5, 6])
+    drafts = proposer.propose(verified_step([Chunk(0, [3, 4, 5], 0)], block_table))
+    assert drafts.token_ids.shape == (0, K) and drafts.num_drafts.shape == (0,)
+    block = proposer.kv_caches[0][:, 1]  # [2, block_size, Hkv, D]: block 1
+    assert not block[:, :3].isnan().any() and block[:, 3:].isnan().all()
 
 
 def test_slots_without_a_block_are_not_written():
