@@ -5,7 +5,7 @@ table, NaN-poisoned so that a read of a slot nobody wrote shows."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -28,11 +28,11 @@ NUM_COLS = MAX_MODEL_LEN // BLOCK_SIZE
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """(target folder, draft folder, the draft as a transformers model)."""
+    """(target folder, draft folder, the draft as a transformers model, the target as one)."""
     target = tmp_path_factory.mktemp("target")
     draft = tmp_path_factory.mktemp("draft")
-    save_tiny_model(target, "llama", seed=1)
-    return target, draft, save_tiny_model(draft, "qwen3", seed=2)
+    hf_target = save_tiny_model(target, "llama", seed=1)
+    return target, draft, save_tiny_model(draft, "qwen3", seed=2), hf_target
 
 
 def spec_args(target, draft, **spec) -> EngineArgs:
@@ -52,7 +52,7 @@ def spec_args(target, draft, **spec) -> EngineArgs:
 @pytest.fixture
 def proposer(models):
     """Fresh per test (the token table and the cache start empty), NaN-poisoned KV."""
-    target, draft, _ = models
+    target, draft, *_ = models
     proposer = DraftModelProposer(spec_args(target, draft).create_engine_config())
     proposer.load_model()
     proposer.allocate_kv_cache(64)
@@ -80,6 +80,15 @@ class Chunk:
         return self.token_ids[first : first + accepted] + [self.next_token]
 
 
+def target_slots(chunks: list[Chunk], block_table: torch.Tensor) -> torch.Tensor:
+    slots = []
+    for chunk in chunks:
+        for pos in range(chunk.num_computed, chunk.num_computed + len(chunk.token_ids)):
+            block = int(block_table[chunk.row, pos // BLOCK_SIZE])
+            slots.append(block * BLOCK_SIZE + pos % BLOCK_SIZE)
+    return torch.tensor(slots, dtype=torch.int64)
+
+
 def verified_step(chunks: list[Chunk], block_table: torch.Tensor) -> ModelVerifiedStep:
     starts, seq_lens = [0], []
     for chunk in chunks:
@@ -94,7 +103,7 @@ def verified_step(chunks: list[Chunk], block_table: torch.Tensor) -> ModelVerifi
         max_seq_len=max(seq_lens),
         query_start_loc=qsl.clone(),
         seq_lens=lens.clone(),
-        slot_mapping=torch.full((starts[-1],), -1),  # the target's: the draft computes its own
+        slot_mapping=target_slots(chunks, block_table),  # the draft computes its own
         block_table=block_table[[c.row for c in chunks]],
         query_start_loc_cpu=qsl,
         seq_lens_cpu=lens,
@@ -122,7 +131,7 @@ def verified_step(chunks: list[Chunk], block_table: torch.Tensor) -> ModelVerifi
 
 
 def test_drafts_equal_transformers_greedy_over_ragged_steps(models, proposer):
-    _, _, hf_draft = models
+    hf_draft = models[2]
     block_table = torch.randperm(64, generator=torch.Generator().manual_seed(0))[1:]
     block_table = block_table[: 3 * NUM_COLS].view(3, NUM_COLS).to(torch.int32)  # no null block
     p0, p1, p2 = random_prompts(3, 6, 20, seed=3)
@@ -166,6 +175,84 @@ def test_a_step_without_sampling_requests_only_fills_the_draft_cache(proposer):
     assert not block[:, :3].isnan().any() and block[:, 3:].isnan().all()
 
 
+def greedy_verify(target, caches, chunks: list[Chunk], block_table: torch.Tensor) -> None:
+    """One target step over the chunks: each request's drafts accepted while they are the
+    target's argmax, next_token and num_rejected set as the rejection sampler's greedy path."""
+    step = verified_step([replace(c, next_token=0) for c in chunks], block_table)
+    meta = step.attn_metadata
+    ids = torch.tensor([t for c in chunks for t in c.token_ids])
+    positions = torch.cat(
+        [torch.arange(c.num_computed, c.num_computed + len(c.token_ids)) for c in chunks]
+    )
+    argmax = target.compute_logits(target(ids, positions, caches, meta)).argmax(-1).tolist()
+    end = 0
+    for chunk in chunks:
+        end += len(chunk.token_ids)
+        first = end - chunk.num_drafts - 1  # the row that predicts the first draft
+        drafts = chunk.token_ids[len(chunk.token_ids) - chunk.num_drafts :]
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == argmax[first + accepted]:
+            accepted += 1
+        chunk.next_token = argmax[first + accepted]
+        chunk.num_rejected = chunk.num_drafts - accepted
+
+
+def speculate(proposer, target, prompts: list[list[int]], num_tokens: int):
+    """Greedy speculative decoding of the prompts with the proposer's drafts, verified by the
+    target model (pagedlm's, its own paged cache): (outputs, accepted drafts per step)."""
+    caches = [
+        torch.full(
+            (2, 64, BLOCK_SIZE, target.config.num_kv_heads, target.config.head_dim), float("nan")
+        )
+        for _ in range(target.config.num_layers)
+    ]
+    block_table = torch.arange(1, 1 + len(prompts) * NUM_COLS, dtype=torch.int32).view(-1, NUM_COLS)
+    for row, prompt in enumerate(prompts):
+        proposer.add_request(row, prompt)
+    chunks = [Chunk(row, prompt, 0) for row, prompt in enumerate(prompts)]
+    outputs, accepted = [[] for _ in prompts], []
+    while min(len(out) for out in outputs) < num_tokens:
+        greedy_verify(target, caches, chunks, block_table)
+        drafts = proposer.propose(verified_step(chunks, block_table)).token_ids.tolist()
+        accepted.append([c.num_drafts - c.num_rejected for c in chunks])
+        for out, chunk in zip(outputs, chunks):
+            out += chunk.emitted
+        chunks = [
+            Chunk(
+                c.row,
+                [c.next_token] + d,
+                c.num_computed + len(c.token_ids) - c.num_drafts + len(c.emitted) - 1,
+                num_drafts=K,
+            )
+            for c, d in zip(chunks, drafts)
+        ]
+    return [out[:num_tokens] for out in outputs], accepted
+
+
+def self_draft(models) -> DraftModelProposer:
+    """The target as its own draft: its model serves as the verifier too."""
+    target = models[0]
+    proposer = DraftModelProposer(spec_args(target, target).create_engine_config())
+    proposer.load_model()
+    proposer.allocate_kv_cache(64)
+    return proposer
+
+
+def test_a_draft_equal_to_the_target_accepts_every_greedy_draft(models):
+    proposer = self_draft(models)
+    prompts = random_prompts(3, 5, 13, seed=4)
+    outputs, accepted = speculate(proposer, proposer.model, prompts, 12)
+    assert outputs == hf_greedy(models[3], prompts, 12)
+    assert accepted[0] == [0, 0, 0] and all(a == [K] * 3 for a in accepted[1:])
+
+
+def test_greedy_outputs_with_another_draft_are_the_targets(models, proposer):
+    prompts = random_prompts(3, 5, 13, seed=5)
+    outputs, accepted = speculate(proposer, self_draft(models).model, prompts, 12)
+    assert outputs == hf_greedy(models[3], prompts, 12)
+    assert any(a < K for step in accepted[1:] for a in step)  # some drafts were refused
+
+
 def test_slots_without_a_block_are_not_written():
     table = torch.tensor([[4, 0, 0], [6, 7, 2]], dtype=torch.int32)  # 0: the null block
     seq = torch.tensor([0, 0, 0, 1, 1, 1])
@@ -175,7 +262,7 @@ def test_slots_without_a_block_are_not_written():
 
 
 def test_the_pool_counts_target_and_draft_bytes(models):
-    target, draft, _ = models
+    target, draft, *_ = models
     config = spec_args(target, draft).create_engine_config()
     target_bytes = kv_cache_bytes_per_block(config.model, BLOCK_SIZE)
     draft_bytes = kv_cache_bytes_per_block(config.draft_model, BLOCK_SIZE)
@@ -192,7 +279,7 @@ def test_the_pool_counts_target_and_draft_bytes(models):
 
 
 def test_a_draft_with_other_special_ids_is_refused(models, tmp_path):
-    target, _, _ = models
+    target, *_ = models
     other = tmp_path / "other_eos"
     save_tiny_model(other, "llama", config_overrides={"eos_token_id": 7})
     with pytest.raises(ValueError, match=r"speculative_config\.model: special token eos"):
@@ -200,7 +287,7 @@ def test_a_draft_with_other_special_ids_is_refused(models, tmp_path):
 
 
 def test_a_draft_that_is_the_target_passes(models):
-    target, _, _ = models
+    target, *_ = models
     config = spec_args(target, target).create_engine_config()
     assert config.draft_model.model == config.model.model
 
