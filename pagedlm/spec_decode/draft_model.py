@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -58,6 +58,18 @@ class ModelVerifiedStep(VerifiedStep):
     attn_metadata: AttentionMetadata  # the target's step (device tensors and host copies)
     seq_rows_np: np.ndarray  # [B] int64: every request's persistent row, in batch order
     sampling: RandomParams | None = None  # the R requests' (probabilistic drafts; None: greedy)
+
+    @classmethod
+    def of(
+        cls,
+        step: VerifiedStep,
+        attn_metadata: AttentionMetadata,
+        seq_rows_np: np.ndarray,
+        sampling: RandomParams | None = None,
+    ) -> ModelVerifiedStep:
+        """The worker's VerifiedStep with the rest of the step."""
+        base = {f.name: getattr(step, f.name) for f in fields(VerifiedStep)}
+        return cls(**base, attn_metadata=attn_metadata, seq_rows_np=seq_rows_np, sampling=sampling)
 
 
 class DraftModelProposer:

@@ -5,7 +5,7 @@ table, NaN-poisoned so that a read of a slot nobody wrote shows."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import pytest
@@ -18,6 +18,7 @@ from pagedlm.sample.noise import row_keys_np
 from pagedlm.sample.sampler import RandomParams
 from pagedlm.spec_decode.draft_inputs import slot_mapping
 from pagedlm.spec_decode.draft_model import DraftModelProposer, ModelVerifiedStep, draw_drafts
+from pagedlm.spec_decode.proposer import VerifiedStep
 from pagedlm.worker.memory import kv_cache_bytes_per_block, pool_bytes_per_block
 
 K = 3
@@ -314,3 +315,10 @@ def test_probabilistic_drafts_follow_q_with_salted_noise():
     assert (other_position != drafts).float().mean() > 0.3  # each draft position its own noise
     greedy, none = draw_drafts(logits.clone(), params, 0, probabilistic=False)
     assert none is None and (greedy == 5).all()
+
+
+def test_a_verified_step_extends_to_a_model_verified_step():
+    step = verified_step([Chunk(0, [3, 4], 0, 7)], torch.arange(1, 1 + NUM_COLS)[None, :])
+    plain = VerifiedStep(**{f.name: getattr(step, f.name) for f in fields(VerifiedStep)})
+    extended = ModelVerifiedStep.of(plain, step.attn_metadata, step.seq_rows_np)
+    assert extended == replace(step, sampling=None)
