@@ -322,3 +322,19 @@ def test_a_verified_step_extends_to_a_model_verified_step():
     plain = VerifiedStep(**{f.name: getattr(step, f.name) for f in fields(VerifiedStep)})
     extended = ModelVerifiedStep.of(plain, step.attn_metadata, step.seq_rows_np)
     assert extended == replace(step, sampling=None)
+
+
+def test_a_prefix_hit_reads_the_draft_kv_of_the_shared_blocks(models, proposer):
+    """Request 1's table starts with request 0's first two blocks (a prefix-cache hit): its
+    first step computes only its own tail, and drafts as if it had computed it all."""
+    prompt = random_prompts(1, 20, 20, seed=6)[0]
+    own = random_prompts(1, 5, 5, seed=7)[0]
+    block_table = torch.tensor(
+        [[3, 4, 5, 6, 7, 8, 9, 10], [3, 4, 11, 12, 13, 14, 15, 16]], dtype=torch.int32
+    )
+    shared = prompt[: 2 * BLOCK_SIZE]
+    proposer.add_request(0, prompt)
+    proposer.add_request(1, shared + own)
+    proposer.propose(verified_step([Chunk(0, prompt, 0, 21)], block_table))
+    drafts = proposer.propose(verified_step([Chunk(1, own, len(shared), 22)], block_table))
+    assert drafts.token_ids.tolist() == hf_greedy(models[2], [shared + own + [22]], K)
