@@ -99,7 +99,7 @@ def speculative(target, proposer, prompts, k: int, num_tokens: int, num_blocks: 
             layout=None,
             inputs=None,
             attn_metadata=meta,
-            seq_rows_np=rows_np,
+            input_ids=ids,
         )
         drafts = proposer.propose(step).token_ids.tolist()
         t2 = time.perf_counter()

@@ -5,15 +5,16 @@ slot in both caches, so the draft needs nothing from the scheduler but the targe
 (and k slots of lookahead past the target's scheduled positions, see below).
 
 After the target's step, request b (q_b query tokens at positions start_b .. seq_len_b - 1) has
-emitted its tokens; the first v_b = q_b - num_rejected_b of its inputs are verified and its next
-token n_b lands at position start_b + v_b. The draft then runs:
+emitted its tokens; its next token n_b (the last it emitted) lands at position start_b + v_b: the
+first v_b of its inputs are verified. The draft then runs:
 
 - the first forward (`first_forward_inputs`), every request of the step: its q_b inputs, plus one
   row for each sampling request (q_b + 1 rows), at positions start_b + j (contiguous, as attention
-  needs), its ids read from the proposer's token table, which holds the emitted tokens already:
-  row v_b is n_b. The rows up to v_b write the draft's KV of verified tokens (all that later steps
-  read); the rows past it write KV at positions the next step writes again before it reads them.
-  Draft 1 is the logits at row v_b.
+  needs). A sampling request's ids come from the proposer's token table, which holds the emitted
+  tokens already (row v_b is n_b; its inputs may be placeholders the host did not know), the
+  others' (prefill chunks, known to the host) from the step's inputs. The rows up to v_b write
+  the draft's KV of verified tokens (all that later steps read); the rows past it write KV at
+  positions the next step writes again before it reads them. Draft 1 is the logits at row v_b.
 - k - 1 single-token steps (`single_step_inputs`) over the sampling requests, draft j at
   position start_b + v_b + j.
 
@@ -43,8 +44,9 @@ class DraftStep:
     """What the draft reads of one target step, after its tokens are in the token table."""
 
     meta: AttentionMetadata  # the target's: query_start_loc, seq_lens, block_table, host copies
+    input_ids: torch.Tensor  # [T] int64: the target's inputs, right at least where none samples
     token_table: torch.Tensor  # [rows, W] int32: every row's tokens, this step's emitted ones too
-    seq_rows: torch.Tensor  # [B] int64: each request's row of the token table, in batch order
+    sample_rows: torch.Tensor  # [S] int64: each sampling request's row of the token table
     sample_seqs: torch.Tensor  # [S] int64: the batch index of each sampling request, ascending
     sample_seqs_np: np.ndarray  # [S] int64: the same on the host
     next_positions: torch.Tensor  # [S] int64: the position of each one's last emitted token
@@ -77,10 +79,10 @@ def first_forward_inputs(
     num_rows = meta.num_tokens + step.sample_seqs_np.shape[0]
     rows = torch.arange(num_rows, device=device)  # [N]
     seq = torch.searchsorted(qsl_out[1:], rows, right=True).clamp_(max=num_seqs - 1)  # [N]
-    positions = starts[seq] + rows - qsl_out[seq]  # [N]
-    width = step.token_table.shape[1]
-    table_rows = step.seq_rows.index_select(0, seq)  # [N]
-    input_ids = step.token_table[table_rows, positions.clamp(max=width - 1)].long()  # [N]
+    offset = rows - qsl_out[seq]  # [N]: the row's index in its request
+    positions = starts[seq] + offset  # [N]
+    source = qsl[seq] + torch.minimum(offset, query_lens[seq] - 1)  # [N]: a target row
+    input_ids = _input_ids(step, extra, seq, positions, source)  # [N]
     sample_starts = qsl_out.index_select(0, step.sample_seqs)  # [S]
     verified = step.next_positions - starts.index_select(0, step.sample_seqs)  # [S]: v_b
     logits_rows = torch.minimum(
@@ -101,6 +103,22 @@ def first_forward_inputs(
         seq_lens_cpu=torch.from_numpy(host_seq_lens),
     )
     return DraftBatch(input_ids, positions.clamp(max=max_model_len - 1), out_meta, logits_rows)
+
+
+def _input_ids(
+    step: DraftStep,
+    samples: torch.Tensor,
+    seq: torch.Tensor,
+    positions: torch.Tensor,
+    source: torch.Tensor,
+) -> torch.Tensor:
+    """[N] int64: a sampling request's rows from the token table (its inputs may be tokens the
+    host did not know, and its extra row is the token it just emitted), the others' from the
+    step's inputs (source [N]: a target row of the same request)."""
+    table_row = torch.zeros_like(samples).index_copy_(0, step.sample_seqs, step.sample_rows)
+    width = step.token_table.shape[1]
+    from_table = step.token_table[table_row[seq], positions.clamp(max=width - 1)].long()
+    return torch.where(samples[seq] > 0, from_table, step.input_ids.index_select(0, source))
 
 
 def _host_layout(

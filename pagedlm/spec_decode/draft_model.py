@@ -56,7 +56,7 @@ class ModelVerifiedStep(VerifiedStep):
     draft still writes the KV of its prefill chunks)."""
 
     attn_metadata: AttentionMetadata  # the target's step (device tensors and host copies)
-    seq_rows_np: np.ndarray  # [B] int64: every request's persistent row, in batch order
+    input_ids: torch.Tensor  # [T] int64: the step's inputs, right at least where none samples
     sampling: RandomParams | None = None  # the R requests' (probabilistic drafts; None: greedy)
 
     @classmethod
@@ -64,12 +64,19 @@ class ModelVerifiedStep(VerifiedStep):
         cls,
         step: VerifiedStep,
         attn_metadata: AttentionMetadata,
-        seq_rows_np: np.ndarray,
         sampling: RandomParams | None = None,
     ) -> ModelVerifiedStep:
-        """The worker's VerifiedStep with the rest of the step."""
+        """The worker's VerifiedStep with the rest of the step; the input ids from its device
+        inputs (step_buffers.py): a request that does not sample has no placeholder, so its ids
+        are right even after the step's sampling wrote the ids table's head."""
         base = {f.name: getattr(step, f.name) for f in fields(VerifiedStep)}
-        return cls(**base, attn_metadata=attn_metadata, seq_rows_np=seq_rows_np, sampling=sampling)
+        num_tokens, inputs = step.layout.num_tokens, step.inputs
+        if step.layout.num_placeholders:
+            src = inputs.prefix("input_src", num_tokens)
+            input_ids = inputs.tensors["ids_table"].index_select(0, src)
+        else:
+            input_ids = inputs.prefix("input_ids", num_tokens)
+        return cls(**base, attn_metadata=attn_metadata, input_ids=input_ids, sampling=sampling)
 
 
 class DraftModelProposer:
@@ -149,15 +156,13 @@ class DraftModelProposer:
         return Drafts(token_ids, num_drafts, None if probs[0] is None else torch.stack(probs, 1))
 
     def _draft_step(self, step: ModelVerifiedStep) -> DraftStep:
-        """The step's batch rows and sampling requests on the device, in one upload."""
-        seq_rows_np = step.seq_rows_np.astype(np.int64)
         sample_seqs_np = step.batch_index_np.astype(np.int64)
-        packed = upload(np.concatenate([seq_rows_np, sample_seqs_np]), self.device)
         return DraftStep(
             meta=step.attn_metadata,
+            input_ids=step.input_ids,
             token_table=self.tokens.ids,
-            seq_rows=packed[: seq_rows_np.shape[0]],
-            sample_seqs=packed[seq_rows_np.shape[0] :],
+            sample_rows=step.rows,
+            sample_seqs=upload(sample_seqs_np, self.device),
             sample_seqs_np=sample_seqs_np,
             next_positions=step.first_positions + step.num_accepted,
         )

@@ -6,6 +6,7 @@ table, NaN-poisoned so that a read of a slot nobody wrote shows."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -127,7 +128,11 @@ def verified_step(chunks: list[Chunk], block_table: torch.Tensor) -> ModelVerifi
         layout=None,
         inputs=None,
         attn_metadata=meta,
-        seq_rows_np=np.array([c.row for c in chunks], dtype=np.int64),
+        # a sampling request's inputs as the ids table holds them after sampling: its first
+        # (a placeholder) overwritten; the draft must read them from its own token table
+        input_ids=torch.tensor(
+            [0 if c.next_token is not None else t for c in chunks for t in c.token_ids]
+        ),
     )
 
 
@@ -320,8 +325,13 @@ def test_probabilistic_drafts_follow_q_with_salted_noise():
 def test_a_verified_step_extends_to_a_model_verified_step():
     step = verified_step([Chunk(0, [3, 4], 0, 7)], torch.arange(1, 1 + NUM_COLS)[None, :])
     plain = VerifiedStep(**{f.name: getattr(step, f.name) for f in fields(VerifiedStep)})
-    extended = ModelVerifiedStep.of(plain, step.attn_metadata, step.seq_rows_np)
-    assert extended == replace(step, sampling=None)
+    inputs = SimpleNamespace(prefix=lambda name, n: {"input_ids": step.input_ids}[name][:n])
+    layout = SimpleNamespace(num_tokens=2, num_placeholders=0)
+    extended = ModelVerifiedStep.of(
+        replace(plain, inputs=inputs, layout=layout), step.attn_metadata
+    )
+    assert torch.equal(extended.input_ids, step.input_ids)
+    assert extended.attn_metadata is step.attn_metadata and extended.rows is step.rows
 
 
 def test_a_prefix_hit_reads_the_draft_kv_of_the_shared_blocks(models, proposer):
