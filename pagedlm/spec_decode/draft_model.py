@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -45,6 +46,9 @@ from pagedlm.spec_decode.draft_inputs import (
 from pagedlm.spec_decode.proposer import Drafts, VerifiedStep
 from pagedlm.spec_decode.token_table import TokenTable
 from pagedlm.worker.memory import kv_cache_bytes_per_block
+
+if TYPE_CHECKING:
+    from pagedlm.worker.step_plan import StepPlan
 
 _DRAFT_SALT = to_int64(0x5D2A_F7C1_93E4_6B08)  # the drafts' noise, apart from the verifier's
 
@@ -108,13 +112,15 @@ class DraftModelProposer:
         self.kv_caches = [self._new_kv_cache(num_blocks) for _ in range(self.config.num_layers)]
 
     @contextlib.contextmanager
-    def dummy_kv_cache(self, num_blocks: int) -> Iterator[None]:
+    def dummy_kv_cache(self, num_blocks: int) -> Iterator[int]:
         """For the runner's dummy steps on a cache of their own: one of num_blocks blocks for
-        every layer (their values matter to no one), the real one back on exit."""
+        every layer (their values matter to no one), the real one back on exit. Yields its
+        bytes."""
         saved = self.kv_caches
-        self.kv_caches = [self._new_kv_cache(num_blocks)] * self.config.num_layers
+        cache = self._new_kv_cache(num_blocks)
+        self.kv_caches = [cache] * self.config.num_layers
         try:
-            yield
+            yield cache.numel() * cache.element_size()
         finally:
             self.kv_caches = saved
 
@@ -175,6 +181,30 @@ class DraftModelProposer:
         """[S, V] float32 at the batch's draft rows."""
         hidden = self._forward(batch)
         return self.model.compute_logits(hidden.index_select(0, batch.logits_rows))
+
+
+def empty_verified_step(plan: StepPlan) -> VerifiedStep:
+    """The VerifiedStep of a step where no request samples (prefill chunks only)."""
+    device = plan.inputs.tensors["ids_table"].device
+    none = torch.zeros(0, dtype=torch.int64, device=device)
+    none_np = np.zeros(0, dtype=np.int64)
+    return VerifiedStep(
+        rows_np=none_np,
+        rows=none,
+        token_ids=none.view(0, 1),
+        num_accepted=none,
+        first_positions_np=none_np,
+        first_positions=none,
+        hidden_states=none,
+        batch_index_np=none_np,
+        layout=plan.layout,
+        inputs=plan.inputs,
+    )
+
+
+def draft_proposer(proposer: object) -> DraftModelProposer | None:
+    """The runner's draft model proposer, if speculation runs one."""
+    return proposer if isinstance(proposer, DraftModelProposer) else None
 
 
 def draw_drafts(

@@ -55,6 +55,7 @@ from pagedlm.ops.jit_watch import compile_watch
 from pagedlm.sample.grammar_mask import apply_grammar_bitmask
 from pagedlm.sample.sampler import SamplerOutput
 from pagedlm.sample.state import SamplingState
+from pagedlm.spec_decode.draft_model import DraftModelProposer, draft_proposer
 from pagedlm.worker import memory, sleep
 from pagedlm.worker.batch_layout import BatchLayout
 from pagedlm.worker.cuda_graphs import DecodeGraphs, graphs_enabled
@@ -187,6 +188,8 @@ class ModelRunner:
         )
         if self.use_cuda:
             self.weights_bytes = torch.cuda.memory_allocated(self.device) - before
+        if (draft := self._draft()) is not None:  # after the target's weights_bytes
+            draft.load_model()
         # the most rows the LM head takes at once: a step's sampling rows (but a replay's where every
         # row samples, which runs at its graph size) or a chunk of prompt-logprob rows
         spec = self.config.speculative  # 1 + k logits rows a speculating request
@@ -220,6 +223,8 @@ class ModelRunner:
             self._new_kv_cache(num_blocks) for _ in range(self.config.model.num_layers)
         ]
         self.input_batch.num_kv_blocks = num_blocks
+        if (draft := self._draft()) is not None:  # the same block ids
+            draft.allocate_kv_cache(num_blocks)
 
     def prepare_steps(self, start_up: bool = True) -> None:
         """Over the weights and KV cache now held: the graphs' capture, the kernels' warm-up. Not
@@ -265,15 +270,29 @@ class ModelRunner:
                 None,
             )
             first_block, cache_bytes = 0, cache.numel() * cache.element_size()
-        steps = DummySteps(self, first_block, self.input_batch.num_kv_blocks, cache_bytes)
-        try:
-            yield steps
-        finally:
+        draft = self._draft()
+        draft_cache = (
+            contextlib.nullcontext(0)
+            if draft is None or kv_cache_blocks is None
+            else draft.dummy_kv_cache(kv_cache_blocks)
+        )
+        with draft_cache as draft_bytes:
+            steps = DummySteps(
+                self, first_block, self.input_batch.num_kv_blocks, cache_bytes + draft_bytes
+            )
             try:
-                steps.finish_all()
+                yield steps
             finally:
-                self.kv_caches, self.input_batch.num_kv_blocks, self.graphs, self.piecewise = saved
-                self.input_batch.forget_previous_step()
+                try:
+                    steps.finish_all()
+                finally:
+                    self.kv_caches, self.input_batch.num_kv_blocks = saved[:2]
+                    self.graphs, self.piecewise = saved[2:]
+                    self.input_batch.forget_previous_step()
+
+    def _draft(self) -> DraftModelProposer | None:
+        """The draft model of speculative decoding (spec_decode/draft_model.py), if any."""
+        return None if self.spec is None else draft_proposer(self.spec.proposer)
 
     def _capture_graphs(self, time_sizes: bool) -> None:
         start = time.perf_counter()

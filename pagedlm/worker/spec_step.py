@@ -29,6 +29,11 @@ from pagedlm.config import EngineConfig
 from pagedlm.sample.grammar_mask import apply_grammar_bitmask
 from pagedlm.sample.sampler import Logprobs, SamplingBatch
 from pagedlm.sample.tables import upload
+from pagedlm.spec_decode.draft_model import (
+    DraftModelProposer,
+    ModelVerifiedStep,
+    empty_verified_step,
+)
 from pagedlm.spec_decode.ngram import NO_DRAFT
 from pagedlm.spec_decode.proposer import DraftStore, VerifiedStep, make_proposer
 from pagedlm.spec_decode.rejection_sampler import SyntheticAcceptance, rejection_sample
@@ -66,7 +71,11 @@ class SpecWorker:
         self.k = spec.num_speculative_tokens
         self.device = config.device
         max_num_reqs = config.scheduler.max_num_seqs
-        self.proposer = make_proposer(spec, max_num_reqs, config.model.max_model_len, self.device)
+        self.proposer = (
+            DraftModelProposer(config)
+            if spec.method == "draft_model"
+            else make_proposer(spec, max_num_reqs, config.model.max_model_len, self.device)
+        )
         self.store = DraftStore(max_num_reqs, self.k, self.device)
         self._rates = None
         if spec.rejection_sample_method == "synthetic":
@@ -128,6 +137,8 @@ class SpecWorker:
         layout = plan.layout
         num_samples = layout.num_samples
         if num_samples == 0:
+            if isinstance(self.proposer, DraftModelProposer):  # the draft's KV of the chunks
+                self.proposer.propose(self._model_step(runner, plan, empty_verified_step(plan)))
             return None
         if layout.spec is None:
             sample, _ = runner._sample(hidden, plan, grammar)
@@ -141,25 +152,37 @@ class SpecWorker:
             token_ids, num_accepted, logprobs = self._verify(runner, hidden, plan, grammar)
             logits_start_np = layout.spec.logits_start_np
         rows = plan.inputs.prefix("sample_rows", num_samples)  # [N] int64
-        drafts = self.proposer.propose(
-            VerifiedStep(
-                rows_np=layout.sample_rows_np.astype(np.int64),
-                rows=rows,
-                token_ids=token_ids,
-                num_accepted=num_accepted,
-                first_positions_np=layout.sample_positions_np.astype(np.int64),
-                first_positions=self._step.first_positions,
-                hidden_states=hidden,
-                batch_index_np=_sample_batch_index(layout),
-                layout=layout,
-                inputs=plan.inputs,
-            )
+        step = VerifiedStep(
+            rows_np=layout.sample_rows_np.astype(np.int64),
+            rows=rows,
+            token_ids=token_ids,
+            num_accepted=num_accepted,
+            first_positions_np=layout.sample_positions_np.astype(np.int64),
+            first_positions=self._step.first_positions,
+            hidden_states=hidden,
+            batch_index_np=_sample_batch_index(layout),
+            layout=layout,
+            inputs=plan.inputs,
         )
+        if isinstance(self.proposer, DraftModelProposer):
+            step = self._model_step(runner, plan, step)
+        drafts = self.proposer.propose(step)
         self.store.store(rows, drafts)
         packed = torch.cat([token_ids, num_accepted[:, None], drafts.num_drafts[:, None]], dim=1)
         host = self._host[slot][: packed.numel()].view(num_samples, self.k + 3)
         host.copy_(packed, non_blocking=True)
         return SpecOutput(host.numpy(), logprobs, logits_start_np)  # sync-ok: pinned host view
+
+    def _model_step(
+        self, runner: ModelRunner, plan: StepPlan, step: VerifiedStep
+    ) -> ModelVerifiedStep:
+        """What the draft model reads of the step besides (spec_decode/draft_model.py)."""
+        layout = plan.layout
+        table = plan.inputs.prefix("block_table", layout.num_seqs, layout.num_block_cols)
+        sampling = None
+        if self.proposer.probabilistic and not runner.sampler.is_greedy(layout.sample_rows_np):
+            sampling = runner.sampler.make_batch(layout.sample_rows_np).random
+        return ModelVerifiedStep.of(step, runner._attention_metadata(plan, table), sampling)
 
     def _verify(
         self, runner: ModelRunner, hidden: torch.Tensor, plan: StepPlan, grammar: GrammarRows | None
