@@ -348,3 +348,33 @@ def test_a_prefix_hit_reads_the_draft_kv_of_the_shared_blocks(models, proposer):
     proposer.propose(verified_step([Chunk(0, prompt, 0, 21)], block_table))
     drafts = proposer.propose(verified_step([Chunk(1, own, len(shared), 22)], block_table))
     assert drafts.token_ids.tolist() == hf_greedy(models[2], [shared + own + [22]], K)
+
+
+def test_a_draft_whose_tokenizer_numbers_special_tokens_otherwise_is_refused(tmp_path):
+    """Same sizes and config ids, but the draft's tokenizer has </s> and <unk> swapped."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    folders = {}
+    for name, specials in (
+        ("target", ["<unk>", "<s>", "</s>"]),
+        ("draft", ["</s>", "<s>", "<unk>"]),
+    ):
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        trainer = trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=specials,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
+        tokenizer.train_from_iterator(["hello world"] * 4, trainer)
+        wrapped = PreTrainedTokenizerFast(
+            tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+        )
+        folders[name] = tmp_path / name
+        save_tiny_model(folders[name], "llama", vocab_size=len(wrapped))
+        wrapped.save_pretrained(folders[name])
+    args = replace(spec_args(folders["target"], folders["draft"]), skip_tokenizer_init=False)
+    with pytest.raises(ValueError, match=r"speculative_config\.model: special token (</s>|<unk>)"):
+        args.create_engine_config()
+    replace(args, speculative_config=None).create_engine_config()  # the target alone loads
