@@ -43,6 +43,7 @@ from pagedlm.spec_decode.draft_inputs import (
     single_step_inputs,
     single_steps,
 )
+from pagedlm.spec_decode.ngram import NO_DRAFT
 from pagedlm.spec_decode.proposer import Drafts, VerifiedStep
 from pagedlm.spec_decode.token_table import TokenTable
 from pagedlm.worker.memory import kv_cache_bytes_per_block
@@ -93,6 +94,7 @@ class DraftModelProposer:
         self.device = config.device
         self.block_size = config.cache.block_size
         self.num_speculative_tokens = config.speculative.num_speculative_tokens
+        self._k_for_batch = config.speculative.num_spec_tokens_for_batch
         self.probabilistic = config.speculative.draft_sample_method == "probabilistic"
         self.max_model_len = config.model.max_model_len
         self.attention_backend = config.attention_backend
@@ -136,17 +138,19 @@ class DraftModelProposer:
         """Nothing to free: add_request overwrites what the row's next request reads."""
 
     def propose(self, step: VerifiedStep) -> Drafts:
-        """k drafts for each of the step's R sampling requests (module doc)."""
+        """k drafts for each of the step's R sampling requests (module doc). At a batch size
+        that decodes plainly (num_speculative_tokens_per_batch_size k = 0) none: the first
+        forward only, which keeps the draft's KV of every token."""
         if not isinstance(step, ModelVerifiedStep):
             raise TypeError("the draft model proposer needs a ModelVerifiedStep")
         self.tokens.record(step.rows, step.token_ids, step.num_accepted, step.first_positions)
         k, num_samples = self.num_speculative_tokens, step.rows_np.shape[0]
         draft_step = self._draft_step(step)
         first = first_forward_inputs(draft_step, self.block_size, k, self.max_model_len)
-        if num_samples == 0:
-            self._forward(first)  # prefill chunks: the draft's KV of their tokens
-            empty = step.token_ids.new_empty((0, k))
-            return Drafts(empty, empty.new_empty((0,)))
+        if num_samples == 0 or self._k_for_batch(step.attn_metadata.num_seqs) == 0:
+            self._forward(first)
+            none = torch.full((num_samples, k), NO_DRAFT, device=step.token_ids.device)
+            return Drafts(none, torch.zeros_like(none[:, 0]))
         drafts, probs = [], []
         batch, shared = first, single_steps(draft_step, first)
         for j in range(k):

@@ -378,3 +378,21 @@ def test_a_draft_whose_tokenizer_numbers_special_tokens_otherwise_is_refused(tmp
     with pytest.raises(ValueError, match=r"speculative_config\.model: special token (</s>|<unk>)"):
         args.create_engine_config()
     replace(args, speculative_config=None).create_engine_config()  # the target alone loads
+
+
+def test_a_batch_size_that_decodes_plainly_drafts_nothing_but_keeps_the_kv(models):
+    """k = 0 from batch size 2 on: no drafts for the pair, but the draft's KV of their tokens
+    is written, so a later step of one of them alone drafts as transformers does."""
+    target, draft, hf_draft, _ = models
+    args = spec_args(target, draft, num_speculative_tokens_per_batch_size=[[2, 8, 0]])
+    proposer = DraftModelProposer(args.create_engine_config())
+    proposer.load_model()
+    proposer.allocate_kv_cache(64)
+    block_table = torch.arange(1, 1 + 2 * NUM_COLS, dtype=torch.int32).view(2, NUM_COLS)
+    p0, p1 = random_prompts(2, 6, 11, seed=8)
+    proposer.add_request(0, p0)
+    proposer.add_request(1, p1)
+    pair = proposer.propose(verified_step([Chunk(0, p0, 0, 5), Chunk(1, p1, 0, 6)], block_table))
+    assert pair.num_drafts.tolist() == [0, 0] and (pair.token_ids == -1).all()
+    alone = proposer.propose(verified_step([Chunk(0, [5], len(p0), 7)], block_table))
+    assert alone.token_ids.tolist() == hf_greedy(hf_draft, [p0 + [5, 7]], K)
