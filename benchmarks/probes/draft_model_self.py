@@ -1,5 +1,5 @@
-"""The draft_model proposer on the CPU with the only real pair here, the default model (SmolLM2-135M)
-as its own draft: acceptance, and what a step costs against plain decoding. Until the engine's
+"""The draft_model proposer on the CPU with the only real pair here, the default model
+(SmolLM2-135M) as its own draft: acceptance, and what a step costs against plain decoding. Until the engine's
 speculative wiring lands, a greedy verify loop stands in for the worker (the target model on
 its own paged cache, drafts accepted while they equal its argmax, as the rejection sampler's
 greedy path); plain decoding is the same model one token a step.
@@ -177,8 +177,8 @@ def main() -> None:
         f"outputs equal plain greedy: {sum(same)}/{batch}"
     )
     print(
-        f"a step: verify {1e3 * verify_s / steps:.1f} ms, propose {1e3 * propose_s / steps:.1f} ms; "
-        f"plain decode step {1e3 * decode_s / (num_tokens - 1):.1f} ms"
+        f"a step: verify {1e3 * verify_s / steps:.1f} ms, "
+        f"propose {1e3 * propose_s / steps:.1f} ms; plain decode step {1e3 * decode_s / (num_tokens - 1):.1f} ms"
     )
     print(f"tok/s: speculative {spec_tps:.1f}, plain {plain_tps:.1f} ({spec_tps / plain_tps:.2f}x)")
 

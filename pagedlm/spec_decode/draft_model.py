@@ -2,14 +2,15 @@
 
 It owns the draft model and its KV cache, one tensor per draft layer with the target's block
 count and block size, addressed with the target's block tables (draft_inputs.py): the pool's
-blocks hold both models' KV, so a block costs target + draft bytes (`kv_bytes_per_block`,
-counted by worker/memory.py) and the scheduler knows nothing new but k lookahead slots.
+blocks hold both models' KV, so a block costs target + draft bytes (memory.pool_bytes_per_block)
+and the scheduler knows nothing new but k lookahead slots.
 
 After each target step is verified, `propose` records the emitted tokens and runs the draft's
 first forward over the step's inputs and each sampling request's next token, then k - 1
-single-token steps, all on the device with fixed shapes (no host sync). Drafts are the argmax (`draft_sample_method` greedy, or a greedy
-request), or draws from q = softmax(draft logits / the request's temperature) (probabilistic,
-random requests): the rejection sampler then needs q at each draft (`Drafts.probs`).
+single-token steps, all on the device with fixed shapes (no host sync). Drafts are the argmax
+(`draft_sample_method` greedy, or a greedy request), or draws from q = softmax(draft logits /
+the request's temperature) (probabilistic, random requests): the rejection sampler then needs q
+at each draft (`Drafts.probs`).
 The draws use the sampler's counter-based noise (sample/noise.py) under a salt of their own,
 so a seeded request drafts the same in any batch and its drafts are independent of the
 verifier's accept test and residual draw.
@@ -46,7 +47,6 @@ from pagedlm.spec_decode.draft_inputs import (
 from pagedlm.spec_decode.ngram import NO_DRAFT
 from pagedlm.spec_decode.proposer import Drafts, VerifiedStep
 from pagedlm.spec_decode.token_table import TokenTable
-from pagedlm.worker.memory import kv_cache_bytes_per_block
 
 if TYPE_CHECKING:
     from pagedlm.worker.step_plan import StepPlan
@@ -101,9 +101,6 @@ class DraftModelProposer:
         self.tokens = TokenTable(config.scheduler.max_num_seqs, self.max_model_len, self.device)
         self.model: LlamaForCausalLM | None = None
         self.kv_caches: list[torch.Tensor] = []  # per draft layer [2, blocks, B, Hkv, D]
-
-    def kv_bytes_per_block(self) -> int:
-        return kv_cache_bytes_per_block(self.config, self.block_size)
 
     def load_model(self) -> None:
         backend = get_attention_backend(self.attention_backend, self.device)
