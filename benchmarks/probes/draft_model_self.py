@@ -1,8 +1,8 @@
 """The draft_model proposer on the CPU with the only real pair here, the default model
-(SmolLM2-135M) as its own draft: acceptance, and what a step costs against plain decoding. Until the engine's
-speculative wiring lands, a greedy verify loop stands in for the worker (the target model on
-its own paged cache, drafts accepted while they equal its argmax, as the rejection sampler's
-greedy path); plain decoding is the same model one token a step.
+(SmolLM2-135M) as its own draft: acceptance, and what a step costs (verify and propose apart)
+against plain decoding. A greedy verify loop stands in for the worker (the target model on its
+own paged cache with every block it will need, drafts accepted while they equal its argmax, as
+the rejection sampler's greedy path); plain decoding is the same model one token a step.
 
 A self-draft accepts ~every draft but costs as much as the target per token, so it cannot pay:
 this measures the proposer's cost and acceptance, not a speedup a small draft would give.
@@ -178,7 +178,8 @@ def main() -> None:
     )
     print(
         f"a step: verify {1e3 * verify_s / steps:.1f} ms, "
-        f"propose {1e3 * propose_s / steps:.1f} ms; plain decode step {1e3 * decode_s / (num_tokens - 1):.1f} ms"
+        f"propose {1e3 * propose_s / steps:.1f} ms; "
+        f"plain decode step {1e3 * decode_s / (num_tokens - 1):.1f} ms"
     )
     print(f"tok/s: speculative {spec_tps:.1f}, plain {plain_tps:.1f} ({spec_tps / plain_tps:.2f}x)")
 
