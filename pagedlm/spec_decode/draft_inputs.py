@@ -19,7 +19,8 @@ first v_b of its inputs are verified. The draft then runs:
   position start_b + v_b + j.
 
 Positions reach seq_len_b + k - 1: the k lookahead slots vLLM's scheduler reserves for draft
-models. A position whose block the step's table does not hold (past its columns, or the null
+models (`num_reserved`: how many the scheduler reserves). A position in a block the request does
+not surely hold (past its seq_len and the reserved slots, past the table's columns, the null
 block) or at or past max_model_len gets slot -1: nothing is written and that draft is only worse,
 never wrong (the target verifies every draft).
 
@@ -63,7 +64,7 @@ class DraftBatch:
 
 
 def first_forward_inputs(
-    step: DraftStep, block_size: int, num_lookahead: int, max_model_len: int
+    step: DraftStep, block_size: int, num_lookahead: int, max_model_len: int, num_reserved: int
 ) -> DraftBatch:
     """The step's inputs and one more row for each sampling request (the module doc). A
     sampling request's seq_len is below max_model_len (its token lands there), so its extra row
@@ -89,6 +90,7 @@ def first_forward_inputs(
         sample_starts + verified, qsl_out.index_select(0, step.sample_seqs + 1) - 1
     )  # [S]
     table = draft_block_table(meta, block_size, num_lookahead, max_model_len)
+    cols_held = columns_held(meta.seq_lens, block_size, num_reserved)  # [B]
     host_qsl, host_seq_lens = _host_layout(meta, step.sample_seqs_np, max_model_len)
     out_meta = AttentionMetadata(
         num_tokens=num_rows,
@@ -97,7 +99,7 @@ def first_forward_inputs(
         max_seq_len=int(host_seq_lens.max()),
         query_start_loc=qsl_out.to(torch.int32),
         seq_lens=(meta.seq_lens.long() + extra).clamp_(max=max_model_len).to(torch.int32),
-        slot_mapping=slot_mapping(table, seq, positions, block_size, max_model_len),
+        slot_mapping=slot_mapping(table, cols_held, seq, positions, block_size, max_model_len),
         block_table=table,
         query_start_loc_cpu=torch.from_numpy(host_qsl),
         seq_lens_cpu=torch.from_numpy(host_seq_lens),
@@ -150,18 +152,23 @@ class SingleSteps:
     """What the k - 1 single-token steps share: the sampling requests' rows of the table."""
 
     block_table: torch.Tensor  # [S, C'] int32
+    cols_held: torch.Tensor  # [S] int64: the leading columns that hold each request's blocks
     first_positions: torch.Tensor  # [S] int64: where each request's next token landed
     query_start_loc: torch.Tensor  # [S + 1] int32: one query each
     host_query_start_loc: torch.Tensor  # [S + 1] int32, on the host
     host_seq_len_bounds: np.ndarray  # [S] int64: at least each next token's seq_len
 
 
-def single_steps(step: DraftStep, first: DraftBatch) -> SingleSteps:
+def single_steps(
+    step: DraftStep, first: DraftBatch, block_size: int, num_reserved: int
+) -> SingleSteps:
     num_samples = step.sample_seqs_np.shape[0]
+    seq_lens = step.meta.seq_lens.index_select(0, step.sample_seqs)  # [S]
     device = first.positions.device
     host_seq_lens = first.meta.seq_lens_cpu.numpy()[step.sample_seqs_np]
     return SingleSteps(
         block_table=first.meta.block_table.index_select(0, step.sample_seqs),
+        cols_held=columns_held(seq_lens, block_size, num_reserved),
         first_positions=first.positions.index_select(0, first.logits_rows),
         query_start_loc=torch.arange(num_samples + 1, dtype=torch.int32, device=device),
         host_query_start_loc=torch.arange(num_samples + 1, dtype=torch.int32),
@@ -177,7 +184,9 @@ def single_step_inputs(
     num_samples = token_ids.shape[0]
     positions = shared.first_positions + j  # [S]
     rows = torch.arange(num_samples, device=token_ids.device)
-    slots = slot_mapping(shared.block_table, rows, positions, block_size, max_model_len)
+    slots = slot_mapping(
+        shared.block_table, shared.cols_held, rows, positions, block_size, max_model_len
+    )
     positions = positions.clamp(max=max_model_len - 1)
     seq_lens = (positions + 1).to(torch.int32)  # [S]
     bounds = np.minimum(shared.host_seq_len_bounds + j, max_model_len)  # [S]
@@ -197,18 +206,30 @@ def single_step_inputs(
     return DraftBatch(token_ids, positions, meta, rows)
 
 
+def columns_held(seq_lens: torch.Tensor, block_size: int, num_reserved: int) -> torch.Tensor:
+    """[B] int64: the block-table columns whose blocks a request surely holds this step, those
+    of its seq_lens [B] positions and the num_reserved lookahead slots the scheduler reserves
+    past them. Entries past them may name blocks a rejected tail gave back (the worker cuts its
+    rows without clearing them): the draft writes nothing there."""
+    return torch.div(
+        seq_lens.long() + num_reserved + block_size - 1, block_size, rounding_mode="floor"
+    )
+
+
 def slot_mapping(
     block_table: torch.Tensor,
+    cols_held: torch.Tensor,
     seq: torch.Tensor,
     positions: torch.Tensor,
     block_size: int,
     max_model_len: int,
 ) -> torch.Tensor:
-    """[N] int64 slots of (seq [N], positions [N]) in block_table [B, C]; -1 where the table
-    holds no block for the position (past its columns, the null block) or past max_model_len."""
+    """[N] int64 slots of (seq [N], positions [N]) in block_table [B, C]; -1 where the request
+    holds no block for the position (past cols_held [B] or the table's columns, the null block)
+    or past max_model_len."""
     num_cols = block_table.shape[1]
     col = torch.div(positions, block_size, rounding_mode="floor")  # [N]
     block = block_table[seq, col.clamp(max=num_cols - 1)].long()  # [N]
     slots = block * block_size + positions % block_size
-    writable = (col < num_cols) & (block != NULL_BLOCK_ID) & (positions < max_model_len)
-    return torch.where(writable, slots, -1)
+    held = (col < cols_held[seq]) & (col < num_cols) & (block != NULL_BLOCK_ID)
+    return torch.where(held & (positions < max_model_len), slots, -1)

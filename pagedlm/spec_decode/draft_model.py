@@ -98,6 +98,9 @@ class DraftModelProposer:
         self.probabilistic = config.speculative.draft_sample_method == "probabilistic"
         self.max_model_len = config.model.max_model_len
         self.attention_backend = config.attention_backend
+        # lookahead slots the scheduler reserves past each request's scheduled ones: none yet,
+        # so drafts past a request's last block are written nowhere (worse, never wrong)
+        self.num_reserved_slots = 0
         self.tokens = TokenTable(config.scheduler.max_num_seqs, self.max_model_len, self.device)
         self.model: LlamaForCausalLM | None = None
         self.kv_caches: list[torch.Tensor] = []  # per draft layer [2, blocks, B, Hkv, D]
@@ -143,13 +146,16 @@ class DraftModelProposer:
         self.tokens.record(step.rows, step.token_ids, step.num_accepted, step.first_positions)
         k, num_samples = self.num_speculative_tokens, step.rows_np.shape[0]
         draft_step = self._draft_step(step)
-        first = first_forward_inputs(draft_step, self.block_size, k, self.max_model_len)
+        first = first_forward_inputs(
+            draft_step, self.block_size, k, self.max_model_len, self.num_reserved_slots
+        )
         if num_samples == 0 or self._k_for_batch(step.attn_metadata.num_seqs) == 0:
             self._forward(first)
             none = torch.full((num_samples, k), NO_DRAFT, device=step.token_ids.device)
             return Drafts(none, torch.zeros_like(none[:, 0]))
         drafts, probs = [], []
-        batch, shared = first, single_steps(draft_step, first)
+        batch = first
+        shared = single_steps(draft_step, first, self.block_size, self.num_reserved_slots)
         for j in range(k):
             if j > 0:
                 batch = single_step_inputs(

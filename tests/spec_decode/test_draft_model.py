@@ -58,6 +58,7 @@ def proposer(models):
     proposer = DraftModelProposer(spec_args(target, draft).create_engine_config())
     proposer.load_model()
     proposer.allocate_kv_cache(64)
+    proposer.num_reserved_slots = K  # the tables hold every block: as the scheduler reserving
     for cache in proposer.kv_caches:
         cache.fill_(float("nan"))
     return proposer
@@ -241,6 +242,7 @@ def self_draft(models) -> DraftModelProposer:
     proposer = DraftModelProposer(spec_args(target, target).create_engine_config())
     proposer.load_model()
     proposer.allocate_kv_cache(64)
+    proposer.num_reserved_slots = K  # the tables hold every block: as the scheduler reserving
     return proposer
 
 
@@ -261,10 +263,13 @@ def test_greedy_outputs_with_another_draft_are_the_targets(models, proposer):
 
 def test_slots_without_a_block_are_not_written():
     table = torch.tensor([[4, 0, 0], [6, 7, 2]], dtype=torch.int32)  # 0: the null block
-    seq = torch.tensor([0, 0, 0, 1, 1, 1])
-    positions = torch.tensor([3, 8, 30, 9, 17, 24])  # 24: past the columns
-    slots = slot_mapping(table, seq, positions, block_size=8, max_model_len=16)
-    assert slots.tolist() == [35, -1, -1, 57, -1, -1]  # 17: past max_model_len
+    held = torch.tensor([3, 2])  # request 1's third column: a block it gave back
+    seq = torch.tensor([0, 0, 0, 1, 1, 1, 1])
+    positions = torch.tensor([3, 8, 30, 9, 17, 24, 15])  # 24: past the columns
+    slots = slot_mapping(table, held, seq, positions, block_size=8, max_model_len=32)
+    assert slots.tolist() == [35, -1, -1, 57, -1, -1, 63]
+    slots = slot_mapping(table, held + 1, seq, positions, block_size=8, max_model_len=16)
+    assert slots.tolist() == [35, -1, -1, 57, -1, -1, 63]  # 17: past max_model_len
 
 
 def test_the_pool_counts_target_and_draft_bytes(models):
@@ -388,6 +393,7 @@ def test_a_batch_size_that_decodes_plainly_drafts_nothing_but_keeps_the_kv(model
     proposer = DraftModelProposer(args.create_engine_config())
     proposer.load_model()
     proposer.allocate_kv_cache(64)
+    proposer.num_reserved_slots = K  # the tables hold every block: as the scheduler reserving
     block_table = torch.arange(1, 1 + 2 * NUM_COLS, dtype=torch.int32).view(2, NUM_COLS)
     p0, p1 = random_prompts(2, 6, 11, seed=8)
     proposer.add_request(0, p0)
