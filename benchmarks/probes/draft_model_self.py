@@ -159,7 +159,6 @@ def main() -> None:
     proposer = DraftModelProposer(config)
     proposer.load_model()
     proposer.allocate_kv_cache(num_blocks)
-    proposer.num_reserved_slots = k  # the loop's tables hold every block a request will need
     tokenizer = load_tokenizer(config.model)
     prompts = [tokenizer.encode(f"{PROMPT} {name}") for name in ["Ada", "Bo", "Cy", "Di"] * 8][
         :batch

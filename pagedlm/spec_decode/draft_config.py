@@ -17,6 +17,8 @@ from pagedlm.config import ModelConfig, build_model_config
 if TYPE_CHECKING:
     import torch
 
+    from pagedlm.config import EngineConfig
+
 KEY = "speculative_config.model"
 _CONFIG_SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
@@ -37,6 +39,15 @@ def draft_model_config(path: str, target: ModelConfig, device: torch.device) -> 
             f"target's ({target.sliding_window}), whose freed blocks it would read"
         )
     return draft
+
+
+def draft_scratch_blocks(config: EngineConfig) -> int:
+    """The draft cache's scratch blocks past the pool's (draft_inputs.Scratch): cdiv(k,
+    block_size) for each request of the largest batch that drafts."""
+    spec, block_size = config.speculative, config.cache.block_size
+    max_seqs = config.scheduler.max_num_seqs
+    drafting = [n for n in range(1, max_seqs + 1) if spec.num_spec_tokens_for_batch(n) > 0]
+    return max(drafting, default=0) * -(-spec.num_speculative_tokens // block_size)
 
 
 def check_same_vocabulary(draft: ModelConfig, target: ModelConfig) -> None:

@@ -1,8 +1,7 @@
 """The draft model's batches, laid out on the device from the target's step, with no host sync.
 
 The draft's KV cache has the target's block ids: token position t of a request lives at the same
-slot in both caches, so the draft needs nothing from the scheduler but the target's block table
-(and k slots of lookahead past the target's scheduled positions, see below).
+slot in both caches, so the draft needs nothing from the scheduler but the target's block table.
 
 After the target's step, request b (q_b query tokens at positions start_b .. seq_len_b - 1) has
 emitted its tokens; its next token n_b (the last it emitted) lands at position start_b + v_b: the
@@ -18,11 +17,11 @@ first v_b of its inputs are verified. The draft then runs:
 - k - 1 single-token steps (`single_step_inputs`) over the sampling requests, draft j at
   position start_b + v_b + j.
 
-Positions reach seq_len_b + k - 1: the k lookahead slots vLLM's scheduler reserves for draft
-models (`num_reserved`: how many the scheduler reserves). A position in a block the request does
-not surely hold (past its seq_len and the reserved slots, past the table's columns, the null
-block) or at or past max_model_len gets slot -1: nothing is written and that draft is only worse,
-never wrong (the target verifies every draft).
+Positions reach seq_len_b + k - 1, past the blocks the request holds (vLLM's scheduler reserves
+k lookahead slots for them): here a sampling request's columns after its own take scratch blocks
+of the draft cache (`Scratch`), written and read within the proposal. A position in no block
+(past the table, the null block) or at or past max_model_len gets slot -1: nothing is written
+and that draft is only worse, never wrong (the target verifies every draft).
 
 Host copies of the metadata: the first forward's are exact (the host knows the layout); a single
 step's lengths depend on num_rejected, so on CUDA the host holds bounds (the Triton kernels read
@@ -61,10 +60,11 @@ class DraftBatch:
     positions: torch.Tensor  # [N] int64
     meta: AttentionMetadata
     logits_rows: torch.Tensor  # [S] int64: the row of each sampling request's draft
+    cols_held: torch.Tensor  # [rows of meta.block_table] int64: the columns it may write in
 
 
 def first_forward_inputs(
-    step: DraftStep, block_size: int, num_lookahead: int, max_model_len: int, num_reserved: int
+    step: DraftStep, block_size: int, max_model_len: int, scratch: Scratch
 ) -> DraftBatch:
     """The step's inputs and one more row for each sampling request (the module doc). A
     sampling request's seq_len is below max_model_len (its token lands there), so its extra row
@@ -89,8 +89,7 @@ def first_forward_inputs(
     logits_rows = torch.minimum(
         sample_starts + verified, qsl_out.index_select(0, step.sample_seqs + 1) - 1
     )  # [S]
-    table = draft_block_table(meta, block_size, num_lookahead, max_model_len)
-    cols_held = columns_held(meta.seq_lens, block_size, num_reserved)  # [B]
+    table, cols_held = draft_block_table(meta, step.sample_seqs, block_size, scratch)
     host_qsl, host_seq_lens = _host_layout(meta, step.sample_seqs_np, max_model_len)
     out_meta = AttentionMetadata(
         num_tokens=num_rows,
@@ -104,7 +103,8 @@ def first_forward_inputs(
         query_start_loc_cpu=torch.from_numpy(host_qsl),
         seq_lens_cpu=torch.from_numpy(host_seq_lens),
     )
-    return DraftBatch(input_ids, positions.clamp(max=max_model_len - 1), out_meta, logits_rows)
+    clamped = positions.clamp(max=max_model_len - 1)
+    return DraftBatch(input_ids, clamped, out_meta, logits_rows, cols_held)
 
 
 def _input_ids(
@@ -134,17 +134,44 @@ def _host_layout(
     return query_start_loc.astype(np.int32), seq_lens.astype(np.int32)
 
 
+@dataclass(frozen=True, slots=True)
+class Scratch:
+    """The draft cache's blocks past the pool's: num_cols a sampling request, for its positions
+    past the blocks it holds (the scheduler reserves no lookahead slots). Their KV is written
+    and read within one proposal only: the next step's first forward writes those positions
+    again, in the blocks the request then holds."""
+
+    first_block: int  # the pool's block count: scratch block ids start there
+    num_cols: int  # cdiv(k, block_size) a sampling request; 0: none (a step that drafts nothing)
+
+
 def draft_block_table(
-    meta: AttentionMetadata, block_size: int, num_lookahead: int, max_model_len: int
-) -> torch.Tensor:
-    """[B, C'] int32: the step's table, padded with the null block to the columns the draft's
-    positions reach (the step's own cover only its sequence lengths)."""
+    meta: AttentionMetadata, sample_seqs: torch.Tensor, block_size: int, scratch: Scratch
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft's table [B, C'] int32 and the leading columns [B] int64 it may write in. The
+    step's table covers each request's positions; a request surely holds the blocks of its
+    seq_len positions only (entries past them may name blocks a rejected tail gave back: the
+    worker cuts its rows without clearing them). Sampling request i takes scratch blocks
+    first_block + i * num_cols + e in the num_cols columns after its own."""
     table = meta.block_table
-    reach = min(meta.max_seq_len + num_lookahead, max_model_len)
-    missing = -(-reach // block_size) - table.shape[1]
-    if missing <= 0:
-        return table
-    return torch.nn.functional.pad(table, (0, missing), value=NULL_BLOCK_ID)
+    cols_held = torch.div(meta.seq_lens.long() + block_size - 1, block_size, rounding_mode="floor")
+    # every request's columns, its extra row's and its scratch
+    num_cols = max(
+        -(-meta.max_seq_len // block_size) + scratch.num_cols,
+        -(-(meta.max_seq_len + 1) // block_size),
+    )
+    table = torch.nn.functional.pad(table, (0, max(num_cols - table.shape[1], 0)))  # a copy
+    if scratch.num_cols == 0 or sample_seqs.shape[0] == 0:
+        return table, cols_held
+    extra = torch.arange(scratch.num_cols, device=table.device)  # [E]
+    rows = sample_seqs[:, None].expand(-1, scratch.num_cols)  # [S, E]
+    cols = cols_held.index_select(0, sample_seqs)[:, None] + extra  # [S, E]
+    order = torch.arange(sample_seqs.shape[0], device=table.device)[:, None]  # [S, 1]
+    ids = scratch.first_block + order * scratch.num_cols + extra  # [S, E]
+    table.index_put_((rows, cols), ids.to(table.dtype))
+    return table, cols_held.index_add_(
+        0, sample_seqs, torch.full_like(sample_seqs, scratch.num_cols)
+    )
 
 
 @dataclass(slots=True)
@@ -159,16 +186,13 @@ class SingleSteps:
     host_seq_len_bounds: np.ndarray  # [S] int64: at least each next token's seq_len
 
 
-def single_steps(
-    step: DraftStep, first: DraftBatch, block_size: int, num_reserved: int
-) -> SingleSteps:
+def single_steps(step: DraftStep, first: DraftBatch) -> SingleSteps:
     num_samples = step.sample_seqs_np.shape[0]
-    seq_lens = step.meta.seq_lens.index_select(0, step.sample_seqs)  # [S]
     device = first.positions.device
     host_seq_lens = first.meta.seq_lens_cpu.numpy()[step.sample_seqs_np]
     return SingleSteps(
         block_table=first.meta.block_table.index_select(0, step.sample_seqs),
-        cols_held=columns_held(seq_lens, block_size, num_reserved),
+        cols_held=first.cols_held.index_select(0, step.sample_seqs),
         first_positions=first.positions.index_select(0, first.logits_rows),
         query_start_loc=torch.arange(num_samples + 1, dtype=torch.int32, device=device),
         host_query_start_loc=torch.arange(num_samples + 1, dtype=torch.int32),
@@ -203,17 +227,7 @@ def single_step_inputs(
         query_start_loc_cpu=shared.host_query_start_loc,
         seq_lens_cpu=seq_lens if on_host else torch.from_numpy(bounds.astype(np.int32)),
     )
-    return DraftBatch(token_ids, positions, meta, rows)
-
-
-def columns_held(seq_lens: torch.Tensor, block_size: int, num_reserved: int) -> torch.Tensor:
-    """[B] int64: the block-table columns whose blocks a request surely holds this step, those
-    of its seq_lens [B] positions and the num_reserved lookahead slots the scheduler reserves
-    past them. Entries past them may name blocks a rejected tail gave back (the worker cuts its
-    rows without clearing them): the draft writes nothing there."""
-    return torch.div(
-        seq_lens.long() + num_reserved + block_size - 1, block_size, rounding_mode="floor"
-    )
+    return DraftBatch(token_ids, positions, meta, rows, shared.cols_held)
 
 
 def slot_mapping(

@@ -3,7 +3,8 @@
 It owns the draft model and its KV cache, one tensor per draft layer with the target's block
 count and block size, addressed with the target's block tables (draft_inputs.py): the pool's
 blocks hold both models' KV, so a block costs target + draft bytes (memory.pool_bytes_per_block)
-and the scheduler knows nothing new but k lookahead slots.
+and the scheduler knows nothing new: a request's draft positions past the blocks it holds go to
+scratch blocks of the draft's own (draft_inputs.Scratch).
 
 After each target step is verified, `propose` records the emitted tokens and runs the draft's
 first forward over the step's inputs and each sampling request's next token, then k - 1
@@ -37,9 +38,11 @@ from pagedlm.sample.gumbel import gumbel_draw
 from pagedlm.sample.noise import mix64_, to_int64
 from pagedlm.sample.sampler import RandomParams
 from pagedlm.sample.tables import upload
+from pagedlm.spec_decode.draft_config import draft_scratch_blocks
 from pagedlm.spec_decode.draft_inputs import (
     DraftBatch,
     DraftStep,
+    Scratch,
     first_forward_inputs,
     single_step_inputs,
     single_steps,
@@ -98,9 +101,8 @@ class DraftModelProposer:
         self.probabilistic = config.speculative.draft_sample_method == "probabilistic"
         self.max_model_len = config.model.max_model_len
         self.attention_backend = config.attention_backend
-        # lookahead slots the scheduler reserves past each request's scheduled ones: none yet,
-        # so drafts past a request's last block are written nowhere (worse, never wrong)
-        self.num_reserved_slots = 0
+        self.num_scratch_blocks = draft_scratch_blocks(config)  # past the pool's (Scratch)
+        self._pool_blocks = 0
         self.tokens = TokenTable(config.scheduler.max_num_seqs, self.max_model_len, self.device)
         self.model: LlamaForCausalLM | None = None
         self.kv_caches: list[torch.Tensor] = []  # per draft layer [2, blocks, B, Hkv, D]
@@ -110,7 +112,9 @@ class DraftModelProposer:
         self.model = load_model(self.config, backend, self.device)
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
-        """Beside the target's cache of num_blocks blocks (the same block ids)."""
+        """Beside the target's cache of num_blocks blocks (the same block ids), and the scratch
+        blocks past them."""
+        self._pool_blocks = num_blocks
         self.kv_caches = [self._new_kv_cache(num_blocks) for _ in range(self.config.num_layers)]
 
     @contextlib.contextmanager
@@ -118,16 +122,18 @@ class DraftModelProposer:
         """For the runner's dummy steps on a cache of their own: one of num_blocks blocks for
         every layer (their values matter to no one), the real one back on exit. Yields its
         bytes."""
-        saved = self.kv_caches
+        saved = self.kv_caches, self._pool_blocks
         cache = self._new_kv_cache(num_blocks)
-        self.kv_caches = [cache] * self.config.num_layers
+        self.kv_caches, self._pool_blocks = [cache] * self.config.num_layers, num_blocks
         try:
             yield cache.numel() * cache.element_size()
         finally:
-            self.kv_caches = saved
+            self.kv_caches, self._pool_blocks = saved
 
     def _new_kv_cache(self, num_blocks: int) -> torch.Tensor:
+        """[2, num_blocks + the scratch blocks, block_size, Hkv, D]."""
         config = self.config
+        num_blocks += self.num_scratch_blocks
         shape = (2, num_blocks, self.block_size, config.num_kv_heads, config.head_dim)
         return torch.zeros(shape, dtype=config.dtype, device=self.device)
 
@@ -146,16 +152,15 @@ class DraftModelProposer:
         self.tokens.record(step.rows, step.token_ids, step.num_accepted, step.first_positions)
         k, num_samples = self.num_speculative_tokens, step.rows_np.shape[0]
         draft_step = self._draft_step(step)
-        first = first_forward_inputs(
-            draft_step, self.block_size, k, self.max_model_len, self.num_reserved_slots
-        )
-        if num_samples == 0 or self._k_for_batch(step.attn_metadata.num_seqs) == 0:
+        drafting = num_samples > 0 and self._k_for_batch(step.attn_metadata.num_seqs) > 0
+        scratch = Scratch(self._pool_blocks, -(-k // self.block_size) if drafting else 0)
+        first = first_forward_inputs(draft_step, self.block_size, self.max_model_len, scratch)
+        if not drafting:
             self._forward(first)
             none = torch.full((num_samples, k), NO_DRAFT, device=step.token_ids.device)
             return Drafts(none, torch.zeros_like(none[:, 0]))
         drafts, probs = [], []
-        batch = first
-        shared = single_steps(draft_step, first, self.block_size, self.num_reserved_slots)
+        batch, shared = first, single_steps(draft_step, first)
         for j in range(k):
             if j > 0:
                 batch = single_step_inputs(

@@ -35,6 +35,17 @@ def pool_bytes_per_block(config: EngineConfig) -> int:
     return kv_cache_bytes_per_block(config.model, block_size) + draft_bytes
 
 
+def draft_scratch_bytes(config: EngineConfig) -> int:
+    """The draft cache's scratch blocks past the pool's (spec_decode/draft_inputs.Scratch): a
+    fixed cost besides the pool's blocks."""
+    draft = config.draft_model
+    if draft is None:
+        return 0
+    from pagedlm.spec_decode.draft_config import draft_scratch_blocks
+
+    return draft_scratch_blocks(config) * kv_cache_bytes_per_block(draft, config.cache.block_size)
+
+
 def determine_num_blocks(
     config: EngineConfig,
     profile: Callable[[], int],
@@ -52,7 +63,8 @@ def determine_num_blocks(
         num_blocks, source = cache.num_gpu_blocks_override, "num_gpu_blocks_override"
     elif cache.kv_cache_memory_gib is not None:
         gib = cache.kv_cache_memory_gib
-        num_blocks, source = int(gib * GiB) // bytes_per_block, f"a budget of {gib:.2f} GiB"
+        num_blocks = (int(gib * GiB) - draft_scratch_bytes(config)) // bytes_per_block
+        source = f"a budget of {gib:.2f} GiB"
     elif config.device.type != "cuda":
         num_blocks = default_cpu_num_blocks(config, bytes_per_block, physical_memory_bytes())
         source = (
@@ -115,6 +127,7 @@ def _profiled_num_blocks(
     graph_bytes = 0 if profile_graphs is None else profile_graphs()
     budget = total * config.cache.gpu_memory_utilization
     kv_bytes = budget - baseline - activation - non_torch - graph_bytes
+    kv_bytes -= draft_scratch_bytes(config)
     logger.info(
         "GPU memory: total %.2f GiB x gpu_memory_utilization %.2f = %.2f GiB; weights %.2f GiB; "
         "other persistent buffers %.2f GiB; peak activation (profile of %d tokens) %.2f GiB; "

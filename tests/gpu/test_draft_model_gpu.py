@@ -24,7 +24,6 @@ def _proposer(target, draft, device: str, **spec) -> DraftModelProposer:
     proposer = DraftModelProposer(args.create_engine_config())
     proposer.load_model()
     proposer.allocate_kv_cache(64)
-    proposer.num_reserved_slots = K  # the tables hold every block: as the scheduler reserving
     return proposer
 
 

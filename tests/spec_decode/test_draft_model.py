@@ -17,10 +17,16 @@ from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.config import EngineArgs
 from pagedlm.sample.noise import row_keys_np
 from pagedlm.sample.sampler import RandomParams
+from pagedlm.spec_decode.draft_config import draft_scratch_blocks
 from pagedlm.spec_decode.draft_inputs import slot_mapping
 from pagedlm.spec_decode.draft_model import DraftModelProposer, ModelVerifiedStep, draw_drafts
 from pagedlm.spec_decode.proposer import VerifiedStep
-from pagedlm.worker.memory import kv_cache_bytes_per_block, pool_bytes_per_block
+from pagedlm.worker.memory import (
+    determine_num_blocks,
+    draft_scratch_bytes,
+    kv_cache_bytes_per_block,
+    pool_bytes_per_block,
+)
 
 K = 3
 BLOCK_SIZE = 8
@@ -58,7 +64,6 @@ def proposer(models):
     proposer = DraftModelProposer(spec_args(target, draft).create_engine_config())
     proposer.load_model()
     proposer.allocate_kv_cache(64)
-    proposer.num_reserved_slots = K  # the tables hold every block: as the scheduler reserving
     for cache in proposer.kv_caches:
         cache.fill_(float("nan"))
     return proposer
@@ -242,7 +247,6 @@ def self_draft(models) -> DraftModelProposer:
     proposer = DraftModelProposer(spec_args(target, target).create_engine_config())
     proposer.load_model()
     proposer.allocate_kv_cache(64)
-    proposer.num_reserved_slots = K  # the tables hold every block: as the scheduler reserving
     return proposer
 
 
@@ -273,20 +277,28 @@ def test_slots_without_a_block_are_not_written():
 
 
 def test_the_pool_counts_target_and_draft_bytes(models):
+    """A block costs both models' KV; the draft's scratch blocks (cdiv(k, block_size) for each
+    request of the largest batch that drafts) are a fixed cost besides."""
     target, draft, *_ = models
-    config = spec_args(target, draft).create_engine_config()
+    config = replace(
+        spec_args(target, draft), num_gpu_blocks_override=None, kv_cache_memory_gib=0.01
+    ).create_engine_config()
     target_bytes = kv_cache_bytes_per_block(config.model, BLOCK_SIZE)
     draft_bytes = kv_cache_bytes_per_block(config.draft_model, BLOCK_SIZE)
     assert pool_bytes_per_block(config) == target_bytes + draft_bytes
     assert config.draft_model.head_dim == 16 and config.model.head_dim == 16
+    assert draft_scratch_blocks(config) == 32 * -(-K // BLOCK_SIZE)  # drafts up to batch 32
+    scratch = draft_scratch_bytes(config)
+    assert scratch == 32 * -(-K // BLOCK_SIZE) * draft_bytes
+    num_blocks = determine_num_blocks(config, lambda: 0, 0)
+    assert num_blocks == (int(0.01 * (1 << 30)) - scratch) // (target_bytes + draft_bytes)
     plain = EngineArgs(
-        model=str(target),
-        dtype="float32",
-        device="cpu",
-        block_size=BLOCK_SIZE,
+        model=str(target), dtype="float32", device="cpu", block_size=BLOCK_SIZE,
         skip_tokenizer_init=True,
-    )
-    assert pool_bytes_per_block(plain.create_engine_config()) == target_bytes
+    )  # fmt: skip
+    plain_config = plain.create_engine_config()
+    assert pool_bytes_per_block(plain_config) == target_bytes
+    assert draft_scratch_bytes(plain_config) == 0
 
 
 def test_a_draft_with_other_special_ids_is_refused(models, tmp_path):
@@ -393,7 +405,6 @@ def test_a_batch_size_that_decodes_plainly_drafts_nothing_but_keeps_the_kv(model
     proposer = DraftModelProposer(args.create_engine_config())
     proposer.load_model()
     proposer.allocate_kv_cache(64)
-    proposer.num_reserved_slots = K  # the tables hold every block: as the scheduler reserving
     block_table = torch.arange(1, 1 + 2 * NUM_COLS, dtype=torch.int32).view(2, NUM_COLS)
     p0, p1 = random_prompts(2, 6, 11, seed=8)
     proposer.add_request(0, p0)
