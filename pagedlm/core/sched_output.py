@@ -55,10 +55,11 @@ class CachedRequestData:
 @dataclass(slots=True)
 class GrammarBitmask:
     """The token bitmask of a step's constrained rows (structured outputs): bit j of row m allows
-    token j for the step's `sample_indices[m]`-th sampling request (in batch order)."""
+    token j for the step's `sample_indices[m]`-th sampling request (in batch order). The arrays
+    are views of the worker's pinned staging rows for the step (ModelRunner.grammar_bitmask)."""
 
     sample_indices: np.ndarray  # [M] int64, increasing
-    bitmask: np.ndarray  # [M, ceil(vocab_size / 32)] int32; valid until the next step is planned
+    bitmask: np.ndarray  # [M, ceil(vocab_size / 32)] int32
 
 
 @dataclass(slots=True)
@@ -75,7 +76,6 @@ class SchedulerOutput:
     # (A prefill chunk that stops short of the prompt's end does not sample.)
     sampling_req_ids: set[str] = field(default_factory=set)
     step_id: int = 0
-    grammar_bitmask: GrammarBitmask | None = None  # set by the engine core after scheduling
     # Speculative decoding: requests whose last scheduled positions are that many drafts (the
     # worker's, verified this step; core/spec_plan.py). They sample.
     num_draft_tokens: dict[str, int] = field(default_factory=dict)

@@ -492,10 +492,9 @@ class Scheduler:
 
     def _num_new_tokens(self, request: Request, token_budget: int) -> int:
         """0 when the request's next sample would pass max_tokens or max_model_len, or when it
-        is constrained and a token is in flight: its next bitmask needs that token (the request
-        waits a step rather than the step waiting for the token)."""
-        if request.num_output_placeholders and request.structured_output is not None:
-            return 0
+        speculates and waits for its drafts (core/spec_plan.py). A constrained request runs with
+        a token in flight too: the engine core fills its bitmask once that token is back, while
+        the device runs the step's forward (engine_core.py)."""
         if self.spec is not None and self.spec.waits(request, len(self.running)):
             return 0
         num_outputs = len(request.output_token_ids) + request.num_output_placeholders

@@ -4,6 +4,12 @@ Sync mode runs one step at a time. Async mode keeps one step in flight: step N+1
 and launched before step N's sampled tokens reach the host, so the CPU plans while the device
 computes. The scheduler accounts for the tokens still in flight (placeholders), so both modes
 produce the same tokens.
+
+A step with structured outputs' constrained rows launches its forward first; then step N is
+collected (its tokens advance the matchers) and step N+1's bitmask filled while the device runs
+that forward, and only then is N+1's sampling launched (vLLM's order). So a constrained request
+samples every step as any other, and the device waits on the host only if the collection and the
+fill outlast the forward.
 """
 
 from __future__ import annotations
@@ -96,9 +102,7 @@ class EngineCore:
 
     def _structured_outputs(self) -> StructuredOutputManager:
         if self.structured_outputs is None:
-            self.structured_outputs = StructuredOutputManager(
-                self.config.model, self.config.scheduler.max_num_seqs, self.tokenizer
-            )
+            self.structured_outputs = StructuredOutputManager(self.config.model, self.tokenizer)
         return self.structured_outputs
 
     def abort_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
@@ -181,17 +185,17 @@ class EngineCore:
         if self._drained:
             drained, self._drained = self._drained, []
             return drained
-        failed = self._fail_grammars()
+        outputs = self._fail_grammars()
         launched = False
         if (
             len(self._in_flight) < self._max_steps_in_flight
             and not self.lifecycle.blocks_steps
             and self.scheduler.has_unfinished_requests()
         ):
-            launched = self._launch()
+            launched = self._launch(outputs)
         if not self._in_flight or (launched and len(self._in_flight) < self._max_steps_in_flight):
-            return failed
-        return failed + self._update(*self._in_flight.popleft())
+            return outputs
+        return outputs + self._update(*self._in_flight.popleft())
 
     def _fail_grammars(self) -> list[EngineCoreOutput]:
         """Aborts the requests whose grammar failed to compile or timed out; their outputs say why."""
@@ -213,7 +217,10 @@ class EngineCore:
             output.weight_version = version
         return outputs
 
-    def _launch(self) -> bool:
+    def _launch(self, collected: list[EngineCoreOutput]) -> bool:
+        """Schedules and launches a step: its forward, then (with constrained rows: after the steps
+        in flight are collected into `collected`, advancing the matchers, and the bitmask is filled
+        while the device runs the forward) its sampling. True when it has work."""
         sched_output = self.scheduler.schedule()
         if sched_output.is_empty and not sched_output.finished_req_ids:
             if not self._in_flight and self._structured_outputs_pending():
@@ -224,11 +231,16 @@ class EngineCore:
                     "scheduled with no step in flight (is the KV cache too small?)"
                 )
             return False
+        rows = None
         if self.structured_outputs is not None and sched_output.sampling_req_ids:
-            sched_output.grammar_bitmask = self.structured_outputs.bitmask(
-                sched_output, self.scheduler.requests
-            )
-        self._in_flight.append((sched_output, self.model_runner.execute_model(sched_output)))
+            rows = self.structured_outputs.constrained_rows(sched_output, self.scheduler.requests)
+        self.model_runner.execute_forward(sched_output)
+        mask = None
+        if rows is not None:
+            while self._in_flight:  # their tokens: the matchers' last before this step
+                collected += self._update(*self._in_flight.popleft())
+            mask = self.structured_outputs.fill(rows, self.model_runner.grammar_bitmask())
+        self._in_flight.append((sched_output, self.model_runner.sample_tokens(mask)))
         return not sched_output.is_empty
 
     def _structured_outputs_pending(self) -> bool:

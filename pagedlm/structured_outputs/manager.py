@@ -5,7 +5,11 @@ Compiles run on a small thread pool (xgrammar's compiler releases the GIL), one 
 constraint in an LRU cache, so equal constraints compile once. A request waits in the scheduler
 (GrammarState.is_ready) until its grammar is compiled while the others run; a compile that fails
 or passes `timeout_s` fails the request alone (`take_failed`). The step loop blocks on a compile
-only when nothing else can run, and counts each such wait."""
+only when nothing else can run, and counts each such wait.
+
+A step's bitmask is filled after its forward is launched (engine_core.py): `constrained_rows` when
+it is scheduled, `fill` once the steps before it are collected (their tokens advance the matchers),
+straight into the worker's pinned staging rows, while the device runs the forward."""
 
 from __future__ import annotations
 
@@ -49,6 +53,15 @@ class StructuredOutputStats:
     num_failed: int = 0  # requests failed by a compile error or timeout
 
 
+@dataclass(slots=True)
+class ConstrainedRows:
+    """A step's constrained sampling rows: their positions among its sampling rows (batch order)
+    and their requests' grammars."""
+
+    sample_indices: np.ndarray  # [M] int64, increasing
+    states: list[GrammarState]
+
+
 @dataclass(slots=True, eq=False)
 class GrammarState:
     """One request's constraint: its compile, then its matcher (made on the first is_ready)."""
@@ -83,7 +96,6 @@ class StructuredOutputManager:
     def __init__(
         self,
         model_config: ModelConfig,
-        max_num_seqs: int,
         tokenizer: Any,
         timeout_s: float | None = None,
     ) -> None:
@@ -98,8 +110,6 @@ class StructuredOutputManager:
         self._cache: OrderedDict[GrammarKey, Future] = OrderedDict()
         self._pending: dict[str, Request] = {}  # compiles not ready yet, by request id
         self._filler: xgr.BatchGrammarMatcher | None = None
-        num_words = (model_config.vocab_size + 31) // 32
-        self._bitmask = np.zeros((max_num_seqs, num_words), dtype=np.int32)  # [rows, V / 32]
 
     # ---- requests ----
 
@@ -139,23 +149,35 @@ class StructuredOutputManager:
 
     # ---- the step's bitmask ----
 
-    def bitmask(
+    def constrained_rows(
         self, sched: SchedulerOutput, requests: dict[str, Request]
-    ) -> GrammarBitmask | None:
-        """The token bitmask of the step's constrained sampling rows; every such request's matcher
-        has seen all its tokens (the scheduler holds one back while a token is in flight)."""
-        sampling, indices, matchers = sched.sampling_req_ids, [], []
-        for req_id in _sampling_order(sched.num_scheduled_tokens, sampling):
+    ) -> ConstrainedRows | None:
+        """The step's constrained sampling rows, taken when it is scheduled (a request may finish
+        before its bitmask is filled); None when it has none."""
+        positions, states = [], []
+        for position, req_id in enumerate(_sampling_order(sched.num_scheduled_tokens, sched)):
             state = requests[req_id].structured_output
             if state is not None:
-                matchers.append(state.matcher)
-            indices.append(state is not None)
-        if not matchers:
+                positions.append(position)
+                states.append(state)
+        if not states:
             return None
-        bitmask = self._bitmask[: len(matchers)]
-        self._batch_matcher().batch_fill_next_token_bitmask(matchers, bitmask)
-        sample_indices = np.flatnonzero(np.array(indices, dtype=bool))  # [M] sampling positions
-        return GrammarBitmask(sample_indices, bitmask)
+        return ConstrainedRows(np.array(positions, dtype=np.int64), states)
+
+    def fill(self, rows: ConstrainedRows, out: GrammarBitmask) -> GrammarBitmask:
+        """The rows' sampling positions and bitmask, written into the first M rows of `out` (the
+        worker's staging rows: no copy on the host). Every matcher must have seen all its request's
+        tokens but this step's (the engine core collects the steps before first). A matcher that
+        ended meanwhile (its request finished: this step's token is dropped) allows every token."""
+        num_rows = len(rows.states)
+        filled = GrammarBitmask(out.sample_indices[:num_rows], out.bitmask[:num_rows])
+        filled.sample_indices[:] = rows.sample_indices
+        live = [i for i, state in enumerate(rows.states) if not state.matcher.is_terminated()]
+        if len(live) < num_rows:
+            filled.bitmask[:] = -1
+        matchers = [rows.states[i].matcher for i in live]
+        self._batch_matcher().batch_fill_next_token_bitmask(matchers, filled.bitmask, live)
+        return filled
 
     def _batch_matcher(self) -> xgr.BatchGrammarMatcher:
         """Fills the rows on xgrammar's own threads (the GIL released)."""
@@ -200,8 +222,9 @@ class StructuredOutputManager:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _sampling_order(num_scheduled: Iterable[str], sampling: set[str]) -> Iterable[str]:
+def _sampling_order(num_scheduled: Iterable[str], sched: SchedulerOutput) -> Iterable[str]:
     """The step's sampling requests in batch order: the sampler's rows (worker/input_batch.py)."""
+    sampling = sched.sampling_req_ids
     return (req_id for req_id in num_scheduled if req_id in sampling)
 
 

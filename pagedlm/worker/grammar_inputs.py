@@ -1,6 +1,6 @@
-"""A step's structured-outputs bitmask on its way to the device: the engine core's numpy rows go
-into the step's pinned staging pair (one per staging set, reused with it two steps later), then
-over with one non-blocking copy each into the device pair the sampler's mask reads."""
+"""A step's structured-outputs bitmask on its way to the device: the engine core fills the step's
+pinned staging pair (one per staging set, reused with it two steps later) in place, then one
+non-blocking copy each takes it into the device pair the sampler's mask reads."""
 
 from __future__ import annotations
 
@@ -22,16 +22,22 @@ class GrammarInputs:
         self._host: list[GrammarRows] | None = None  # by staging set; made on first use
         self._device: GrammarRows | None = None
 
-    def stage(self, mask: GrammarBitmask | None, slot: int) -> GrammarRows | None:
-        """The step's rows on the device (None without constrained rows); never waits."""
-        if mask is None:
-            return None
+    def host_rows(self, slot: int) -> GrammarBitmask:
+        """The staging set's pinned pair as numpy arrays [max_num_reqs, ...]: the engine core
+        fills the first M rows, then `stage` sends them."""
         if self._host is None:
             self._allocate()
+        indices, bitmask = self._host[slot]
+        return GrammarBitmask(indices.numpy(), bitmask.numpy())  # sync-ok: host memory
+
+    def stage(self, mask: GrammarBitmask | None, slot: int) -> GrammarRows | None:
+        """The step's rows on the device (None without constrained rows); never waits. `mask`:
+        `host_rows(slot)`'s first M rows, filled."""
+        if mask is None:
+            return None
         num_rows = mask.sample_indices.shape[0]
         host_indices, host_bitmask = (t[:num_rows] for t in self._host[slot])
-        host_indices.numpy()[:] = mask.sample_indices
-        host_bitmask.numpy()[:] = mask.bitmask
+        assert mask.bitmask.ctypes.data == host_bitmask.data_ptr(), "not this slot's rows"
         if self.device.type == "cpu":  # the host pair is the device pair
             return host_indices, host_bitmask
         indices, bitmask = (t[:num_rows] for t in self._device)

@@ -28,6 +28,12 @@ that into last_sampled: a batch that samples greedily and needs nothing else (th
 is_greedy) takes the graph's ids as they are; any other batch is sampled eagerly from the graph's
 logits, above MAX_LOGITS_ROWS rows from the LM head run eagerly on the graph's hidden states.
 
+A step is launched in two calls, execute_forward (inputs, forward) and sample_tokens (the grammar
+bitmask's copy and application, sampling, output copies), so the engine core can fill a step's
+structured-outputs bitmask into grammar_bitmask()'s pinned rows while the device runs its forward;
+execute_model makes both calls at once. The forward keeps its graphs; the mask and the sampler
+run after it, eagerly.
+
 Outputs write no state: AsyncRunnerOutput.get_output() only reads the step's results. The runner
 records the sampled tokens into their rows (InputBatch.record_sampled) itself, in step order: at each
 execute_model, every output read by then, and before a staging set is reused, its step's output.
@@ -40,6 +46,7 @@ import functools
 import time
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -47,7 +54,7 @@ import torch
 from pagedlm.attention.backend import AttentionMetadata, get_attention_backend
 from pagedlm.config import EngineConfig
 from pagedlm.core.block_pool import NULL_BLOCK_ID
-from pagedlm.core.sched_output import NewRequestData, SchedulerOutput
+from pagedlm.core.sched_output import GrammarBitmask, NewRequestData, SchedulerOutput
 from pagedlm.distributed import tp_worker
 from pagedlm.model.llama import LlamaForCausalLM
 from pagedlm.model.loader import load_model
@@ -80,6 +87,15 @@ from pagedlm.worker.step_buffers import PrefixViews, Sections, StepBuffers
 from pagedlm.worker.step_plan import StepMode, StepPlan, plan_step
 
 NUM_STAGING_SETS = 2
+
+
+@dataclass(slots=True, frozen=True)
+class LaunchedForward:
+    """A step whose forward is launched and whose sampling is not (plan None: an empty step)."""
+
+    step_id: int
+    plan: StepPlan | None = None
+    hidden: torch.Tensor | None = None  # [num_tokens (a decode graph's size), hidden_size]
 
 
 class ModelRunner:
@@ -127,6 +143,7 @@ class ModelRunner:
             None if self.tp is None else self.tp.sampler(self.sampler, NUM_STAGING_SETS)
         )
         self._num_steps = 0
+        self._launched: LaunchedForward | None = None  # between execute_forward and sample_tokens
         self._first_compile = compile_watch().start_up() if self.use_cuda else 0
         self._sleeping = sleep.SleepingParts()
         sleep.register_runner(self)
@@ -373,15 +390,44 @@ class ModelRunner:
         return torch.zeros(shape, dtype=model.dtype, device=self.device)
 
     def execute_model(self, sched: SchedulerOutput) -> AsyncRunnerOutput:
-        """Launch one step; never waits for the device (beyond a staging set two steps old)."""
-        with self._inference_mode:  # one context object, entered once per step
-            return self._execute(sched)
+        """Launch one whole step, without a grammar bitmask; never waits for the device (beyond
+        a staging set two steps old)."""
+        self.execute_forward(sched)
+        return self.sample_tokens(None)
 
-    def _execute(self, sched: SchedulerOutput) -> AsyncRunnerOutput:
+    def execute_forward(self, sched: SchedulerOutput) -> None:
+        """Launch the step's input copy and forward; its sampling waits for sample_tokens, so the
+        host may fill the step's bitmask (grammar_bitmask) while the device runs the forward
+        (vLLM's execute_model / sample_tokens)."""
+        assert self._launched is None, "sample_tokens() of the step launched before first"
+        with self._inference_mode:  # one context object, entered once per call
+            self._launched = self._execute_forward(sched)
+
+    def grammar_bitmask(self) -> GrammarBitmask:
+        """The launched step's pinned bitmask rows [max_num_reqs, ...] (grammar_inputs.py): fill the
+        first M, pass them to sample_tokens."""
+        return self.grammar_inputs.host_rows(self._launched.plan.slot)
+
+    def sample_tokens(self, grammar: GrammarBitmask | None) -> AsyncRunnerOutput:
+        """The launched step's sampling, its constrained rows masked by `grammar` (the first M rows
+        of grammar_bitmask(), filled), and its output copies; never waits for the device."""
+        launched, self._launched = self._launched, None
+        if launched.plan is None:  # an empty step
+            return AsyncRunnerOutput(launched.step_id)
+        with self._inference_mode:
+            plan = launched.plan
+            rows = self.grammar_inputs.stage(grammar, plan.slot)
+            with self._failed_step_guard():
+                output = self._launch_sampling(plan, launched.hidden, rows)
+        self._in_flight[plan.slot] = output
+        self._unrecorded.append(output)
+        return output
+
+    def _execute_forward(self, sched: SchedulerOutput) -> LaunchedForward:
         self._record_read_outputs()
         self._update_states(sched)
         if sched.is_empty:
-            return AsyncRunnerOutput(sched.step_id)
+            return LaunchedForward(sched.step_id)
         slot = self._num_steps % NUM_STAGING_SETS
         self._num_steps += 1
         self._reclaim(slot)
@@ -389,9 +435,14 @@ class ModelRunner:
         self._send_inputs(plan)
         if self.spec is not None:
             self.spec.begin_step(plan)
-        grammar = self.grammar_inputs.stage(sched.grammar_bitmask, slot)
+        with self._failed_step_guard():
+            hidden = self._forward(plan)
+        return LaunchedForward(sched.step_id, plan, hidden)
+
+    @contextlib.contextmanager
+    def _failed_step_guard(self) -> Iterator[None]:
         try:
-            output = self._launch(plan, grammar)
+            yield
         except BaseException:
             if self.use_cuda:  # no event will guard this staging set's copy: wait for it here
                 torch.cuda.current_stream(
@@ -399,9 +450,6 @@ class ModelRunner:
                 ).synchronize()  # sync-ok: a failed step
             self.input_batch.forget_previous_step()  # a staged graph may not have brought the inputs
             raise
-        self._in_flight[slot] = output
-        self._unrecorded.append(output)
-        return output
 
     def _plan(self, step_id: int, slot: int, layout: BatchLayout) -> StepPlan:
         """The step's one plan (step_plan.py) over the graphs this runner holds."""
@@ -435,10 +483,11 @@ class ModelRunner:
             self._inputs.copy_from(staging, plan.copy_end)
         self._table_version += layout.num_table_elems_to_copy > 0
 
-    def _launch(self, plan: StepPlan, grammar: GrammarRows | None) -> AsyncRunnerOutput:
-        """The step's forward, sampling and output copies, queued after its input copy (or a staged
-        graph that copies its inputs itself)."""
-        hidden = self._forward(plan)
+    def _launch_sampling(
+        self, plan: StepPlan, hidden: torch.Tensor, grammar: GrammarRows | None
+    ) -> AsyncRunnerOutput:
+        """The step's sampling (or, speculating, verification and the next drafts) and output
+        copies, queued after its forward."""
         spec = None
         if self.spec is None:
             sample, ids_on_host = self._sample(hidden, plan, grammar)

@@ -9,23 +9,26 @@ It misses two things, checked here another way:
   design: get_output() for a step's event (after its work and the copy of its sampled ids), which
   _reclaim() also calls before a staging set is reused, two steps later (the engine has taken
   that step's output by then). Such a wait is free while the device has later work queued, so
-  every wait is classified: the awaited event must have been recorded at least one whole launched
-  step earlier.
+  every wait is classified: a later step's forward must have been launched after the awaited
+  event was recorded (the device has that forward queued).
 - non_blocking copies between the device and pageable host memory (issued as cudaMemcpyAsync,
   which the driver runs synchronously with the host): the profiler names each copy's memory kinds.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
-from tiny_hf_models import random_prompts, save_tiny_model
+from tiny_hf_models import random_prompts, save_tiny_model, save_tiny_model_with_tokenizer
 from torch.profiler import ProfilerActivity, profile
 
 from pagedlm.config import EngineArgs
 from pagedlm.engine.engine_core import EngineCore
+from pagedlm.engine.tokenizer import load_tokenizer
 from pagedlm.request import Request
-from pagedlm.sampling_params import SamplingParams
+from pagedlm.sampling_params import SamplingParams, StructuredOutputsParams
 
 pytestmark = pytest.mark.gpu
 
@@ -35,6 +38,8 @@ ARRIVAL_EVERY = 6  # a new prompt every 6 steps: its prefill shares a step with 
 MAX_DRAIN_STEPS = 2000
 GREEDY = SamplingParams(temperature=0.0)
 RANDOM = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=7, logprobs=2)
+# a JSON string that never ends within max_tokens: a random model's tokens stay inside it
+NEVER_ENDS = StructuredOutputsParams(json={"type": "string", "minLength": 10_000})
 
 
 @pytest.fixture(scope="module")
@@ -44,21 +49,29 @@ def folder(tmp_path_factory):
     return path
 
 
-def _engine(folder, **overrides) -> EngineCore:
-    """bf16, max_num_seqs 16 (graph sizes 1, 2, 4, 8, 16), a 64-token budget, async scheduling."""
+@pytest.fixture(scope="module")
+def folder_with_tokenizer(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_qwen3_tokenizer")
+    save_tiny_model_with_tokenizer(path, "qwen3")
+    return path
+
+
+def _engine(folder, with_tokenizer: bool = False, **overrides) -> EngineCore:
+    """bf16, max_num_seqs 16 (graph sizes 1, 2, 4, 8, 16), a 64-token budget, async scheduling;
+    with_tokenizer: the folder's (structured outputs compile grammars for it)."""
     config = EngineArgs(
         **overrides,
         model=str(folder),
         dtype="bfloat16",
         device="cuda",
-        skip_tokenizer_init=True,
+        skip_tokenizer_init=not with_tokenizer,
         max_model_len=512,
         max_num_seqs=16,
         max_num_batched_tokens=64,
         num_gpu_blocks_override=512,
         async_scheduling=True,
     ).create_engine_config()
-    core = EngineCore(config)
+    core = EngineCore(config, load_tokenizer(config.model))
     assert core.model_runner.graphs is not None
     return core
 
@@ -67,8 +80,10 @@ class Workload:
     """Six requests at first (two outlive the test, one samples at random with logprobs), then a
     short greedy one every ARRIVAL_EVERY steps; records the tokens each request receives."""
 
-    def __init__(self, core: EngineCore) -> None:
+    def __init__(self, core: EngineCore, constrain: bool = False) -> None:
+        """constrain: every other request (the random one among them) under NEVER_ENDS."""
         self.core = core
+        self.constrain = constrain
         self.max_tokens: dict[str, int] = {}
         self.received: dict[str, int] = {}
         self.num_steps = 0
@@ -79,6 +94,8 @@ class Workload:
         index = len(self.max_tokens)
         prompt = random_prompts(1, prompt_len, prompt_len, seed=index)[0]
         self.max_tokens[f"r{index}"] = max_tokens
+        if self.constrain and index % 2 == 1:
+            params = dataclasses.replace(params, structured_outputs=NEVER_ENDS)
         self.core.add_request(
             Request(
                 request_id=f"r{index}",
@@ -110,26 +127,31 @@ class Workload:
 
 
 class StepMonitor:
-    """Counts the runner's launched steps (mixed prefill+decode ones apart) and graph replays,
-    and classifies each host wait on a CUDA event: hidden when the event was recorded at least
-    one whole launched step before the wait (the device has that step queued), else exposed."""
+    """Counts the runner's launched steps (mixed prefill+decode ones and masked ones apart) and
+    graph replays, and classifies each host wait on a CUDA event: hidden when a later step's
+    forward was launched after the event was recorded (the device has that forward queued), else
+    exposed."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, core: EngineCore) -> None:
         runner = core.model_runner
-        self.num_steps = 0  # launched steps with work, since the start
+        self.num_steps = 0  # launched forwards of steps with work, since the start
         self._recorded_at: dict[int, int] = {}  # id(event) -> num_steps at its last record
         self.reset()
-        execute, replay = runner.execute_model, runner.graphs.replay
+        execute, sample, replay = runner.execute_forward, runner.sample_tokens, runner.graphs.replay
         record, synchronize = torch.cuda.Event.record, torch.cuda.Event.synchronize
 
         def counted_execute(sched):
-            output = execute(sched)
+            output = execute(sched)  # the forward; sample_tokens records the step's event
             if not sched.is_empty:
                 self.num_steps += 1
                 self.num_window_steps += 1
                 num_tokens = sched.num_scheduled_tokens.values()
                 self.num_mixed += max(num_tokens) > 1 and min(num_tokens) == 1
             return output
+
+        def counted_sample(grammar):
+            self.num_masked += grammar is not None
+            return sample(grammar)
 
         def counted_replay(size: int, slot: int | None = None) -> torch.Tensor:
             self.num_replays += 1
@@ -141,26 +163,31 @@ class StepMonitor:
 
         def classified_synchronize(event: torch.cuda.Event) -> None:
             recorded_at = self._recorded_at.get(id(event))  # None: never recorded, a no-op
-            if recorded_at is not None and self.num_steps >= recorded_at + 2:
+            if recorded_at is not None and self.num_steps >= recorded_at + 1:
                 self.num_hidden += 1
             elif recorded_at is not None:
                 self.num_exposed += 1
             synchronize(event)
 
-        monkeypatch.setattr(runner, "execute_model", counted_execute)
+        monkeypatch.setattr(runner, "execute_forward", counted_execute)
+        monkeypatch.setattr(runner, "sample_tokens", counted_sample)
         monkeypatch.setattr(runner.graphs, "replay", counted_replay)
         monkeypatch.setattr(torch.cuda.Event, "record", stamped_record)
         monkeypatch.setattr(torch.cuda.Event, "synchronize", classified_synchronize)
 
     def reset(self) -> None:
         self.num_window_steps = self.num_mixed = self.num_replays = 0
-        self.num_hidden = self.num_exposed = 0
+        self.num_hidden = self.num_exposed = self.num_masked = 0
 
 
-def test_steady_state_steps_make_no_sync(folder, monkeypatch):
-    core = _engine(folder)
+@pytest.mark.parametrize("constrain", [False, True], ids=["free", "constrained"])
+def test_steady_state_steps_make_no_sync(folder, folder_with_tokenizer, monkeypatch, constrain):
+    """constrained: half the requests under a grammar, its bitmask filled between a step's
+    forward and its sampling, each step waiting on the step before it only once its own forward
+    is queued."""
+    core = _engine(folder_with_tokenizer if constrain else folder, with_tokenizer=constrain)
     monitor = StepMonitor(monkeypatch, core)
-    work = Workload(core)
+    work = Workload(core, constrain)
     for _ in range(WARMUP_STEPS):
         work.step()
     monitor.reset()
@@ -181,6 +208,9 @@ def test_steady_state_steps_make_no_sync(folder, monkeypatch):
     work.drain()
     assert work.received == work.max_tokens
     assert monitor.num_exposed >= 1  # the classifier sees one: the last step waits alone
+    if constrain:
+        assert core.structured_outputs.stats.num_compiles == 1
+        assert monitor.num_masked >= STEADY_STEPS // 2, vars(monitor)
 
 
 def test_speculative_steps_make_no_sync(folder):

@@ -124,6 +124,34 @@ def test_json_schemas_validate_and_neighbours_are_unaffected(llm: LLM, temperatu
     assert token_ids(outputs[len(names) :]) == token_ids(alone)
 
 
+def test_a_constrained_request_samples_every_step_under_async_scheduling(
+    llm: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two steps in flight: the constrained request samples every step as its unconstrained
+    neighbour does (its bitmask is filled once its previous token is back, after the next step's
+    forward is launched), never waiting a step for its token."""
+    scheduler = llm.llm_engine.engine_core.scheduler
+    schedule, sampled = scheduler.schedule, []
+
+    def recording_schedule() -> Any:
+        output = schedule()
+        sampled.append(set(output.sampling_req_ids))
+        return output
+
+    monkeypatch.setattr(scheduler, "schedule", recording_schedule)
+    never_ends = StructuredOutputsParams(json={"type": "string", "minLength": 1000})
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=12, structured_outputs=never_ends),
+        SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+    ]
+    outputs = llm.generate([chat(llm, "Say something in quotes.")] * 2, params, use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outputs] == [12, 12]
+    assert outputs[0].outputs[0].text.startswith('"')
+    for output in outputs:  # 12 consecutive steps each (the grammar may start a step late)
+        steps = [i for i, ids in enumerate(sampled) if output.request_id in ids]
+        assert steps == list(range(steps[0], steps[0] + 12)), (output.request_id, sampled)
+
+
 def test_regex_choice_grammar_and_json_object(llm: LLM) -> None:
     prompt = chat(llm, "What is the capital of Italy? Also give a phone number.")
     grammar = 'root ::= "The answer is " ("yes" | "no") "."'

@@ -1,7 +1,8 @@
 """The scheduler's part in structured outputs (pure Python, a fake grammar): a constrained
-request is admitted once its grammar is ready, never has a token in flight when it is scheduled
-to sample (its bitmask needs every token), feeds its matcher every token in order and ends where
-the grammar ends; unconstrained neighbours are unaffected."""
+request is admitted once its grammar is ready, is scheduled every step as an unconstrained one
+(under async scheduling with its previous token in flight: the engine core fills its bitmask once
+that token is back), feeds its matcher every token in order and ends where the grammar ends;
+unconstrained neighbours are unaffected."""
 
 from __future__ import annotations
 
@@ -38,21 +39,24 @@ class FakeGrammar:
 
 
 @pytest.mark.parametrize("depth", [0, 1])
-def test_a_constrained_request_samples_only_with_every_token_known(depth: int) -> None:
+def test_a_constrained_request_is_scheduled_every_step_as_its_neighbour(depth: int) -> None:
+    """Async scheduling (depth 1) schedules it with its previous token still in flight, as the
+    unconstrained one (the engine core fills its bitmask once that token is back); its matcher
+    sees every token in order."""
     sched = make_scheduler()
     constrained = make_request("c", list(range(10)), max_tokens=20)
     constrained.structured_output = grammar = FakeGrammar(length=6)
     free = make_request("u", list(range(20, 32)), max_tokens=12)
     for request in (constrained, free):
         sched.add_request(request)
-    num_steps_without_c = []
+    steps = []  # (c samples, u samples, c's tokens in flight from earlier steps)
 
     def on_step(s: Scheduler, so: SchedulerOutput) -> None:
-        if "c" in so.sampling_req_ids:  # its one placeholder is this step's
-            assert constrained.num_output_placeholders == 1
+        if not constrained.is_finished:
+            sampling = so.sampling_req_ids
+            in_flight = constrained.num_output_placeholders - ("c" in sampling)
+            steps.append(("c" in sampling, "u" in sampling, in_flight))
             assert len(grammar.accepted) == constrained.num_output_tokens
-        elif constrained.num_output_tokens and not constrained.is_finished:
-            num_steps_without_c.append(1)
 
     results = run_engine(sched, FakeRunner(8), depth, on_step=on_step)
     assert results["c"].finish_reason == "stop" and len(results["c"].token_ids) == 6
@@ -60,8 +64,8 @@ def test_a_constrained_request_samples_only_with_every_token_known(depth: int) -
     expected_c = reference_output(constrained, 256, mixing_next_token)[0][:6]
     assert results["c"].token_ids == expected_c
     assert results["u"].token_ids == reference_output(free, 256, mixing_next_token)[0]
-    # async: the constrained request waits one step after each of its samples, the other does not
-    assert bool(num_steps_without_c) == (depth == 1)
+    assert [c for c, _, _ in steps] == [u for _, u, _ in steps]  # the same steps sample
+    assert max(in_flight for _, _, in_flight in steps) == depth
 
 
 def test_a_request_waits_for_its_grammar_while_others_run() -> None:
