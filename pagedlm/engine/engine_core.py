@@ -239,7 +239,8 @@ class EngineCore:
         if rows is not None:
             while self._in_flight:  # their tokens: the matchers' last before this step
                 collected += self._update(*self._in_flight.popleft())
-            mask = self.structured_outputs.fill(rows, self.model_runner.grammar_bitmask())
+            manager = self.structured_outputs
+            mask = manager.fill(rows, self.model_runner.grammar_bitmask(manager.num_words))
         self._in_flight.append((sched_output, self.model_runner.sample_tokens(mask)))
         return not sched_output.is_empty
 

@@ -106,6 +106,9 @@ class StructuredOutputManager:
         self.stats = StructuredOutputStats()
         self._pool = ThreadPoolExecutor(_NUM_COMPILE_THREADS, thread_name_prefix="pagedlm-grammar")
         self._compiler: xgr.GrammarCompiler | None = None
+        self.num_words = (
+            0  # the bitmask's width, ceil(grammar vocabulary / 32): set with the compiler
+        )
         self._compiler_lock = threading.Lock()
         self._cache: OrderedDict[GrammarKey, Future] = OrderedDict()
         self._pending: dict[str, Request] = {}  # compiles not ready yet, by request id
@@ -166,7 +169,7 @@ class StructuredOutputManager:
 
     def fill(self, rows: ConstrainedRows, out: GrammarBitmask) -> GrammarBitmask:
         """The rows' sampling positions and bitmask, written into the first M rows of `out` (the
-        worker's staging rows: no copy on the host). Every matcher must have seen all its request's
+        worker's staging rows, `num_words` wide: no copy on the host). Every matcher must have seen all its request's
         tokens but this step's (the engine core collects the steps before first). A matcher that
         ended meanwhile (its request finished: this step's token is dropped) allows every token."""
         num_rows = len(rows.states)
@@ -215,7 +218,8 @@ class StructuredOutputManager:
         model's, with the model's EOS ids as the grammar's stop tokens."""
         with self._compiler_lock:
             if self._compiler is None:
-                self._compiler = _new_compiler(self.model_config, self.tokenizer)
+                self._compiler, vocab_size = _new_compiler(self.model_config, self.tokenizer)
+                self.num_words = (vocab_size + 31) // 32
             return self._compiler
 
     def shutdown(self) -> None:
@@ -228,15 +232,20 @@ def _sampling_order(num_scheduled: Iterable[str], sched: SchedulerOutput) -> Ite
     return (req_id for req_id in num_scheduled if req_id in sampling)
 
 
-def _new_compiler(model_config: ModelConfig, tokenizer: Any) -> Any:
+def _new_compiler(model_config: ModelConfig, tokenizer: Any) -> tuple[Any, int]:
+    """The compiler and its vocabulary size: the tokenizer's ids, at most the model's. The ids past
+    them (a model's padding) are banned by the bitmask's width (sample/grammar_mask.py), not
+    named to xgrammar as special tokens: a matcher's accept_token scans those (llama3-8b's shape
+    with SmolLM2's tokenizer: 79k of them, ~40 us a token)."""
     import xgrammar as xgr
 
     if tokenizer is None:
         raise ValueError("structured outputs need a tokenizer, but skip_tokenizer_init=True")
+    vocab_size = min(model_config.vocab_size, max(tokenizer.get_vocab().values()) + 1)
     info = xgr.TokenizerInfo.from_huggingface(
         tokenizer,
-        vocab_size=model_config.vocab_size,
+        vocab_size=vocab_size,
         # None: xgrammar takes the tokenizer's EOS (a config may name none, e.g. a dummy shape)
-        stop_token_ids=sorted(model_config.eos_token_ids) or None,
+        stop_token_ids=sorted(i for i in model_config.eos_token_ids if i < vocab_size) or None,
     )
-    return xgr.GrammarCompiler(info, max_threads=_NUM_COMPILE_THREADS)
+    return xgr.GrammarCompiler(info, max_threads=_NUM_COMPILE_THREADS), vocab_size

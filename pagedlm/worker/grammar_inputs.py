@@ -9,6 +9,7 @@ import torch
 from pagedlm.core.sched_output import GrammarBitmask
 
 GrammarRows = tuple[torch.Tensor, torch.Tensor]  # indices [M] int64, bitmask [M, W] int32
+# (the staging pairs: indices [max_num_reqs], bitmask flat [max_num_reqs * ceil(vocab / 32)])
 
 
 class GrammarInputs:
@@ -22,28 +23,37 @@ class GrammarInputs:
         self._host: list[GrammarRows] | None = None  # by staging set; made on first use
         self._device: GrammarRows | None = None
 
-    def host_rows(self, slot: int) -> GrammarBitmask:
-        """The staging set's pinned pair as numpy arrays [max_num_reqs, ...]: the engine core
+    def host_rows(self, slot: int, num_words: int) -> GrammarBitmask:
+        """The staging set's pinned pair as numpy arrays, the bitmask [max_num_reqs, num_words]
+        (num_words at most the vocabulary's: the words past it ban their tokens): the engine core
         fills the first M rows, then `stage` sends them."""
+        assert num_words <= self.num_words, (num_words, self.num_words)
         if self._host is None:
             self._allocate()
         indices, bitmask = self._host[slot]
-        return GrammarBitmask(indices.numpy(), bitmask.numpy())  # sync-ok: host memory
+        rows = bitmask[: self.max_num_reqs * num_words].view(self.max_num_reqs, num_words)
+        return GrammarBitmask(indices.numpy(), rows.numpy())  # sync-ok: host memory
 
     def stage(self, mask: GrammarBitmask | None, slot: int) -> GrammarRows | None:
         """The step's rows on the device (None without constrained rows); never waits. `mask`:
-        `host_rows(slot)`'s first M rows, filled."""
+        `host_rows(slot, W)`'s first M rows, filled."""
         if mask is None:
             return None
-        num_rows = mask.sample_indices.shape[0]
-        host_indices, host_bitmask = (t[:num_rows] for t in self._host[slot])
+        num_rows, num_words = mask.bitmask.shape
+        host_indices, host_bitmask = self._rows(self._host[slot], num_rows, num_words)
         assert mask.bitmask.ctypes.data == host_bitmask.data_ptr(), "not this slot's rows"
         if self.device.type == "cpu":  # the host pair is the device pair
             return host_indices, host_bitmask
-        indices, bitmask = (t[:num_rows] for t in self._device)
+        indices, bitmask = self._rows(self._device, num_rows, num_words)
         indices.copy_(host_indices, non_blocking=True)
         bitmask.copy_(host_bitmask, non_blocking=True)
         return indices, bitmask
+
+    @staticmethod
+    def _rows(pair: GrammarRows, num_rows: int, num_words: int) -> GrammarRows:
+        """[M] indices and the flat bitmask's first M * W words as [M, W] (contiguous)."""
+        indices, bitmask = pair
+        return indices[:num_rows], bitmask[: num_rows * num_words].view(num_rows, num_words)
 
     def _allocate(self) -> None:
         pin = self.device.type == "cuda"
@@ -53,8 +63,8 @@ class GrammarInputs:
             return (
                 torch.zeros(rows, dtype=torch.int64, device=device, pin_memory=pin_memory),
                 torch.zeros(
-                    rows, self.num_words, dtype=torch.int32, device=device, pin_memory=pin_memory
-                ),
+                    rows * self.num_words, dtype=torch.int32, device=device, pin_memory=pin_memory
+                ),  # flat: rows of any width up to num_words
             )
 
         cpu = torch.device("cpu")

@@ -403,10 +403,10 @@ class ModelRunner:
         with self._inference_mode:  # one context object, entered once per call
             self._launched = self._execute_forward(sched)
 
-    def grammar_bitmask(self) -> GrammarBitmask:
-        """The launched step's pinned bitmask rows [max_num_reqs, ...] (grammar_inputs.py): fill the
-        first M, pass them to sample_tokens."""
-        return self.grammar_inputs.host_rows(self._launched.plan.slot)
+    def grammar_bitmask(self, num_words: int) -> GrammarBitmask:
+        """The launched step's pinned bitmask rows [max_num_reqs, num_words] (grammar_inputs.py):
+        fill the first M, pass them to sample_tokens."""
+        return self.grammar_inputs.host_rows(self._launched.plan.slot, num_words)
 
     def sample_tokens(self, grammar: GrammarBitmask | None) -> AsyncRunnerOutput:
         """The launched step's sampling, its constrained rows masked by `grammar` (the first M rows

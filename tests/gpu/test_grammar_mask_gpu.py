@@ -11,10 +11,12 @@ from pagedlm.sample.grammar_mask import apply_grammar_bitmask
 pytestmark = pytest.mark.gpu
 
 
+@pytest.mark.parametrize("narrow", [False, True], ids=["full", "narrow"])
 @pytest.mark.parametrize("vocab_size", [49152, 128256, 151936 + 13])
-def test_kernel_matches_the_torch_path_without_a_sync(vocab_size: int) -> None:
+def test_kernel_matches_the_torch_path_without_a_sync(vocab_size: int, narrow: bool) -> None:
+    """narrow: a bitmask 3 words short of the vocabulary (a tokenizer's inside a padded model's)."""
     gen = torch.Generator(device="cuda").manual_seed(vocab_size)
-    num_rows, num_words = 64, (vocab_size + 31) // 32
+    num_rows, num_words = 64, (vocab_size + 31) // 32 - 3 * narrow
     indices = torch.randperm(num_rows, device="cuda", generator=gen)[:40]  # [40] distinct rows
     bitmask = torch.randint(
         -(2**31), 2**31, (40, num_words), device="cuda", generator=gen, dtype=torch.int64

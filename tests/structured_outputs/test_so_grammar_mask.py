@@ -1,5 +1,5 @@
 """The bitmask on the logits (sample/grammar_mask.py): the Triton kernel (in the interpreter on the
-CPU) and the torch path against a per-bit reference, on fresh random inputs, outputs poisoned."""
+CPU) and the CPU path (xgrammar's kernel) against a per-bit reference, on fresh random inputs."""
 
 from __future__ import annotations
 
@@ -12,22 +12,27 @@ from pagedlm.sample.grammar_mask import apply_grammar_bitmask, unpack_bitmask
 
 
 def reference(logits: torch.Tensor, indices: list[int], bitmask: np.ndarray) -> torch.Tensor:
-    """Bit j % 32 of word j // 32 of bitmask[m] is 0: logits[indices[m], j] = -inf."""
+    """Bit j % 32 of word j // 32 of bitmask[m] is 0 (or the word is past the row):
+    logits[indices[m], j] = -inf."""
     out = logits.clone()
-    vocab_size = logits.shape[1]
+    vocab_size, num_words = logits.shape[1], bitmask.shape[1]
     for m, row in enumerate(indices):
         for j in range(vocab_size):
-            if not (int(bitmask[m, j // 32]) >> (j % 32)) & 1:
+            word = int(bitmask[m, j // 32]) if j // 32 < num_words else 0
+            if not (word >> (j % 32)) & 1:
                 out[row, j] = float("-inf")
     return out
 
 
+@pytest.mark.parametrize("narrow", [False, True], ids=["full", "narrow"])
 @pytest.mark.parametrize("triton", [False, True])
 @pytest.mark.parametrize("vocab_size", [37, 4096 + 70])
-def test_mask_matches_the_per_bit_reference(triton: bool, vocab_size: int) -> None:
+def test_mask_matches_the_per_bit_reference(triton: bool, vocab_size: int, narrow: bool) -> None:
+    """narrow: a bitmask a word short of the vocabulary (a tokenizer's vocabulary inside a padded
+    model's) bans the tokens past it."""
     gen = torch.Generator().manual_seed(vocab_size + triton)
     num_rows, indices = 5, [3, 0, 4]
-    num_words = (vocab_size + 31) // 32
+    num_words = (vocab_size + 31) // 32 - narrow
     bitmask = torch.randint(-(2**31), 2**31, (len(indices), num_words), generator=gen)
     bitmask = bitmask.to(torch.int32)
     bitmask[1] = -1  # a row that allows everything
@@ -38,7 +43,9 @@ def test_mask_matches_the_per_bit_reference(triton: bool, vocab_size: int) -> No
     device_types = ("cpu",) if triton else ()
     apply_grammar_bitmask(logits, torch.tensor(indices), bitmask, triton_device_types=device_types)
     torch.testing.assert_close(logits, expected, rtol=0, atol=0)
-    assert torch.isfinite(logits[0]).all() and torch.isfinite(logits[[1, 2]]).all()  # untouched
+    width = min(32 * num_words, vocab_size)  # the tokens a row can allow
+    assert torch.isfinite(logits[0, :width]).all() and torch.isinf(logits[0, width:]).all()
+    assert torch.isfinite(logits[[1, 2]]).all()  # untouched
     assert torch.isfinite(logits[4]).sum() == 1 and torch.isfinite(logits[4, 5])
 
 
