@@ -61,7 +61,9 @@ def wrap_phases(llm: LLM, wrap: Wrap) -> None:
     scheduler, runner = engine.engine_core.scheduler, engine.engine_core.model_runner
     scheduler.schedule = wrap("schedule", scheduler.schedule)
     scheduler.update_from_output = wrap("update_from_output", scheduler.update_from_output)
-    runner.execute_model = wrap("execute_model", runner.execute_model)
+    # the engine core launches a step in two calls (forward, then sampling): one phase
+    runner.execute_forward = wrap("execute_model", runner.execute_forward)
+    runner.sample_tokens = wrap("execute_model", runner.sample_tokens)
     engine.output_processor.process_outputs = wrap(
         "process_outputs", engine.output_processor.process_outputs
     )

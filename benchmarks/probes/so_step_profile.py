@@ -72,7 +72,7 @@ def install(timer: PartTimer) -> None:
     from pagedlm.structured_outputs import manager
     from pagedlm.worker import grammar_inputs, model_runner
 
-    fill_owner = manager.StructuredOutputManager
+    fill_owner = manager.StructuredOutputManager  # `bitmask` before the overlap, then `fill`
     for owner, attr, part in [
         (scheduler.Scheduler, "schedule", "schedule"),
         (scheduler.Scheduler, "update_from_output", "update (incl. advance)"),
@@ -82,7 +82,6 @@ def install(timer: PartTimer) -> None:
         (model_runner.ModelRunner, "_forward", "forward"),
         (model_runner, "apply_grammar_bitmask", "mask apply"),
         (state.SamplingState, "sample", "sample"),
-        (model_runner.ModelRunner, "execute_model", "execute_model (all)"),
     ]:
         if hasattr(owner, attr):
             timer.wrap(owner, attr, part)

@@ -123,13 +123,13 @@ def test_an_empty_step_still_frees_the_requests_that_finished(tiny_dir: Path) ->
     expected = _tokens(llm.generate(PROMPTS, greedy, use_tqdm=False))
     runner = llm.llm_engine.engine_core.model_runner
     launched = []
-    execute_model = runner.execute_model
+    execute_forward = runner.execute_forward  # the step's first half: the engine core calls it
 
     def spy(sched):
         launched.append((sched.is_empty, set(sched.finished_req_ids)))
-        return execute_model(sched)
+        return execute_forward(sched)
 
-    runner.execute_model = spy
+    runner.execute_forward = spy
     stops = SamplingParams(temperature=0.0, max_tokens=6, stop_token_ids=[expected[0][1]])
     outputs = llm.generate(PROMPTS, [stops, greedy], use_tqdm=False)
     assert _tokens(outputs) == [expected[0][:2], expected[1]]
@@ -169,13 +169,13 @@ def test_prompt_embeds_request_preempted_with_outputs_resumes_right(tiny_dir: Pa
     llm.llm_engine.engine_core.scheduler.growth.enabled = False  # admit by the prompt: preempt
     runner = llm.llm_engine.engine_core.model_runner
     resumed = []
-    execute_model = runner.execute_model
+    execute_forward = runner.execute_forward  # the step's first half: the engine core calls it
 
     def spy(sched):
         resumed.extend(new.req_id for new in sched.new_reqs if new.output_token_ids)
-        return execute_model(sched)
+        return execute_forward(sched)
 
-    runner.execute_model = spy
+    runner.execute_forward = spy
     generator = torch.Generator().manual_seed(0)
     prompts = [{"prompt_embeds": torch.randn(18, 64, generator=generator) * 0.5} for _ in range(3)]
     params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
