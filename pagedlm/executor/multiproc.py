@@ -3,8 +3,8 @@
 The engine core keeps its one scheduler; each step's SchedulerOutput goes to every worker through
 the shared-memory broadcast ring (distributed/shm_broadcast.py), and rank 0 alone sends back each
 step's ModelRunnerOutput (and each call's result) over one ZeroMQ PULL socket, in order. Steps stay
-pipelined: execute_model returns at once, a RemoteOutput's get_output() waits for that step's
-message only.
+pipelined: execute_forward and sample_tokens (or execute_model, both) return at once, a
+RemoteOutput's get_output() waits for that step's message only.
 
 Faults: while waiting, the executor checks its workers; one that exited (a crash, a kill, a
 failed start) ends the executor with one error naming the rank and its exit code, after every
@@ -27,10 +27,11 @@ import uuid
 import weakref
 from typing import Any
 
+import numpy as np
 import zmq
 
 from pagedlm.config import EngineConfig
-from pagedlm.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from pagedlm.core.sched_output import GrammarBitmask, ModelRunnerOutput, SchedulerOutput
 from pagedlm.distributed.shm_broadcast import BroadcastWriter
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class MultiprocExecutor:
             self, _stop, self._procs, self._broadcast, self._results, self._ctx
         )
         self._outputs: dict[int, ModelRunnerOutput] = {}  # rank 0's, arrived before asked for
+        self._launched_step_id = 0  # the step between execute_forward and sample_tokens
         self.failed: str | None = None  # why the workers stopped; every later call raises it
         for rank in range(size):
             args = (config, rank, size, init_method, self._broadcast.handle, results_path)
@@ -91,10 +93,30 @@ class MultiprocExecutor:
         self._call("init_kv_cache", num_blocks)
 
     def execute_model(self, sched: SchedulerOutput) -> RemoteOutput:
+        self.execute_forward(sched)
+        return self.sample_tokens(None)
+
+    def execute_forward(self, sched: SchedulerOutput) -> None:
+        """The step's forward on every rank; its sampling waits for sample_tokens (the runner's
+        split: the engine core fills a constrained step's bitmask in between)."""
         if self.failed is not None:
             raise WorkerFailed(self.failed)
-        self._broadcast.enqueue(("execute_model", sched), self._check_workers)
-        return RemoteOutput(self, sched.step_id)
+        self._broadcast.enqueue(("execute_forward", sched), self._check_workers)
+        self._launched_step_id = sched.step_id
+
+    def grammar_bitmask(self, num_words: int) -> GrammarBitmask:
+        """Rows [max_num_seqs, num_words] here (each rank copies the filled ones into its own
+        pinned rows)."""
+        rows = self.config.scheduler.max_num_seqs
+        return GrammarBitmask(
+            np.zeros(rows, dtype=np.int64), np.zeros((rows, num_words), dtype=np.int32)
+        )
+
+    def sample_tokens(self, grammar: GrammarBitmask | None) -> RemoteOutput:
+        if self.failed is not None:
+            raise WorkerFailed(self.failed)
+        self._broadcast.enqueue(("sample_tokens", grammar), self._check_workers)
+        return RemoteOutput(self, self._launched_step_id)
 
     def sleep(self, level: int, tags: set[str]) -> None:
         self._call("sleep", level, tags)

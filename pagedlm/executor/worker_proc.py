@@ -16,6 +16,7 @@ from typing import Any
 import zmq
 
 from pagedlm.config import EngineConfig
+from pagedlm.core.sched_output import GrammarBitmask
 from pagedlm.distributed.shm_broadcast import BroadcastHandle, BroadcastReader, Timeout
 
 _NEXT_STEP_WAIT_S = 1e-3  # CUDA: how long a launched step's output waits for the next step
@@ -96,12 +97,25 @@ class WorkerLoop:
             if message[0] == "shutdown":
                 self._flush(0)
                 return
-            if message[0] == "execute_model":
-                self.pending.append(self.runner.execute_model(message[1]))
+            if message[0] == "execute_forward":
+                self.runner.execute_forward(message[1])
+            elif message[0] == "sample_tokens":
+                self.pending.append(self.runner.sample_tokens(self._staged(message[1])))
                 self._flush(self.keep_pending)
             else:
                 self._flush(0)
                 self._call(*message[1:])
+
+    def _staged(self, grammar: GrammarBitmask | None) -> GrammarBitmask | None:
+        """The engine core's filled bitmask rows copied into this rank's pinned ones."""
+        if grammar is None:
+            return None
+        num_rows, num_words = grammar.bitmask.shape
+        rows = self.runner.grammar_bitmask(num_words)
+        staged = GrammarBitmask(rows.sample_indices[:num_rows], rows.bitmask[:num_rows])
+        staged.sample_indices[:] = grammar.sample_indices
+        staged.bitmask[:] = grammar.bitmask
+        return staged
 
     def _flush(self, keep: int) -> None:
         while len(self.pending) > keep:
