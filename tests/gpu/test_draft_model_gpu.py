@@ -39,6 +39,7 @@ def _on(step: ModelVerifiedStep, device: str, sampling: RandomParams | None) -> 
     return replace(
         step,
         rows=step.rows.to(device),
+        input_ids=step.input_ids.to(device),
         token_ids=step.token_ids.to(device),
         num_accepted=step.num_accepted.to(device),
         first_positions=step.first_positions.to(device),
