@@ -5,8 +5,12 @@ rates the load generator is not what limits the figure."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
+import math
 import multiprocessing
+import ssl
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -93,11 +97,25 @@ def _run_share_at_start_line(share: ClientShare) -> tuple[list[RequestResult], f
     return asyncio.run(run_share(share, ready=_start_line.wait))
 
 
+# httpcore scans its whole connection pool at every event of every request, so one pool of
+# 500 streams costs the client O(500) per chunk (most of its time at rate inf, the profile in
+# benchmarks/results/2026-12-02-h200-s21/); requests are spread over pools of this many.
+_STREAMS_PER_POOL = 32
+
+
 def open_client(base_url: str, headers: dict[str, str], timeout: float) -> Any:
     import httpx
 
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    return httpx.AsyncClient(base_url=base_url, headers=headers, limits=limits, timeout=timeout)
+    return httpx.AsyncClient(
+        base_url=base_url, headers=headers, limits=limits, timeout=timeout, verify=_ssl_context()
+    )
+
+
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    """One for every pool: loading the certificates takes ~0.1 s a client."""
+    return ssl.create_default_context()
 
 
 async def run_share(
@@ -105,23 +123,31 @@ async def run_share(
 ) -> tuple[list[RequestResult], float]:
     """Sends each request at its arrival time, at most max_concurrency in flight. `ready` blocks
     until every client is set up, so that their arrival times count from one start."""
-    async with open_client(share.base_url, share.headers, share.timeout) as client:
-        limit = asyncio.Semaphore(share.max_concurrency or len(share.bodies))
+    max_in_flight = share.max_concurrency or len(share.bodies)
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(
+                open_client(share.base_url, share.headers, share.timeout)
+            )
+            for _ in range(max(1, math.ceil(max_in_flight / _STREAMS_PER_POOL)))
+        ]
+        limit = asyncio.Semaphore(max_in_flight)
 
-        async def one(body: dict, num_prompt_tokens: int) -> RequestResult:
+        async def one(client: Any, body: dict, num_prompt_tokens: int) -> RequestResult:
             async with limit:
                 return await send_request(client, share.endpoint, body, num_prompt_tokens)
 
         ready()
         start = time.perf_counter()
         tasks = []
-        for arrival, body, num_prompt_tokens in zip(
-            share.arrivals, share.bodies, share.num_prompt_tokens
+        for i, (arrival, body, num_prompt_tokens) in enumerate(
+            zip(share.arrivals, share.bodies, share.num_prompt_tokens)
         ):
             delay = start + arrival - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(body, num_prompt_tokens)))
+            client = clients[i % len(clients)]
+            tasks.append(asyncio.create_task(one(client, body, num_prompt_tokens)))
         results = list(await asyncio.gather(*tasks))
         return results, time.perf_counter() - start
 

@@ -106,6 +106,18 @@ class CoreOutputs(msgspec.Struct, tag=True):
     errors: dict[str, str] = {}
 
 
+def join_outputs(messages: list[CoreOutputs]) -> CoreOutputs:
+    """Several steps' messages as one: their outputs in step order, the last stats."""
+    if len(messages) == 1:
+        return messages[0]
+    return CoreOutputs(
+        outputs=[out for msg in messages for out in msg.outputs],
+        stats=messages[-1].stats,
+        first_scheduled={k: v for msg in messages for k, v in msg.first_scheduled.items()},
+        errors={k: v for msg in messages for k, v in msg.errors.items()},
+    )
+
+
 class Dead(msgspec.Struct, tag=True):
     error: str
 

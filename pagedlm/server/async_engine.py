@@ -44,6 +44,9 @@ logger = logging.getLogger("pagedlm.server")
 _CORE_EXIT_TIMEOUT_S = 10.0
 _WATCH_INTERVAL_S = 0.5  # how often the core's process and heartbeat are checked
 _DRAIN_POLL_S = 0.1
+# Messages taken in one batch at most: a batch's work holds the event loop (/health, new
+# requests), and a core ahead by many steps is caught up in several batches.
+_MAX_MESSAGES_PER_BATCH = 32
 
 
 class EngineDeadError(RuntimeError):
@@ -375,9 +378,34 @@ class AsyncLLM(EngineControl):
     # ---- background tasks ----
 
     async def _output_loop(self) -> None:
+        """Takes every message already there at once: when the front end fell behind, several
+        steps' outputs become one output per request, and one event per stream. Then the
+        streams write before the next batch: a ready socket's recv() completes without yielding
+        to the event loop, so without the sleep a core that keeps up holds every stream back."""
         decoder = wire.from_core_decoder()
         while self.dead_error is None:
-            self._on_message(decoder.decode(await self._output.recv()))
+            frames = [await self._output.recv()]
+            while len(frames) < _MAX_MESSAGES_PER_BATCH:
+                try:
+                    frames.append(await self._output.recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+            self._on_messages([decoder.decode(frame) for frame in frames])
+            await asyncio.sleep(0)
+
+    def _on_messages(self, messages: list[wire.FromCore]) -> None:
+        """In order; each run of CoreOutputs as one (wire.join_outputs)."""
+        run: list[wire.CoreOutputs] = []
+        for msg in messages:
+            if isinstance(msg, wire.CoreOutputs):
+                run.append(msg)
+                continue
+            if run:
+                self._on_message(wire.join_outputs(run))
+                run = []
+            self._on_message(msg)
+        if run:
+            self._on_message(wire.join_outputs(run))
 
     def _on_message(self, msg: wire.FromCore) -> None:
         if self.dead_error is not None:  # sent before it was declared dead: news no longer

@@ -114,6 +114,9 @@ class ServerMetrics:
         self._last = CoreStats()
         self._init_gauges_and_counters()
         self._init_histograms()
+        # observed per request and step: the labelled series looked up once
+        self._generation_tokens = self._m(self.generation_tokens)
+        self._itl = self._m(self.itl)
         self._log_prompt_tokens = 0
         self._log_generation_tokens = 0
         self._log_time = time.monotonic()
@@ -278,12 +281,12 @@ class ServerMetrics:
 
     def observe_token_gap(self, seconds: float, num_new_tokens: int) -> None:
         """A batch of output tokens that came `seconds` after the previous one (not the first)."""
-        self._m(self.generation_tokens).inc(num_new_tokens)
+        self._generation_tokens.inc(num_new_tokens)
         self._log_generation_tokens += num_new_tokens
-        self._m(self.itl).observe(seconds)
+        self._itl.observe(seconds)
 
     def observe_first_tokens(self, num_new_tokens: int) -> None:
-        self._m(self.generation_tokens).inc(num_new_tokens)
+        self._generation_tokens.inc(num_new_tokens)
         self._log_generation_tokens += num_new_tokens
 
     def observe_finished(self, times: FinishedRequestTimes) -> None:

@@ -344,18 +344,41 @@ class Generation:
         try:
             num_running = len(self._pumps)
             while num_running:
-                index, item = await self._queue.get()
-                if isinstance(item, Exception):
-                    raise item
-                if item is None:
-                    num_running -= 1
-                elif item.error is not None:  # e.g. its grammar did not compile in time
-                    raise InvalidRequest(item.error)
-                else:
-                    yield index, item
+                for index, item in _coalesced(await self._queue.get(), self._queue):
+                    if isinstance(item, Exception):
+                        raise item
+                    if item is None:
+                        num_running -= 1
+                    elif item.error is not None:  # e.g. its grammar did not compile in time
+                        raise InvalidRequest(item.error)
+                    else:
+                        yield index, item
         finally:
             self._watcher.cancel()
             self._abort()
+
+
+QueueItem = tuple[int, RequestOutput | Exception | None]
+
+
+def _coalesced(first: QueueItem, queue: asyncio.Queue) -> list[QueueItem]:
+    """`first` and whatever else is queued, each prompt's outputs reduced to its newest: they
+    are cumulative, so a consumer that fell behind sends one event for all it missed."""
+    items = [first]
+    while not queue.empty():
+        items.append(queue.get_nowait())
+    result: list[QueueItem] = []
+    newest: dict[int, int] = {}  # prompt index -> where its newest output is in result
+    for index, item in items:
+        if isinstance(item, RequestOutput) and index in newest:
+            result[newest[index]] = (index, item)
+            continue
+        if isinstance(item, RequestOutput):
+            newest[index] = len(result)
+        else:
+            newest.pop(index, None)
+        result.append((index, item))
+    return result
 
 
 def generation_error(exc: Exception) -> APIError:

@@ -18,14 +18,11 @@ from pagedlm.sampling_params import SamplingParams
 from pagedlm.server.protocol import (
     ChatChoice,
     ChatChoiceLogprobs,
-    ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatLogprob,
     ChatMessage,
     ChatMessageOut,
-    ChatStreamChoice,
-    DeltaMessage,
     TopLogprob,
 )
 from pagedlm.server.protocol_tools import FunctionCall, ToolCall
@@ -45,11 +42,11 @@ from pagedlm.server.serving import (
     new_request_id,
     process_prompt,
     response_metrics,
-    sse,
     stream_error_event,
     tokenize_within_context,
     usage,
 )
+from pagedlm.server.stream_chunks import ChunkStream, chat_choice, chat_delta
 from pagedlm.server.tool_parsers import ToolParser, new_tool_call_id
 from pagedlm.server.tool_parsers.stream import ToolCallStream
 from pagedlm.server.tools import tool_use
@@ -230,6 +227,9 @@ class _ChatWriter:
 
     async def stream(self, generation: Generation) -> AsyncIterator[str]:
         tracker = DeltaTracker()
+        chunks = ChunkStream(
+            self.response_id, "chat.completion.chunk", self.created, self.model_name
+        )
         final: RequestOutput | None = None
         calls: dict[int, ToolCallStream] = {}  # choice index -> its calls so far
         try:
@@ -241,13 +241,11 @@ class _ChatWriter:
                         # one event per choice update, as OpenAI sends them
                         usage_info = usage([final]) if self.body.continuous_usage else None
                         yield "".join(
-                            sse(self._chunk([update], usage_info))
+                            chunks.event([update], usage_info)
                             for update in self._stream_choices(choice, delta, stream)
                         )
             if self.body.include_usage:
-                final_chunk = self._chunk([], usage([final]))
-                final_chunk.metrics = response_metrics([final])
-                yield sse(final_chunk)
+                yield chunks.event([], usage([final]), response_metrics([final]))
         except Exception as exc:  # noqa: BLE001 - an error event, not a cut-off stream
             yield stream_error_event(exc, self.response_id)
         yield SSE_DONE
@@ -262,16 +260,12 @@ class _ChatWriter:
 
     def _stream_choices(
         self, choice: CompletionOutput, delta: Delta, calls: ToolCallStream | None
-    ) -> list[ChatStreamChoice]:
+    ) -> list[dict[str, Any]]:
         """A role chunk first for a new choice, then its content or tool-call deltas (and end,
-        if it came)."""
+        if it came); each a ChatStreamChoice's fields (stream_chunks.chat_choice)."""
         result = []
         if delta.first:
-            result.append(
-                ChatStreamChoice(
-                    index=choice.index, delta=DeltaMessage(role="assistant", content="")
-                )
-            )
+            result.append(chat_choice(choice.index, chat_delta(role="assistant", content="")))
         content, call_deltas, finish_reason = delta.text, [], delta.finish_reason
         if calls is not None:
             content, call_deltas = calls.feed(delta.text)
@@ -282,26 +276,15 @@ class _ChatWriter:
         new_logprobs = choice.logprobs is not None and delta.token_end > delta.token_start
         if content or call_deltas or finish_reason is not None or new_logprobs:
             result.append(
-                ChatStreamChoice(
-                    index=choice.index,
-                    delta=DeltaMessage(content=content or None, tool_calls=call_deltas or None),
-                    logprobs=self._logprobs(choice, delta.token_start, delta.token_end),
-                    finish_reason=finish_reason,
-                    stop_reason=choice.stop_reason,
+                chat_choice(
+                    choice.index,
+                    chat_delta(content=content or None, tool_calls=call_deltas or None),
+                    self._logprobs(choice, delta.token_start, delta.token_end),
+                    finish_reason,
+                    choice.stop_reason,
                 )
             )
         return result
-
-    def _chunk(
-        self, choices: list[ChatStreamChoice], usage_info: Any = None
-    ) -> ChatCompletionChunk:
-        return ChatCompletionChunk(
-            id=self.response_id,
-            model=self.model_name,
-            choices=choices,
-            usage=usage_info,
-            created=self.created,
-        )
 
 
 def _with_calls(finish_reason: str | None) -> str | None:

@@ -36,10 +36,10 @@ from pagedlm.server.serving import (
     new_request_id,
     process_prompt,
     response_metrics,
-    sse,
     stream_error_event,
     usage,
 )
+from pagedlm.server.stream_chunks import ChunkStream, completion_choice
 
 
 async def create_completion(ctx: ServingContext, body: CompletionRequest, raw: Request) -> Response:
@@ -108,9 +108,8 @@ class _CompletionWriter:
         # choice index -> text_offset after its tokens sent so far (a chunk's tokens follow them)
         self._next_offsets: dict[int, int] = {}
 
-    def _choice(
-        self, prompt_index: int, choice: CompletionOutput, delta: Delta
-    ) -> CompletionChoice:
+    def _choice(self, prompt_index: int, choice: CompletionOutput, delta: Delta) -> dict[str, Any]:
+        """The choice's fields for this delta (stream_chunks.completion_choice)."""
         index = prompt_index * self.body.n + choice.index
         echo = self.echo_texts[prompt_index] if delta.first else ""
         logprobs = None
@@ -120,12 +119,8 @@ class _CompletionWriter:
                 choice.logprobs[delta.token_start : delta.token_end], offset
             )
             self._next_offsets[index] = offset + sum(len(token) for token in logprobs.tokens)
-        return CompletionChoice(
-            index=index,
-            text=echo + delta.text,
-            logprobs=logprobs,
-            finish_reason=delta.finish_reason,
-            stop_reason=choice.stop_reason,
+        return completion_choice(
+            index, echo + delta.text, logprobs, delta.finish_reason, choice.stop_reason
         )
 
     def response(self, finals: list[RequestOutput | None]) -> CompletionResponse:
@@ -133,7 +128,7 @@ class _CompletionWriter:
         for prompt_index, output in enumerate(finals):
             for choice in output.outputs:
                 delta = DeltaTracker().delta(0, choice)
-                choices.append(self._choice(prompt_index, choice, delta))
+                choices.append(CompletionChoice(**self._choice(prompt_index, choice, delta)))
         return CompletionResponse(
             id=self.response_id,
             model=self.model_name,
@@ -144,6 +139,7 @@ class _CompletionWriter:
 
     async def stream(self, generation: Generation) -> AsyncIterator[str]:
         tracker = DeltaTracker()
+        chunks = ChunkStream(self.response_id, "text_completion", self.created, self.model_name)
         finals: list[RequestOutput | None] = [None] * len(self.echo_texts)
         try:
             async for prompt_index, output in generation:
@@ -151,28 +147,15 @@ class _CompletionWriter:
                 for choice in output.outputs:
                     delta = tracker.delta(prompt_index * self.body.n + choice.index, choice)
                     if delta is not None:
-                        yield sse(
-                            self._chunk(
-                                [self._choice(prompt_index, choice, delta)],
-                                usage(finals) if self.body.continuous_usage else None,
-                            )
+                        yield chunks.event(
+                            [self._choice(prompt_index, choice, delta)],
+                            usage(finals) if self.body.continuous_usage else None,
                         )
             if self.body.include_usage:
-                final_chunk = self._chunk([], usage(finals))
-                final_chunk.metrics = response_metrics(finals)
-                yield sse(final_chunk)
+                yield chunks.event([], usage(finals), response_metrics(finals))
         except Exception as exc:  # noqa: BLE001 - an error event, not a cut-off stream
             yield stream_error_event(exc, self.response_id)
         yield SSE_DONE
-
-    def _chunk(self, choices: list[CompletionChoice], usage_info: Any = None) -> CompletionResponse:
-        return CompletionResponse(
-            id=self.response_id,
-            model=self.model_name,
-            choices=choices,
-            usage=usage_info,
-            created=self.created,
-        )
 
 
 def _prompt_text(ctx: ServingContext, processed: ProcessedRequest) -> str:
