@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from server_helpers import ServerProcess, start_server, tiny_server_args
 
+from pagedlm.bench import serve_clients
 from pagedlm.bench.serve import add_parser, arrival_times, main, summarize
 from pagedlm.bench.serve_clients import (
     ClientShare,
@@ -82,6 +83,40 @@ def test_bench_serve_counts_and_times_every_request(
     assert result["mean_ttft_ms"] < result["mean_e2el_ms"]
     assert result["output_throughput"] == pytest.approx(60 / result["duration_s"])
     assert result["num_clients"] == num_clients
+
+
+def test_a_client_spreads_its_streams_over_pools(
+    server: ServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """httpcore scans a whole pool at every event of every stream: a client keeps at most
+    _STREAMS_PER_POOL in flight per pool, so 500 streams cost it O(32) a chunk, not O(500)."""
+    monkeypatch.setattr(serve_clients, "_STREAMS_PER_POOL", 3)
+    opened = []
+    open_client = serve_clients.open_client
+
+    def counted(*args: object) -> object:
+        opened.append(args)
+        return open_client(*args)
+
+    monkeypatch.setattr(serve_clients, "open_client", counted)
+    args = parse(
+        "--base-url",
+        server.base_url,
+        "--api-key",
+        "bench-key",
+        "--max-concurrency",
+        "8",
+        "--num-prompts",
+        "10",
+        "--input-len",
+        "8",
+        "--output-len",
+        "4",
+    )
+    result = main(args)
+    assert (result["successful_requests"], result["failed_requests"]) == (10, 0)
+    assert result["total_output_tokens"] == 10 * 4
+    assert len(opened) == 3  # ceil(8 / 3) pools for the run (the warm-up has its own)
 
 
 def test_bench_serve_warms_up_off_the_dataset_and_counts_cached_tokens(
