@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 
 import pytest
 import zmq
@@ -28,6 +29,7 @@ from pagedlm.server.protocol import (
     CompletionResponse,
     DeltaMessage,
     PromptTokensDetails,
+    ResponseMetrics,
     TopLogprob,
     UsageInfo,
 )
@@ -128,6 +130,15 @@ def test_chat_chunks_are_the_pydantic_models_json(
 def test_a_usage_chunk_has_no_choices() -> None:
     expected = ChatCompletionChunk(id="c", model="m", created=5, choices=[], usage=USAGE)
     assert ChunkStream("c", "chat.completion.chunk", 5, "m").event([], USAGE) == _sse(expected)
+
+
+def test_the_last_chunk_carries_metrics_where_set() -> None:
+    metrics = ResponseMetrics(speculative_decoding={"num_drafts": 3, "acceptance_rate": 0.5})
+    expected = CompletionResponse(id="c", model="m", created=5, choices=[], usage=USAGE)
+    expected.metrics = metrics
+    event = ChunkStream("c", "text_completion", 5, "m").event([], USAGE, metrics)
+    assert event.startswith("data: ") and event.endswith("\n\n")
+    assert json.loads(event[len("data: ") :]) == json.loads(expected.model_dump_json())
 
 
 def _sse(model: CompletionResponse | ChatCompletionChunk) -> str:
