@@ -17,19 +17,24 @@ Tokenizer = Any  # a transformers fast tokenizer (tokenizers-backed)
 Conversation = list[dict[str, Any]]
 
 
+def auto_tokenizer(source: str) -> Tokenizer:
+    """transformers' AutoTokenizer of a folder or of a GGUF file (its folder, `gguf_file` its name);
+    raises what transformers raises."""
+    from transformers import AutoTokenizer
+
+    path = Path(source)
+    if path.suffix == ".gguf":
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return AutoTokenizer.from_pretrained(source)
+
+
 def load_tokenizer(model_config: ModelConfig) -> Tokenizer | None:
     """None when `skip_tokenizer_init`; otherwise the fast tokenizer at `model_config.tokenizer`."""
     source = model_config.tokenizer
     if source is None:
         return None
-    from transformers import AutoTokenizer
-
-    path = Path(source)
     try:
-        if path.suffix == ".gguf":
-            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        else:
-            tokenizer = AutoTokenizer.from_pretrained(source)
+        tokenizer = auto_tokenizer(source)
     except Exception as exc:  # missing or malformed tokenizer files
         raise ValueError(f"tokenizer: cannot load a tokenizer from {source!r}: {exc}") from exc
     if getattr(tokenizer, "backend_tokenizer", None) is None:

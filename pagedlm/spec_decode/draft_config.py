@@ -85,14 +85,10 @@ def _config_special_ids(config: ModelConfig) -> dict[str, Any]:
 def _tokenizer_special_ids(source: str) -> dict[str, int]:
     """Special token -> id of the tokenizer at `source`; empty when it has none (a folder of
     weights only: the configs' ids are then all there is to compare)."""
-    from transformers import AutoTokenizer
+    from pagedlm.engine.tokenizer import auto_tokenizer
 
-    path = Path(source)
     try:
-        if path.suffix == ".gguf":
-            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        else:
-            tokenizer = AutoTokenizer.from_pretrained(source)
+        tokenizer = auto_tokenizer(source)
     except Exception:  # no tokenizer files
         return {}
     return dict(zip(tokenizer.all_special_tokens, tokenizer.all_special_ids, strict=True))
