@@ -382,17 +382,18 @@ def build_parallel_config(
 
 
 def _check_launcher_env(tp: int) -> None:
-    import os
+    from pagedlm.distributed.launcher_env import launcher_env
 
-    world = os.environ.get("WORLD_SIZE")
-    if world is None or "RANK" not in os.environ:
+    launched = launcher_env()
+    if launched is None:
         raise ValueError(
             'distributed_executor_backend "external_launcher" needs the ranks torchrun starts '
             "(RANK and WORLD_SIZE in the environment)"
         )
-    if int(world) != tp:
+    if launched.world_size != tp:
         raise ValueError(
-            f"tensor_parallel_size ({tp}) must equal the launcher's WORLD_SIZE ({world})"
+            f"tensor_parallel_size ({tp}) must equal the launcher's WORLD_SIZE "
+            f"({launched.world_size})"
         )
 
 

@@ -16,6 +16,8 @@ PACKAGE = Path(envs.__file__).parent
 # Files that read the environment themselves, and why.
 OWN_READS = {
     "bench/serve.py": "OPENAI_API_KEY, the OpenAI clients' convention, as the --api-key default",
+    "distributed/launcher_env.py": "RANK, WORLD_SIZE, LOCAL_RANK: torchrun's convention, for "
+    "distributed_executor_backend='external_launcher'",
 }
 
 

@@ -4,12 +4,13 @@ KV cache's size). At tp = 1 nothing is initialised and every layer builds as it 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from pagedlm.distributed.launcher_env import launcher_env
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,11 @@ def init_tp_group(
 
 
 def init_from_env(device: torch.device) -> TPGroup:
-    """torchrun-style: RANK and WORLD_SIZE (and MASTER_ADDR / MASTER_PORT) from the environment."""
-    return init_tp_group(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), device)
+    """torchrun-style: RANK and WORLD_SIZE (and MASTER_ADDR / MASTER_PORT) from the environment
+    (the engine config checked they are there)."""
+    launched = launcher_env()
+    assert launched is not None, "external_launcher without RANK / WORLD_SIZE"
+    return init_tp_group(launched.rank, launched.world_size, device)
 
 
 def destroy_tp_group() -> None:

@@ -28,15 +28,17 @@ def make_executor(config: EngineConfig) -> Any:
 
 def _join_launched_group(config: EngineConfig) -> EngineConfig:
     """This process's rank of torchrun's group (once per process); on CUDA its LOCAL_RANK's GPU."""
-    import os
     from dataclasses import replace
 
     import torch
 
+    from pagedlm.distributed.launcher_env import launcher_env
     from pagedlm.distributed.parallel_state import get_tp_group, init_from_env
 
     if config.device.type == "cuda":
-        local_rank = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
+        launched = launcher_env()
+        assert launched is not None, "external_launcher without RANK / WORLD_SIZE"
+        local_rank = launched.local_rank
         torch.cuda.set_device(local_rank)
         config = replace(config, device=torch.device("cuda", local_rank))
     if get_tp_group().size == 1:
