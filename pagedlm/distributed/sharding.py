@@ -115,16 +115,25 @@ def checkpoint_slice(name: str, config: ModelConfig, rank: int, tp: int) -> Tens
     return None
 
 
+def narrowed_shape(shape: tuple[int, ...], part: TensorSlice | None, name: str, source: str):
+    """The shape of a tensor of `shape` narrowed to part; ValueError when its full size along
+    part.dim is not the model's."""
+    if part is None:
+        return shape
+    if len(shape) <= part.dim or shape[part.dim] != part.full:
+        raise ValueError(
+            f"model: tensor {name} in {source} has shape {shape}; the config expects "
+            f"{part.full} along dim {part.dim}"
+        )
+    return shape[: part.dim] + (part.length,) + shape[part.dim + 1 :]
+
+
 def narrow(tensor, part: TensorSlice | None, name: str, source: str):
     """tensor (a torch tensor, or a safetensors / numpy slice supporting [] and .shape) narrowed
     to part; ValueError when its full size along part.dim is not the model's."""
     if part is None:
         return tensor
     shape = tuple(tensor.shape) if hasattr(tensor, "shape") else tuple(tensor.get_shape())
-    if len(shape) <= part.dim or shape[part.dim] != part.full:
-        raise ValueError(
-            f"model: tensor {name} in {source} has shape {shape}; the config expects "
-            f"{part.full} along dim {part.dim}"
-        )
+    narrowed_shape(shape, part, name, source)
     end = part.start + part.length
     return tensor[part.start : end] if part.dim == 0 else tensor[:, part.start : end]

@@ -1,6 +1,7 @@
 """One writer, n readers on this host: a ring of fixed-size chunks in shared memory
 (multiprocessing.shared_memory), each chunk a small header then a pickled message. Messages larger
-than a chunk go over ZeroMQ (one PUSH socket per reader), the header saying so, so order holds.
+than a chunk, and messages of one reader's own (enqueue_each: a TP rank's weight slices), go over
+ZeroMQ (one PUSH socket per reader), the header saying so, so order holds.
 
 Chunk header: byte 0 `written`, bytes 1..n one `read` flag per reader, then at offset 8 + n... the
 payload size (u64; OVERSIZE: the payload is the reader's next ZeroMQ message). The writer takes a
@@ -75,12 +76,24 @@ class BroadcastWriter:
             sock.bind(path)
             self._sockets.append(sock)
         self._index = 0
+        self.sent_bytes = [0] * num_readers  # each reader's message bytes so far
 
     def enqueue(self, obj: Any, alive: Callable[[], None] | None = None) -> None:
         """Writes obj for every reader; waits for a free chunk (alive() is called while waiting,
         to raise when a reader died)."""
-        h, buf = self.handle, self._shm.buf
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        fits = len(data) <= self.handle.chunk_bytes
+        self._write(data if fits else [data] * self.handle.num_readers, alive)
+
+    def enqueue_each(self, objs: list[Any], alive: Callable[[], None] | None = None) -> None:
+        """objs[i] for reader i alone, in the ring's order: each goes through its reader's
+        socket, so a reader receives its own message's bytes and never another's."""
+        assert len(objs) == self.handle.num_readers, "one message per reader"
+        self._write([pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) for obj in objs], alive)
+
+    def _write(self, payload: bytes | list[bytes], alive: Callable[[], None] | None) -> None:
+        """payload: bytes in the chunk for every reader, or one message per reader's socket."""
+        h, buf = self.handle, self._shm.buf
         base = self._index * h.stride
         flags = slice(base + 1, base + 1 + h.num_readers)
         _wait(lambda: buf[base] == 0 or all(buf[flags]), alive)
@@ -88,13 +101,17 @@ class BroadcastWriter:
         _fence()
         buf[flags] = bytes(h.num_readers)
         size_at = base + 8 + h.num_readers
-        if len(data) <= h.chunk_bytes:
-            buf[size_at + 8 : size_at + 8 + len(data)] = data
-            struct.pack_into("<Q", buf, size_at, len(data))
+        if isinstance(payload, bytes):
+            buf[size_at + 8 : size_at + 8 + len(payload)] = payload
+            struct.pack_into("<Q", buf, size_at, len(payload))
         else:
-            for sock in self._sockets:
+            for sock, data in zip(self._sockets, payload):
                 sock.send(data, copy=False)
             struct.pack_into("<Q", buf, size_at, OVERSIZE)
+        for reader in range(h.num_readers):
+            self.sent_bytes[reader] += len(
+                payload if isinstance(payload, bytes) else payload[reader]
+            )
         _fence()
         buf[base] = 1
         self._index = (self._index + 1) % h.num_chunks

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
-from pagedlm.config import EngineConfig
+from pagedlm.config import EngineConfig, ModelConfig
 from pagedlm.distributed import collectives
 from pagedlm.distributed.parallel_state import TPGroup, get_tp_group
 from pagedlm.distributed.sampling import TPSampler
@@ -20,6 +20,7 @@ class TPWorkerState:
     group: TPGroup
     config: EngineConfig  # this rank's shapes (local_model_config)
     shard: Shard  # the checkpoint's part this rank loads
+    full_model: ModelConfig  # the model's shapes (every rank's slices follow from them)
 
     @staticmethod
     def create(config: EngineConfig) -> TPWorkerState | None:
@@ -33,7 +34,7 @@ class TPWorkerState:
             checkpoint_slice, config=config.model, rank=group.rank, tp=group.size
         )
         local = replace(config, model=local_model_config(config.model, group.size))
-        return TPWorkerState(group, local, shard)
+        return TPWorkerState(group, local, shard, config.model)
 
     def sampler(self, sampler: SamplingState, num_slots: int) -> TPSampler:
         config = self.config

@@ -33,6 +33,7 @@ import zmq
 from pagedlm.config import EngineConfig
 from pagedlm.core.sched_output import GrammarBitmask, ModelRunnerOutput, SchedulerOutput
 from pagedlm.distributed.shm_broadcast import BroadcastWriter
+from pagedlm.distributed.weight_shards import split_update_call
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +126,12 @@ class MultiprocExecutor:
         self._call("wake_up", tags)
 
     def call_worker_method(self, method: str, args=(), kwargs=None) -> Any:
-        """collective_rpc's method on every rank (pagedlm/worker/rpc.py); rank 0's result."""
+        """collective_rpc's method on every rank (pagedlm/worker/rpc.py); rank 0's result. A
+        colocated trainer's tensors are sliced here, each rank sent its slices alone."""
+        if method == "update_weights_from_tensor":
+            size = self.config.parallel.tensor_parallel_size
+            calls = split_update_call(args, kwargs, self.config.model, size)
+            return self._call_each([("call", "rpc", (method, *call)) for call in calls])
         return self._call("rpc", method, args, kwargs)
 
     def close(self) -> None:
@@ -144,6 +150,13 @@ class MultiprocExecutor:
         if self.failed is not None:
             raise WorkerFailed(self.failed)
         self._broadcast.enqueue(("call", method, args), self._check_workers)
+        return self._wait("result")
+
+    def _call_each(self, messages: list[tuple]) -> Any:
+        """messages[rank] to each rank alone; rank 0's result."""
+        if self.failed is not None:
+            raise WorkerFailed(self.failed)
+        self._broadcast.enqueue_each(messages, self._check_workers)
         return self._wait("result")
 
     def _wait(self, kind: str) -> Any:

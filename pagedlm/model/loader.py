@@ -12,7 +12,7 @@ import torch
 
 from pagedlm.attention.backend import AttentionBackend
 from pagedlm.config import ModelConfig
-from pagedlm.distributed.sharding import TensorSlice, narrow
+from pagedlm.distributed.sharding import TensorSlice, narrow, narrowed_shape
 from pagedlm.model.gguf_loader import (
     gguf_rope_freqs,
     iter_gguf_shapes,
@@ -135,9 +135,11 @@ class PartialReload(RuntimeError):
     """A reload failed after its first copy: some weights are new, some old."""
 
 
-def reload_weights(model: LlamaForCausalLM, config: ModelConfig, weights_path: str) -> None:
+def reload_weights(
+    model: LlamaForCausalLM, config: ModelConfig, weights_path: str, shard: Shard | None = None
+) -> None:
     """Refill every weight in place (the same parameter storages: CUDA graphs bind them) from a
-    folder or GGUF file of the model's architecture. Every tensor's name and shape is checked
+    folder or GGUF file of the model's architecture (a TP rank: its `shard` of each tensor). Every tensor's name and shape is checked
     against the model, its data unread, before the first copy: a mismatch raises ValueError and
     leaves the weights as they were; the tensors are then read and copied one at a time (a read
     failing midway raises PartialReload: the weights are then mixed)."""
@@ -149,35 +151,46 @@ def reload_weights(model: LlamaForCausalLM, config: ModelConfig, weights_path: s
     source = replace(config, model=weights_path, load_format="gguf" if is_gguf else "safetensors")
     check_dense(model)
     try:
-        targets = checkpoint_targets(model)
-        found = {
-            name
-            for name, shape in iter_shapes(source)
-            if target_of(targets, name, shape, weights_path) is not None
-        }
+        targets = checkpoint_targets(model, shard=shard)
+        found = set()
+        for name, shape in iter_shapes(source):
+            local = _local_shape(shape, shard, name, weights_path)
+            if target_of(targets, name, local, weights_path) is not None:
+                found.add(name)
         check_complete(targets.keys(), found, weights_path)
         check_rope_freqs(model, source)
         with torch.no_grad():
             try:
-                fill_weights(model, iter_tensors(source), weights_path)
+                fill_weights(model, iter_tensors(source, shard=shard), weights_path, shard)
             except Exception as exc:  # a read failing midway: the checks above passed
                 raise PartialReload(f"reading {weights_path} failed midway: {exc}") from exc
     finally:
         release_readers()
 
 
+def _local_shape(
+    shape: tuple[int, ...], shard: Shard | None, name: str, source: str
+) -> tuple[int, ...]:
+    return shape if shard is None else narrowed_shape(shape, shard(name), name, source)
+
+
 def update_weights(
-    model: LlamaForCausalLM, named_tensors: Iterable[tuple[str, torch.Tensor]], source: str
+    model: LlamaForCausalLM,
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    source: str,
+    shard: Shard | None = None,
 ) -> int:
     """Copy some checkpoint tensors (Hugging Face names, any subset) into their parameters in
     place, after checking every name, shape and dtype: a mismatch raises ValueError and copies
-    nothing. Returns how many tensors were copied (the ignored names aside)."""
+    nothing. A TP rank gives its `shard`: the tensors are its slices already (a vocabulary
+    slice fills its rows of the padded shard). Returns how many tensors were copied (the
+    ignored names aside)."""
     check_dense(model)
     pairs = list(named_tensors)
     for pair in pairs:
         if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not isinstance(pair[0], str):
             raise ValueError(f"{source}: named_tensors must be (name, tensor) pairs; got {pair!r}")
-    targets = checkpoint_targets(model, [name for name, _ in pairs])
+    targets = checkpoint_targets(model, [name for name, _ in pairs], shard)
     copies = []
     for name, tensor in pairs:
         if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():

@@ -1,12 +1,14 @@
 """The trainer's side of a weight transfer: WeightSender drives vLLM's four phases with an engine
 (init_weight_transfer_engine → start_weight_update → update_weights per chunk →
-finish_weight_update) and broadcasts the tensors to its workers (pagedlm.rl.transport).
+finish_weight_update) and broadcasts the tensors to its workers (pagedlm.rl.transport); to an
+engine at tensor_parallel_size > 1 it sends each worker its own slice of every tensor
+(distributed/weight_shards.py: the engine tells the slices), never the full tensor.
 
     from pagedlm import LLM
     from pagedlm.rl import WeightSender, llm_rpc   # or http_rpc("http://host:8000")
 
     llm = LLM("my-model")
-    sender = WeightSender(llm_rpc(llm))            # the trainer is rank 0, the engine rank 1
+    sender = WeightSender(llm_rpc(llm))            # the trainer is rank 0, the engine's 1..tp
     for step in range(num_steps):
         outputs = llm.generate(prompts, params)
         train(model, outputs)
@@ -34,6 +36,7 @@ from typing import Any
 
 import torch
 
+from pagedlm.distributed.weight_shards import RankSlices, layout_slices, split
 from pagedlm.rl import ipc
 from pagedlm.rl.transport import (
     DEFAULT_TIMEOUT_S,
@@ -59,8 +62,9 @@ TRANSPORTS = ("distributed", ipc.TRANSPORT)
 
 class WeightSender:
     """The trainer's side of transfers to one engine. transport "distributed": rank 0 of a
-    transfer group with the engine's workers (ranks 1..world_size - 1); master_port 0: a free
-    port, chosen here and told to the engine. transport "ipc": the master_* and world_size
+    transfer group with the engine's workers (ranks 1..world_size - 1; world_size None: 1 + the
+    engine's tensor_parallel_size, which the engine tells); master_port 0: a free port, chosen
+    here and told to the engine. transport "ipc" (tp = 1 engines): the master_* and world_size
     arguments are not used."""
 
     def __init__(
@@ -68,7 +72,7 @@ class WeightSender:
         engine: EngineRPC,
         master_address: str = "127.0.0.1",
         master_port: int = 0,
-        world_size: int = 2,
+        world_size: int | None = None,
         device: torch.device | str = "cpu",
         timeout_s: float = DEFAULT_TIMEOUT_S,
         transport: str = "distributed",
@@ -81,8 +85,14 @@ class WeightSender:
         if transport == ipc.TRANSPORT:
             self._link = _IpcLink(engine, self.device)
         else:
-            init = TransferInit(master_address, master_port, world_size, timeout_s=timeout_s)
-            self._link = _GroupLink(engine, init, self.device)
+            tp, slices = layout_slices(engine("get_weight_shard_layout", {})[0])
+            if world_size not in (None, 1 + tp):
+                raise ValueError(
+                    f"world_size {world_size}: the engine has {tp} worker(s); the group is the "
+                    f"trainer and them ({1 + tp})"
+                )
+            init = TransferInit(master_address, master_port, 1 + tp, timeout_s=timeout_s)
+            self._link = _GroupLink(engine, init, self.device, tp, slices)
 
     def send_weights(
         self,
@@ -108,6 +118,11 @@ class WeightSender:
             raise
         return self._engine("finish_weight_update", {"weight_version": weight_version})[0]
 
+    @property
+    def bytes_sent(self) -> list[int]:
+        """The tensor bytes sent so far, per engine worker (one entry: all of them alike)."""
+        return [] if self._link is None else list(self._link.bytes_sent)
+
     def close(self) -> None:
         """Ends the engine's side of the transfer, then this one (also after a failure)."""
         if self._link is not None:
@@ -119,11 +134,21 @@ class WeightSender:
 
 
 class _GroupLink:
-    """A torch.distributed group with the engine's workers; a chunk is one broadcast."""
+    """A torch.distributed group with the engine's workers; a chunk is one broadcast (tp = 1) or
+    one send of its slices to each worker (tp > 1)."""
 
-    def __init__(self, engine: EngineRPC, init: TransferInit, device: torch.device) -> None:
+    def __init__(
+        self,
+        engine: EngineRPC,
+        init: TransferInit,
+        device: torch.device,
+        tp: int,
+        slices: RankSlices,
+    ) -> None:
         self._engine = engine
         self._device = device
+        self._tp, self._slices = tp, slices
+        self.bytes_sent = [0] * tp
         self._store = host_store(
             init.master_address, init.master_port, init.world_size, init.timeout_s
         )
@@ -139,13 +164,19 @@ class _GroupLink:
         )
 
     def send_chunk(self, chunk: list[tuple[str, torch.Tensor]], chunk_bytes: int) -> None:
-        """One broadcast of a buffer of the chunk's own size (chunk_bytes is the IPC bucket's)."""
-        buffer = pack(chunk, self._device)  # [chunk bytes] uint8
-        self._together(
-            "update_weights",
-            {"update_info": ChunkInfo.of(chunk).to_dict()},
-            functools.partial(_broadcast_and_wait, self._group, buffer),
-        )
+        """One broadcast of a buffer of the chunk's own size (chunk_bytes is the IPC bucket's);
+        at tp > 1 a buffer of each worker's slices, sent to it alone."""
+        if self._tp == 1:
+            buffers = [pack(chunk, self._device)]  # [chunk bytes] uint8
+            local = functools.partial(_broadcast_and_wait, self._group, buffers[0])
+        else:
+            per_rank = split(chunk, self._slices, self._tp, "send_weights")
+            buffers = [pack(pairs, self._device) for pairs in per_rank]  # [rank's bytes] uint8
+            local = functools.partial(_send_each, self._group, buffers)
+        update_info = {"update_info": ChunkInfo.of(chunk).to_dict()}  # the full shapes
+        self._together("update_weights", update_info, local)
+        for rank, buffer in enumerate(buffers):
+            self.bytes_sent[rank] += buffer.numel()
 
     def close(self) -> None:
         self._group = None
@@ -178,6 +209,7 @@ class _IpcLink:
     broken = False  # each chunk is one engine call: nothing is ever left half done
 
     def __init__(self, engine: EngineRPC, device: torch.device) -> None:
+        self.bytes_sent = [0]
         self._engine = engine
         self._device = device
         self._bucket: ipc.SharedBucket | None = None
@@ -195,6 +227,7 @@ class _IpcLink:
             torch.cuda.current_stream(self._device).synchronize()  # the engine reads it next
         update_info = {**info.to_dict(), ipc.BUCKET_KEY: self._bucket.handle}
         self._engine("update_weights", {"update_info": update_info})
+        self.bytes_sent[0] += num_bytes
 
     def close(self) -> None:
         if self._bucket is not None:
@@ -223,6 +256,13 @@ class _Call:
 
 def _broadcast_and_wait(group: Any, buffer: torch.Tensor) -> None:
     broadcast(group, buffer).wait()
+
+
+def _send_each(group: Any, buffers: list[torch.Tensor]) -> None:
+    """buffers[r] to the engine's worker r (group rank r + 1), all sends in flight at once."""
+    works = [group.send([buffer], rank + 1, 0) for rank, buffer in enumerate(buffers)]
+    for work in works:
+        work.wait()
 
 
 def _chunks(

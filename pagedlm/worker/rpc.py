@@ -31,6 +31,7 @@ WORKER_METHODS: dict[str, str] = {
     "update_weights": "pagedlm.worker.weight_update:update_weights",
     "finish_weight_update": "pagedlm.worker.weight_update:finish_weight_update",
     "get_weight_version": "pagedlm.worker.weight_update:get_weight_version",
+    "get_weight_shard_layout": "pagedlm.worker.weight_update:get_weight_shard_layout",
     "update_weight_version": "pagedlm.worker.weight_update:update_weight_version",
     "shutdown_weight_transfer_engine": (
         "pagedlm.worker.weight_update:shutdown_weight_transfer_engine"

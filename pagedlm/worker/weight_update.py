@@ -18,7 +18,10 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from pagedlm.distributed.sharding import narrowed_shape
+from pagedlm.distributed.weight_shards import shard_layout
 from pagedlm.model import loader
+from pagedlm.model.loader import Shard
 from pagedlm.rl import ipc
 from pagedlm.rl.transport import ChunkInfo, TransferInit, broadcast, new_group, unpack
 
@@ -67,7 +70,7 @@ def reload_weights(
         raise ValueError(f"weights_path must be a path string, not {type(weights_path).__name__}")
     _refuse_during_transfer(runner, "reload_weights")
     try:
-        loader.reload_weights(runner.model, runner.config.model, weights_path)
+        loader.reload_weights(runner.model, runner.config.model, weights_path, _shard(runner))
     except loader.PartialReload:
         _changed(runner, None)  # mixed weights are not the old version: no old KV may serve them
         raise
@@ -80,27 +83,51 @@ def update_weights_from_tensor(
     weight_version: str | None = None,
 ) -> str:
     """A colocated trainer's tensors (Hugging Face names, any subset of the weights; a dict or
-    (name, tensor) pairs), copied in place once all of them are checked. Returns the new version."""
+    (name, tensor) pairs), copied in place once all of them are checked; at tp > 1 this rank's
+    slices of them (the executor cut them: distributed/weight_shards.py). Returns the new
+    version."""
     _refuse_during_transfer(runner, "update_weights_from_tensor")
     pairs = list(named_tensors.items() if isinstance(named_tensors, dict) else named_tensors)
-    loader.update_weights(runner.model, pairs, "update_weights_from_tensor")
+    loader.update_weights(runner.model, pairs, "update_weights_from_tensor", _shard(runner))
     return _changed(runner, weight_version)
+
+
+def get_weight_shard_layout(runner: ModelRunner) -> dict:
+    """The engine's tp size and each rank's slice of every sharded tensor, for a trainer that
+    sends each rank its slice (weight_shards.shard_layout)."""
+    if runner.tp is None:
+        return {"tp_size": 1, "slices": {}}
+    tp = runner.tp
+    return shard_layout(tp.full_model, tp.group.size, loader.checkpoint_layout(runner.model))
 
 
 def init_weight_transfer_engine(runner: ModelRunner, init_info: dict) -> None:
     """Joins the trainer's group (blocks until every rank has joined: the trainer joins meanwhile).
-    init_info: master_address, master_port, world_size, rank_offset (this worker's rank); or
-    {"transport": "ipc"} for a colocated trainer's shared bucket."""
+    init_info: master_address, master_port, world_size, rank_offset (the first worker's rank; TP
+    rank r joins as rank_offset + r); or {"transport": "ipc"} for a colocated trainer's shared
+    bucket (tp = 1 only)."""
     state = _state(runner)
     if state.receiver is not None:
         raise ValueError("init_weight_transfer_engine: a transfer group is open already")
     if isinstance(init_info, dict) and init_info.get("transport") == ipc.TRANSPORT:
         if set(init_info) != {"transport"}:
             raise ValueError("init_info: transport 'ipc' takes no other key")
+        if runner.tp is not None:
+            raise ValueError(
+                "init_info: transport 'ipc' needs tensor_parallel_size 1; at tp > 1 use the "
+                "'distributed' transport (each rank receives its slice)"
+            )
         state.receiver = _IpcReceiver()
         return
     init = TransferInit.from_dict(init_info)
-    state.receiver = _GroupReceiver(new_group(init, init.rank_offset, runner.device))
+    tp_rank, tp_size = (0, 1) if runner.tp is None else (runner.tp.group.rank, runner.tp.group.size)
+    if init.rank_offset + tp_size > init.world_size:
+        raise ValueError(
+            f"init_info: world_size {init.world_size} leaves no rank for TP rank {tp_size - 1} "
+            f"(rank_offset {init.rank_offset}, tensor_parallel_size {tp_size})"
+        )
+    group = new_group(init, init.rank_offset + tp_rank, runner.device)
+    state.receiver = _GroupReceiver(group, _shard(runner))
 
 
 def start_weight_update(runner: ModelRunner) -> None:
@@ -121,7 +148,7 @@ def update_weights(runner: ModelRunner, update_info: dict) -> None:
     if state.receiver is None or not state.updating:
         raise ValueError("update_weights: call start_weight_update first")
     info, buffer = state.receiver.receive(update_info, runner.device)
-    loader.update_weights(runner.model, unpack(info, buffer), "update_weights")
+    loader.update_weights(runner.model, unpack(info, buffer), "update_weights", _shard(runner))
     state.receiver.done_reading(runner.device)
 
 
@@ -140,16 +167,23 @@ def shutdown_weight_transfer_engine(runner: ModelRunner) -> None:
 
 
 class _GroupReceiver:
-    """Chunks broadcast over the trainer's torch.distributed group, each into a new buffer."""
+    """Chunks from the trainer over its torch.distributed group, each into a new buffer: at
+    tp = 1 a broadcast; at tp > 1 this rank's slices alone, sent to it by the trainer (the
+    chunk's update_info names the full shapes; this rank receives them narrowed to its shard)."""
 
-    def __init__(self, group: dist.ProcessGroup) -> None:
-        self.group = group
+    def __init__(self, group: dist.ProcessGroup, shard: Shard | None) -> None:
+        self.group, self.shard = group, shard
 
     def receive(self, update_info: dict, device: torch.device) -> tuple[ChunkInfo, torch.Tensor]:
         info = ChunkInfo.from_dict(update_info)
+        if self.shard is not None:
+            info = local_chunk(info, self.shard)
         _, num_bytes = info.offsets()
         buffer = torch.empty(num_bytes, dtype=torch.uint8, device=device)  # [num_bytes]
-        broadcast(self.group, buffer).wait()
+        if self.shard is None:
+            broadcast(self.group, buffer).wait()
+        else:
+            self.group.recv([buffer], 0, 0).wait()
         return info, buffer
 
     def done_reading(self, device: torch.device) -> None:
@@ -184,6 +218,19 @@ class _IpcReceiver:
         """The copies out of the bucket are complete before the trainer refills it."""
         if device.type == "cuda":
             torch.cuda.current_stream(device).synchronize()
+
+
+def local_chunk(info: ChunkInfo, shard: Shard) -> ChunkInfo:
+    """The chunk as this rank receives it: each shape narrowed to the rank's slice."""
+    shapes = [
+        list(narrowed_shape(tuple(shape), shard(name), name, "update_weights"))
+        for name, shape in zip(info.names, info.shapes)
+    ]
+    return ChunkInfo(info.names, info.dtype_names, shapes)
+
+
+def _shard(runner: ModelRunner) -> Shard | None:
+    return None if runner.tp is None else runner.tp.shard
 
 
 def _refuse_during_transfer(runner: ModelRunner, method: str) -> None:

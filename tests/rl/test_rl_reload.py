@@ -90,7 +90,7 @@ def test_read_failing_midway_is_a_new_version(llm, model_a, model_b, monkeypatch
     from pagedlm.model import loader
     from pagedlm.worker.rpc import WorkerMethodError
 
-    def failing(config):
+    def failing(config, quantized=False, shard=None):
         tensors = loader.iter_safetensors(config.model)
         yield next(tensors)
         raise OSError("disk gone")
