@@ -44,7 +44,8 @@ def serve_trainer(
     llm: Any, weights_folder: Path, device: str, transport: str, timeout_s: float = 120
 ) -> dict:
     """Runs rl_trainer.run in a spawned process and serves its pipe: its collective_rpc calls go to
-    llm, its ("generate", label) records greedy(llm) under label. Returns those outputs."""
+    llm, its ("generate", label) records greedy(llm) under label, its ("record", label, value)
+    the value. Returns those outputs."""
     import rl_trainer
 
     context = multiprocessing.get_context("spawn")
@@ -61,6 +62,9 @@ def serve_trainer(
             if message[0] == "done":
                 break
             assert message[0] != "failed", message[1]
+            if message[0] == "record":
+                outputs[message[1]] = message[2]
+                continue
             if message[0] == "generate":
                 outputs[message[1]] = greedy(llm)
                 conn.send(("ok", None))

@@ -1,6 +1,7 @@
 """The trainer process of the two-process transfer test. It reaches the engine (the test's
 process) through a pipe the test serves: ("rpc", method, kwargs) runs LLM.collective_rpc there,
-("generate", label) has it record its greedy outputs, ("done",) ends."""
+("generate", label) has it record its greedy outputs, ("record", label, value) a value of the
+trainer's own (the bytes it sent each engine worker), ("done",) ends."""
 
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ def _train(conn: Connection, weights_folder: str, device: str, transport: str) -
     _generate(conn, "perturbed")
     assert sender.send_weights(originals.items(), "restored") == "restored"
     _generate(conn, "restored")
+    conn.send(("record", "bytes_sent", sender.bytes_sent))
     sender.close()
 
 
