@@ -59,3 +59,27 @@ def test_reader_timeout_and_writer_sees_a_dead_reader() -> None:
     assert reader.dequeue(timeout=1.0) == "a"
     reader.close()
     writer.close()
+
+
+def test_enqueue_each_gives_each_reader_its_own_message_in_order() -> None:
+    writer = BroadcastWriter(num_readers=2, num_chunks=2, chunk_bytes=256)
+    readers = [BroadcastReader(writer.handle, i) for i in range(2)]
+    received: list[list] = [[], []]
+    threads = [
+        threading.Thread(target=_read_all, args=(readers[i], 6, received[i])) for i in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for i in range(3):  # past the ring of 2: shared and per-reader messages alternate
+        writer.enqueue(("all", i))
+        writer.enqueue_each([("reader", 0, np.zeros(10 * (i + 1))), ("reader", 1, i)])
+    for thread in threads:
+        thread.join(30)
+    sizes = list(writer.sent_bytes)
+    writer.close()
+    for reader, got in enumerate(received):
+        assert [m[0] for m in got] == ["all", "reader"] * 3
+        assert [m[1] for m in got[1::2]] == [reader] * 3
+    assert [len(m[2]) for m in received[0][1::2]] == [10, 20, 30]
+    assert [m[2] for m in received[1][1::2]] == [0, 1, 2]
+    assert sizes[0] > sizes[1] + 3 * 8 * 10  # reader 1 never received reader 0's arrays
