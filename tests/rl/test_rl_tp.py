@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from rl_helpers import PROMPTS, TinyModel, greedy, hf_tensors, serve_trainer
+from rl_helpers import PROMPTS, TinyModel, greedy, hf_tensors, save_gguf, serve_trainer
 
 from pagedlm import LLM, SamplingParams
 from pagedlm.distributed.sharding import checkpoint_slice, narrow
@@ -73,6 +73,14 @@ def test_reload_a_b_a(llm, model_a: TinyModel, model_b: TinyModel) -> None:
         assert llm.collective_rpc("reload_weights", kwargs=kwargs) == [version]
         assert greedy(llm) == model.greedy
         assert _versions(llm) == [WeightVersionSpan(version, 0, 3)]
+
+
+def test_reload_from_gguf(llm, model_b: TinyModel, tmp_path) -> None:
+    """Each rank reads its part of the file's blocks (q/k rows unpermuted per local head)."""
+    path = save_gguf(tmp_path / "b.gguf", model_b.hf_model)
+    kwargs = {"weights_path": str(path), "weight_version": "b-gguf"}
+    assert llm.collective_rpc("reload_weights", kwargs=kwargs) == ["b-gguf"]
+    assert greedy(llm) == model_b.greedy
 
 
 def test_update_from_tensor_sends_each_rank_its_slice(llm, model_a: TinyModel) -> None:
