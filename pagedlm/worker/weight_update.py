@@ -3,7 +3,9 @@ disk, tensors from a trainer in the same process, and vLLM's four-phase transfer
 over torch.distributed (pagedlm.rl.transport) or, colocated, through a shared bucket
 (pagedlm.rl.ipc). Each copies into the existing parameter storages
 (CUDA graphs bind them) only after validating what it copies, and sets the weight version, which
-the engine core reads (get_weight_version) to stamp outputs and reset the prefix cache.
+the engine core reads (get_weight_version) to stamp outputs and reset the prefix cache. At tp > 1
+each runs on every rank, which reads, is sent, or receives only its own slice of each tensor
+(distributed/weight_shards.py); rank 0's result is the engine's.
 
 Each function takes the model runner first (worker/rpc.py calls it so); the state a runner's
 transfer needs lives here, keyed by the runner, so the runner carries nothing of it."""
