@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from pagedlm import LLM, SamplingParams
-from spec_decode.test_spec_engine import _counters, _prompts, _tokens
+from spec_decode.test_spec_engine import _counters, _prompts, _tokens, cpu_llm
 
 NOISE = 0.05  # relative to each weight's spread: about a third of the drafts accepted
 
@@ -35,16 +35,7 @@ def _llm(target: Path, draft: Path | None, **kwargs) -> LLM:
     config = None
     if draft is not None:
         config = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3, **spec}
-    return LLM(
-        str(target),
-        skip_tokenizer_init=True,
-        dtype="float32",
-        device="cpu",
-        max_model_len=128,
-        num_gpu_blocks_override=64,
-        speculative_config=config,
-        **kwargs,
-    )
+    return cpu_llm(target, config, num_gpu_blocks_override=64, **kwargs)
 
 
 @pytest.fixture(scope="module")

@@ -18,16 +18,21 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
          "prompt_lookup_max": 3}  # fmt: skip
 
 
-def _llm(model_dir: Path, speculative: bool, **kwargs) -> LLM:
+def cpu_llm(model_dir: Path, speculative_config: dict | None, **kwargs) -> LLM:
+    """A float32 CPU engine without a tokenizer, speculating as the config says (None: plain)."""
     return LLM(
         str(model_dir),
         skip_tokenizer_init=True,
         dtype="float32",
         device="cpu",
         max_model_len=128,
-        speculative_config=NGRAM if speculative else None,
+        speculative_config=speculative_config,
         **kwargs,
     )
+
+
+def _llm(model_dir: Path, speculative: bool, **kwargs) -> LLM:
+    return cpu_llm(model_dir, NGRAM if speculative else None, **kwargs)
 
 
 def _prompts(seed: int, lengths: list[int]) -> list[dict]:
