@@ -20,6 +20,7 @@ T = TypeVar("T")
 # encodes in Rust) and runs in parallel; the Python work interleaves. Each thread's tokenizer
 # copy costs memory (13 MB for the default model's 49k vocabulary).
 NUM_THREADS = 8
+STARTUP_TIMEOUT_S = 60.0  # a barrier left broken only means some copies come later
 
 
 class TokenizerPool:
@@ -29,6 +30,16 @@ class TokenizerPool:
         self._executor = ThreadPoolExecutor(
             num_threads, thread_name_prefix="pagedlm-tokenize", initializer=self._init_thread
         )
+        self._start_every_thread(num_threads)
+
+    def _start_every_thread(self, num_threads: int) -> None:
+        """Starts all threads now, so that their tokenizer copies (0.2 s each for the default
+        model, holding the GIL) are made while the server starts, not in the first burst of
+        requests. Each submit finds no idle thread (the others wait at the barrier), so it
+        starts a new one; the barrier releases them all once the last has its copy."""
+        barrier = threading.Barrier(num_threads, timeout=STARTUP_TIMEOUT_S)
+        for _ in range(num_threads):
+            self._executor.submit(barrier.wait)
 
     def _init_thread(self) -> None:
         # A copy per thread: a Hugging Face fast tokenizer is not safe to share between threads

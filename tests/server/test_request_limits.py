@@ -126,6 +126,23 @@ def test_the_pool_runs_in_parallel_with_a_tokenizer_per_thread() -> None:
     assert thread_a != thread_b and tok_a != tok_b
 
 
+def test_every_thread_copies_its_tokenizer_before_the_first_request() -> None:
+    """The copies are made at start-up, not in the first burst of requests."""
+    copies: list[int] = []
+
+    class CountedTokenizer:
+        def __deepcopy__(self, memo: dict) -> CountedTokenizer:
+            copies.append(threading.get_ident())
+            return CountedTokenizer()
+
+    pool = TokenizerPool(CountedTokenizer(), num_threads=3)
+    deadline = time.monotonic() + 10
+    while len(copies) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(set(copies)) == 3  # three threads, one copy each, no request sent
+    assert asyncio.run(pool.run(lambda: 7)) == 7
+
+
 # ---- a live server --------------------------------------------------------------------------
 
 
