@@ -7,7 +7,15 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, Discriminator, Field, Tag, model_serializer
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    Discriminator,
+    Field,
+    Tag,
+    model_serializer,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from pagedlm.errors import InvalidRequest
@@ -79,6 +87,49 @@ class JsonSchemaFormat(RequestBase):
     json_schema: JsonSchemaSpec
 
 
+class StructuralTagItem(RequestBase):
+    """vLLM's legacy structural tag: text between `begin` and `end` follows `schema`."""
+
+    begin: str
+    schema_: JsonObject = Field(alias="schema")  # `schema` is pydantic's
+    end: str
+
+
+class StructuralTagFormat(RequestBase):
+    """xgrammar's structural tag, as vLLM takes it: its current `format` object, or the legacy
+    `structures` with their `triggers` (free text until a trigger, then the structure it begins)."""
+
+    type: Literal["structural_tag"]
+    format: JsonObject | None = None
+    structures: list[StructuralTagItem] | None = None
+    triggers: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> StructuralTagFormat:
+        if (self.format is None) == (self.structures is None):
+            raise ValueError("give either format or structures (with triggers), not both")
+        if self.structures is not None and not self.triggers:
+            raise ValueError("structures need triggers: the texts that begin a structure")
+        if self.format is not None and self.triggers is not None:
+            raise ValueError("triggers go with structures, not with format")
+        return self
+
+    def to_xgrammar(self) -> dict[str, Any]:
+        """The structural tag in xgrammar's current form (the legacy one as triggered tags)."""
+        if self.format is not None:
+            return {"type": "structural_tag", "format": self.format}
+        tags = [
+            {
+                "begin": item.begin,
+                "content": {"type": "json_schema", "json_schema": item.schema_},
+                "end": item.end,
+            }
+            for item in self.structures or []
+        ]
+        triggered = {"type": "triggered_tags", "triggers": self.triggers, "tags": tags}
+        return {"type": "structural_tag", "format": triggered}
+
+
 def _type_tag(value: Any) -> str | None:
     return value.get("type") if isinstance(value, dict) else None
 
@@ -86,11 +137,14 @@ def _type_tag(value: Any) -> str | None:
 ResponseFormat = Annotated[
     Annotated[TextFormat, Tag("text")]
     | Annotated[JsonObjectFormat, Tag("json_object")]
-    | Annotated[JsonSchemaFormat, Tag("json_schema")],
+    | Annotated[JsonSchemaFormat, Tag("json_schema")]
+    | Annotated[StructuralTagFormat, Tag("structural_tag")],
     Discriminator(
         _type_tag,
         custom_error_type="wrong_type",
-        custom_error_message="must be an object of type text, json_object or json_schema",
+        custom_error_message=(
+            "must be an object of type text, json_object, json_schema or structural_tag"
+        ),
     ),
 ]
 
@@ -104,6 +158,8 @@ def structured_outputs_of(
         from_format = {"json": response_format.json_schema.schema_}
     elif isinstance(response_format, JsonObjectFormat):
         from_format = {"json_object": True}
+    elif isinstance(response_format, StructuralTagFormat):
+        from_format = {"structural_tag": response_format.to_xgrammar()}
     else:
         from_format = None
     if structured is not None and from_format is not None:

@@ -117,13 +117,18 @@ class Constraint:
             "structured_outputs"
         ):
             return exc
-        where = _CONSTRAINT_PLACES[self.param]
+        where = _CONSTRAINT_PLACES.get(exc.param, {}).get(self.param, self.param)
         return InvalidRequest(str(exc).replace(exc.param, where, 1), param=self.param)
 
 
+# Where the client wrote the constraint the engine names: engine's field -> client's parameter
+# -> the place in the client's body.
 _CONSTRAINT_PLACES = {
-    "response_format": "response_format.json_schema.schema",
-    "tools": "tools: the function's parameters (a JSON schema)",
+    "structured_outputs.json": {
+        "response_format": "response_format.json_schema.schema",
+        "tools": "tools: the function's parameters (a JSON schema)",
+    },
+    "structured_outputs.structural_tag": {"response_format": "response_format (structural_tag)"},
 }
 
 

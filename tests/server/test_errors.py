@@ -125,6 +125,8 @@ def json_schema_format(schema: object) -> dict:
     return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
 
 
+TAG_ITEM = {"begin": "<a>", "schema": {"type": "object"}, "end": "</a>"}
+
 CONSTRAINT_ERRORS = [
     # (body fields, param, a fragment of the message), on both endpoints
     ({"response_format": json_schema_format({"type": "bogus"})}, "response_format", "bogus"),
@@ -133,7 +135,18 @@ CONSTRAINT_ERRORS = [
         "response_format",
         "json_schema.name: Field required",
     ),
-    ({"response_format": {"type": "xml"}}, "response_format", "json_object or json_schema"),
+    ({"response_format": {"type": "xml"}}, "response_format", "json_schema or structural_tag"),
+    ({"response_format": {"type": "structural_tag"}}, "response_format", "either format or"),
+    (
+        {"response_format": {"type": "structural_tag", "structures": [TAG_ITEM]}},
+        "response_format",
+        "structures need triggers",
+    ),
+    (
+        {"response_format": {"type": "structural_tag", "format": {"type": "bogus"}}},
+        "response_format",
+        "response_format (structural_tag) is invalid: Invalid structural tag error: Format type not",
+    ),
     ({"structured_outputs": {"json": "{not json"}}, "structured_outputs.json", "is invalid"),
     ({"structured_outputs": {"regex": "a(b"}}, "structured_outputs.regex", "not closed"),
     ({"structured_outputs": {"grammar": "root ::= nowhere"}}, "structured_outputs.grammar", ""),

@@ -195,6 +195,24 @@ def test_response_format_on_completions(client: openai.OpenAI, model: str) -> No
     jsonschema.validate(json.loads(result.choices[0].text), TIME_ZONE)
 
 
+def test_structural_tag_response_format(client: openai.OpenAI, model: str) -> None:
+    """xgrammar's current form: the whole output is the tag around JSON valid for the schema."""
+    tag = {"type": "tag", "begin": "<zone>", "end": "</zone>"}
+    tag["content"] = {"type": "json_schema", "json_schema": TIME_ZONE}
+    response_format = {"type": "structural_tag", "format": tag}
+    result = client.completions.create(
+        model=model,
+        prompt="A time zone as JSON:",
+        max_tokens=40,
+        temperature=0,
+        extra_body={"response_format": response_format},
+    )
+    text = result.choices[0].text
+    assert result.choices[0].finish_reason == "stop", text
+    assert text.startswith("<zone>") and text.endswith("</zone>"), text
+    jsonschema.validate(json.loads(text.removeprefix("<zone>").removesuffix("</zone>")), TIME_ZONE)
+
+
 def assert_calls_valid(answer: dict[str, Any], names: list[str]) -> None:
     assert answer["finish_reason"] == "tool_calls" and answer["content"] is None, answer
     assert [name for _, name, _ in answer["tool_calls"]] == names

@@ -13,6 +13,7 @@ import tiny_hf_models
 from pagedlm.engine.tokenizer import render_chat_template
 from pagedlm.server.cli import add_serve_parser
 from pagedlm.server.protocol import ChatCompletionRequest
+from pagedlm.server.protocol_tools import StructuralTagFormat
 from pagedlm.server.serving import APIError
 from pagedlm.server.tools import required_schema, tool_use
 
@@ -168,3 +169,31 @@ def test_a_grammar_that_fails_in_the_core_ends_the_request_with_a_400() -> None:
 
     error = generation_error(asyncio.run(run()))
     assert (error.status, error.message) == (400, reason)
+
+
+def _accepts(structural_tag: dict[str, Any], text: str) -> bool:
+    """Whether xgrammar's matcher for the structural tag takes the whole text and may end."""
+    import xgrammar as xgr
+
+    from pagedlm.sampling_params import StructuredOutputsParams
+    from pagedlm.structured_outputs.grammars import build_grammar
+
+    grammar = build_grammar(StructuredOutputsParams(structural_tag=structural_tag))
+    vocab = [chr(c) for c in range(32, 127)]  # one character a token: any text is spelt
+    compiled = xgr.GrammarCompiler(xgr.TokenizerInfo(vocab)).compile_grammar(grammar)
+    matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
+    return matcher.accept_string(text) and matcher.is_terminated()
+
+
+def test_legacy_structural_tag_becomes_xgrammar_triggered_tags() -> None:
+    """vLLM's legacy form (structures + triggers): free text until a trigger, then the structure
+    it begins, whose content follows its schema."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    body = {
+        "type": "structural_tag",
+        "structures": [{"begin": "<f>", "schema": schema, "end": "</f>"}],
+        "triggers": ["<f"],
+    }
+    tag = StructuralTagFormat.model_validate(body).to_xgrammar()
+    assert _accepts(tag, 'so: <f>{"a": 1}</f> done')
+    assert not _accepts(tag, 'so: <f>{"a": "one"}</f>')  # the content breaks the schema
