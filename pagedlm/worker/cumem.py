@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import functools
 import logging
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -205,7 +206,9 @@ class CuMemAllocator:
 
     def __init__(self, driver: Driver) -> None:
         self.driver = driver
-        self._owner: dict[int, CuMemPool] = {}  # by address, every live allocation
+        # by address, every live allocation's pool's records (not the pool: a CuMemPool keeps
+        # its torch MemPool alive, whose end is what hands its cached segments back to free())
+        self._owner: dict[int, dict[int, _Allocation]] = {}
         self._active = threading.local()  # .pool: the pool this thread allocates into
         self._granularity: dict[int, int] = {}  # by device
         self._torch_allocator: Any = None  # made on the first pool on CUDA
@@ -253,7 +256,7 @@ class CuMemAllocator:
             self.driver.address_free(ptr, rounded)
             raise
         pool.allocations[ptr] = allocation
-        self._owner[ptr] = pool
+        self._owner[ptr] = pool.allocations
         return ptr
 
     def map_new(self, allocation: _Allocation) -> None:
@@ -266,8 +269,7 @@ class CuMemAllocator:
         allocation.handle = handle
 
     def free(self, ptr: int) -> None:
-        pool = self._owner.pop(ptr)
-        allocation = pool.allocations.pop(ptr)
+        allocation = self._owner.pop(ptr).pop(ptr)
         if allocation.handle is not None:
             self.driver.unmap(ptr, allocation.size)
             self.driver.release(allocation.handle)
@@ -299,6 +301,8 @@ class CuMemAllocator:
             return 0
 
     def _torch_free(self, ptr: int, _size: int, _device: int, _stream: int) -> None:
+        if sys.is_finalizing():  # torch's teardown at exit: the process's memory goes anyway
+            return
         try:
             self.free(ptr)
         except Exception as error:  # noqa: BLE001 - nothing to raise into

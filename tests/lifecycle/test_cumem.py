@@ -5,7 +5,9 @@ keeping addresses and re-capturing (sleep.MemoryPools)."""
 
 from __future__ import annotations
 
+import gc
 import logging
+import weakref
 
 import pytest
 import torch
@@ -111,6 +113,19 @@ def test_free_releases_everything_awake_or_asleep(
     allocator.free(asleep)  # an engine shut down while asleep
     assert driver.reserved == driver.handles == driver.mapped == {}
     assert pool.allocations == {}
+
+
+def test_the_allocator_keeps_no_pool_alive(allocator: CuMemAllocator, driver: FakeDriver) -> None:
+    """A dropped runner's pools must go while their allocations live: the end of torch's MemPool
+    is what hands its cached segments back (to free())."""
+    pool = allocator.new_pool("weights", with_torch_pool=False)
+    ptr = allocate(allocator, pool, GRANULE)
+    dropped = weakref.ref(pool)
+    del pool
+    gc.collect()
+    assert dropped() is None
+    allocator.free(ptr)
+    assert driver.reserved == driver.handles == {}
 
 
 def test_a_failed_map_leaks_nothing_and_torch_sees_out_of_memory(
