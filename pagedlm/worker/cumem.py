@@ -200,6 +200,12 @@ class CuMemPool:
         self.asleep = False
 
 
+# Every allocator torch was given, for the process's lifetime: torch calls the callbacks' raw
+# pointers (from a MemPool's cached segments) as long as it runs, after the last Python reference
+# to the allocator went (process_allocator.cache_clear, in the tests and the benchmark).
+_IMMORTAL: list[CuMemAllocator] = []
+
+
 class CuMemAllocator:
     """Serves torch's allocations inside `use(pool)` from the driver, records them in that pool,
     and frees them (physical memory if mapped, then the reservation) when torch hands them back."""
@@ -289,6 +295,7 @@ class CuMemAllocator:
             self._callbacks = (alloc_type(self._torch_alloc), free_type(self._torch_free))
             pointers = [ctypes.cast(c, ctypes.c_void_p).value for c in self._callbacks]
             self._torch_allocator = torch._C._cuda_customAllocator(*pointers)
+            _IMMORTAL.append(self)
         return self._torch_allocator
 
     def _torch_alloc(self, size: int, device: int, _stream: int) -> int:

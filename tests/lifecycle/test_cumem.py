@@ -192,6 +192,15 @@ def test_fallback_to_recapture_is_logged(
 
         monkeypatch.setattr(cumem, "CudaDriver", FakeDriver)
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-        assert isinstance(choose(), CuMemAllocator)
+        chosen = choose()
+        assert isinstance(chosen, CuMemAllocator)
+        # torch holds its callbacks' raw pointers for good: the allocator must outlive every
+        # Python reference to it
+        kept = weakref.ref(chosen)
+        del chosen
+        cumem.process_allocator.cache_clear()
+        gc.collect()
+        assert kept() is not None and kept() in cumem._IMMORTAL
+        cumem._IMMORTAL.remove(kept())
     finally:
         cumem.process_allocator.cache_clear()
