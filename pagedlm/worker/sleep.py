@@ -8,15 +8,15 @@ update. The model's buffers (RoPE tables) stay either way. The KV
 cache is dropped whole and allocated again, zeroed, on wake_up(["kv_cache"]); the prefix cache
 that pointed into it is reset by the engine core first.
 
-The CUDA graphs bind the addresses of both, so they go at sleep and are captured again (with the
-kernel warm-up, ModelRunner.prepare_steps) once both are awake; the engine's gc.freeze() would
-keep a reference cycle through them alive, so the sleep runs a full collection first.
-
-Unless the addresses are kept (MemoryPools, on CUDA where worker/cumem.py works): the weights
-and the KV cache are then allocated in cuMem pools, one per tag; sleep copies what must survive
-to host (level 1: the parameters and buffers; level 2: the buffers) and unmaps the pool's
-physical memory; wake maps new memory at the same addresses, copies the values back and zeroes
-the KV cache. The tensors and the graphs stay, so nothing is captured again.
+The CUDA graphs bind the addresses of both. On CUDA, where worker/cumem.py works (MemoryPools),
+the addresses are kept: the weights and the KV cache live in cuMem pools, one per tag; sleep
+copies what must survive to host (level 1: the parameters and buffers; level 2: the buffers) and
+unmaps the pools' physical memory; wake maps new memory at the same addresses, copies the values
+back and zeroes the KV cache. The tensors and the graphs stay; nothing is captured again.
+Elsewhere (or with PAGEDLM_SLEEP_KEEP_ADDRESSES=0) the graphs go at sleep and are captured again
+(with the kernel warm-up, ModelRunner.prepare_steps) once both are awake; the engine's
+gc.freeze() would keep a reference cycle through them alive, so the sleep runs a full collection
+first.
 """
 
 from __future__ import annotations
@@ -137,6 +137,8 @@ def _unmap(runner: ModelRunner, parts: SleepingParts, level: int, tags: set[str]
             kept += [p.data for p in model.parameters() if p.device.type == "cuda"]
         parts.kept, parts.host_copy = kept, HostCopy(kept) if kept else None
         runner.pools.sleep("weights")
+        if level == 2:
+            logger.info("sleep level 2: the weights are uninitialised after wake_up until a reload")
     if "kv_cache" in tags:
         runner.pools.sleep("kv_cache")
 
