@@ -100,6 +100,14 @@ ENVIRONMENT_VARIABLES = {
             "slower: off until T2 is measured end to end); read at import",
         ),
         EnvVar(
+            "PAGEDLM_SLEEP_KEEP_ADDRESSES",
+            "1",
+            _flag,
+            "0: sleep mode frees the weights and the KV cache through torch and captures the CUDA "
+            "graphs again on wake, instead of keeping their virtual addresses (worker/cumem.py; "
+            "for A/B measurements)",
+        ),
+        EnvVar(
             "TRITON_INTERPRET",
             "0",
             _triton_flag,
@@ -120,6 +128,7 @@ if TYPE_CHECKING:
     PAGEDLM_PDL: bool
     PAGEDLM_FREE_SLIDING_WINDOW: bool
     PAGEDLM_SPLIT_LARGE_DECODE: bool
+    PAGEDLM_SLEEP_KEEP_ADDRESSES: bool
     TRITON_INTERPRET: bool
 
 

@@ -30,12 +30,16 @@ def config_slices(config: ModelConfig, tp: int) -> RankSlices:
 
 
 def split(
-    named_tensors: Iterable[tuple[str, torch.Tensor]], slices: RankSlices, tp: int, source: str
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    slices: RankSlices,
+    tp: int,
+    source: str,
+    compact: bool = True,
 ) -> list[list[tuple[str, torch.Tensor]]]:
     """Per rank, its (name, slice) of every pair; a slice is a compact copy (pickling a view
-    would carry its whole storage). A pair that is not (name, tensor) goes to every rank as it
-    is, for the rank's loader to refuse it with its own error. ValueError: a tensor whose full
-    size is not the model's."""
+    would carry its whole storage), or with compact False a view (for a caller that copies it
+    itself). A pair that is not (name, tensor) goes to every rank as it is, for the rank's loader
+    to refuse it with its own error. ValueError: a tensor whose full size is not the model's."""
     per_rank: list[list[tuple[str, torch.Tensor]]] = [[] for _ in range(tp)]
     for pair in named_tensors:
         if not _is_named_tensor(pair):
@@ -45,8 +49,9 @@ def split(
         name, tensor = pair
         for rank, part in enumerate(slices(name)):
             piece = narrow(tensor, part, name, source)
-            compact = piece if part is None else piece.clone(memory_format=torch.contiguous_format)
-            per_rank[rank].append((name, compact))
+            if compact and part is not None:
+                piece = piece.clone(memory_format=torch.contiguous_format)
+            per_rank[rank].append((name, piece))
     return per_rank
 
 

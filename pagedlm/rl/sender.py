@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -36,6 +37,7 @@ from typing import Any
 
 import torch
 
+from pagedlm.distributed.sharding import narrowed_shape
 from pagedlm.distributed.weight_shards import RankSlices, layout_slices, split
 from pagedlm.rl import ipc
 from pagedlm.rl.transport import (
@@ -101,8 +103,9 @@ class WeightSender:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ) -> str:
         """Sends (Hugging Face name, tensor) pairs, any subset of the weights, in chunks of about
-        chunk_bytes (one broadcast or engine call each); returns the engine's new weight version.
-        A chunk the engine refuses raises here; the chunks before it stay applied."""
+        chunk_bytes (one broadcast or engine call each; at tp > 1 counted over every worker's
+        slices, which is what the chunk's buffers hold at once); returns the engine's new weight
+        version. A chunk the engine refuses raises here; the chunks before it stay applied."""
         if self._link is None or self._link.broken:
             raise RuntimeError(
                 "WeightSender: the transfer group is closed, or broken by an earlier failure "
@@ -110,7 +113,7 @@ class WeightSender:
             )
         self._engine("start_weight_update", {})
         try:
-            for chunk in _chunks(named_tensors, chunk_bytes):
+            for chunk in _chunks(named_tensors, chunk_bytes, self._link.sent_bytes):
                 self._link.send_chunk(chunk, chunk_bytes)
         except BaseException:
             with contextlib.suppress(Exception):  # end the engine's session; the error matters
@@ -170,13 +173,17 @@ class _GroupLink:
             buffers = [pack(chunk, self._device)]  # [chunk bytes] uint8
             local = functools.partial(_broadcast_and_wait, self._group, buffers[0])
         else:
-            per_rank = split(chunk, self._slices, self._tp, "send_weights")
+            # views: pack copies each slice into the rank's buffer (no second copy of the chunk)
+            per_rank = split(chunk, self._slices, self._tp, "send_weights", compact=False)
             buffers = [pack(pairs, self._device) for pairs in per_rank]  # [rank's bytes] uint8
             local = functools.partial(_send_each, self._group, buffers)
         update_info = {"update_info": ChunkInfo.of(chunk).to_dict()}  # the full shapes
         self._together("update_weights", update_info, local)
         for rank, buffer in enumerate(buffers):
             self.bytes_sent[rank] += buffer.numel()
+
+    def sent_bytes(self, name: str, tensor: torch.Tensor) -> int:
+        return tensor.nbytes if self._tp == 1 else slices_bytes(self._slices, name, tensor)
 
     def close(self) -> None:
         self._group = None
@@ -229,6 +236,10 @@ class _IpcLink:
         self._engine("update_weights", {"update_info": update_info})
         self.bytes_sent[0] += num_bytes
 
+    @staticmethod
+    def sent_bytes(name: str, tensor: torch.Tensor) -> int:
+        return tensor.nbytes
+
     def close(self) -> None:
         if self._bucket is not None:
             self._bucket.close()
@@ -265,14 +276,25 @@ def _send_each(group: Any, buffers: list[torch.Tensor]) -> None:
         work.wait()
 
 
+def slices_bytes(slices: RankSlices, name: str, tensor: torch.Tensor) -> int:
+    """The bytes of tensor's slices over every worker (a replicated tensor: one copy each)."""
+    shape = tuple(tensor.shape)
+    return tensor.element_size() * sum(
+        math.prod(narrowed_shape(shape, part, name, "send_weights")) for part in slices(name)
+    )
+
+
 def _chunks(
-    named_tensors: Iterable[tuple[str, torch.Tensor]], chunk_bytes: int
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    chunk_bytes: int,
+    sent_bytes: Callable[[str, torch.Tensor], int],
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Consecutive chunks of about chunk_bytes; a tensor larger than that goes alone."""
+    """Consecutive chunks of at most chunk_bytes as sent_bytes counts them; a tensor larger than
+    that goes alone."""
     chunk: list[tuple[str, torch.Tensor]] = []
     size = 0
     for name, tensor in named_tensors:
-        num_bytes = tensor.numel() * tensor.element_size()
+        num_bytes = sent_bytes(name, tensor)
         if chunk and size + num_bytes > chunk_bytes:
             yield chunk
             chunk, size = [], 0

@@ -146,6 +146,8 @@ class ModelRunner:
         self._launched: LaunchedForward | None = None  # between execute_forward and sample_tokens
         self._first_compile = compile_watch().start_up() if self.use_cuda else 0
         self._sleeping = sleep.SleepingParts()
+        # where sleep keeps addresses: the weights' and KV cache's cuMem pools (sleep.py)
+        self.pools = sleep.MemoryPools.create(config.enable_sleep_mode, self.device)
         sleep.register_runner(self)
 
     def _init_buffers(self) -> None:
@@ -200,9 +202,10 @@ class ModelRunner:
             self.config.attention_backend, self.device
         )
         before = torch.cuda.memory_allocated(self.device) if self.use_cuda else 0
-        self.model = load_model(
-            self.config.model, backend, self.device, *tp_worker.load_args(self.tp)
-        )
+        with self.pools.use("weights"):
+            self.model = load_model(
+                self.config.model, backend, self.device, *tp_worker.load_args(self.tp)
+            )
         if self.use_cuda:
             self.weights_bytes = torch.cuda.memory_allocated(self.device) - before
         if (draft := self._draft()) is not None:  # after the target's weights_bytes
@@ -236,9 +239,10 @@ class ModelRunner:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self.graphs = self.piecewise = None  # graphs of a previous cache go first
-        self.kv_caches = [
-            self._new_kv_cache(num_blocks) for _ in range(self.config.model.num_layers)
-        ]
+        with self.pools.use("kv_cache"):
+            self.kv_caches = [
+                self._new_kv_cache(num_blocks) for _ in range(self.config.model.num_layers)
+            ]
         self.input_batch.num_kv_blocks = num_blocks
         if (draft := self._draft()) is not None:  # the same block ids
             draft.allocate_kv_cache(num_blocks)

@@ -8,13 +8,20 @@ update. The model's buffers (RoPE tables) stay either way. The KV
 cache is dropped whole and allocated again, zeroed, on wake_up(["kv_cache"]); the prefix cache
 that pointed into it is reset by the engine core first.
 
-The CUDA graphs bind the addresses of both, so they go at sleep and are captured again (with the
-kernel warm-up, ModelRunner.prepare_steps) once both are awake; the engine's gc.freeze() would
-keep a reference cycle through them alive, so the sleep runs a full collection first.
+The CUDA graphs bind the addresses of both. On CUDA, where worker/cumem.py works (MemoryPools),
+the addresses are kept: the weights and the KV cache live in cuMem pools, one per tag; sleep
+copies what must survive to host (level 1: the parameters and buffers; level 2: the buffers) and
+unmaps the pools' physical memory; wake maps new memory at the same addresses, copies the values
+back and zeroes the KV cache. The tensors and the graphs stay; nothing is captured again.
+Elsewhere (or with PAGEDLM_SLEEP_KEEP_ADDRESSES=0) the graphs go at sleep and are captured again
+(with the kernel warm-up, ModelRunner.prepare_steps) once both are awake; the engine's
+gc.freeze() would keep a reference cycle through them alive, so the sleep runs a full collection
+first.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import logging
@@ -25,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from pagedlm.worker import cumem
 from pagedlm.worker.host_offload import HostCopy
 
 if TYPE_CHECKING:
@@ -50,32 +58,103 @@ class SleepingParts:
     weights: dict[str, _AsleepWeight] | None = None  # by parameter name, while weights sleep
     host_copy: HostCopy | None = None  # level 1 on CUDA: the buffer weights' host views are in
     num_kv_blocks: int | None = None  # while the KV cache sleeps
+    kept: list[torch.Tensor] | None = None  # kept addresses: the tensors host_copy has values of
+
+
+class MemoryPools:
+    """A runner's cuMem pools by tag, where sleep keeps the addresses; else none (use() does
+    nothing and sleep frees through torch, then captures the graphs again)."""
+
+    def __init__(self, pools: dict[str, cumem.CuMemPool] | None = None) -> None:
+        self._pools = pools
+
+    @classmethod
+    def create(cls, enable_sleep_mode: bool, device: torch.device) -> MemoryPools:
+        if not enable_sleep_mode or device.type != "cuda":
+            return cls()
+        allocator = cumem.process_allocator()
+        if allocator is None:
+            return cls()
+        with torch.cuda.device(device):  # a MemPool belongs to the current device
+            return cls({tag: allocator.new_pool(tag) for tag in SLEEP_TAGS})
+
+    @property
+    def keeps_addresses(self) -> bool:
+        return self._pools is not None
+
+    def use(self, tag: str) -> contextlib.AbstractContextManager:
+        """The device allocations inside go to the tag's pool."""
+        if self._pools is None:
+            return contextlib.nullcontext()
+        pool = self._pools[tag]
+        return pool.allocator.use(pool)
+
+    def asleep(self, tag: str) -> bool:
+        return self._pools is not None and self._pools[tag].asleep
+
+    def sleep(self, tag: str) -> None:
+        self._pools[tag].sleep()
+
+    def wake(self, tag: str) -> None:
+        self._pools[tag].wake()
 
 
 def release(runner: ModelRunner, parts: SleepingParts, level: int, tags: set[str]) -> None:
     """Frees the tagged memory (see the module's docstring). No step may be in flight."""
     start, free_before = time.perf_counter(), _device_free_bytes(runner.device)
     runner.remove_all_requests()
+    if runner.pools.keeps_addresses:
+        _unmap(runner, parts, level, tags)
+    else:
+        _free(runner, parts, level, tags)
+    _return_memory(runner.device)
+    freed = _device_free_bytes(runner.device) - free_before
+    logger.info(
+        "sleep level %d (%s): %.2f GiB of device memory freed in %.2f s%s",
+        level,
+        ", ".join(sorted(tags)),
+        freed / GiB,
+        time.perf_counter() - start,
+        ", addresses kept" if runner.pools.keeps_addresses else "",
+    )
+
+
+def _free(runner: ModelRunner, parts: SleepingParts, level: int, tags: set[str]) -> None:
     runner.graphs = runner.piecewise = None  # they bind the addresses of both
     if "kv_cache" in tags:
         parts.num_kv_blocks = runner.input_batch.num_kv_blocks
         runner.kv_caches = []
     if "weights" in tags:
         parts.weights, parts.host_copy = _release_weights(runner.model, keep_values=level == 1)
-    _return_memory(runner.device)
-    freed = _device_free_bytes(runner.device) - free_before
-    logger.info(
-        "sleep level %d (%s): %.2f GiB of device memory freed in %.2f s",
-        level,
-        ", ".join(sorted(tags)),
-        freed / GiB,
-        time.perf_counter() - start,
-    )
+
+
+def _unmap(runner: ModelRunner, parts: SleepingParts, level: int, tags: set[str]) -> None:
+    torch.cuda.synchronize(runner.device)  # nothing may still read or write the pools
+    if "weights" in tags:
+        model = runner.model
+        kept = [b for b in model.buffers() if b.device.type == "cuda"]
+        if level == 1:
+            kept += [p.data for p in model.parameters() if p.device.type == "cuda"]
+        parts.kept, parts.host_copy = kept, HostCopy(kept) if kept else None
+        runner.pools.sleep("weights")
+        if level == 2:
+            logger.info("sleep level 2: the weights are uninitialised after wake_up until a reload")
+    if "kv_cache" in tags:
+        runner.pools.sleep("kv_cache")
 
 
 def restore(runner: ModelRunner, parts: SleepingParts, tags: set[str]) -> None:
-    """Takes the tagged memory back; once nothing sleeps, the graphs are captured again."""
+    """Takes the tagged memory back; once nothing sleeps, the graphs are captured again (unless
+    their addresses were kept)."""
     start = time.perf_counter()
+    if runner.pools.keeps_addresses:
+        _remap(runner, parts, tags)
+    else:
+        _reallocate(runner, parts, tags)
+    logger.info("wake_up (%s) in %.2f s", ", ".join(sorted(tags)), time.perf_counter() - start)
+
+
+def _reallocate(runner: ModelRunner, parts: SleepingParts, tags: set[str]) -> None:
     if "weights" in tags:
         if any(weight.host is None for weight in parts.weights.values()):
             logger.info("wake_up: the weights (level 2) are uninitialised until reload_weights")
@@ -88,7 +167,21 @@ def restore(runner: ModelRunner, parts: SleepingParts, tags: set[str]) -> None:
         parts.num_kv_blocks = None
     if parts.weights is None and parts.num_kv_blocks is None:
         runner.prepare_steps(start_up=False)
-    logger.info("wake_up (%s) in %.2f s", ", ".join(sorted(tags)), time.perf_counter() - start)
+
+
+def _remap(runner: ModelRunner, parts: SleepingParts, tags: set[str]) -> None:
+    if "weights" in tags and runner.pools.asleep("weights"):
+        runner.pools.wake("weights")
+        if parts.host_copy is not None:
+            for tensor, host in zip(parts.kept, parts.host_copy.views()):
+                tensor.copy_(host, non_blocking=parts.host_copy.locked)
+            torch.cuda.synchronize(runner.device)  # the host copy is freed next
+            parts.host_copy.free()
+        parts.kept = parts.host_copy = None
+    if "kv_cache" in tags and runner.pools.asleep("kv_cache"):
+        runner.pools.wake("kv_cache")
+        for cache in runner.kv_caches:  # new physical memory holds anything; padding reads it
+            cache.zero_()
 
 
 def _release_weights(
@@ -169,6 +262,10 @@ def memory_footprint(runner: ModelRunner) -> dict[str, Any]:
     CUDA the device's allocated and free bytes."""
     weights = sum(p.numel() * p.element_size() for p in runner.model.parameters())
     kv_cache = sum(c.numel() * c.element_size() for c in runner.kv_caches)
+    if runner.pools.asleep("weights"):  # kept addresses: the tensors stay, unmapped
+        weights = 0
+    if runner.pools.asleep("kv_cache"):
+        kv_cache = 0
     footprint: dict[str, Any] = {"weights_bytes": weights, "kv_cache_bytes": kv_cache}
     if runner.use_cuda:
         footprint["device_allocated_bytes"] = torch.cuda.memory_allocated(runner.device)

@@ -1,7 +1,9 @@
 """Sleep mode and shutdown on the GPU (bf16, CUDA graphs on): sleep frees at least 90% of the
-weights' and KV cache's bytes by torch.cuda.mem_get_info, the graphs are captured again on
-wake-up and replay to the same greedy tokens (level 1; level 2 after reload_weights), and three
-engines built and destroyed leave torch.cuda.memory_allocated where it started."""
+weights' and KV cache's bytes by torch.cuda.mem_get_info, and after wake-up the graphs replay to
+the same greedy tokens (level 1; level 2 after reload_weights): by default the very graphs
+captured at start-up (the cuMem pools keep the addresses), with PAGEDLM_SLEEP_KEEP_ADDRESSES=0
+graphs captured again. Three engines built and destroyed leave torch.cuda.memory_allocated where
+it started."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch
 from tiny_hf_models import random_prompts
 
 from pagedlm import LLM, SamplingParams
+from pagedlm.worker import cumem
 
 pytestmark = pytest.mark.gpu
 
@@ -37,24 +40,36 @@ def greedy(llm: LLM) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
 
 
-def test_sleep_frees_the_memory_and_graphs_replay_after_wake(checkpoints) -> None:
+@pytest.fixture(params=[True, False], ids=["keep_addresses", "recapture"])
+def keep_addresses(request, monkeypatch) -> bool:
+    monkeypatch.setenv("PAGEDLM_SLEEP_KEEP_ADDRESSES", "1" if request.param else "0")
+    cumem.process_allocator.cache_clear()
+    yield request.param
+    cumem.process_allocator.cache_clear()
+
+
+def test_sleep_frees_the_memory_and_graphs_replay_after_wake(checkpoints, keep_addresses) -> None:
     folder = checkpoints["llama"][0]
     llm = LLM(str(folder), **ENGINE)
     runner = llm.llm_engine.engine_core.model_runner
+    assert runner.pools.keeps_addresses == keep_addresses
     before = greedy(llm)
     (footprint,) = llm.collective_rpc("memory_footprint")
     held = footprint["weights_bytes"] + footprint["kv_cache_bytes"]
     for level in (1, 2):
+        graphs, piecewise = runner.graphs, runner.piecewise
         free_awake = free_bytes()
         llm.sleep(level=level)
         freed = free_bytes() - free_awake
         assert freed >= 0.9 * held, (level, freed, held)
-        assert runner.graphs is None
+        assert (runner.graphs is graphs) == keep_addresses
         if level == 2:
             llm.wake_up(["weights"])
             llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
         llm.wake_up()
-        assert runner.graphs is not None and runner.piecewise is not None  # captured again
+        assert runner.graphs is not None and runner.piecewise is not None
+        if keep_addresses:  # no capture since start-up
+            assert runner.graphs is graphs and runner.piecewise is piecewise
         assert greedy(llm) == before, level
     llm.shutdown()
 
