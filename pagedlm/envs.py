@@ -100,6 +100,13 @@ ENVIRONMENT_VARIABLES = {
             "slower: off until T2 is measured end to end); read at import",
         ),
         EnvVar(
+            "PAGEDLM_PREFILL_SPREAD",
+            "1",
+            _flag,
+            "0: the scheduler spends every step's budget on prompts in arrival order instead of "
+            "spreading them over the run by slack (core/prefill_spread.py; for A/B measurements)",
+        ),
+        EnvVar(
             "TRITON_INTERPRET",
             "0",
             _triton_flag,
@@ -120,6 +127,7 @@ if TYPE_CHECKING:
     PAGEDLM_PDL: bool
     PAGEDLM_FREE_SLIDING_WINDOW: bool
     PAGEDLM_SPLIT_LARGE_DECODE: bool
+    PAGEDLM_PREFILL_SPREAD: bool
     TRITON_INTERPRET: bool
 
 
