@@ -21,6 +21,13 @@ When outputs are all alike (T0, T2, T3, serving with one max_tokens) every slack
 budget is the step's whole budget: the schedule is the plain one. The slack trusts max_tokens as
 the output's length (exact under ignore_eos; an EOS only ends a request sooner). The priority
 policy keeps its own order (the scheduler builds no spread for it).
+
+Off by default (PAGEDLM_PREFILL_SPREAD=1 turns it on): the cost model gives T4 12.64 s against
+13.83, but on the H200 it took 17.52 s against 15.55 (s22). Its ~1,000 steps are all mixed steps,
+each 4.75 ms over the model (decode steps: 1.66): a mixed step runs the piecewise graphs with
+eager attention, and its decode rows take the varlen kernel, unsplit (triton_backend.py). It can
+pay once a mixed step's decode rows take the split decode and small prompt chunks cost what the
+model says (benchmarks/results/2026-12-02-h200-s22/t4/NOTES.md).
 """
 
 from __future__ import annotations

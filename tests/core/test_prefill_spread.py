@@ -110,3 +110,22 @@ def test_skewed_outputs_spread_prompts_and_end_on_time(target_rows: int):
     assert max(admitted.values()) > 60  # spread: the short outputs start late
     assert max(admitted.values()) + 6 < 120  # and end before the long one (at most 6 outputs)
     assert max(sum(step.values()) for step in steps[1:]) < 64  # no step takes the whole budget
+
+
+@pytest.mark.parametrize("depth", [0, 1])
+def test_spread_with_preemptions_matches_the_reference(depth: int):
+    """A pool too small for the batch: preempted requests come back at once (slack 0) and every
+    output is still the reference's."""
+    specs = [(20, 60)] + [(10 + 3 * i, 2 + 7 * i % 30) for i in range(12)]
+    sched = make_scheduler(num_blocks=14, max_model_len=128, max_num_seqs=8)
+    sched.spread = PrefillSpread(sched.config.max_num_batched_tokens, target_rows=0)
+    for i, (prompt_len, max_tokens) in enumerate(specs):
+        prompt = [(5 * i + j) % 50 for j in range(prompt_len)]
+        sched.add_request(make_request(f"r{i}", prompt, max_tokens))
+    requests = list(sched.waiting)
+    results = run_engine(sched, FakeRunner(8), depth)
+    for request in requests:
+        expected = reference_output(request, sched.max_model_len, mixing_next_token)
+        got = results[request.request_id]
+        assert (got.token_ids, got.finish_reason) == expected
+    assert sched.num_preemptions > 0
