@@ -93,11 +93,11 @@ ENVIRONMENT_VARIABLES = {
         ),
         EnvVar(
             "PAGEDLM_SPLIT_LARGE_DECODE",
-            "0",
+            "1",
             _flag,
-            "1: decode batches with at least as many (sequence, KV head) pairs as SMs split their "
-            "longest sequences instead of taking the varlen kernel (T4 faster, T2's attention "
-            "slower: off until T2 is measured end to end); read at import",
+            "0: decode batches with at least as many (sequence, KV head) pairs as SMs take the "
+            "varlen kernel instead of splitting their longest sequences (T4 1.11x faster with "
+            "the split, T2's attention 1.000x; for A/B measurements); read at import",
         ),
         EnvVar(
             "PAGEDLM_PREFILL_SPREAD",

@@ -33,7 +33,7 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
         envs.PAGEDLM_SPLIT_LARGE_DECODE,
         envs.PAGEDLM_PREFILL_SPREAD,
         envs.TRITON_INTERPRET,
-    ) == ("INFO", False, True, True, True, False, False, False)
+    ) == ("INFO", False, True, True, True, True, False, False)
 
 
 def test_read_on_access(monkeypatch: pytest.MonkeyPatch) -> None:
