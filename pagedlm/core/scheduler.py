@@ -71,7 +71,9 @@ class _StepPlan:
     """What one schedule() call has decided so far."""
 
     token_budget: int
-    prompt_budget: int  # of token_budget, for requests not yet decoding (core/prefill_spread.py)
+    # tokens left for requests not yet decoding (core/prefill_spread.py); without a spread it
+    # stays the step's whole budget, never below token_budget
+    prompt_budget: int
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)  # batch order
     num_draft_tokens: dict[str, int] = field(default_factory=dict)  # of those, drafts
     new_reqs: list[NewRequestData] = field(default_factory=list)
@@ -338,8 +340,8 @@ class Scheduler:
                 head = None
                 continue
             num_new = self._num_new_tokens(request, plan.token_budget)
-            if _catching_up(request):
-                num_new = min(num_new, plan.prompt_budget)
+            if plan.prompt_budget < num_new and _catching_up(request):
+                num_new = plan.prompt_budget
             if num_new == 0:
                 i += 1
                 continue
@@ -523,7 +525,7 @@ class Scheduler:
         """num_drafts: the last of the num_new positions are drafts (the request samples)."""
         plan.num_scheduled_tokens[request.request_id] = num_new
         plan.token_budget -= num_new
-        if _catching_up(request):
+        if self.spread is not None and _catching_up(request):
             plan.prompt_budget -= num_new
         request.num_computed_tokens += num_new
         if num_drafts:
