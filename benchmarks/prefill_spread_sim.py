@@ -2,6 +2,7 @@
 after the split decode), costed per step with step_cost_model.py's H200 rates.
 
     python benchmarks/prefill_spread_sim.py [--caps 16384,8192,2048,1024,512,256] [--fill]
+    python benchmarks/prefill_spread_sim.py --scheduler [--workloads T4,T1] [--spreads 256/1024]
 
 Every request is admitted at once (T4 fits the KV cache and max_num_seqs); each step runs every
 decoding request's one token, then prompt chunks of at most `cap` tokens in all (--fill: up to
@@ -11,6 +12,9 @@ samples its first token. No host time, no preemption; decode steps costed as the
 (T4's measured decode steps are ~1.1x the model with the split decode:
 benchmarks/results/2026-12-02-h200-s21/split/timeline_vs_model.txt). Prints the modelled seconds,
 the steps and the step of the last prompt chunk per (order, cap).
+--scheduler: the real Scheduler instead (step_cost_model.schedule), with its prefill spread
+(pagedlm/core/prefill_spread.py) off, then at each target_rows/max_wait_steps of --spreads: the
+modelled seconds and steps per workload (any workload's schedule at llama3-8b's rates).
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import skewed_mix  # noqa: E402
-from step_cost_model import Rates, Step, step_seconds  # noqa: E402
+from step_cost_model import Rates, Step, schedule, step_seconds  # noqa: E402
+
+from pagedlm.core.prefill_spread import PrefillSpread  # noqa: E402
 
 STEP_BUDGET = 16384
 
@@ -63,11 +69,38 @@ def simulate(
     return {"seconds": seconds, "steps": steps, "prompt_end": prompt_end}
 
 
+def scheduler_sweep(workloads: list[str], spreads: list[str]) -> None:
+    """The real Scheduler's schedule of each workload, spread off and at each spread setting."""
+
+    def configure(setting: str):
+        def apply(sched) -> None:
+            if setting == "off":
+                sched.spread = None
+                return
+            rows, wait = map(int, setting.split("/"))
+            sched.spread = PrefillSpread(sched.config.max_num_batched_tokens, rows, wait)
+
+        return apply
+
+    print(f"{'workload':14} {'spread rows/wait':>16} {'modelled s':>10} {'steps':>6}")
+    for wid in workloads:
+        for setting in ["off", *spreads]:
+            steps = schedule(wid, configure(setting))
+            seconds = sum(sum(step_seconds(step, Rates()).values()) for step in steps)
+            print(f"{wid:14} {setting:>16} {seconds:10.2f} {len(steps):6d}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--caps", default="16384,8192,2048,1024,512,256")
     parser.add_argument("--fill", action="store_true", help="cap a step's rows, decodes included")
+    parser.add_argument("--scheduler", action="store_true", help="the real Scheduler's schedules")
+    parser.add_argument("--workloads", default="T4")
+    parser.add_argument("--spreads", default="0/1024,256/1024,512/1024,256/512,256/256")
     args = parser.parse_args()
+    if args.scheduler:
+        scheduler_sweep(args.workloads.split(","), args.spreads.split(","))
+        return
     prompts, output_lens = skewed_mix.skewed_mix()
     prompt_lens = list(map(len, prompts))
     orders = {

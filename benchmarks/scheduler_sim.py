@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -44,10 +44,14 @@ def prompts_for(wid: str) -> tuple[list[list[int]], list[int], bool]:
 
 
 def scheduled_steps(
-    wid: str, growth_reserve: bool, num_blocks: int = NUM_BLOCKS
+    wid: str,
+    growth_reserve: bool,
+    num_blocks: int = NUM_BLOCKS,
+    configure: Callable[[Scheduler], None] | None = None,
 ) -> Iterator[tuple[Scheduler, SchedulerOutput]]:
     """(the scheduler, its plan) per step of the workload's schedule, before the step's output (a token
-    for every sampling request) goes back to it. num_computed_tokens already counts the step's tokens."""
+    for every sampling request) goes back to it. num_computed_tokens already counts the step's tokens.
+    configure: called on the new scheduler (e.g. to set its prefill spread)."""
     prompts, max_tokens, caching = prompts_for(wid)
     sched = Scheduler(
         SchedulerConfig(max_num_seqs=1024, max_num_batched_tokens=16384),
@@ -56,6 +60,8 @@ def scheduled_steps(
         MAX_MODEL_LEN,
     )
     sched.growth = GrowthEstimate(MAX_MODEL_LEN, enabled=growth_reserve)
+    if configure is not None:
+        configure(sched)
     for i, (prompt, num_out) in enumerate(zip(prompts, max_tokens)):
         params = SamplingParams(max_tokens=num_out, ignore_eos=True)
         sched.add_request(Request(str(i), prompt, params, max_tokens=num_out))

@@ -9,6 +9,8 @@ and the roofline floor. Runs:
   t4-bNk            T4 with max_num_batched_tokens N x 1,024 (the scheduler's config swapped at run
                     time; at 2k every step fits the piecewise graphs)
   t4[-bNk]-lf       the same requests submitted longest max_tokens first
+  t4...-plain       without the prefill spread (core/prefill_spread.py): every step's budget on
+                    prompts, in arrival order (the scheduler's spread unset at run time)
   serve-offline     serve_gpu.sh's prompts (random, 500 x 512 / 128, dataset seed 0, temperature 1):
                     the offline step rate to hold the served one against
 DIR gets steps_<run>.json (every step and request) and summary.json. --num-requests and
@@ -70,7 +72,7 @@ def run_inputs(run: str, num_requests: int, vocab_size: int) -> tuple[list, list
         )
         for i, m in enumerate(max_tokens)
     ]
-    if run.endswith("-lf"):
+    if "-lf" in run:
         order = sorted(range(len(prompts)), key=lambda i: -max_tokens[i])
         return [prompts[i] for i in order], [params[i] for i in order]
     return prompts, params
@@ -86,7 +88,9 @@ def warm_up(llm: LLM) -> None:
 def timed_run(llm: LLM, run: str, num_requests: int, out: Path) -> dict:
     engine = llm.llm_engine
     core = engine.engine_core
-    default_config = core.scheduler.config
+    default_config, default_spread = core.scheduler.config, core.scheduler.spread
+    if run.endswith("-plain"):
+        core.scheduler.spread = None
     budget = re.search(r"-b(\d+)k", run)
     if budget:
         core.scheduler.config = dataclasses.replace(
@@ -102,7 +106,7 @@ def timed_run(llm: LLM, run: str, num_requests: int, out: Path) -> dict:
     outs = llm.generate(inputs, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     core.scheduler.schedule, core.scheduler.update_from_output = schedule, update
-    core.scheduler.config = default_config
+    core.scheduler.config, core.scheduler.spread = default_config, default_spread
     num_out = sum(len(o.outputs[0].token_ids) for o in outs)
     assert num_out == sum(p.max_tokens for p in params)
     num_cached = sum(o.num_cached_tokens for o in outs)

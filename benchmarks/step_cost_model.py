@@ -117,10 +117,11 @@ def step_seconds(step: Step, rates: Rates) -> dict[str, float]:
     }
 
 
-def schedule(wid: str) -> list[Step]:
-    """The workload's steps through the real Scheduler (growth reserve on)."""
+def schedule(wid: str, configure=None) -> list[Step]:
+    """The workload's steps through the real Scheduler (growth reserve on; configure: called on
+    it first, scheduler_sim.scheduled_steps)."""
     steps = []
-    for sched, plan in scheduled_steps(wid, growth_reserve=True, num_blocks=NUM_BLOCKS):
+    for sched, plan in scheduled_steps(wid, True, NUM_BLOCKS, configure):
         decode_kv = visible = 0
         for req_id, num in plan.num_scheduled_tokens.items():
             context = (

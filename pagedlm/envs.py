@@ -93,11 +93,19 @@ ENVIRONMENT_VARIABLES = {
         ),
         EnvVar(
             "PAGEDLM_SPLIT_LARGE_DECODE",
+            "1",
+            _flag,
+            "0: decode batches with at least as many (sequence, KV head) pairs as SMs take the "
+            "varlen kernel instead of splitting their longest sequences (T4 1.11x faster with "
+            "the split, T2's attention 1.000x; for A/B measurements); read at import",
+        ),
+        EnvVar(
+            "PAGEDLM_PREFILL_SPREAD",
             "0",
             _flag,
-            "1: decode batches with at least as many (sequence, KV head) pairs as SMs split their "
-            "longest sequences instead of taking the varlen kernel (T4 faster, T2's attention "
-            "slower: off until T2 is measured end to end); read at import",
+            "1: the scheduler spreads prompts over the run by slack (core/prefill_spread.py) "
+            "instead of spending each step's budget on them in arrival order (T4 1.13x slower on "
+            "the H200 while mixed steps decode without the split: off; for A/B measurements)",
         ),
         EnvVar(
             "PAGEDLM_SLEEP_KEEP_ADDRESSES",
@@ -128,6 +136,7 @@ if TYPE_CHECKING:
     PAGEDLM_PDL: bool
     PAGEDLM_FREE_SLIDING_WINDOW: bool
     PAGEDLM_SPLIT_LARGE_DECODE: bool
+    PAGEDLM_PREFILL_SPREAD: bool
     PAGEDLM_SLEEP_KEEP_ADDRESSES: bool
     TRITON_INTERPRET: bool
 

@@ -31,8 +31,9 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
         envs.PAGEDLM_PDL,
         envs.PAGEDLM_FREE_SLIDING_WINDOW,
         envs.PAGEDLM_SPLIT_LARGE_DECODE,
+        envs.PAGEDLM_PREFILL_SPREAD,
         envs.TRITON_INTERPRET,
-    ) == ("INFO", False, True, True, True, False, False)
+    ) == ("INFO", False, True, True, True, True, False, False)
 
 
 def test_read_on_access(monkeypatch: pytest.MonkeyPatch) -> None:

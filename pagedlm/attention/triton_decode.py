@@ -13,7 +13,8 @@ Which sequences split (host ints only, so the grid is fixed per CUDA graph size)
   ~2 waves over the SMs, so a few sequences still fill the GPU;
 - a large batch: the longest cdiv(B, LARGE_BATCH_SPLIT_SHARE) in decode_order (the host's
   permutation by decreasing seq_len), into up to LARGE_BATCH_MAX_SPLITS chunks of at least one
-  tile; the others take one program each. Without it one long context among many short ones was
+  tile, as many as its keys over the longest unsplit sequence's (balanced_splits, on the device:
+  a batch of like lengths splits nothing); the others take one program each. Without it one long context among many short ones was
   walked by one program per KV head long after the rest of the batch had finished (issue 31: T4's
   decode steps lost 1.2 ms per 1,000 keys of the longest context). A grid of splits for every
   sequence would launch mostly empty programs, each holding shared memory until its PDL wait.
@@ -102,6 +103,38 @@ def split_key_range(
     kv_lo = first_key + split * chunk
     kv_hi = tl.minimum(kv_lo + chunk, seq_len)
     return kv_lo, kv_hi, tl.cdiv(num_keys, chunk)
+
+
+@triton.jit
+def visible_keys(seq_len, window, USE_WINDOW: tl.constexpr):
+    if USE_WINDOW:
+        return tl.minimum(seq_len, window)
+    return seq_len
+
+
+@triton.jit
+def balanced_splits(
+    seq_len,
+    seq_splits,
+    split_seqs,
+    seq_lens_ptr,
+    decode_order_ptr,
+    window,
+    USE_WINDOW: tl.constexpr,
+    ORDERED: tl.constexpr,
+):
+    """A large batch's split count for a sequence of seq_len: its visible keys over those of the
+    longest sequence that does not split (rank split_seqs), rounded, in [1, seq_splits]: chunks about
+    as long as the unsplit programs' longest walk, so a batch of like lengths splits nothing (its
+    partials and merge would be pure cost, and its chunks would start before the longer unsplit
+    programs), and a long context among short ones splits in full. Padding sequences sort last (no
+    keys: counted as one)."""
+    next_seq = split_seqs
+    if ORDERED:
+        next_seq = tl.load(decode_order_ptr + split_seqs)
+    next_keys = tl.maximum(visible_keys(tl.load(seq_lens_ptr + next_seq), window, USE_WINDOW), 1)
+    keys = visible_keys(seq_len, window, USE_WINDOW)
+    return tl.minimum(tl.maximum((2 * keys + next_keys) // (2 * next_keys), 1), seq_splits)
 
 
 @triton.jit
@@ -196,6 +229,17 @@ def decode_split_kernel(
     q_token = tl.load(query_start_loc_ptr + seq)
     has_query = tl.load(query_start_loc_ptr + seq + 1) > q_token  # else a padding sequence
     seq_len = tl.load(seq_lens_ptr + seq)
+    if not EARLY_FIRST_TILE:  # a large batch: its split sequences split only as far as they pay
+        seq_splits = balanced_splits(
+            seq_len,
+            seq_splits,
+            split_seqs,
+            seq_lens_ptr,
+            decode_order_ptr,
+            window,
+            USE_WINDOW,
+            ORDERED,
+        )
     kv_lo, kv_hi, num_live = split_key_range(
         seq_len, window, seq_splits, split, BLOCK_N, USE_WINDOW
     )

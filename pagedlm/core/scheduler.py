@@ -32,10 +32,12 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from pagedlm import envs
 from pagedlm.config import CacheConfig, SchedulerConfig
 from pagedlm.core.block_pool import NULL_BLOCK_ID
 from pagedlm.core.growth import AdmissionReserve, GrowthEstimate
 from pagedlm.core.kv_cache_manager import KVCacheManager
+from pagedlm.core.prefill_spread import PrefillSpread
 from pagedlm.core.sched_output import (
     CachedRequestData,
     EngineCoreOutput,
@@ -69,6 +71,9 @@ class _StepPlan:
     """What one schedule() call has decided so far."""
 
     token_budget: int
+    # tokens left for requests not yet decoding (core/prefill_spread.py); without a spread it
+    # stays the step's whole budget, never below token_budget
+    prompt_budget: int
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)  # batch order
     num_draft_tokens: dict[str, int] = field(default_factory=dict)  # of those, drafts
     new_reqs: list[NewRequestData] = field(default_factory=list)
@@ -125,6 +130,11 @@ class Scheduler:
         self.spec = None if speculative is None else SpecPlanner(speculative, max_model_len)
         if speculative is not None:
             self.growth.num_draft_positions = speculative.num_speculative_tokens
+        self.spread = (
+            PrefillSpread(sched_config.max_num_batched_tokens)
+            if sched_config.policy == "fcfs" and envs.PAGEDLM_PREFILL_SPREAD
+            else None
+        )
 
     # ---- requests in and out ----
 
@@ -202,7 +212,11 @@ class Scheduler:
     # ---- one step ----
 
     def schedule(self) -> SchedulerOutput:
-        plan = _StepPlan(token_budget=self.config.max_num_batched_tokens)
+        budget = self.config.max_num_batched_tokens
+        prompt_budget = (
+            budget if self.spread is None else self.spread.plan(self.running, self.waiting)
+        )
+        plan = _StepPlan(token_budget=budget, prompt_budget=prompt_budget)
         self.kv_cache_manager.begin_step()
         self._schedule_running(plan)
         if plan.num_preempted == 0:  # a step that had to preempt admits nobody new
@@ -326,6 +340,8 @@ class Scheduler:
                 head = None
                 continue
             num_new = self._num_new_tokens(request, plan.token_budget)
+            if plan.prompt_budget < num_new and _catching_up(request):
+                num_new = plan.prompt_budget
             if num_new == 0:
                 i += 1
                 continue
@@ -457,7 +473,7 @@ class Scheduler:
         reserve = None  # built once something may be admitted
         while (
             i < len(self.waiting)
-            and plan.token_budget > 0
+            and min(plan.token_budget, plan.prompt_budget) > 0
             and len(self.running) < self.config.max_num_seqs
         ):
             request = self.waiting[i]
@@ -466,7 +482,9 @@ class Scheduler:
                 continue
             if reserve is None:
                 reserve = self._admission_reserve()
-            admission = self._admission(request, plan.token_budget, reserve)
+            admission = self._admission(
+                request, min(plan.token_budget, plan.prompt_budget), reserve
+            )
             if (
                 kv.allocate_slots(
                     request, admission.num_new, admission.hit_blocks, admission.num_reserved
@@ -507,6 +525,8 @@ class Scheduler:
         """num_drafts: the last of the num_new positions are drafts (the request samples)."""
         plan.num_scheduled_tokens[request.request_id] = num_new
         plan.token_budget -= num_new
+        if self.spread is not None and _catching_up(request):
+            plan.prompt_budget -= num_new
         request.num_computed_tokens += num_new
         if num_drafts:
             plan.num_draft_tokens[request.request_id] = num_drafts
@@ -625,6 +645,11 @@ class Scheduler:
         assert num_kv_tokens <= capacity, (
             f"the request may need KV for {num_kv_tokens} tokens, the cache holds {capacity}"
         )
+
+
+def _catching_up(request: Request) -> bool:
+    """Not decoding: more than one known token (prompt, or outputs after a preemption) has no KV."""
+    return request.num_tokens - request.num_computed_tokens > 1
 
 
 def _grammar_ready(request: Request) -> bool:

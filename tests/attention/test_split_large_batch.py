@@ -89,19 +89,48 @@ def test_longest_sequences_split_the_rest_write_directly(case: str, order_kind: 
     meta = dataclasses.replace(batch.meta, decode_order=None if order is None else order.to(DEVICE))
     tiered = attend(batch, meta, window, num_splits, split_seqs)
     unsplit = attend(batch, meta, window, 1, None)
-    ranks = range(meta.num_seqs) if order is None else order.tolist()
-    split_seqs_ids = set(list(ranks)[:split_seqs])
+    ranks = list(range(meta.num_seqs)) if order is None else order.tolist()
+    split_seqs_ids = set(ranks[:split_seqs])
+    seq_lens = batch.meta.seq_lens_cpu.tolist()
+    next_visible = max(min(seq_lens[ranks[split_seqs]], window or seq_lens[ranks[split_seqs]]), 1)
     qsl = batch.meta.query_start_loc_cpu.tolist()
-    for seq, seq_len in enumerate(batch.meta.seq_lens_cpu.tolist()):
+    for seq, seq_len in enumerate(seq_lens):
         rows = slice(qsl[seq], qsl[seq + 1])
         visible = min(seq_len, window or seq_len)
-        chunk = math.ceil(math.ceil(visible / num_splits) / SPLIT_BLOCK_N) * SPLIT_BLOCK_N
+        # balanced_splits: the visible keys over the longest unsplit sequence's, rounded
+        splits = min(max((2 * visible + next_visible) // (2 * next_visible), 1), num_splits)
+        chunk = math.ceil(math.ceil(visible / splits) / SPLIT_BLOCK_N) * SPLIT_BLOCK_N
         if seq not in split_seqs_ids or visible <= chunk:  # one live split
             assert torch.equal(tiered[rows], unsplit[rows]), (seq, seq_len)
         elif batch.q.dtype == torch.float32:  # fp16 / bf16 outputs round most differences away
             assert not torch.equal(tiered[rows], unsplit[rows]), (seq, seq_len)
     if order_kind == "lpt":  # the 701-key sequence splits in every case
         assert 1 in split_seqs_ids
+
+
+def test_sequences_of_like_lengths_do_not_split() -> None:
+    """A large batch whose split sequences are no longer than the rest (T2's shape) splits none of
+    them: every output bit-identical to the unsplit launch's (fp32, where a merge changes bits), and
+    a sequence twice as long as the longest unsplit one splits in two."""
+    ctx = [300, 290, 310, 295, 305, 620, 0]
+    batch = make_batch(
+        ctx,
+        [1] * 6 + [0],
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=64,
+        block_size=16,
+        dtype=torch.float32,
+        num_pad_tokens=1,
+    )
+    write_cache(batch)
+    meta = dataclasses.replace(
+        batch.meta, decode_order=lpt_order(batch.meta.seq_lens_cpu).to(DEVICE)
+    )
+    tiered = attend(batch, meta, None, 4, 2)  # ranks 0, 1: the 621- and 311-key sequences
+    unsplit = attend(batch, meta, None, 1, None)
+    assert torch.equal(tiered[:5], unsplit[:5])  # 311 keys over the next one's 306: one split
+    assert not torch.equal(tiered[5], unsplit[5])  # 621 over 306: two
 
 
 def test_every_sequence_split_and_none_split() -> None:

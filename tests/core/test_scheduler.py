@@ -181,6 +181,7 @@ def test_preempted_request_goes_to_the_front_and_keeps_its_first_hit():
     # 4 usable blocks of 8, two sequences at a time: "b" is preempted when "a" grows past 16
     # tokens (3 blocks at most); "c", waiting since the start, must not overtake it.
     sched = make_scheduler(num_blocks=5, max_model_len=64, max_num_seqs=2)
+    sched.spread = None  # arrival order (the spread admits "b", the longer output, first)
     requests = [
         make_request("a", list(range(8)), 12),
         make_request("b", list(range(10, 18)), 20),
