@@ -159,8 +159,11 @@ def run_device(args) -> list[Row]:
         rows.append(Row("plain", batch, 0, None, plain_tok_s[batch], 1.0, None))
         print(rows[-1].line(), flush=True)
     plain.shutdown()
+    # every batch size speculates (the crossover's question), so the runner captures the
+    # uniform graphs of every size (worker/spec_graphs.py); each run then sets its k
     spec = {"method": "ngram", "num_speculative_tokens": k_max,
-            "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": 0.5}  # fmt: skip
+            "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": 0.5,
+            "num_speculative_tokens_per_batch_size": [[1, 4096, k_max]]}  # fmt: skip
     llm = LLM(model, speculative_config=spec, **common)
     scheduler = llm.llm_engine.engine_core.scheduler
     worker = llm.llm_engine.engine_core.model_runner.spec
@@ -190,6 +193,19 @@ def run_device(args) -> list[Row]:
     return rows
 
 
+def best_k_lines(rows: list[Row]) -> list[str]:
+    """Per batch and rate: the fastest k and its speedup (below 1: plain decoding is faster)."""
+    lines = []
+    for batch in sorted({r.batch for r in rows}):
+        cells = []
+        for rate in sorted({r.rate for r in rows if r.rate is not None}):
+            runs = [r for r in rows if r.batch == batch and r.rate == rate]
+            best = max(runs, key=lambda r: r.tok_s)
+            cells.append(f"rate {rate:.1f}: k {best.k} {best.speedup:.2f}x")
+        lines.append(f"best  batch {batch:3}  " + "  ".join(cells))
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("where", choices=("cpu", "device"))
@@ -208,6 +224,8 @@ def main() -> None:
     args.rates = [float(r) for r in args.rates.split(",")]
     rows = run_cpu(args) if on_cpu else run_device(args)
     print("\n" + "\n".join(row.line() for row in rows))
+    if not on_cpu:
+        print("\n" + "\n".join(best_k_lines(rows)))
     if args.json:
         Path(args.json).write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
 
