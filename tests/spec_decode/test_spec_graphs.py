@@ -30,10 +30,10 @@ def _config(**extra) -> SpeculativeConfig:
 def test_shapes_follow_the_batch_sizes_that_speculate() -> None:
     policy = SizePolicy(max_num_seqs=64, max_num_tokens=96)
     shapes = spec_graph_shapes(_config(), policy)
-    # batches up to 32 speculate (the default); 32 x 4 tokens exceed 96
-    sizes = [1, 2, 4, 8, 16, 24, 32]
-    want = [(s, q) for s in sizes for q in range(2, K + 2) if s * q <= 96]
-    assert shapes == want and (32, 4) not in shapes and (32, 3) in shapes
+    # the default: k drafts up to batch 32, 2 up to 64; 32 x 4 and 56 x 2 tokens exceed 96
+    most = {1: K, 2: K, 4: K, 8: K, 16: K, 24: K, 32: K, 40: 2, 48: 2, 56: 2, 64: 2}
+    want = [(s, q) for s, k in most.items() for q in range(2, k + 2) if s * q <= 96]
+    assert shapes == want and (32, 4) not in shapes and (32, 3) in shapes and (48, 2) in shapes
     ranged = _config(num_speculative_tokens_per_batch_size=[[1, 1, 1], [2, 8, 0]])
     # batch 1: k 1; 2..8: plain; above: k (sizes 16..64 within 96 tokens)
     assert spec_graph_shapes(ranged, policy)[:3] == [(1, 2), (16, 2), (16, 3)]
