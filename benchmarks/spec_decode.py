@@ -5,10 +5,12 @@
         prompt holds a passage and asks for it back with an edit, so drafts come from the prompt;
         real acceptance.
     python benchmarks/spec_decode.py device [--batches 1,32] [--rates 0.5,0.7,0.9] [--ks 1,2,3,4,5]
+            [--ab]
         dummy llama3-8b on CUDA, rejection_sample_method synthetic (every position accepted at
         the rate, drafts every step): the speed at a given acceptance. One engine at k = max(ks)
         serves every k (the per-batch-size k override) and rate (set between runs), one plain
-        engine the baseline.
+        engine the baseline; --ab: no plain engine, the uniform steps' full graphs against the
+        piecewise ones in the same engine (run_graphs_ab).
 
 Prints one table row per configuration and a JSON line per row (--json FILE writes them all).
 """
@@ -149,6 +151,8 @@ def run_device(args) -> list[Row]:
         tokens = args.max_tokens if batch == 1 else args.max_tokens // 2
         return SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
 
+    if args.ab:
+        return run_graphs_ab(args, model, common, prompts_of, params)
     rows: list[Row] = []
     plain = LLM(model, **common)
     plain_tok_s = {}
@@ -193,6 +197,43 @@ def run_device(args) -> list[Row]:
     return rows
 
 
+def run_graphs_ab(args, model, common, prompts_of, params) -> list[Row]:
+    """One speculating engine, each configuration run with its uniform steps on the full graphs
+    ("graphs") and on the piecewise ones ("pieces": the runner's spec graphs set aside),
+    alternating, twice; the faster of each pair counts. speedup: graphs over pieces."""
+    from pagedlm import LLM
+    from pagedlm.spec_decode.config import SpeculativeConfig
+
+    spec = {"method": "ngram", "num_speculative_tokens": max(args.ks),
+            "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": 0.5,
+            "num_speculative_tokens_per_batch_size": [[1, 4096, max(args.ks)]]}  # fmt: skip
+    llm = LLM(model, speculative_config=spec, **common)
+    scheduler = llm.llm_engine.engine_core.scheduler
+    runner = llm.llm_engine.engine_core.model_runner
+    spec_graphs = {"graphs": runner.graphs.spec, "pieces": None}
+    rows = []
+    for batch in args.batches:
+        llm.generate(prompts_of[batch][:2], params(batch), use_tqdm=False)  # warm-up
+        for rate in args.rates:
+            runner.spec._rates.fill_(rate)
+            for k in args.ks:
+                scheduler.spec.config = SpeculativeConfig.from_user(
+                    {**spec, "num_speculative_tokens_per_batch_size": [[1, 4096, k]]}
+                )
+                best = dict.fromkeys(spec_graphs, 0.0)
+                for _ in range(2):
+                    for mode, graphs in spec_graphs.items():
+                        runner.graphs.spec = graphs
+                        seconds, tokens = timed_generate(llm, prompts_of[batch], params(batch))
+                        best[mode] = max(best[mode], tokens / seconds)
+                runner.graphs.spec = spec_graphs["graphs"]
+                for mode in spec_graphs:
+                    ratio = best[mode] / best["pieces"]
+                    rows.append(Row(mode, batch, k, rate, best[mode], ratio, None))
+                    print(rows[-1].line(), flush=True)
+    return rows
+
+
 def best_k_lines(rows: list[Row]) -> list[str]:
     """Per batch and rate: the fastest k and its speedup (below 1: plain decoding is faster)."""
     lines = []
@@ -216,6 +257,7 @@ def main() -> None:
     parser.add_argument("--rates", default="0.5,0.7,0.9", help="device: synthetic rates")
     parser.add_argument("--threads", type=int, default=0, help="cpu: torch threads (0: torch's)")
     parser.add_argument("--json", default=None, help="write the rows here")
+    parser.add_argument("--ab", action="store_true", help="device: full graphs vs piecewise")
     args = parser.parse_args()
     on_cpu = args.where == "cpu"
     args.batches = [int(b) for b in (args.batches or ("1,16" if on_cpu else "1,32")).split(",")]
@@ -224,7 +266,7 @@ def main() -> None:
     args.rates = [float(r) for r in args.rates.split(",")]
     rows = run_cpu(args) if on_cpu else run_device(args)
     print("\n" + "\n".join(row.line() for row in rows))
-    if not on_cpu:
+    if not on_cpu and not args.ab:
         print("\n" + "\n".join(best_k_lines(rows)))
     if args.json:
         Path(args.json).write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
