@@ -287,9 +287,9 @@ def test_the_pool_counts_target_and_draft_bytes(models):
     draft_bytes = kv_cache_bytes_per_block(config.draft_model, BLOCK_SIZE)
     assert pool_bytes_per_block(config) == target_bytes + draft_bytes
     assert config.draft_model.head_dim == 16 and config.model.head_dim == 16
-    assert draft_scratch_blocks(config) == 32 * -(-K // BLOCK_SIZE)  # drafts up to batch 32
+    assert draft_scratch_blocks(config) == 64 * -(-K // BLOCK_SIZE)  # drafts up to batch 64
     scratch = draft_scratch_bytes(config)
-    assert scratch == 32 * -(-K // BLOCK_SIZE) * draft_bytes
+    assert scratch == 64 * -(-K // BLOCK_SIZE) * draft_bytes
     num_blocks = determine_num_blocks(config, lambda: 0, 0)
     assert num_blocks == (int(0.01 * (1 << 30)) - scratch) // (target_bytes + draft_bytes)
     plain = EngineArgs(
