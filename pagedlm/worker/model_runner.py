@@ -623,16 +623,8 @@ class ModelRunner:
                 )
         if plan.replays_decode_graph:
             return graphs.replay(plan.graph_size, plan.stage_slot)
-        if plan.mode is StepMode.SPEC_GRAPH:  # its ids: the ids table's, then the drafts
-            input_ids = graphs.spec.input_ids(num_tokens)  # [T]
-            torch.index_select(
-                inputs.tensors["ids_table"],
-                0,
-                inputs.prefix("input_src", num_tokens),
-                out=input_ids,
-            )
-            self.spec.write_draft_inputs(input_ids)
-            return graphs.spec.replay((plan.graph_size, layout.uniform_query_len))
+        if plan.mode is StepMode.SPEC_GRAPH:
+            return graphs.spec.replay_step(plan, self.spec.write_draft_inputs)
         input_ids = self._input_ids(inputs, layout)  # [T]
         if layout.spec is not None:
             self.spec.write_draft_inputs(input_ids)

@@ -25,7 +25,8 @@ the next replay of any of them); the rejection sampler reads rows [0, B x q) rig
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -34,6 +35,9 @@ from pagedlm.model.llama import LlamaForCausalLM
 from pagedlm.spec_decode.config import SpeculativeConfig
 from pagedlm.worker.sizes import SizePolicy
 from pagedlm.worker.step_buffers import StepBuffers
+
+if TYPE_CHECKING:
+    from pagedlm.worker.step_plan import StepPlan
 
 Shape = tuple[int, int]  # (sequences S, query tokens a sequence q)
 
@@ -53,7 +57,7 @@ def spec_graph_shapes(spec: SpeculativeConfig | None, sizes: SizePolicy) -> list
 
 class SpecDecodeGraphs:
     """One graph per shape over the runner's static buffers; capture() once (inside the decode
-    graphs' capture), then per uniform step input_ids(), fill them, replay(shape)."""
+    graphs' capture), then replay_step() per uniform step."""
 
     def __init__(
         self,
@@ -84,8 +88,21 @@ class SpecDecodeGraphs:
         return self._sizes.uniform_tokens_bucket(num_seqs, query_len)
 
     def input_ids(self, num_tokens: int) -> torch.Tensor:
-        """[num_tokens] int64: the graphs' input ids (the first num_tokens), for the runner to fill."""
+        """[num_tokens] int64: the graphs' input ids (the first num_tokens)."""
         return self._input_ids[:num_tokens]
+
+    def replay_step(
+        self, plan: StepPlan, write_drafts: Callable[[torch.Tensor], None]
+    ) -> torch.Tensor:
+        """A uniform step's forward: its input ids gathered from the ids table by input_src, the
+        drafts written over theirs (write_drafts, SpecWorker.write_draft_inputs), then the graph
+        of (graph_size, uniform_query_len) -> its hidden states [S x q, hidden_size]."""
+        num_tokens, inputs = plan.layout.num_tokens, plan.inputs
+        input_ids = self.input_ids(num_tokens)  # [T]
+        src = inputs.prefix("input_src", num_tokens)
+        torch.index_select(inputs.tensors["ids_table"], 0, src, out=input_ids)
+        write_drafts(input_ids)
+        return self.replay((plan.graph_size, plan.layout.uniform_query_len))
 
     def capture(self, pool: tuple[int, int]) -> None:
         """On the current (capture) stream, most tokens first (the smaller reuse their pool

@@ -14,7 +14,7 @@ from pagedlm.sampling_params import SamplingParams
 from pagedlm.spec_decode.config import SpeculativeConfig
 from pagedlm.worker.input_batch import InputBatch, uniform_query_len
 from pagedlm.worker.sizes import SizePolicy
-from pagedlm.worker.spec_graphs import spec_graph_shapes
+from pagedlm.worker.spec_graphs import SpecDecodeGraphs, spec_graph_shapes
 from pagedlm.worker.step_buffers import StepBuffers
 from pagedlm.worker.step_plan import StepMode, plan_step
 
@@ -94,6 +94,27 @@ def test_a_uniform_step_is_laid_out_padded_and_replayed_at_its_graph(held: bool)
     assert (rows["slot_mapping"][12:16] == -1).all() and (rows["slot_mapping"][:12] >= 0).all()
     assert rows["input_src"][12:16].tolist() == list(range(HEAD + 12, HEAD + 16))
     assert plan.copy_end >= sections.copy_end(True, 0)  # the padding goes over
+
+
+def test_a_replayed_step_gathers_its_ids_then_takes_the_drafts() -> None:
+    """SpecDecodeGraphs.replay_step's inputs (the replay itself stubbed: CUDA only): each
+    request's known token from the ids table, then the drafts written over the draft positions."""
+    policy = SizePolicy(max_num_seqs=64, max_num_tokens=64)
+    batch, buf = _batch(policy)
+    layout = batch.prepare(_step({"a": K, "b": K, "c": K}), buf)
+    plan = _plan(layout, buf, policy, {(4, K + 1)})
+    graphs = SpecDecodeGraphs(None, [], buf, torch.zeros(4, 8, dtype=torch.int32), policy, 64,
+                              [(4, K + 1)])  # fmt: skip
+    replayed = []
+    graphs.replay = lambda shape: replayed.append(shape) or graphs.input_ids(16)
+
+    def write_drafts(input_ids: torch.Tensor) -> None:  # SpecWorker's, with drafts 100 + j
+        input_ids.view(3, K + 1)[:, 1:] = 100 + torch.arange(K)
+
+    ids = graphs.replay_step(plan, write_drafts)[:12].view(3, K + 1)
+    assert replayed == [(4, K + 1)]
+    assert ids[:, 0].tolist() == [10 * i + PROMPT for i in range(3)]  # each prompt's last token
+    assert (ids[:, 1:] == 100 + torch.arange(K)).all()
 
 
 def test_ragged_and_oversized_steps_keep_their_own_layout() -> None:
