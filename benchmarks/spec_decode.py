@@ -5,10 +5,12 @@
         prompt holds a passage and asks for it back with an edit, so drafts come from the prompt;
         real acceptance.
     python benchmarks/spec_decode.py device [--batches 1,32] [--rates 0.5,0.7,0.9] [--ks 1,2,3,4,5]
+            [--ab]
         dummy llama3-8b on CUDA, rejection_sample_method synthetic (every position accepted at
         the rate, drafts every step): the speed at a given acceptance. One engine at k = max(ks)
         serves every k (the per-batch-size k override) and rate (set between runs), one plain
-        engine the baseline.
+        engine the baseline; --ab: no plain engine, the uniform steps' full graphs against the
+        piecewise ones in the same engine (run_graphs_ab).
 
 Prints one table row per configuration and a JSON line per row (--json FILE writes them all).
 """
@@ -145,27 +147,36 @@ def run_device(args) -> list[Row]:
         b: [{"prompt_token_ids": p} for p in random_prompts(rng, b, 128)] for b in args.batches
     }
 
+    # the whole batch, a few tokens: s22's first run at each batch of 32 or more (k 1, rate 0.5)
+    # was ~0.7x of the k 1 runs after it, likely the allocator's first blocks of that size
+    warm_up = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
     def params(batch: int) -> SamplingParams:
         tokens = args.max_tokens if batch == 1 else args.max_tokens // 2
         return SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
 
+    if args.ab:
+        return run_graphs_ab(args, model, common, prompts_of, params, warm_up)
     rows: list[Row] = []
     plain = LLM(model, **common)
     plain_tok_s = {}
     for batch in args.batches:
-        plain.generate(prompts_of[batch][:2], params(batch), use_tqdm=False)  # warm-up
+        plain.generate(prompts_of[batch], warm_up, use_tqdm=False)  # the batch's allocations
         seconds, tokens = timed_generate(plain, prompts_of[batch], params(batch))
         plain_tok_s[batch] = tokens / seconds
         rows.append(Row("plain", batch, 0, None, plain_tok_s[batch], 1.0, None))
         print(rows[-1].line(), flush=True)
     plain.shutdown()
+    # every batch size speculates (the crossover's question), so the runner captures the
+    # uniform graphs of every size (worker/spec_graphs.py); each run then sets its k
     spec = {"method": "ngram", "num_speculative_tokens": k_max,
-            "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": 0.5}  # fmt: skip
+            "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": 0.5,
+            "num_speculative_tokens_per_batch_size": [[1, 4096, k_max]]}  # fmt: skip
     llm = LLM(model, speculative_config=spec, **common)
     scheduler = llm.llm_engine.engine_core.scheduler
     worker = llm.llm_engine.engine_core.model_runner.spec
     for batch in args.batches:
-        llm.generate(prompts_of[batch][:2], params(batch), use_tqdm=False)  # warm-up
+        llm.generate(prompts_of[batch], warm_up, use_tqdm=False)  # the batch's allocations
         for rate in args.rates:
             worker._rates.fill_(rate)
             for k in args.ks:
@@ -190,6 +201,56 @@ def run_device(args) -> list[Row]:
     return rows
 
 
+def run_graphs_ab(args, model, common, prompts_of, params, warm_up) -> list[Row]:
+    """One speculating engine, each configuration run with its uniform steps on the full graphs
+    ("graphs") and on the piecewise ones ("pieces": the runner's spec graphs set aside),
+    alternating, twice; the faster of each pair counts. speedup: graphs over pieces."""
+    from pagedlm import LLM
+    from pagedlm.spec_decode.config import SpeculativeConfig
+
+    spec = {"method": "ngram", "num_speculative_tokens": max(args.ks),
+            "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": 0.5,
+            "num_speculative_tokens_per_batch_size": [[1, 4096, max(args.ks)]]}  # fmt: skip
+    llm = LLM(model, speculative_config=spec, **common)
+    scheduler = llm.llm_engine.engine_core.scheduler
+    runner = llm.llm_engine.engine_core.model_runner
+    spec_graphs = {"graphs": runner.graphs.spec, "pieces": None}
+    rows = []
+    for batch in args.batches:
+        llm.generate(prompts_of[batch], warm_up, use_tqdm=False)  # the batch's allocations
+        for rate in args.rates:
+            runner.spec._rates.fill_(rate)
+            for k in args.ks:
+                scheduler.spec.config = SpeculativeConfig.from_user(
+                    {**spec, "num_speculative_tokens_per_batch_size": [[1, 4096, k]]}
+                )
+                best = dict.fromkeys(spec_graphs, 0.0)
+                for _ in range(2):
+                    for mode, graphs in spec_graphs.items():
+                        runner.graphs.spec = graphs
+                        seconds, tokens = timed_generate(llm, prompts_of[batch], params(batch))
+                        best[mode] = max(best[mode], tokens / seconds)
+                runner.graphs.spec = spec_graphs["graphs"]
+                for mode in spec_graphs:
+                    ratio = best[mode] / best["pieces"]
+                    rows.append(Row(mode, batch, k, rate, best[mode], ratio, None))
+                    print(rows[-1].line(), flush=True)
+    return rows
+
+
+def best_k_lines(rows: list[Row]) -> list[str]:
+    """Per batch and rate: the fastest k and its speedup (below 1: plain decoding is faster)."""
+    lines = []
+    for batch in sorted({r.batch for r in rows}):
+        cells = []
+        for rate in sorted({r.rate for r in rows if r.rate is not None}):
+            runs = [r for r in rows if r.batch == batch and r.rate == rate]
+            best = max(runs, key=lambda r: r.tok_s)
+            cells.append(f"rate {rate:.1f}: k {best.k} {best.speedup:.2f}x")
+        lines.append(f"best  batch {batch:3}  " + "  ".join(cells))
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("where", choices=("cpu", "device"))
@@ -200,6 +261,7 @@ def main() -> None:
     parser.add_argument("--rates", default="0.5,0.7,0.9", help="device: synthetic rates")
     parser.add_argument("--threads", type=int, default=0, help="cpu: torch threads (0: torch's)")
     parser.add_argument("--json", default=None, help="write the rows here")
+    parser.add_argument("--ab", action="store_true", help="device: full graphs vs piecewise")
     args = parser.parse_args()
     on_cpu = args.where == "cpu"
     args.batches = [int(b) for b in (args.batches or ("1,16" if on_cpu else "1,32")).split(",")]
@@ -208,6 +270,8 @@ def main() -> None:
     args.rates = [float(r) for r in args.rates.split(",")]
     rows = run_cpu(args) if on_cpu else run_device(args)
     print("\n" + "\n".join(row.line() for row in rows))
+    if not on_cpu and not args.ab:
+        print("\n" + "\n".join(best_k_lines(rows)))
     if args.json:
         Path(args.json).write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
 

@@ -5,10 +5,12 @@ validated once. Imports no torch (pagedlm/config.py reads it).
 were: the mean acceptance length is then 1 + sum_i prod_{j <= i} rates[j]
 (`expected_acceptance_length`). `num_speculative_tokens_per_batch_size` is vLLM's dynamic k: a
 list of [first, last, k] batch-size ranges (inclusive, disjoint); a batch size in no range takes
-`num_speculative_tokens`, k = 0 means plain decoding at those sizes. Without the key, batches of
-more than DEFAULT_MAX_SPEC_BATCH requests decode plainly: on the H200 (llama3-8b, synthetic
-acceptance) speculation paid at batch 1 and 32 (benchmarks/results/2026-12-02-h200-s21/
-spec_decode), larger batches were not measured, and T0/T2-sized batches are compute-bound."""
+`num_speculative_tokens`, k = 0 means plain decoding at those sizes. Without the key,
+DEFAULT_K_BY_BATCH: k up to 32 requests, at most 2 up to 64, plain decoding above, from the H200
+crossover (llama3-8b, synthetic acceptance 0.5 / 0.7 / 0.9, k 1..5, batches 1..128, full graphs;
+benchmarks/results/2026-12-02-h200-s22/spec_decode): at acceptance 0.5 every k still paid up to
+batch 32 (k 5: 0.99x), only k <= 3 at 64 (k 2: 1.03x, k 5: 0.87x) and none at 128 (k 2: 0.93x),
+so the batches of T0/T2 (256) decode plainly."""
 
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 REJECTION_SAMPLE_METHODS = ("standard", "synthetic")
 DEFAULT_PROMPT_LOOKUP = 5  # vLLM's: both bounds when neither is given
 MAX_SPEC_TOKENS = 128  # vLLM's MAX_SPEC_LEN
-DEFAULT_MAX_SPEC_BATCH = 32  # without num_speculative_tokens_per_batch_size (module notes)
+# without num_speculative_tokens_per_batch_size (module notes): (last batch size, most drafts;
+# None: num_speculative_tokens); larger batches decode plainly
+DEFAULT_K_BY_BATCH = ((32, None), (64, 2))
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,11 @@ class SpeculativeConfig:
         """k for a step of `batch_size` requests; 0: plain decoding."""
         ranges = self.num_speculative_tokens_per_batch_size
         if ranges is None:
-            return self.num_speculative_tokens if batch_size <= DEFAULT_MAX_SPEC_BATCH else 0
+            k = self.num_speculative_tokens
+            for last, most in DEFAULT_K_BY_BATCH:
+                if batch_size <= last:
+                    return k if most is None else min(k, most)
+            return 0
         for first, last, k in ranges:
             if first <= batch_size <= last:
                 return k

@@ -48,7 +48,7 @@ from pagedlm.spec_decode.draft_inputs import (
     single_steps,
 )
 from pagedlm.spec_decode.ngram import NO_DRAFT
-from pagedlm.spec_decode.proposer import Drafts, VerifiedStep
+from pagedlm.spec_decode.proposer import Drafts, VerifiedStep, no_drafts
 from pagedlm.spec_decode.token_table import TokenTable
 
 if TYPE_CHECKING:
@@ -90,6 +90,8 @@ class ModelVerifiedStep(VerifiedStep):
 class DraftModelProposer:
     """The draft model, its KV cache, a token table of every row and the proposal loop."""
 
+    runs_model = True
+
     def __init__(self, config: EngineConfig) -> None:
         if config.draft_model is None or config.speculative is None:
             raise ValueError("DraftModelProposer needs speculative_config method draft_model")
@@ -97,7 +99,6 @@ class DraftModelProposer:
         self.device = config.device
         self.block_size = config.cache.block_size
         self.num_speculative_tokens = config.speculative.num_speculative_tokens
-        self._k_for_batch = config.speculative.num_spec_tokens_for_batch
         self.probabilistic = config.speculative.draft_sample_method == "probabilistic"
         self.max_model_len = config.model.max_model_len
         self.attention_backend = config.attention_backend
@@ -143,22 +144,23 @@ class DraftModelProposer:
     def remove_request(self, row: int) -> None:
         """Nothing to free: add_request overwrites what the row's next request reads."""
 
-    def propose(self, step: VerifiedStep) -> Drafts:
-        """k drafts for each of the step's R sampling requests (module doc). At a batch size
-        that decodes plainly (num_speculative_tokens_per_batch_size k = 0) none: the first
-        forward only, which keeps the draft's KV of every token."""
+    def propose(self, step: VerifiedStep, k: int | None = None) -> Drafts:
+        """k drafts (None: num_speculative_tokens) for each of the step's R sampling requests
+        (module doc), in [R, num_speculative_tokens] (NO_DRAFT past k). k = 0 (a batch size that
+        decodes plainly): none, the first forward only, which keeps the draft's KV of every
+        token."""
         if not isinstance(step, ModelVerifiedStep):
             raise TypeError("the draft model proposer needs a ModelVerifiedStep")
         self.tokens.record(step.rows, step.token_ids, step.num_accepted, step.first_positions)
-        k, num_samples = self.num_speculative_tokens, step.rows_np.shape[0]
+        width, num_samples = self.num_speculative_tokens, step.rows_np.shape[0]
+        k = width if k is None else k
         draft_step = self._draft_step(step)
-        drafting = num_samples > 0 and self._k_for_batch(step.attn_metadata.num_seqs) > 0
+        drafting = num_samples > 0 and k > 0
         scratch = Scratch(self._pool_blocks, -(-k // self.block_size) if drafting else 0)
         first = first_forward_inputs(draft_step, self.block_size, self.max_model_len, scratch)
         if not drafting:
             self._forward(first)
-            none = torch.full((num_samples, k), NO_DRAFT, device=step.token_ids.device)
-            return Drafts(none, torch.zeros_like(none[:, 0]))
+            return no_drafts(num_samples, width, step.token_ids.device)
         drafts, probs = [], []
         batch, shared = first, single_steps(draft_step, first)
         for j in range(k):
@@ -171,7 +173,11 @@ class DraftModelProposer:
             probs.append(q)
         token_ids = torch.stack(drafts, dim=1)  # [R, k]
         num_drafts = torch.full_like(token_ids[:, 0], k)  # [R]
-        return Drafts(token_ids, num_drafts, None if probs[0] is None else torch.stack(probs, 1))
+        q = None if probs[0] is None else torch.stack(probs, 1)  # [R, k, V]
+        if k < width:  # the DraftStore's width
+            token_ids = torch.nn.functional.pad(token_ids, (0, width - k), value=NO_DRAFT)
+            q = None if q is None else torch.nn.functional.pad(q, (0, 0, 0, width - k))
+        return Drafts(token_ids, num_drafts, q)
 
     def _draft_step(self, step: ModelVerifiedStep) -> DraftStep:
         sample_seqs_np = step.batch_index_np.astype(np.int64)

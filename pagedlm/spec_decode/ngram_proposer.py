@@ -22,10 +22,12 @@ from pagedlm.sample.tables import upload
 from pagedlm.spec_decode.config import SpeculativeConfig
 from pagedlm.spec_decode.ngram import propose_ngram
 from pagedlm.spec_decode.ngram_device import propose_ngram_device
-from pagedlm.spec_decode.proposer import Drafts, VerifiedStep
+from pagedlm.spec_decode.proposer import Drafts, VerifiedStep, no_drafts
 
 
 class NgramProposer:
+    runs_model = False
+
     def __init__(
         self, config: SpeculativeConfig, max_num_reqs: int, max_model_len: int, device: torch.device
     ) -> None:
@@ -48,8 +50,11 @@ class NgramProposer:
     def remove_request(self, row: int) -> None:
         """Nothing to free: add_request overwrites what the row's next request reads."""
 
-    def propose(self, step: VerifiedStep) -> Drafts:
+    def propose(self, step: VerifiedStep, k: int | None = None) -> Drafts:
+        """Proposer.propose: the table learns the emitted tokens whatever k; at k = 0 no lookup."""
         self._record(step)
+        if k == 0:
+            return no_drafts(step.rows_np.shape[0], self.num_speculative_tokens, step.rows.device)
         k = self.num_speculative_tokens
         if self._on_host:  # CPU tensors: the numpy views share their memory
             drafts = propose_ngram(

@@ -58,9 +58,12 @@ class Drafts:
 
 
 class Proposer(Protocol):
-    """What the worker calls; `num_speculative_tokens` (k) is the most drafts it proposes."""
+    """What the worker calls; `num_speculative_tokens` (k) is the most drafts it proposes.
+    `runs_model`: it runs a model over the step (a draft model), so it takes a ModelVerifiedStep
+    (draft_model.py) after every step, also one where no request samples."""
 
     num_speculative_tokens: int
+    runs_model: bool
 
     def add_request(self, row: int, token_ids: Sequence[int]) -> None:
         """The request in `row` has these tokens (prompt, then outputs so far)."""
@@ -68,8 +71,16 @@ class Proposer(Protocol):
     def remove_request(self, row: int) -> None:
         """The row's request left the worker."""
 
-    def propose(self, step: VerifiedStep) -> Drafts:
-        """Records the step's emitted tokens and proposes the next drafts (no host sync)."""
+    def propose(self, step: VerifiedStep, k: int | None = None) -> Drafts:
+        """Records the step's emitted tokens and proposes at most k drafts a request for the next
+        step (None: num_speculative_tokens; 0: the batch size decodes plainly, nothing proposed,
+        the tokens still recorded); no host sync."""
+
+
+def no_drafts(num_requests: int, k: int, device: torch.device) -> Drafts:
+    """Drafts of none of num_requests requests (token_ids [R, k] all NO_DRAFT)."""
+    token_ids = torch.full((num_requests, k), -1, dtype=torch.int64, device=device)
+    return Drafts(token_ids, torch.zeros(num_requests, dtype=torch.int64, device=device))
 
 
 class DraftStore:

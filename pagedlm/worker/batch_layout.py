@@ -82,6 +82,9 @@ class BatchLayout:
     # attention kernels' decode path, launched in decode_order.
     num_decodes: int = 0
     spec: SpecLayout | None = None  # the drafts this step verifies (None: no drafts)
+    # 1 + n when every request is scheduled 1 + n positions, n >= 1 of them drafts, and samples
+    # (a uniform speculative step, laid out for spec_graphs.py); else 0
+    uniform_query_len: int = 0
     sample_batch_idx_np: np.ndarray | None = None  # [num_samples]; None: every request samples
 
     @property

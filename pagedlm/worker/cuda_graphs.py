@@ -71,6 +71,7 @@ from pagedlm.model.llama import LlamaForCausalLM
 from pagedlm.ops.argmax import greedy_pick
 from pagedlm.ops.stage_in import stage_in
 from pagedlm.worker.sizes import MAX_LOGITS_ROWS, Moves, SizePolicy
+from pagedlm.worker.spec_graphs import Shape, SpecDecodeGraphs
 from pagedlm.worker.step_buffers import StepBuffers
 
 TIMED_ROUNDS = 3  # replays per size; its time is the least of them
@@ -125,10 +126,13 @@ class DecodeGraphs:
         host_ids: Sequence[torch.Tensor] = (),
         *,
         sizes: SizePolicy,
+        spec_shapes: Sequence[Shape] = (),
     ) -> None:
         """staging, host_ids: per host staging set, the set and its pinned int64 output of sampled ids
         ([>= largest staged size]), for the staged graphs (none when empty); sizes: the runner's,
-        whose decode sizes these graphs are (captured, then kept by keep_fastest)."""
+        whose decode sizes these graphs are (captured, then kept by keep_fastest); spec_shapes:
+        the uniform speculative steps' graphs (spec_graphs.py), captured in the same pool over
+        the same block table."""
         self._sizes = sizes
         self.max_size = sizes.max_decode_size
         self._max_model_len = config.model.max_model_len
@@ -153,6 +157,13 @@ class DecodeGraphs:
         self._outputs: dict[tuple[int, int | None], torch.Tensor] = {}  # in the pool, all three
         self._logits: dict[tuple[int, int | None], torch.Tensor] = {}
         self._argmax: dict[tuple[int, int | None], torch.Tensor] = {}
+        self.spec = (
+            SpecDecodeGraphs(
+                model, kv_caches, inputs, self.block_table, sizes, self._max_model_len, spec_shapes
+            )
+            if spec_shapes
+            else None
+        )
 
     @property
     def sizes(self) -> list[int]:
@@ -192,6 +203,8 @@ class DecodeGraphs:
                     finally:
                         graph.capture_end()
                     self._graphs[size, slot] = graph
+            if self.spec is not None:
+                self.spec.capture(pool)
         torch.cuda.current_stream(device).wait_stream(stream)
 
     def keep_fastest(self) -> Moves:

@@ -16,6 +16,7 @@ step_buffers.py).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -38,15 +39,35 @@ def cdiv(a: int | np.ndarray, b: int) -> int | np.ndarray:
     return -(-a // b)
 
 
+def uniform_query_len(
+    num_drafts_b: np.ndarray | None, num_tokens: int, every_request_samples: bool
+) -> int:
+    """1 + n when each of the B requests ([B] num_drafts_b) verifies n >= 1 drafts, is scheduled
+    1 + n positions (num_tokens = B x (1 + n)) and samples; else 0."""
+    if num_drafts_b is None or not every_request_samples:
+        return 0
+    n = int(num_drafts_b[0])
+    uniform = n > 0 and num_tokens == num_drafts_b.size * (1 + n)
+    return 1 + n if uniform and (num_drafts_b == n).all() else 0
+
+
 class InputBatch:
     """Persistent rows of the requests on the worker (host numpy; see the module invariant)."""
 
     def __init__(
-        self, max_num_reqs: int, max_model_len: int, block_size: int, spec_k: int = 0
+        self,
+        max_num_reqs: int,
+        max_model_len: int,
+        block_size: int,
+        spec_k: int = 0,
+        uniform_bucket: Callable[[int, int], int] | None = None,
     ) -> None:
-        """spec_k: the drafts a request may verify in a step (the DraftStore's width)."""
+        """spec_k: the drafts a request may verify in a step (the DraftStore's width);
+        uniform_bucket(graph_seqs, query_len): the token capacity of a uniform speculative step
+        (SizePolicy.uniform_tokens_bucket; None: such steps bucket as any other)."""
         self.max_num_reqs = max_num_reqs
         self.spec_k = spec_k
+        self._uniform_bucket = uniform_bucket
         self.max_model_len = max_model_len
         self.block_size = block_size
         self.max_num_blocks_per_req = cdiv(max_model_len, block_size)
@@ -272,7 +293,11 @@ class InputBatch:
         num_placeholders = placeholder_idx.size
         samples = self._samples(sched, req_ids, rows, ragged.seq_lens)
         spec = None if num_drafts_b is None else self._spec_layout(num_drafts_b, ragged, samples)
-        bucket_tokens = buf.bucket(num_tokens)
+        query_len = uniform_query_len(num_drafts_b, num_tokens, samples.batch_idx is None)
+        uniform_tokens = 0  # a uniform step's layout is its graph's (spec_graphs.py)
+        if query_len and self._uniform_bucket is not None:
+            uniform_tokens = self._uniform_bucket(buf.bucket(num_seqs), query_len)
+        bucket_tokens = uniform_tokens or buf.bucket(num_tokens)
         key = StepKey(
             self.rows_version,
             req_ids,
@@ -311,6 +336,7 @@ class InputBatch:
             else leading_decodes(ragged.num_scheduled),
             spec=spec,
             sample_batch_idx_np=samples.batch_idx,
+            uniform_query_len=query_len,
         )
         self._fill(buf, layout, ragged, samples, placeholder_idx)
         self.pending_position_np[samples.rows_np] = samples.positions_np

@@ -76,6 +76,7 @@ from pagedlm.worker.profile_run import profile_run
 from pagedlm.worker.prompt_logprobs import MAX_ROWS_PER_CHUNK, compute_prompt_logprobs
 from pagedlm.worker.runner_output import AsyncRunnerOutput
 from pagedlm.worker.sizes import SizePolicy
+from pagedlm.worker.spec_graphs import spec_graph_shapes
 from pagedlm.worker.spec_step import SpecOutput, SpecWorker
 from pagedlm.worker.start_up_log import (
     log_every_size_kept,
@@ -129,6 +130,7 @@ class ModelRunner:
             config.model.max_model_len,
             self.block_size,
             0 if spec is None else spec.num_speculative_tokens,
+            None if spec is None else self.sizes.uniform_tokens_bucket,
         )
         self._init_buffers()
         self._init_streams()
@@ -362,6 +364,7 @@ class ModelRunner:
             self._staging,
             self._sampled_cpu,
             sizes=self.sizes,
+            spec_shapes=spec_graph_shapes(self.config.speculative, self.sizes),
         )
         graphs.capture(self._graph_stream)
         return graphs
@@ -468,6 +471,7 @@ class ModelRunner:
             decode_graphs=graphs is not None,
             staged_graphs=graphs is not None and graphs.stages_inputs,
             piecewise_graphs=self.piecewise is not None,
+            spec_graphs=() if graphs is None or graphs.spec is None else graphs.spec,
         )
 
     def _send_inputs(self, plan: StepPlan) -> None:
@@ -480,6 +484,7 @@ class ModelRunner:
                 layout.num_seqs,
                 layout.num_samples,
                 seq_sections=not layout.reuse_seq_sections,
+                query_len=layout.uniform_query_len or 1,
             )
         if plan.mode is StepMode.STAGED_GRAPH:
             staging.write_stage_header(plan.copy_end)
@@ -614,13 +619,16 @@ class ModelRunner:
         """[num_tokens (graph_size when a decode graph replays), hidden_size]: the model over the batch."""
         layout, inputs = plan.layout, plan.inputs
         num_tokens, num_seqs, num_cols = layout.num_tokens, layout.num_seqs, layout.num_block_cols
-        if plan.replays_decode_graph:
-            graphs = self.graphs
+        graphs = self.graphs
+        if plan.replays_decode_graph or plan.mode is StepMode.SPEC_GRAPH:
             if graphs.block_table_version != self._table_version:
                 graphs.load_block_table(
                     inputs.prefix("block_table", num_seqs, num_cols), self._table_version
                 )
+        if plan.replays_decode_graph:
             return graphs.replay(plan.graph_size, plan.stage_slot)
+        if plan.mode is StepMode.SPEC_GRAPH:
+            return graphs.spec.replay_step(plan, self.spec.write_draft_inputs)
         input_ids = self._input_ids(inputs, layout)  # [T]
         if layout.spec is not None:
             self.spec.write_draft_inputs(input_ids)

@@ -117,6 +117,7 @@ class SizePolicy:
     capture, by the replay timing (the fastest sizes kept); everything else is fixed."""
 
     def __init__(self, max_num_seqs: int, max_num_tokens: int) -> None:
+        self.max_num_tokens = max_num_tokens
         self.capture_sizes = capture_sizes(max_num_seqs, max_num_tokens)  # ascending
         self.max_decode_size = self.capture_sizes[-1]
         self.decode_sizes = list(self.capture_sizes)  # those a decode step replays, ascending
@@ -140,6 +141,14 @@ class SizePolicy:
         """The rows the LM head runs for n rows: the smallest capture size >= n (graphs the timing
         dropped included), above the largest a multiple of LARGE_BUCKET."""
         return bucket_size(self.capture_sizes, n)
+
+    def uniform_tokens_bucket(self, graph_seqs: int, query_len: int) -> int:
+        """The token capacity of a uniform speculative step (every sequence query_len tokens)
+        laid out for graph_seqs = step_bucket(its sequences): graph_seqs x query_len rounded up to
+        a capture size (never narrowed by the timing), so the step lies where its graph
+        (spec_graphs.py) read at capture; 0 when that exceeds max_num_tokens (no graph takes it)."""
+        padded = graph_seqs * query_len
+        return 0 if padded > self.max_num_tokens else bucket_size(self.capture_sizes, padded)
 
     @staticmethod
     def is_staged(size: int) -> bool:

@@ -8,7 +8,8 @@ Per step (ModelRunner calls, in order):
   `_sample`: graphs' argmax, grammar, every feature), one with drafts runs the rejection sampler
   over each sampling request's 1 + n logits rows with the request's parameters repeated (noise
   keys and min_tokens counting the row's position); then the proposer gets the emitted tokens
-  (proposer.py) and the next drafts go into the DraftStore; one copy brings [N, k + 3] to pinned
+  (proposer.py) and proposes at most the k of the step's batch size (0: it only records them)
+  and the next drafts go into the DraftStore; one copy brings [N, k + 3] to pinned
   host memory: the emitted tokens (k + 1 columns, -1 past the emitted), the accepted drafts,
   the drafts now held.
 
@@ -69,6 +70,7 @@ class SpecWorker:
         spec = config.speculative
         assert spec is not None
         self.k = spec.num_speculative_tokens
+        self._k_for_batch = spec.num_spec_tokens_for_batch
         self.device = config.device
         max_num_reqs = config.scheduler.max_num_seqs
         self.proposer = (
@@ -137,7 +139,7 @@ class SpecWorker:
         layout = plan.layout
         num_samples = layout.num_samples
         if num_samples == 0:
-            if isinstance(self.proposer, DraftModelProposer):  # the draft's KV of the chunks
+            if self.proposer.runs_model:  # the draft's KV of the chunks
                 self.proposer.propose(self._model_step(runner, plan, empty_verified_step(plan)))
             return None
         if layout.spec is None:
@@ -164,9 +166,10 @@ class SpecWorker:
             layout=layout,
             inputs=plan.inputs,
         )
-        if isinstance(self.proposer, DraftModelProposer):
+        if self.proposer.runs_model:
             step = self._model_step(runner, plan, step)
-        drafts = self.proposer.propose(step)
+        # the next step's k, at this step's batch size (the scheduler's is its running requests)
+        drafts = self.proposer.propose(step, self._k_for_batch(layout.num_seqs))
         self.store.store(rows, drafts)
         packed = torch.cat([token_ids, num_accepted[:, None], drafts.num_drafts[:, None]], dim=1)
         host = self._host[slot][: packed.numel()].view(num_samples, self.k + 3)

@@ -27,12 +27,14 @@ def log_graphs_captured(
         if piecewise is None
         else f"{len(piecewise.sizes)} token counts ({piecewise.sizes[0]}..{piecewise.max_size})"
     )
+    spec = "" if graphs.spec is None else f", {len(graphs.spec.shapes)} uniform speculative"
     logger.info(
-        "CUDA graphs: %d pure-decode batch sizes (%d..%d), piecewise %s, captured in %.2f s; "
+        "CUDA graphs: %d pure-decode batch sizes (%d..%d)%s, piecewise %s, captured in %.2f s; "
         "they take %.3f GiB (reserved before sizing the KV cache: %s)",
         len(graphs.sizes),
         graphs.sizes[0],
         graphs.max_size,
+        spec,
         pieces,
         seconds,
         graph_bytes / GiB,

@@ -219,27 +219,36 @@ class StepBuffers:
         return view
 
     def pad_decode(
-        self, sections: Sections, num_seqs: int, num_samples: int, seq_sections: bool
+        self,
+        sections: Sections,
+        num_seqs: int,
+        num_samples: int,
+        seq_sections: bool,
+        query_len: int = 1,
     ) -> None:
-        """Rows [num_seqs, S) of a decode batch (one token per sequence) as padding, for a CUDA graph
-        of S = sections.num_seqs sequences: token 0 (input_src points at its input_ids entry) at
-        position 0, slot -1 (no KV write), seq_len 0 and no query (query_start_loc stays at
-        num_seqs): the attention kernels skip such a sequence; last in decode_order, as the
+        """Rows [num_seqs, S) of a decode batch (query_len tokens per sequence: 1, or 1 + n for a
+        uniform speculative step, spec_graphs.py) as padding, for a CUDA graph of S =
+        sections.num_seqs sequences (its tokens [num_seqs x query_len, S x query_len)): token 0
+        (input_src points at its input_ids entry) at
+        position 0, slot -1 (no KV write), seq_len 0 and no query (query_start_loc stays at the
+        real tokens' end): the attention kernels skip such a sequence; last in decode_order, as the
         shortest. Sampling entries past num_samples name the head's scratch entries
         (max_num_reqs + i), where a graph's in-graph write of its argmax ids leaves the padding
         rows' ids. seq_sections: B is written too (else the device holds it). The host's step
         (numpy) and the graph capture and timing (all rows padding, num_seqs 0, on the device set)
         write padding through this one method."""
         pad, size = slice(num_seqs, sections.num_seqs), sections.num_seqs
+        pad_tokens = slice(num_seqs * query_len, size * query_len)
         rows: Mapping[str, Rows] = sections.arrays or sections.tensors
         arange = self.arange
-        rows["input_ids"][pad] = 0
-        rows["positions"][pad] = 0
-        rows["slot_mapping"][pad] = -1
+        rows["input_ids"][pad_tokens] = 0
+        rows["positions"][pad_tokens] = 0
+        rows["slot_mapping"][pad_tokens] = -1
         rows["seq_lens"][pad] = 0
         if not seq_sections:
             return
-        rows["query_start_loc"][num_seqs : size + 1] = num_seqs  # [num_seqs]: the real rows' end
+        # the real rows' end
+        rows["query_start_loc"][num_seqs : size + 1] = num_seqs * query_len
         rows["decode_order"][pad] = arange[pad]
-        rows["input_src"][pad] = arange[pad] + self.num_head_ids
+        rows["input_src"][pad_tokens] = arange[pad_tokens] + self.num_head_ids
         rows["sample_rows"][num_samples:size] = arange[num_samples:size] + self.max_num_reqs

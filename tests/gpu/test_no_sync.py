@@ -21,6 +21,7 @@ import dataclasses
 
 import pytest
 import torch
+from test_spec_decode_gpu import count_spec_replays
 from tiny_hf_models import random_prompts, save_tiny_model, save_tiny_model_with_tokenizer
 from torch.profiler import ProfilerActivity, profile
 
@@ -213,19 +214,24 @@ def test_steady_state_steps_make_no_sync(folder, folder_with_tokenizer, monkeypa
         assert monitor.num_masked >= STEADY_STEPS // 2, vars(monitor)
 
 
-def test_speculative_steps_make_no_sync(folder):
+@pytest.mark.parametrize("synthetic", [False, True])
+def test_speculative_steps_make_no_sync(folder, synthetic: bool):
     """The same workload with n-gram speculation (k = 3, matches of one token: the random
     model's tokens recur): steps that verify drafts, mixed with prefills and plain decodes, make
-    no sync; every request gets exactly its max_tokens. (A speculating request waits for its
-    step's output, so event waits may be exposed: not counted here.)"""
+    no sync; every request gets exactly its max_tokens. synthetic: drafts every step, so the
+    uniform steps replay their full graphs (worker/spec_graphs.py). (A speculating request waits
+    for its step's output, so event waits may be exposed: not counted here.)"""
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
             "prompt_lookup_max": 2}  # fmt: skip
+    if synthetic:
+        spec |= {"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": 0.6}
     core = _engine(folder, speculative_config=spec)
+    replays = count_spec_replays(core.model_runner)
     work = Workload(core)
     for _ in range(WARMUP_STEPS):
         work.step()
     counters = core.scheduler.spec.counters
-    drafts_before = counters.num_drafts
+    drafts_before, replays_before = counters.num_drafts, len(replays)
     torch.cuda.set_sync_debug_mode("error")
     try:
         for _ in range(STEADY_STEPS):
@@ -233,6 +239,8 @@ def test_speculative_steps_make_no_sync(folder):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert counters.num_drafts - drafts_before >= 10, counters
+    if synthetic:
+        assert len(replays) - replays_before >= 3, replays
     work.drain()
     assert work.received == work.max_tokens
     assert counters.num_accepted_tokens > 0, counters

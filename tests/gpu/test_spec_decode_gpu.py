@@ -83,3 +83,59 @@ def test_engine_greedy_equals_plain_on_cuda(tmp_path) -> None:
         assert got == want
         counters = llm.llm_engine.engine_core.scheduler.spec.counters
         assert counters.num_drafts > 10 and counters.num_accepted_tokens > 0, counters
+
+
+def test_uniform_steps_replay_full_graphs_as_eager(tmp_path) -> None:
+    """float32 on CUDA: a draft model equal to the target drafts k = 3 tokens a step, all
+    accepted, so decoding steps are uniform (1 + 3 tokens a request) and replay the full graphs
+    (worker/spec_graphs.py; batch 3 pads to the graph of 4): greedy tokens equal plain
+    decoding's; with synthetic acceptance (rejections: shorter tails, other shapes) the graphs
+    give the tokens of the same engine run eagerly."""
+    from tiny_hf_models import save_tiny_model
+
+    from pagedlm import LLM, SamplingParams
+
+    save_tiny_model(tmp_path, "llama")
+    kwargs = dict(skip_tokenizer_init=True, dtype="float32", device="cuda", max_model_len=256,
+                  num_gpu_blocks_override=256, max_num_seqs=8)  # fmt: skip
+    rng = np.random.default_rng(1)
+    prompts = [{"prompt_token_ids": rng.integers(3, 256, size=n).tolist()} for n in (21, 9, 40)]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+
+    def tokens(llm, batch) -> list[list[int]]:
+        return [o.outputs[0].token_ids for o in llm.generate(batch, params, use_tqdm=False)]
+
+    plain = LLM(str(tmp_path), **kwargs)
+    want = {1: tokens(plain, prompts[:1]), 3: tokens(plain, prompts)}
+    plain.shutdown()
+    draft = {"method": "draft_model", "model": str(tmp_path), "num_speculative_tokens": 3}
+    llm = LLM(str(tmp_path), speculative_config=draft, **kwargs)
+    replays = count_spec_replays(llm.llm_engine.engine_core.model_runner)
+    assert tokens(llm, prompts[:1]) == want[1] and tokens(llm, prompts) == want[3]
+    assert {(1, 4), (4, 4)} <= set(replays), replays
+    counters = llm.llm_engine.engine_core.scheduler.spec.counters
+    assert counters.num_accepted_tokens == counters.num_draft_tokens > 0, counters
+    llm.shutdown()
+    synthetic = {"method": "ngram", "num_speculative_tokens": 3,
+                 "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": 0.6}  # fmt: skip
+    got = {}
+    for eager in (True, False):
+        llm = LLM(str(tmp_path), speculative_config=synthetic, enforce_eager=eager, **kwargs)
+        replays = [] if eager else count_spec_replays(llm.llm_engine.engine_core.model_runner)
+        got[eager] = tokens(llm, prompts)
+        llm.shutdown()
+    assert got[False] == got[True]
+    assert len(replays) >= 5, replays
+
+
+def count_spec_replays(runner) -> list[tuple[int, int]]:
+    """The shapes the runner's uniform speculative graphs replay from now on, appended."""
+    spec_graphs = runner.graphs.spec
+    replays, replay = [], spec_graphs.replay
+
+    def counted(shape: tuple[int, int]) -> torch.Tensor:
+        replays.append(shape)
+        return replay(shape)
+
+    spec_graphs.replay = counted
+    return replays

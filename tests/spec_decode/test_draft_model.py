@@ -287,9 +287,9 @@ def test_the_pool_counts_target_and_draft_bytes(models):
     draft_bytes = kv_cache_bytes_per_block(config.draft_model, BLOCK_SIZE)
     assert pool_bytes_per_block(config) == target_bytes + draft_bytes
     assert config.draft_model.head_dim == 16 and config.model.head_dim == 16
-    assert draft_scratch_blocks(config) == 32 * -(-K // BLOCK_SIZE)  # drafts up to batch 32
+    assert draft_scratch_blocks(config) == 64 * -(-K // BLOCK_SIZE)  # drafts up to batch 64
     scratch = draft_scratch_bytes(config)
-    assert scratch == 32 * -(-K // BLOCK_SIZE) * draft_bytes
+    assert scratch == 64 * -(-K // BLOCK_SIZE) * draft_bytes
     num_blocks = determine_num_blocks(config, lambda: 0, 0)
     assert num_blocks == (int(0.01 * (1 << 30)) - scratch) // (target_bytes + draft_bytes)
     plain = EngineArgs(
@@ -398,10 +398,11 @@ def test_a_draft_whose_tokenizer_numbers_special_tokens_otherwise_is_refused(tmp
 
 
 def test_a_batch_size_that_decodes_plainly_drafts_nothing_but_keeps_the_kv(models):
-    """k = 0 from batch size 2 on: no drafts for the pair, but the draft's KV of their tokens
-    is written, so a later step of one of them alone drafts as transformers does."""
+    """k = 0 (the worker's k for a batch size that decodes plainly): no drafts for the pair,
+    but the draft's KV of their tokens is written, so a later step of one of them alone drafts
+    as transformers does; at k = 2 < num_speculative_tokens, 2 drafts (2 draft forwards)."""
     target, draft, hf_draft, _ = models
-    args = spec_args(target, draft, num_speculative_tokens_per_batch_size=[[2, 8, 0]])
+    args = spec_args(target, draft)
     proposer = DraftModelProposer(args.create_engine_config())
     proposer.load_model()
     proposer.allocate_kv_cache(64)
@@ -409,7 +410,11 @@ def test_a_batch_size_that_decodes_plainly_drafts_nothing_but_keeps_the_kv(model
     p0, p1 = random_prompts(2, 6, 11, seed=8)
     proposer.add_request(0, p0)
     proposer.add_request(1, p1)
-    pair = proposer.propose(verified_step([Chunk(0, p0, 0, 5), Chunk(1, p1, 0, 6)], block_table))
+    pair = proposer.propose(verified_step([Chunk(0, p0, 0, 5), Chunk(1, p1, 0, 6)], block_table), 0)
     assert pair.num_drafts.tolist() == [0, 0] and (pair.token_ids == -1).all()
     alone = proposer.propose(verified_step([Chunk(0, [5], len(p0), 7)], block_table))
     assert alone.token_ids.tolist() == hf_greedy(hf_draft, [p0 + [5, 7]], K)
+    two = proposer.propose(verified_step([Chunk(1, [6], len(p1), 9)], block_table), 2)
+    assert two.num_drafts.tolist() == [2] and two.token_ids.shape == (1, K)
+    assert two.token_ids[:, :2].tolist() == hf_greedy(hf_draft, [p1 + [6, 9]], 2)
+    assert (two.token_ids[:, 2:] == -1).all()

@@ -1,6 +1,6 @@
 """NgramProposer behind the Proposer boundary: the tokens each step emits extend its rows, and the
 drafts equal the brute-force lookup over each row's tokens, on the host (numpy) path and the
-device (fixed-shape torch) path alike."""
+device (fixed-shape torch) path alike; a step proposing none (k = 0) still extends the rows."""
 
 from __future__ import annotations
 
@@ -52,12 +52,16 @@ def test_drafts_follow_the_emitted_tokens(on_host: bool) -> None:
     tokens = {row: rng.integers(0, 4, size=int(rng.integers(2, 9))).tolist() for row in (0, 2, 3)}
     for row, ids in tokens.items():
         proposer.add_request(row, ids)
-    for _ in range(8):
+    for _ in range(12):
         rows = [r for r in tokens if rng.random() < 0.8] or [2]
         emitted = [rng.integers(0, 4, size=int(rng.integers(1, 4))).tolist() for _ in rows]
         step = _step(rows, emitted, [len(tokens[r]) for r in rows])
         for row, new in zip(rows, emitted):
             tokens[row] += new
+        if rng.random() < 0.3:  # a batch size that decodes plainly: the rows still learn
+            drafts = proposer.propose(step, 0)
+            assert (drafts.token_ids == NO_DRAFT).all() and not drafts.num_drafts.any()
+            continue
         drafts = proposer.propose(step)
         for i, row in enumerate(rows):
             expected = brute_force(tokens[row], 3, 1, 3)

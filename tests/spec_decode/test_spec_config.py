@@ -18,8 +18,9 @@ def test_ngram_defaults_as_vllm() -> None:
     assert spec.draft_sample_method == "greedy"
     assert spec.rejection_sample_method == "standard"
     assert spec.num_spec_tokens_for_batch(1) == spec.num_spec_tokens_for_batch(32) == 4
-    assert spec.num_spec_tokens_for_batch(33) == 0  # DEFAULT_MAX_SPEC_BATCH: plain above
-    assert [spec.max_logits_rows(n) for n in (8, 40, 1024)] == [40, 160, 1024]  # the LM head's
+    # DEFAULT_K_BY_BATCH: at most 2 drafts from 33 to 64, plain above
+    assert [spec.num_spec_tokens_for_batch(b) for b in (33, 64, 65)] == [2, 2, 0]
+    assert [spec.max_logits_rows(n) for n in (8, 40, 64, 1024)] == [40, 160, 192, 1024]
     assert spec.expected_acceptance_length() is None
 
 
