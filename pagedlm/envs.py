@@ -32,6 +32,13 @@ def _triton_flag(text: str) -> bool:
     return text.lower() in _TRITON_TRUE
 
 
+def _positive_seconds(text: str) -> float:
+    seconds = float(text)
+    if not seconds > 0:
+        raise ValueError("must be a positive number of seconds")
+    return seconds
+
+
 def _log_level(text: str) -> str:
     level = text.upper()
     if level not in logging.getLevelNamesMapping():
@@ -116,6 +123,14 @@ ENVIRONMENT_VARIABLES = {
             "for A/B measurements)",
         ),
         EnvVar(
+            "PAGEDLM_EXECUTE_MODEL_TIMEOUT_SECONDS",
+            "300",
+            _positive_seconds,
+            "tensor parallelism: how long the engine waits for a step's output from its workers "
+            "before it reports them hung and stops them (vLLM's "
+            "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS); read when the engine starts",
+        ),
+        EnvVar(
             "TRITON_INTERPRET",
             "0",
             _triton_flag,
@@ -138,6 +153,7 @@ if TYPE_CHECKING:
     PAGEDLM_SPLIT_LARGE_DECODE: bool
     PAGEDLM_PREFILL_SPREAD: bool
     PAGEDLM_SLEEP_KEEP_ADDRESSES: bool
+    PAGEDLM_EXECUTE_MODEL_TIMEOUT_SECONDS: float
     TRITON_INTERPRET: bool
 
 

@@ -58,7 +58,7 @@ class BroadcastHandle:
 
 
 class Timeout(Exception):
-    """dequeue(timeout) found no message in time."""
+    """dequeue(timeout) found no message in time, or enqueue(timeout) no free chunk."""
 
 
 class BroadcastWriter:
@@ -78,25 +78,36 @@ class BroadcastWriter:
         self._index = 0
         self.sent_bytes = [0] * num_readers  # each reader's message bytes so far
 
-    def enqueue(self, obj: Any, alive: Callable[[], None] | None = None) -> None:
+    def enqueue(
+        self, obj: Any, alive: Callable[[], None] | None = None, timeout: float | None = None
+    ) -> None:
         """Writes obj for every reader; waits for a free chunk (alive() is called while waiting,
-        to raise when a reader died)."""
+        to raise when a reader died; Timeout after `timeout` seconds without one)."""
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         fits = len(data) <= self.handle.chunk_bytes
-        self._write(data if fits else [data] * self.handle.num_readers, alive)
+        self._write(data if fits else [data] * self.handle.num_readers, alive, timeout)
 
     def enqueue_each(self, objs: list[Any], alive: Callable[[], None] | None = None) -> None:
         """objs[i] for reader i alone, in the ring's order: each goes through its reader's
         socket, so a reader receives its own message's bytes and never another's."""
         assert len(objs) == self.handle.num_readers, "one message per reader"
-        self._write([pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) for obj in objs], alive)
+        payload = [pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) for obj in objs]
+        self._write(payload, alive, None)
 
-    def _write(self, payload: bytes | list[bytes], alive: Callable[[], None] | None) -> None:
+    def unread(self, reader: int) -> int:
+        """How many of the messages in the ring this reader has not read yet."""
+        h, buf = self.handle, self._shm.buf
+        bases = range(0, h.num_chunks * h.stride, h.stride)
+        return sum(buf[base] == 1 and buf[base + 1 + reader] == 0 for base in bases)
+
+    def _write(
+        self, payload: bytes | list[bytes], alive: Callable[[], None] | None, timeout: float | None
+    ) -> None:
         """payload: bytes in the chunk for every reader, or one message per reader's socket."""
         h, buf = self.handle, self._shm.buf
         base = self._index * h.stride
         flags = slice(base + 1, base + 1 + h.num_readers)
-        _wait(lambda: buf[base] == 0 or all(buf[flags]), alive)
+        _wait(lambda: buf[base] == 0 or all(buf[flags]), alive, timeout)
         buf[base] = 0
         _fence()
         buf[flags] = bytes(h.num_readers)

@@ -26,6 +26,7 @@ from pagedlm.config import EngineConfig
 from pagedlm.core.sched_output import EngineCoreOutput, SchedulerOutput
 from pagedlm.core.scheduler import SchedulerStats
 from pagedlm.engine.lifecycle import EngineLifecycle
+from pagedlm.executor.base import Executor
 from pagedlm.request import Request, RequestStatus
 from pagedlm.structured_outputs.manager import StructuredOutputManager, StructuredOutputStats
 
@@ -48,14 +49,14 @@ class EngineCore:
         """tokenizer: what structured outputs compile their grammars for (None: none can)."""
         self.config = config
         self.tokenizer = tokenizer
-        self._init_model_runner()
+        self._init_executor()
         self._init_scheduler()
-        self.model_runner.init_kv_cache(self.num_blocks)
+        self.executor.init_kv_cache(self.num_blocks)
         async_scheduling = config.scheduler.async_scheduling
         self._max_steps_in_flight = _MAX_STEPS_IN_FLIGHT if async_scheduling else 1
         self._in_flight: deque[tuple[SchedulerOutput, Any]] = deque()  # (plan, pending output)
         self._drained: list[EngineCoreOutput] = []  # collected between steps, for the next step()
-        self.lifecycle = EngineLifecycle(self.model_runner)  # pause, sleep, RPCs (lifecycle.py)
+        self.lifecycle = EngineLifecycle(self.executor)  # pause, sleep, RPCs (lifecycle.py)
         self.structured_outputs: StructuredOutputManager | None = None  # made on first use
         # What exists now (the model, imported libraries: ~200k tracked objects) lives as long as the
         # engine: moved out of the cyclic GC's way, a full collection while serving walks only what
@@ -65,12 +66,18 @@ class EngineCore:
         gc.collect()
         gc.freeze()
 
-    def _init_model_runner(self) -> None:
+    def _init_executor(self) -> None:
         from pagedlm.executor import make_executor
 
-        # the ModelRunner itself at tp = 1; at tp > 1 its worker processes (pagedlm/executor/)
-        self.model_runner = make_executor(self.config)
-        self.num_blocks = self.model_runner.determine_num_blocks()  # logs the KV cache's size
+        # in process at tp = 1; at tp > 1 its worker processes (pagedlm/executor/)
+        self.executor: Executor | None = make_executor(self.config)
+        self.num_blocks = self.executor.determine_num_blocks()  # logs the KV cache's size
+
+    @property
+    def model_runner(self) -> Any:
+        """The in-process ModelRunner (uni, external_launcher; for inspection); None where the
+        model runs in worker processes or the core was shut down."""
+        return None if self.executor is None else self.executor.runner
 
     def _init_scheduler(self) -> None:
         from pagedlm.core.scheduler import Scheduler
@@ -122,9 +129,9 @@ class EngineCore:
         request or utility call afterwards."""
         from pagedlm.worker.sleep import free_engine_memory
 
-        if self.model_runner is None:
+        if self.executor is None:
             return
-        if getattr(self.model_runner, "failed", None) is None:
+        if self.executor.failed is None:
             self.drain()
         else:  # a TP worker died (executor/multiproc.py): no step in flight can be collected
             self._in_flight.clear()
@@ -133,10 +140,10 @@ class EngineCore:
         self.lifecycle.shut_down = True
         if self.structured_outputs is not None:
             self.structured_outputs.shutdown()
-        runner, self.model_runner = self.model_runner, None
-        if hasattr(runner, "close"):  # an executor's worker processes
-            runner.close()
-        free_engine_memory(runner.device)
+        device = self.executor.device
+        self.executor.shutdown()
+        self.executor = None
+        free_engine_memory(device)
 
     def abort_all(self) -> None:
         """Every request finishes with reason "abort"; their outputs come with the next step()."""
@@ -234,14 +241,14 @@ class EngineCore:
         rows = None
         if self.structured_outputs is not None and sched_output.sampling_req_ids:
             rows = self.structured_outputs.constrained_rows(sched_output, self.scheduler.requests)
-        self.model_runner.execute_forward(sched_output)
+        self.executor.execute_forward(sched_output)
         mask = None
         if rows is not None:
             while self._in_flight:  # their tokens: the matchers' last before this step
                 collected += self._update(*self._in_flight.popleft())
             manager = self.structured_outputs
-            mask = manager.fill(rows, self.model_runner.grammar_bitmask(manager.num_words))
-        self._in_flight.append((sched_output, self.model_runner.sample_tokens(mask)))
+            mask = manager.fill(rows, self.executor.grammar_bitmask(manager.num_words))
+        self._in_flight.append((sched_output, self.executor.sample_tokens(mask)))
         return not sched_output.is_empty
 
     def _structured_outputs_pending(self) -> bool:

@@ -24,6 +24,7 @@ from pagedlm.worker.sleep import SLEEP_TAGS
 
 if TYPE_CHECKING:
     from pagedlm.engine.engine_core import EngineCore
+    from pagedlm.executor.base import Executor
 
 PAUSE_MODES = ("abort", "keep")  # the core's; front ends add "wait"
 SLEEP_MODES = ("abort", "keep", "wait")
@@ -49,15 +50,13 @@ class EngineLifecycle:
     """The state; each operation takes the core (no reference back to it: an engine must be freed
     by reference counting alone, see EngineCore)."""
 
-    def __init__(self, model_runner: Any) -> None:
-        from pagedlm.worker.rpc import call_worker_method
-
+    def __init__(self, executor: Executor) -> None:
         self.paused = False
         self.sleep_level = 0  # of the last sleep() while any tag still sleeps
         self.asleep: set[str] = set()  # tags of SLEEP_TAGS now asleep
         self.shut_down = False  # EngineCore.shutdown: nothing runs any more
         # the worker's weights' version (an RPC may change it): what outputs are stamped with
-        self.weight_version: str = call_worker_method(model_runner, "get_weight_version")
+        self.weight_version: str = executor.collective_rpc("get_weight_version")
 
     @property
     def blocks_steps(self) -> bool:
@@ -79,8 +78,9 @@ class EngineLifecycle:
     def collective_rpc(
         self, core: EngineCore, method: str, args: list | tuple = (), kwargs: dict | None = None
     ) -> list[Any]:
-        """One result per worker (one worker today); see pagedlm/worker/rpc.py."""
-        from pagedlm.worker.rpc import WEIGHT_WRITERS, call_worker_method
+        """A list of rank 0's result (the ranks' results are alike or rank 0's alone counts:
+        executor/base.py); see pagedlm/worker/rpc.py."""
+        from pagedlm.worker.rpc import WEIGHT_WRITERS
 
         if method in WEIGHT_WRITERS and "weights" in self.asleep:
             raise InvalidRequest(
@@ -90,7 +90,7 @@ class EngineLifecycle:
             )
         core.drain()
         try:
-            return [call_worker_method(core.model_runner, method, args, kwargs)]
+            return [core.executor.collective_rpc(method, args, kwargs)]
         finally:
             self._check_weight_version(core)
 
@@ -98,9 +98,7 @@ class EngineLifecycle:
         """New weights (an RPC changed the version): no KV of the old ones may serve again, so the
         running requests recompute (preempted) and the prefix cache is reset; later outputs carry
         the new version."""
-        from pagedlm.worker.rpc import call_worker_method
-
-        version = call_worker_method(core.model_runner, "get_weight_version")
+        version = core.executor.collective_rpc("get_weight_version")
         if version == self.weight_version:
             return
         self.weight_version = version
@@ -163,7 +161,7 @@ class EngineLifecycle:
         if not core.scheduler.reset_prefix_cache():
             raise AssertionError("a block is still held with no request running")
         to_sleep = set(SLEEP_TAGS) - self.asleep
-        core.model_runner.sleep(level, to_sleep)
+        core.executor.sleep(level, to_sleep)
         self.asleep |= to_sleep
         self.sleep_level = max(self.sleep_level, level)
 
@@ -174,7 +172,7 @@ class EngineLifecycle:
             _check_choice("tags", tag, SLEEP_TAGS)
         waking = self.asleep & set(tags)
         if waking:
-            core.model_runner.wake_up(waking)
+            core.executor.wake_up(waking)
             self.asleep -= waking
         if not self.asleep:
             self.sleep_level = 0

@@ -1,29 +1,26 @@
-"""Where the engine core's model runs: in process ("uni": the ModelRunner itself), one worker
-process per TP rank ("mp": MultiprocExecutor), or in process as this rank of a group torchrun
-started ("external_launcher": every rank runs the same script, its own engine core and scheduler,
-which plan the same steps from the same requests; the sampled ids are broadcast from rank 0, so
-the ranks stay in step; rank 0's outputs carry the logprobs). All take the same calls."""
+"""Where the engine core's model runs: in process ("uni": UniExecutor), one worker process per
+TP rank ("mp": MultiprocExecutor), or in process as this rank of a group torchrun started
+("external_launcher": every rank runs the same script, its own engine core and scheduler, which
+plan the same steps from the same requests; the sampled ids are broadcast from rank 0, so the
+ranks stay in step; rank 0's outputs carry the logprobs). All are an Executor (base.py)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from pagedlm.config import EngineConfig
+from pagedlm.executor.base import Executor
 
 
-def make_executor(config: EngineConfig) -> Any:
+def make_executor(config: EngineConfig) -> Executor:
     """A started executor: its model loaded (every rank's, for "mp")."""
     if config.parallel.distributed_executor_backend == "mp":
         from pagedlm.executor.multiproc import MultiprocExecutor
 
         return MultiprocExecutor(config)
-    from pagedlm.worker.model_runner import ModelRunner
+    from pagedlm.executor.uni import UniExecutor
 
     if config.parallel.distributed_executor_backend == "external_launcher":
         config = _join_launched_group(config)
-    runner = ModelRunner(config)
-    runner.load_model()
-    return runner
+    return UniExecutor(config)
 
 
 def _join_launched_group(config: EngineConfig) -> EngineConfig:

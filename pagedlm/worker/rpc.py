@@ -68,11 +68,8 @@ def resolve(method: Any) -> Callable[..., Any]:
 def call_worker_method(
     model_runner: Any, method: str, args: tuple | list = (), kwargs: dict | None = None
 ) -> Any:
-    """Runs one registered method on one worker; errors as the module says. An executor of
-    worker processes (pagedlm/executor/multiproc.py) runs it on each of them."""
-    forward = getattr(model_runner, "call_worker_method", None)
-    if forward is not None:
-        return forward(method, args, kwargs)
+    """Runs one registered method on this process's worker; errors as the module says (an
+    executor's collective_rpc calls it on every rank)."""
     function = resolve(method)
     if not isinstance(args, (tuple, list)) or not isinstance(kwargs or {}, dict):
         raise InvalidRequest("args must be a list and kwargs a dict", param="args")

@@ -114,7 +114,7 @@ def test_qwen3_tied_qk_norm_batch_sharded_sampling(qwen3_dir: str) -> None:
 
 
 def test_a_killed_worker_ends_the_engine_with_one_error_and_no_orphans(llama_tp2: LLM) -> None:
-    executor = llama_tp2.llm_engine.engine_core.model_runner
+    executor = llama_tp2.llm_engine.engine_core.executor
     procs = list(executor._procs)
     os.kill(procs[1].pid, signal.SIGKILL)
     start = time.monotonic()

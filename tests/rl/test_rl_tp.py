@@ -48,7 +48,7 @@ def llm(tp_llm: Any, model_a: TinyModel) -> Any:
 
 def _slice_bytes(llm: Any, named: list[tuple[str, torch.Tensor]], rank: int) -> int:
     """The data bytes of rank's slices of the tensors (sharding.py's rule, tested on its own)."""
-    config = llm.llm_engine.engine_core.model_runner.config.model  # the model's, not a rank's
+    config = llm.llm_engine.engine_core.executor.config.model  # the model's, not a rank's
     return sum(
         narrow(t, checkpoint_slice(name, config, rank, TP), name, "test").nbytes
         for name, t in named
@@ -84,7 +84,7 @@ def test_reload_from_gguf(llm, model_b: TinyModel, tmp_path) -> None:
 
 
 def test_update_from_tensor_sends_each_rank_its_slice(llm, model_a: TinyModel) -> None:
-    sent = llm.llm_engine.engine_core.model_runner._broadcast.sent_bytes  # per rank, so far
+    sent = llm.llm_engine.engine_core.executor._broadcast.sent_bytes  # per rank, so far
     originals = hf_tensors(model_a)
     full_bytes = sum(t.nbytes for _, t in originals)
     for named, version, expected in (
