@@ -10,7 +10,7 @@ later call raises WorkerFailed with it, and the engine core collects no step in 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pagedlm.core.sched_output import GrammarBitmask, ModelRunnerOutput, SchedulerOutput
 
@@ -28,6 +28,7 @@ class PendingOutput(Protocol):
     def get_output(self) -> ModelRunnerOutput: ...
 
 
+@runtime_checkable
 class Executor(Protocol):
     device: torch.device  # rank 0's
     failed: str | None

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pagedlm import LLM, SamplingParams
-from pagedlm.executor.base import WorkerFailed
+from pagedlm.executor.base import Executor, WorkerFailed
 
 TIMEOUT_S = 2
 ENGINE = dict(
@@ -32,7 +32,9 @@ def test_a_stopped_worker_is_reported_hung_and_every_worker_killed(
 ) -> None:
     monkeypatch.setenv("PAGEDLM_EXECUTE_MODEL_TIMEOUT_SECONDS", str(TIMEOUT_S))
     llm = LLM(str(tiny_llama_dir), **ENGINE)
-    procs = list(llm.llm_engine.engine_core.executor._procs)
+    executor = llm.llm_engine.engine_core.executor
+    assert isinstance(executor, Executor)  # the interface the engine core drives
+    procs = list(executor._procs)
     try:
         assert len(llm.generate(PROMPT, PARAMS, use_tqdm=False)[0].outputs[0].token_ids) == 4
         os.kill(procs[1].pid, signal.SIGSTOP)
