@@ -365,7 +365,7 @@ def build_parallel_config(
         )
     if backend == "external_launcher":
         _check_launcher_env(tp)
-    elif device.type == "cuda":
+    elif device.type == "cuda" and not envs.PAGEDLM_TP_ONE_DEVICE:
         import torch
 
         if tp > torch.cuda.device_count():

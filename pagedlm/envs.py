@@ -131,6 +131,13 @@ ENVIRONMENT_VARIABLES = {
             "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS); read when the engine starts",
         ),
         EnvVar(
+            "PAGEDLM_TP_ONE_DEVICE",
+            "0",
+            _flag,
+            '1: every TP rank of an "mp" engine on the first GPU, over gloo (NCCL refuses two ranks '
+            "on one device): the workers' CUDA path tested on one GPU; slow, for tests only",
+        ),
+        EnvVar(
             "TRITON_INTERPRET",
             "0",
             _triton_flag,
@@ -154,6 +161,7 @@ if TYPE_CHECKING:
     PAGEDLM_PREFILL_SPREAD: bool
     PAGEDLM_SLEEP_KEEP_ADDRESSES: bool
     PAGEDLM_EXECUTE_MODEL_TIMEOUT_SECONDS: float
+    PAGEDLM_TP_ONE_DEVICE: bool
     TRITON_INTERPRET: bool
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pagedlm import envs
 from pagedlm.distributed.launcher_env import launcher_env
 
 
@@ -42,7 +43,7 @@ def init_tp_group(
     if world_size == 1:
         _group = _SINGLE
         return _group
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = "nccl" if device.type == "cuda" and not envs.PAGEDLM_TP_ONE_DEVICE else "gloo"
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
     cpu_group = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
     _group = TPGroup(rank, world_size, dist.group.WORLD, cpu_group)

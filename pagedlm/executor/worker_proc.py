@@ -15,6 +15,7 @@ from typing import Any
 
 import zmq
 
+from pagedlm import envs
 from pagedlm.config import EngineConfig
 from pagedlm.core.sched_output import GrammarBitmask
 from pagedlm.distributed.shm_broadcast import BroadcastHandle, BroadcastReader, Timeout
@@ -60,8 +61,9 @@ def _start(config: EngineConfig, rank: int, size: int, init_method: str, handle:
     from pagedlm.worker.model_runner import ModelRunner
 
     if config.device.type == "cuda":
-        torch.cuda.set_device(rank)
-        config = replace(config, device=torch.device("cuda", rank))
+        index = 0 if envs.PAGEDLM_TP_ONE_DEVICE else rank
+        torch.cuda.set_device(index)
+        config = replace(config, device=torch.device("cuda", index))
     else:  # the host's cores shared between the ranks
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
     init_tp_group(rank, size, config.device, init_method)
