@@ -332,7 +332,7 @@ class SchedulerConfig:
 
 # external_launcher: every rank is a process torchrun started, running the same script (vLLM's
 # name); vLLM's ray: not yet
-EXECUTOR_BACKENDS = ("uni", "mp", "external_launcher")
+EXECUTOR_BACKENDS = ("uni", "mp", "ray", "external_launcher")
 
 
 @dataclass(frozen=True)
@@ -365,6 +365,11 @@ def build_parallel_config(
         )
     if backend == "external_launcher":
         _check_launcher_env(tp)
+    elif backend == "ray":  # its ranks may be on other hosts: Ray places them
+        if importlib.util.find_spec("ray") is None:
+            raise ValueError(
+                'distributed_executor_backend "ray" needs Ray: pip install "pagedlm[ray]"'
+            )
     elif device.type == "cuda" and not envs.PAGEDLM_TP_ONE_DEVICE:
         import torch
 
@@ -622,6 +627,7 @@ _CLI_HELP = {  # one line per EngineArgs field
     "tensor_parallel_size": "ranks the model's heads, MLP and vocabulary split over, one worker "
     "process each (-tp; on the CPU the ranks are processes over gloo)",
     "distributed_executor_backend": "uni (one in-process worker) | mp (one worker process per rank) "
+    "| ray (one Ray actor per rank, on any host of the Ray cluster; pip install pagedlm[ray]) "
     "| external_launcher (each rank a torchrun process running the same script) "
     "(default: uni at tensor_parallel_size 1, else mp)",
     "enable_batch_sharded_sampling": "tp > 1: each rank samples its share of the batch's rows from "

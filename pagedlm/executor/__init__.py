@@ -1,8 +1,9 @@
 """Where the engine core's model runs: in process ("uni": UniExecutor), one worker process per
-TP rank ("mp": MultiprocExecutor), or in process as this rank of a group torchrun started
-("external_launcher": every rank runs the same script, its own engine core and scheduler, which
-plan the same steps from the same requests; the sampled ids are broadcast from rank 0, so the
-ranks stay in step; rank 0's outputs carry the logprobs). All are an Executor (base.py)."""
+TP rank ("mp": MultiprocExecutor), one Ray actor per rank on any host of a Ray cluster ("ray":
+RayExecutor), or in process as this rank of a group torchrun started ("external_launcher":
+every rank runs the same script, its own engine core and scheduler, which plan the same steps
+from the same requests; the sampled ids are broadcast from rank 0, so the ranks stay in step;
+rank 0's outputs carry the logprobs). All are an Executor (base.py)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,18 @@ from pagedlm.executor.base import Executor
 
 def make_executor(config: EngineConfig) -> Executor:
     """A started executor: its model loaded (every rank's, for "mp")."""
-    if config.parallel.distributed_executor_backend == "mp":
+    backend = config.parallel.distributed_executor_backend
+    if backend == "mp":
         from pagedlm.executor.multiproc import MultiprocExecutor
 
         return MultiprocExecutor(config)
+    if backend == "ray":
+        from pagedlm.executor.ray_executor import RayExecutor
+
+        return RayExecutor(config)
     from pagedlm.executor.uni import UniExecutor
 
-    if config.parallel.distributed_executor_backend == "external_launcher":
+    if backend == "external_launcher":
         config = _join_launched_group(config)
     return UniExecutor(config)
 

@@ -11,7 +11,7 @@ import pickle
 import traceback
 from collections import deque
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -19,6 +19,9 @@ from pagedlm import envs
 from pagedlm.config import EngineConfig
 from pagedlm.core.sched_output import GrammarBitmask
 from pagedlm.distributed.shm_broadcast import BroadcastHandle, BroadcastReader, Timeout
+
+if TYPE_CHECKING:
+    from pagedlm.worker.model_runner import ModelRunner
 
 _NEXT_STEP_WAIT_S = 1e-3  # CUDA: how long a launched step's output waits for the next step
 
@@ -40,7 +43,9 @@ def worker_main(
     results = ctx.socket(zmq.PUSH)
     results.connect(results_path)
     try:
-        runner, reader = _start(config, rank, size, init_method, handle)
+        index = 0 if envs.PAGEDLM_TP_ONE_DEVICE else rank
+        runner = start_runner(config, rank, size, init_method, index)
+        reader = BroadcastReader(handle, rank)
         _send(results, ("ready", runner.determine_num_blocks()), rank)
         WorkerLoop(runner, reader, results, rank, parent).run()
     except ParentGone:
@@ -54,23 +59,50 @@ def worker_main(
     ctx.term()
 
 
-def _start(config: EngineConfig, rank: int, size: int, init_method: str, handle: BroadcastHandle):
+def start_runner(
+    config: EngineConfig, rank: int, size: int, init_method: str, device_index: int
+) -> ModelRunner:
+    """This rank's runner, its model loaded, in the TP group (also the Ray executor's actors)."""
     import torch
 
     from pagedlm.distributed.parallel_state import init_tp_group
     from pagedlm.worker.model_runner import ModelRunner
 
     if config.device.type == "cuda":
-        index = 0 if envs.PAGEDLM_TP_ONE_DEVICE else rank
-        torch.cuda.set_device(index)
-        config = replace(config, device=torch.device("cuda", index))
+        torch.cuda.set_device(device_index)
+        config = replace(config, device=torch.device("cuda", device_index))
     else:  # the host's cores shared between the ranks
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
     init_tp_group(rank, size, config.device, init_method)
-    reader = BroadcastReader(handle, rank)
     runner = ModelRunner(config)
     runner.load_model()
-    return runner, reader
+    return runner
+
+
+def stage_grammar(runner: ModelRunner, grammar: GrammarBitmask | None) -> GrammarBitmask | None:
+    """The engine core's filled bitmask rows copied into this rank's pinned ones."""
+    if grammar is None:
+        return None
+    num_rows, num_words = grammar.bitmask.shape
+    rows = runner.grammar_bitmask(num_words)
+    staged = GrammarBitmask(rows.sample_indices[:num_rows], rows.bitmask[:num_rows])
+    staged.sample_indices[:] = grammar.sample_indices
+    staged.bitmask[:] = grammar.bitmask
+    return staged
+
+
+def run_call(runner: ModelRunner, method: str, args: tuple) -> tuple[str, Any]:
+    """A call's ("result", value), or ("raise", error) when an RPC's caller erred (bad
+    arguments: the worker goes on); any other error propagates (the worker fails)."""
+    from pagedlm.worker.rpc import call_worker_method
+
+    if method != "rpc":
+        return "result", getattr(runner, method)(*args)
+    name, rpc_args, rpc_kwargs = args
+    try:
+        return "result", call_worker_method(runner, name, rpc_args, rpc_kwargs)
+    except Exception as exc:
+        return "raise", exc
 
 
 def _send(results: zmq.Socket, message: tuple, rank: int) -> None:
@@ -102,42 +134,17 @@ class WorkerLoop:
             if message[0] == "execute_forward":
                 self.runner.execute_forward(message[1])
             elif message[0] == "sample_tokens":
-                self.pending.append(self.runner.sample_tokens(self._staged(message[1])))
+                grammar = stage_grammar(self.runner, message[1])
+                self.pending.append(self.runner.sample_tokens(grammar))
                 self._flush(self.keep_pending)
             else:
                 self._flush(0)
-                self._call(*message[1:])
-
-    def _staged(self, grammar: GrammarBitmask | None) -> GrammarBitmask | None:
-        """The engine core's filled bitmask rows copied into this rank's pinned ones."""
-        if grammar is None:
-            return None
-        num_rows, num_words = grammar.bitmask.shape
-        rows = self.runner.grammar_bitmask(num_words)
-        staged = GrammarBitmask(rows.sample_indices[:num_rows], rows.bitmask[:num_rows])
-        staged.sample_indices[:] = grammar.sample_indices
-        staged.bitmask[:] = grammar.bitmask
-        return staged
+                _send(self.results, run_call(self.runner, *message[1:]), self.rank)
 
     def _flush(self, keep: int) -> None:
         while len(self.pending) > keep:
             output = self.pending.popleft().get_output()
             _send(self.results, ("output", output), self.rank)
-
-    def _call(self, method: str, args: tuple) -> None:
-        from pagedlm.worker.rpc import call_worker_method
-
-        runner = self.runner
-        if method == "rpc":
-            name, rpc_args, rpc_kwargs = args
-            try:
-                result = call_worker_method(runner, name, rpc_args, rpc_kwargs)
-            except Exception as exc:  # the caller's error: reported, the worker goes on
-                _send(self.results, ("raise", exc), self.rank)
-                return
-        else:
-            result = getattr(runner, method)(*args)
-        _send(self.results, ("result", result), self.rank)
 
     def _check_parent(self) -> None:
         if os.getppid() != self.parent:
