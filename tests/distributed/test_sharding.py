@@ -3,6 +3,7 @@ batch-sharded sampler's plan, and the argument checks."""
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -86,7 +87,7 @@ def test_local_model_config_keeps_the_vocabulary(tiny_llama_dir) -> None:
     [
         (dict(tensor_parallel_size=3), "attention heads"),
         (dict(tensor_parallel_size=2, distributed_executor_backend="uni"), '"uni" runs one'),
-        (dict(tensor_parallel_size=2, distributed_executor_backend="ray"), "one of uni, mp"),
+        (dict(tensor_parallel_size=2, distributed_executor_backend="slurm"), "one of uni, mp, ray"),
         (dict(enable_batch_sharded_sampling=True), "tensor_parallel_size > 1"),
     ],
 )
@@ -95,6 +96,24 @@ def test_engine_args_refuse_what_cannot_run(tiny_llama_dir, args: dict, match: s
         model=str(tiny_llama_dir), device="cpu", skip_tokenizer_init=True, **args
     )
     with pytest.raises(ValueError, match=match):
+        engine_args.create_engine_config()
+
+
+def test_the_ray_backend_without_ray_names_the_extra(
+    tiny_llama_dir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "ray" else find_spec(n, *a)
+    )
+    engine_args = EngineArgs(
+        model=str(tiny_llama_dir),
+        device="cpu",
+        skip_tokenizer_init=True,
+        tensor_parallel_size=2,
+        distributed_executor_backend="ray",
+    )
+    with pytest.raises(ValueError, match=r'"ray" needs Ray: pip install "pagedlm\[ray\]"'):
         engine_args.create_engine_config()
 
 
