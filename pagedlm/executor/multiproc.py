@@ -82,7 +82,7 @@ class MultiprocExecutor:
         self._launched_step_id = 0  # the step between execute_forward and sample_tokens
         self.failed: str | None = None  # why the workers stopped; every later call raises it
         self._timeout = envs.PAGEDLM_EXECUTE_MODEL_TIMEOUT_SECONDS  # a step's, then it hung
-        # what the ring's messages were, newest last: (kind, step id or None for a call)
+        # the ring's messages written, newest last: (kind, step id or None for a call)
         self._sent: deque[tuple[str, int | None]] = deque(maxlen=self._broadcast.handle.num_chunks)
         for rank in range(size):
             args = (config, rank, size, init_method, self._broadcast.handle, results_path)
@@ -159,25 +159,25 @@ class MultiprocExecutor:
     def _enqueue_step(self, message: tuple, step_id: int) -> None:
         if self.failed is not None:
             raise WorkerFailed(self.failed)
-        self._sent.append((message[0], step_id))
         try:
             self._broadcast.enqueue(message, self.check_health, self._timeout)
         except Timeout:
             self._fail_hung()
+        self._sent.append((message[0], step_id))
 
     def _call(self, method: str, *args: Any) -> Any:
         if self.failed is not None:
             raise WorkerFailed(self.failed)
-        self._sent.append((args[0] if method == "rpc" else method, None))
         self._broadcast.enqueue(("call", method, args), self.check_health)
+        self._sent.append((args[0] if method == "rpc" else method, None))
         return self._wait("result")
 
     def _call_each(self, method: str, messages: list[tuple]) -> Any:
         """messages[rank] (each a call of `method`) to each rank alone; rank 0's result."""
         if self.failed is not None:
             raise WorkerFailed(self.failed)
-        self._sent.append((method, None))
         self._broadcast.enqueue_each(messages, self.check_health)
+        self._sent.append((method, None))
         return self._wait("result")
 
     def _wait(self, kind: str, timeout: float | None = None) -> Any:

@@ -83,3 +83,23 @@ def test_enqueue_each_gives_each_reader_its_own_message_in_order() -> None:
     assert [len(m[2]) for m in received[0][1::2]] == [10, 20, 30]
     assert [m[2] for m in received[1][1::2]] == [0, 1, 2]
     assert sizes[0] > sizes[1] + 3 * 8 * 10  # reader 1 never received reader 0's arrays
+
+
+def test_unread_counts_each_readers_lag_and_a_full_ring_times_out() -> None:
+    writer = BroadcastWriter(num_readers=2, num_chunks=3, chunk_bytes=64)
+    readers = [BroadcastReader(writer.handle, r) for r in range(2)]
+    try:
+        assert [writer.unread(r) for r in range(2)] == [0, 0]
+        for i in range(3):
+            writer.enqueue(i)
+        assert [readers[0].dequeue(0.5) for _ in range(3)] == [0, 1, 2]
+        assert readers[1].dequeue(0.5) == 0
+        assert [writer.unread(r) for r in range(2)] == [0, 2]
+        writer.enqueue(3)  # the chunk both read
+        assert [writer.unread(r) for r in range(2)] == [1, 3]
+        with pytest.raises(Timeout):  # reader 1 holds every other chunk
+            writer.enqueue(4, timeout=0.05)
+    finally:
+        for reader in readers:
+            reader.close()
+        writer.close()
