@@ -343,6 +343,7 @@ class ParallelConfig:
     tensor_parallel_size: int = 1
     distributed_executor_backend: str = "uni"
     enable_batch_sharded_sampling: bool = False
+    data_parallel_size: int = 1  # engine cores, each a model replica (engine/data_parallel.py)
 
 
 def build_parallel_config(
@@ -383,7 +384,28 @@ def build_parallel_config(
             "enable_batch_sharded_sampling needs tensor_parallel_size > 1 and max_num_seqs >= "
             f"tensor_parallel_size; got {tp} and {max_num_seqs}"
         )
-    return ParallelConfig(tp, backend, bool(args.enable_batch_sharded_sampling))
+    _check_data_parallel(args.data_parallel_size, tp, device)
+    return ParallelConfig(
+        tp, backend, bool(args.enable_batch_sharded_sampling), args.data_parallel_size
+    )
+
+
+def _check_data_parallel(dp: int, tp: int, device: torch.device) -> None:
+    if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
+        raise ValueError(f"data_parallel_size must be a positive integer; got {dp!r}")
+    if dp > 1 and tp > 1:
+        raise ValueError(
+            "data_parallel_size > 1 with tensor_parallel_size > 1 is not supported yet "
+            f"(got {dp} and {tp})"
+        )
+    if dp > 1 and device.type == "cuda":
+        import torch
+
+        if dp > torch.cuda.device_count():
+            raise ValueError(
+                f"data_parallel_size ({dp}) is greater than the GPUs present "
+                f"({torch.cuda.device_count()}): one GPU per engine core"
+            )
 
 
 def _check_launcher_env(tp: int) -> None:
@@ -454,6 +476,7 @@ class EngineArgs:
     device: str = "auto"
     tensor_parallel_size: int = 1
     distributed_executor_backend: str | None = None
+    data_parallel_size: int = 1
     enable_batch_sharded_sampling: bool = False
 
     @classmethod
@@ -589,7 +612,7 @@ def _scalar_type(type_name: str) -> type:
     return str
 
 
-_CLI_ALIASES = {"tensor_parallel_size": ("-tp",)}  # vLLM's short flags
+_CLI_ALIASES = {"tensor_parallel_size": ("-tp",), "data_parallel_size": ("-dp",)}  # vLLM's
 _CLI_HELP = {  # one line per EngineArgs field
     "model": "a Hugging Face model folder or a .gguf file (default: SmolLM2-135M-Instruct, GGUF)",
     "tokenizer": "where the tokenizer lives (default: the model)",
@@ -632,4 +655,6 @@ _CLI_HELP = {  # one line per EngineArgs field
     "(default: uni at tensor_parallel_size 1, else mp)",
     "enable_batch_sharded_sampling": "tp > 1: each rank samples its share of the batch's rows from "
     "full-vocabulary logits (an all-to-all), instead of rank 0 sampling every row",
+    "data_parallel_size": "engine cores, each a model replica on its own GPU, new requests to the "
+    "least loaded (offline LLM only so far)",
 }

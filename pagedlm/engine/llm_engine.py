@@ -43,11 +43,16 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, engine_core: EngineCore | None = None) -> None:
         """engine_core: the in-process core by default; the server passes a proxy to its core
         process (same add/abort/step interface)."""
+        if engine_core is not None and config.parallel.data_parallel_size > 1:
+            raise ValueError(
+                "data_parallel_size > 1 runs in the offline LLM only so far; the server runs one "
+                "engine core"
+            )
         self.config = config
         self.model_config = config.model
         self.tokenizer = load_tokenizer(config.model)
         self.engine_core = (
-            engine_core if engine_core is not None else EngineCore(config, self.tokenizer)
+            engine_core if engine_core is not None else _make_core(config, self.tokenizer)
         )
         spec = config.speculative
         self.output_processor = OutputProcessor(
@@ -346,3 +351,12 @@ def _sample_params(params: SamplingParams, index: int) -> SamplingParams:
     seed = None if params.seed is None else params.seed + index
     prompt_logprobs = params.prompt_logprobs if index == 0 else None
     return dataclasses.replace(params, n=1, seed=seed, prompt_logprobs=prompt_logprobs)
+
+
+def _make_core(config: EngineConfig, tokenizer: Any) -> EngineCore:
+    """The in-process core; at data_parallel_size > 1 one per dp rank (engine/data_parallel.py)."""
+    if config.parallel.data_parallel_size == 1:
+        return EngineCore(config, tokenizer)
+    from pagedlm.engine.data_parallel import DataParallelCores
+
+    return DataParallelCores(config, tokenizer)
