@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -19,6 +19,9 @@ from pagedlm.outputs import RequestOutput
 from pagedlm.request import Request
 from pagedlm.sampling_params import SamplingParams
 from pagedlm.structured_outputs.grammars import check_structured_outputs
+
+if TYPE_CHECKING:
+    from pagedlm.engine.data_parallel import DataParallelCores
 
 # A string, token ids, {"prompt": str}, {"prompt_token_ids": [...]} (optionally with "prompt"),
 # or {"prompt_embeds": Tensor [num_tokens, hidden_size]}; a dict may add "cache_salt": a non-empty
@@ -353,7 +356,7 @@ def _sample_params(params: SamplingParams, index: int) -> SamplingParams:
     return dataclasses.replace(params, n=1, seed=seed, prompt_logprobs=prompt_logprobs)
 
 
-def _make_core(config: EngineConfig, tokenizer: Any) -> EngineCore:
+def _make_core(config: EngineConfig, tokenizer: Any) -> EngineCore | DataParallelCores:
     """The in-process core; at data_parallel_size > 1 one per dp rank (engine/data_parallel.py)."""
     if config.parallel.data_parallel_size == 1:
         return EngineCore(config, tokenizer)
