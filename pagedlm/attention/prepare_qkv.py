@@ -15,10 +15,10 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedlm.attention.torch_ref import write_kv_cache
+from pagedlm.attention.torch_ref import write_kv_cache_cpu
 from pagedlm.ops import pdl
 from pagedlm.ops.norm import rms_norm_torch
-from pagedlm.ops.rotary import rotary_embedding_torch
+from pagedlm.ops.rotary import rotate_heads_cpu
 
 
 @triton.jit
@@ -177,13 +177,13 @@ def prepare_qkv_torch(
     num_heads: int,
 ) -> torch.Tensor:
     num_kv_heads, head_dim = kv_cache.shape[3], kv_cache.shape[4]
-    q, k, v = qkv.view(qkv.shape[0], -1, head_dim).split(
-        [num_heads, num_kv_heads, num_kv_heads], dim=1
-    )
+    heads = qkv.view(qkv.shape[0], -1, head_dim)  # [T, num_heads + 2 * num_kv_heads, head_dim]
+    qk, v = heads.split([num_heads + num_kv_heads, num_kv_heads], dim=1)
     if qk_norm is not None:  # Qwen3: per-head RMSNorm before RoPE
-        q, k = rms_norm_torch(q, qk_norm[0], eps), rms_norm_torch(k, qk_norm[1], eps)
-    q, k = rotary_embedding_torch(positions, q, k, cos_sin_cache)
-    write_kv_cache(k, v, kv_cache, slot_mapping)
+        q, k = qk.split([num_heads, num_kv_heads], dim=1)
+        qk = torch.cat((rms_norm_torch(q, qk_norm[0], eps), rms_norm_torch(k, qk_norm[1], eps)), 1)
+    q, k = rotate_heads_cpu(positions, qk, cos_sin_cache).split([num_heads, num_kv_heads], dim=1)
+    write_kv_cache_cpu(k, v, kv_cache, slot_mapping)
     return q
 
 

@@ -5,12 +5,11 @@ A decode row (one query) costs the reference several torch calls and two copies 
 sequences and 30 layers that dominated the CPU decode step. Here the decode rows of a step are
 sorted by context length and cut into buckets whose contexts differ by at most BUCKET_GROWTH×;
 each bucket gathers its blocks once into a reused scratch buffer (a fresh multi-megabyte
-tensor per layer costs page faults) and attends with two batched matmuls that read the gathered
-keys and values in place: the query heads are laid out block-diagonally over the kv heads,
-[b, num_heads, num_kv_heads * head_dim], so that one bmm against keys viewed as
-[b, kv_len, num_kv_heads * head_dim] gives every head's scores (num_kv_heads× the FLOPs of the
-grouped product, which are cheap here; the bytes are what cost). The plan is made once per step
-and reused by every layer.
+tensor per layer costs page faults) and attends with one call of torch's fused CPU attention
+(scaled_dot_product_attention, grouped query heads, a mask for the keys past each context),
+which reads the gathered keys and values in place, in the cache's dtype (no float32 copy of
+them): bf16, 1 sequence x 160 keys, 54 us against 186 us for two batched float32 matmuls
+(RESULTS). The plan is made once per step and reused by every layer.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.attention.torch_ref import attend_sequence, check_heads, first_visible_key
@@ -34,7 +34,7 @@ class DecodeBucket:
     block_ids: torch.Tensor
     num_blocks: int
     stale_keys: torch.Tensor  # [n] int64: flat key rows (of b * kv_len) at or past seq_len
-    hidden: torch.Tensor  # [b, 1, kv_len] bool: keys past seq_len or outside the window
+    visible: torch.Tensor  # [b, 1, 1, kv_len] bool: keys below seq_len and inside the window
 
 
 @dataclass(slots=True)
@@ -106,7 +106,7 @@ def decode_bucket(
         block_ids=block_ids.reshape(-1).long(),
         num_blocks=num_blocks,
         stale_keys=stale.reshape(-1).nonzero().squeeze(1),  # sync-ok: host-built, once a step
-        hidden=hidden[:, None, :],
+        visible=~hidden[:, None, None, :],
     )
 
 
@@ -117,27 +117,23 @@ def attend_bucket(
     scale: float,
     scratch: torch.Tensor,
 ) -> torch.Tensor:
-    """[b, num_heads, head_dim] float32: one bucket of one-query rows against their contexts.
-    scratch: a flat buffer of kv_cache's dtype with room for the bucket's gathered blocks."""
+    """[b, num_heads, head_dim] in q's dtype: one bucket of one-query rows against their
+    contexts. scratch: a flat buffer of kv_cache's dtype with room for the bucket's blocks."""
     _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
     num_seqs, kv_len = bucket.rows.numel(), bucket.num_blocks * block_size
     gathered = scratch[: 2 * num_seqs * kv_len * num_kv_heads * head_dim]
     gathered = gathered.view(2, num_seqs * bucket.num_blocks, block_size, num_kv_heads, head_dim)
     torch.index_select(kv_cache, 1, bucket.block_ids, out=gathered)
-    kv = gathered.view(2, num_seqs * kv_len, num_kv_heads * head_dim).float()
-    kv[1].index_fill_(0, bucket.stale_keys, 0.0)  # stale slots may hold NaN; 0 × NaN is NaN
-    keys, values = kv.view(2, num_seqs, kv_len, num_kv_heads * head_dim)  # [b, kv_len, Hkv * D]
-    q_grouped = q.index_select(0, bucket.rows).float().view(num_seqs, num_kv_heads, -1, head_dim)
-    eye = torch.eye(num_kv_heads, device=q.device)
-    q_block_diag = torch.einsum(
-        "bhgd,hk->bhgkd", q_grouped * scale, eye
-    )  # zero off the own kv head
-    q_block_diag = q_block_diag.reshape(num_seqs, -1, num_kv_heads * head_dim)  # [b, H, Hkv * D]
-    scores = torch.bmm(q_block_diag, keys.transpose(1, 2))  # [b, H, kv_len]
-    probs = torch.softmax(scores.masked_fill_(bucket.hidden, float("-inf")), dim=-1)
-    out = torch.bmm(probs, values).view(num_seqs, num_kv_heads, -1, num_kv_heads, head_dim)
-    own = torch.diagonal(out, dim1=1, dim2=3)  # [b, group, D, Hkv]: each head's own kv head
-    return own.permute(0, 3, 1, 2).reshape(num_seqs, -1, head_dim)  # [b, H, D]
+    kv = gathered.view(2, num_seqs, kv_len, num_kv_heads, head_dim)
+    # stale slots may hold NaN: the mask is added to the scores (NaN - inf = NaN), and a masked
+    # key's value still meets its 0 weight (0 x NaN = NaN)
+    kv.view(2, -1, num_kv_heads, head_dim).index_fill_(1, bucket.stale_keys, 0.0)
+    keys, values = kv.transpose(2, 3)  # [b, num_kv_heads, kv_len, head_dim] views
+    queries = q.index_select(0, bucket.rows)[:, :, None, :]  # [b, num_heads, 1, head_dim]
+    out = F.scaled_dot_product_attention(
+        queries, keys, values, attn_mask=bucket.visible, scale=scale, enable_gqa=True
+    )  # [b, num_heads, 1, head_dim]
+    return out[:, :, 0]
 
 
 class TorchBatchedAttentionBackend:
@@ -185,9 +181,7 @@ class TorchBatchedAttentionBackend:
         )  # padding rows (outside every sequence) stay zero
         scratch = self._scratch_for(kv_cache, plan)
         for bucket in plan.buckets:
-            out.index_copy_(
-                0, bucket.rows, attend_bucket(q, kv_cache, bucket, scale, scratch).to(q.dtype)
-            )
+            out.index_copy_(0, bucket.rows, attend_bucket(q, kv_cache, bucket, scale, scratch))
         for seq, seq_len, rows in plan.prefills:
             attend_sequence(
                 q, kv_cache, meta.block_table[seq], seq_len, rows, sliding_window, scale, out

@@ -25,6 +25,20 @@ def write_kv_cache(
     kv_flat[1, slots] = v[valid].to(kv_cache.dtype)
 
 
+def write_kv_cache_cpu(
+    k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """write_kv_cache on the CPU in 3-4 torch calls instead of ~12: one index_copy_ each for k
+    and v when no row is padding (a CPU step has none below its real rows), else the mask."""
+    if slot_mapping.numel() == 0 or int(slot_mapping.min()) < 0:  # sync-ok: CPU tensors
+        write_kv_cache(k, v, kv_cache, slot_mapping)
+        return
+    num_kv_heads, head_dim = kv_cache.shape[-2:]
+    kv_flat = kv_cache.view(2, -1, num_kv_heads, head_dim)  # [2, num_slots, num_kv_heads, head_dim]
+    kv_flat[0].index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
+    kv_flat[1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
+
+
 def gather_kv(
     kv_cache: torch.Tensor, block_ids: torch.Tensor, num_keys: int
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -46,3 +46,23 @@ def _check_rotary(
         raise ValueError(f"positions must be [{q.shape[0]}]; got {tuple(positions.shape)}")
     if q.stride(2) != 1 or k.stride(2) != 1 or cos_sin_cache.stride(1) != 1:
         raise ValueError("q, k and cos_sin_cache must have stride 1 in their last dim")
+
+
+def rotate_heads_cpu(
+    positions: torch.Tensor,  # [T] int
+    heads: torch.Tensor,  # [T, H, head_dim], stride 1 in its last dim (q and k heads side by side)
+    cos_sin_cache: torch.Tensor,  # [max_position, head_dim] float32
+) -> torch.Tensor:  # [T, H, head_dim] in heads' dtype, a new tensor
+    """rotary_embedding_torch's result, bit for bit, in 7 torch calls instead of ~24: q and k
+    heads in one pass, the halves as a [2, head_dim / 2] view (no chunk, no cat), the products
+    in float32 (a 16-bit operand times float32 promotes exactly as .float() does)."""
+    num_tokens, num_heads, head_dim = heads.shape
+    half = head_dim // 2
+    table = cos_sin_cache.index_select(0, positions).view(num_tokens, 1, 2, half)
+    cos, sin = table[:, :, :1], table[:, :, 1:]  # [T, 1, 1, half] each
+    halves = heads.view(num_tokens, num_heads, 2, half)  # [x1, x2]
+    out = halves * cos  # [x1 cos, x2 cos] float32
+    swapped = halves.flip(2) * sin  # [x2 sin, x1 sin]
+    out[:, :, 0].sub_(swapped[:, :, 0])
+    out[:, :, 1].add_(swapped[:, :, 1])
+    return out.view(num_tokens, num_heads, head_dim).to(heads.dtype)
