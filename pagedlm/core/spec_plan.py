@@ -14,8 +14,9 @@ Async scheduling: a request that may speculate is not scheduled while a step of 
 (its next positions depend on how many drafts that step accepts), as a constrained request waits
 for its token; other requests keep the pipeline full.
 
-Requests with penalties or bad words (their history would have to include each row's earlier
-drafts) and constrained ones (the matcher would have to roll back) decode without drafts.
+Requests with penalties or bad words speculate: the worker's sampler reads each verify
+position's history as the outputs plus the drafts before it (sample/state.py make_batch).
+Constrained ones (the matcher would have to roll back) decode without drafts.
 """
 
 from __future__ import annotations
@@ -28,14 +29,7 @@ from pagedlm.spec_decode.metrics import SpecDecodeCounters
 
 
 def may_speculate(request: Request) -> bool:
-    params = request.sampling_params
-    return (
-        request.structured_output is None
-        and not params.bad_words_token_ids
-        and params.repetition_penalty == 1.0
-        and params.frequency_penalty == 0.0
-        and params.presence_penalty == 0.0
-    )
+    return request.structured_output is None
 
 
 @dataclass(slots=True)

@@ -88,16 +88,25 @@ class BadWordsTables:
         return True
 
     def batch(
-        self, index: torch.Tensor | None, rows: torch.Tensor, rows_np: np.ndarray
+        self,
+        index: torch.Tensor | None,
+        rows: torch.Tensor,
+        rows_np: np.ndarray,
+        drafts: torch.Tensor | None = None,
     ) -> BadWords:
-        """The words of rows_np [M] (all with words) and their histories, on the device."""
+        """The words of rows_np [M] (all with words) and their histories, on the device.
+        drafts [M, K] (speculative verification): the drafts before each row's position,
+        NO_TOKEN after them; a row's history then ends with them."""
         num_words = int(self.num_words_np[rows_np].max())
         prefixes_np = self.prefixes_np[rows_np, :num_words]  # [M, S, H]
         last_ids_np = self.last_ids_np[rows_np, :num_words]  # [M, S]
+        history = self.history.index_select(0, rows)  # [M, H]
+        if drafts is not None:
+            history = _append(history, drafts)
         return BadWords(
             index=index,
             rows=rows,
-            history=self.history.index_select(0, rows),
+            history=history,
             prefixes=upload(prefixes_np, self.device),
             last_ids=upload(last_ids_np, self.device),
         )
@@ -108,6 +117,11 @@ class BadWordsTables:
             [self.history.index_select(0, rows)[:, 1:], sampled_token_ids[:, None]], dim=1
         )  # [M, H]
         self.history.index_copy_(0, rows, shifted)
+
+    def record_emitted(self, rows: torch.Tensor, token_ids: torch.Tensor) -> None:
+        """Append what verification steps emitted: rows [M] int64 (distinct), token_ids
+        [M, K + 1] int64, NO_TOKEN past each row's emitted ones."""
+        self.history.index_copy_(0, rows, _append(self.history.index_select(0, rows), token_ids))
 
     def _grow(self, num_words: int, width: int) -> None:
         """Room for num_words words per row and prefixes of `width` tokens: new prefix columns
@@ -128,3 +142,12 @@ class BadWordsTables:
                 (self.history.shape[0], extra_cols), NO_TOKEN, dtype=torch.int64, device=self.device
             )
             self.history = torch.cat([fill, self.history], dim=1)
+
+
+def _append(history: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """history [M, H] then each row's leading ids of token_ids [M, K] (NO_TOKEN after them):
+    the last H of the two, [M, H]."""
+    width = history.shape[1]
+    num_new = (token_ids >= 0).sum(dim=1, keepdim=True)  # [M, 1]
+    columns = torch.arange(width, device=history.device)[None, :] + num_new  # [M, H]
+    return torch.cat([history, token_ids], dim=1).gather(1, columns)

@@ -51,16 +51,24 @@ class PenaltyTables:
         self.output_counts[row].zero_().index_add_(0, output_ids, ones)
 
     def batch(
-        self, rows_np: np.ndarray, rows: torch.Tensor
+        self, rows_np: np.ndarray, rows: torch.Tensor, drafts: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The histories of rows [M] (rows_np on the host): token_ids [M, W] with the slots past
         a row's length repeating its first id, counts [M, W] int32, has_history [M] bool (False:
-        an empty history, whose slots hold id 0)."""
+        an empty history, whose slots hold id 0). drafts [M, K] (speculative verification):
+        the drafts before each row's position, NO_TOKEN after them; they count as outputs."""
         width = max(1, int(self.lengths_np[rows_np].max()))
         token_ids = self.token_ids[:, :width].index_select(0, rows)  # [M, W]
+        if drafts is not None:
+            token_ids = torch.cat([token_ids, drafts], dim=1)  # [M, W + K]
+        # a row's slots fill from the left in each part: the first id, or its first draft
         first = token_ids[:, :1]  # [M, 1]
+        if drafts is not None:
+            first = torch.where(first == NO_TOKEN, drafts[:, :1], first)
         token_ids = torch.where(token_ids == NO_TOKEN, first, token_ids).clamp_(min=0)
         counts = self.output_counts[rows[:, None], token_ids]  # [M, W]
+        if drafts is not None:  # [M, W + K, K] compares: K is small
+            counts += (token_ids[:, :, None] == drafts[:, None, :]).sum(dim=-1, dtype=torch.int32)
         return token_ids, counts, first[:, 0] != NO_TOKEN
 
     def record(
@@ -78,6 +86,22 @@ class PenaltyTables:
         flat_index = rows * self.vocab_size + sampled_token_ids  # [M]
         ones = torch.ones_like(flat_index, dtype=torch.int32)
         self.output_counts.view(-1).index_add_(0, flat_index, ones)
+
+    def record_emitted(
+        self, rows: torch.Tensor, positions: torch.Tensor, token_ids: torch.Tensor, max_end: int
+    ) -> None:
+        """Append what verification steps emitted: rows [M] int64 (distinct), positions [M]
+        (their lengths), token_ids [M, K + 1] int64 (NO_TOKEN past each row's emitted ones, so
+        the slots past a row's length stay NO_TOKEN); max_end: the largest position + K + 1.
+        The host learns the counts later: lengths_np moves by add_lengths."""
+        self._reserve(max_end)
+        columns = torch.arange(token_ids.shape[1], device=rows.device)  # [K + 1]
+        self.token_ids[rows[:, None], positions[:, None] + columns] = token_ids
+        emitted = token_ids >= 0  # [M, K + 1]
+        flat_index = rows[:, None] * self.vocab_size + token_ids.clamp(min=0)  # [M, K + 1]
+        self.output_counts.view(-1).index_add_(
+            0, flat_index.view(-1), emitted.view(-1).to(torch.int32)
+        )
 
     def _reserve(self, width: int) -> None:
         """Room for histories of `width` ids (doubling)."""

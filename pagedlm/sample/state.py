@@ -221,7 +221,7 @@ class SamplingState:
         self, batch: SamplingBatch, rows_np: np.ndarray, sampled: torch.Tensor
     ) -> None:
         """The tokens sampled [N] by the batch made for rows [N] go into the histories of the
-        rows with penalties or bad words (speculative steps: rows that verified no draft)."""
+        rows with penalties or bad words."""
         pen = batch.penalties
         if pen is not None:
             penalised_np = rows_np[self._flags_np[rows_np, Feature.PENALTIES]]
@@ -231,10 +231,34 @@ class SamplingState:
         if batch.bad_words is not None:
             self._bad_words.record(batch.bad_words.rows, _pick(sampled, batch.bad_words.index))
 
-    def count_emitted(self, rows_np: np.ndarray, counts_np: np.ndarray) -> None:
+    def reads_history(self, rows_np: np.ndarray) -> bool:
+        """Whether a row of rows [N] has penalties or bad words (its logits depend on the
+        tokens before: a verification step passes make_batch the drafts)."""
+        return bool(self._flags_np[rows_np][:, [Feature.PENALTIES, Feature.BAD_WORDS]].any())
+
+    def record_verified(self, rows_np: np.ndarray, token_ids: torch.Tensor) -> None:
+        """The tokens [N, K + 1] (-1 past the emitted ones) that rows [N] (distinct) emitted in
+        a verification step go into the device histories of the rows with penalties or bad
+        words; the host's counts move by count_emitted, once it knows them."""
+        flags_np = self._flags_np[rows_np]  # [N, F]
+        if flags_np[:, Feature.PENALTIES].any():
+            tables = self._penalties()
+            mask_np = flags_np[:, Feature.PENALTIES]
+            index, rows, positions = self._select(rows_np, mask_np, tables.lengths_np)
+            max_end = int(tables.lengths_np[rows_np[mask_np]].max()) + token_ids.shape[1]
+            tables.record_emitted(rows, positions, _pick(token_ids, index), max_end)
+        if flags_np[:, Feature.BAD_WORDS].any():
+            index, rows = self._select(rows_np, flags_np[:, Feature.BAD_WORDS])
+            self._bad_words.record_emitted(rows, _pick(token_ids, index))
+
+    def count_emitted(self, rows_np: np.ndarray, counts_np: np.ndarray | int) -> None:
         """Rows [N] (distinct) emitted counts_np [N] tokens outside sample() (speculative
-        steps); their next noise keys and min_tokens bans count them."""
+        steps); their next noise keys, min_tokens bans and penalty histories count them."""
         self._num_sampled_np[rows_np] += counts_np
+        penalised_np = self._flags_np[rows_np, Feature.PENALTIES]  # [N]
+        if penalised_np.any():
+            counts_np = np.broadcast_to(counts_np, rows_np.shape)
+            self._penalties().lengths_np[rows_np[penalised_np]] += counts_np[penalised_np]
 
     def noise_keys(self, rows_np: np.ndarray, offsets_np: np.ndarray) -> torch.Tensor:
         """[N] int64 on the device: the noise keys of rows [N] offsets_np [N] tokens ahead."""
@@ -270,11 +294,16 @@ class SamplingState:
         return self._greedy_rows[2]
 
     def make_batch(
-        self, rows_np: np.ndarray, offsets_np: np.ndarray | None = None
+        self,
+        rows_np: np.ndarray,
+        offsets_np: np.ndarray | None = None,
+        drafts: torch.Tensor | None = None,
     ) -> SamplingBatch:
         """The device view of the features the rows [N] use this step (no state changes).
         offsets_np [N]: each row samples that many tokens past the ones counted (a row repeated
-        for the positions of its drafts: noise keys and min_tokens bans count them)."""
+        for the positions of its drafts: noise keys and min_tokens bans count them); drafts
+        [N, K] int64: the drafts before each row's position, -1 after them (penalties and bad
+        words see them as outputs)."""
         flags_np = self._flags_np[rows_np]  # [N, F]
         num_sampled_np = self._num_sampled_np[rows_np]  # [N]
         if offsets_np is not None:
@@ -288,7 +317,8 @@ class SamplingState:
         if used[Feature.BAD_WORDS]:
             mask_np = flags_np[:, Feature.BAD_WORDS]
             index, rows = self._select(rows_np, mask_np)
-            batch.bad_words = self._bad_words.batch(index, rows, rows_np[mask_np])
+            row_drafts = None if drafts is None else _pick(drafts, index)
+            batch.bad_words = self._bad_words.batch(index, rows, rows_np[mask_np], row_drafts)
         if used[Feature.MIN_TOKENS]:
             below = num_sampled_np < self._min_tokens_np[rows_np]  # [N]
             banning = (
@@ -299,7 +329,8 @@ class SamplingState:
         if used[Feature.BIAS]:
             batch.bias = self._token_lists(rows_np, flags_np[:, Feature.BIAS], self._bias)
         if used[Feature.PENALTIES]:
-            batch.penalties = self._batch_penalties(rows_np, flags_np[:, Feature.PENALTIES])
+            mask_np = flags_np[:, Feature.PENALTIES]
+            batch.penalties = self._batch_penalties(rows_np, mask_np, drafts)
         if used[Feature.RANDOM]:
             batch.random = self._random_params(rows_np, flags_np, used, num_sampled_np)
         return batch
@@ -353,11 +384,14 @@ class SamplingState:
         index = None if index_np.size == rows_np.size else packed[:, 0]
         return TokenLists(index=index, token_ids=packed[:, 1:], values=values)
 
-    def _batch_penalties(self, rows_np: np.ndarray, mask_np: np.ndarray) -> Penalties:
+    def _batch_penalties(
+        self, rows_np: np.ndarray, mask_np: np.ndarray, drafts: torch.Tensor | None
+    ) -> Penalties:
         self._floats.sync()
         tables = self._penalties()
         index, rows, positions = self._select(rows_np, mask_np, tables.lengths_np)
-        token_ids, counts, has_history = tables.batch(rows_np[mask_np], rows)
+        row_drafts = None if drafts is None else _pick(drafts, index)
+        token_ids, counts, has_history = tables.batch(rows_np[mask_np], rows, row_drafts)
         floats = self._floats.gpu.index_select(0, rows)  # [M, 6]
         repetition = torch.where(has_history, floats[:, COL_REPETITION], 1.0)  # empty: no-op
         return Penalties(

@@ -40,6 +40,7 @@ from pagedlm.spec_decode.proposer import DraftStore, VerifiedStep, make_proposer
 from pagedlm.spec_decode.rejection_sampler import SyntheticAcceptance, rejection_sample
 from pagedlm.spec_decode.triton_scan import triton_accept_scan
 from pagedlm.worker.grammar_inputs import GrammarRows
+from pagedlm.worker.spec_layout import SpecLayout, drafts_before_index
 from pagedlm.worker.step_plan import StepPlan
 
 if TYPE_CHECKING:
@@ -202,17 +203,18 @@ class SpecWorker:
         row_rows_np = np.repeat(rows_np, num_rows_np)  # [T_l]
         offsets_np = np.arange(spec.num_logits_rows) - np.repeat(spec.logits_start_np, num_rows_np)
         sampler = runner.sampler
-        batch = (
-            SamplingBatch()
-            if sampler.is_greedy(rows_np)
-            else sampler.make_batch(row_rows_np, offsets_np)
-        )
+        draft_ids = self.store.flat_ids.index_select(0, step.draft_src)  # [D]
+        batch = SamplingBatch()
+        if not sampler.is_greedy(rows_np):
+            drafts = (
+                self._drafts_before(draft_ids, spec) if sampler.reads_history(rows_np) else None
+            )
+            batch = sampler.make_batch(row_rows_np, offsets_np, drafts)
         synthetic = None
         if self._rates is not None:
             synthetic = SyntheticAcceptance(
                 self._rates, sampler.noise_keys(row_rows_np, offsets_np)
             )
-        draft_ids = self.store.flat_ids.index_select(0, step.draft_src)  # [D]
         draft_probs = None
         if self.store.probs is not None:
             flat_probs = self.store.probs.view(-1, self.store.probs.shape[-1])
@@ -220,14 +222,21 @@ class SpecWorker:
         out = rejection_sample(
             logits, draft_ids, step.cu_num_drafts, self.k, batch, draft_probs, synthetic
         )
-        no_drafts_np = spec.num_drafts_np == 0
-        sampler.count_emitted(rows_np[no_drafts_np], 1)
-        sampler.record_drawn(batch, row_rows_np, out.row_token_ids)
+        # the host counts a drafting row's tokens once it reads them (ModelRunner._count_verified)
+        sampler.record_verified(rows_np, out.token_ids)
+        sampler.count_emitted(rows_np[spec.num_drafts_np == 0], 1)
         last = out.token_ids.gather(1, out.num_accepted[:, None])[:, 0]  # [N]
         runner._last_sampled.index_copy_(
             0, plan.inputs.prefix("sample_rows", layout.num_samples), last
         )
         return out.token_ids, out.num_accepted, out.logprobs
+
+    def _drafts_before(self, draft_ids: torch.Tensor, spec: SpecLayout) -> torch.Tensor:
+        """[T_l, k] int64: each logits row's drafts before its position, NO_DRAFT after them
+        (what penalties and bad words read as the outputs before that row's token)."""
+        index = upload(drafts_before_index(spec.num_drafts_np, self.k), self.device)
+        padded = torch.cat([draft_ids, draft_ids.new_full((1,), NO_DRAFT)])  # [D + 1]
+        return padded[index]
 
 
 def _sample_batch_index(layout) -> np.ndarray:
