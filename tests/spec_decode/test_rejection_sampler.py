@@ -1,6 +1,7 @@
 """The rejection sampler (pagedlm/spec_decode/rejection_sampler.py): greedy exactness against a
 plain loop, the emitted distributions against the target's (total variation over many draws,
-vectorised as one large batch), synthetic rates, seeds, ragged layouts and logprobs."""
+vectorised as one large batch), penalties over the drafts before each position, synthetic
+rates, seeds, ragged layouts and logprobs."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import torch
 
 from pagedlm.sample.filters import TopKTopP
 from pagedlm.sample.noise import row_keys_np
-from pagedlm.sample.sampler import RandomParams, SamplingBatch
+from pagedlm.sample.penalties import PenaltyTables
+from pagedlm.sample.sampler import Penalties, RandomParams, SamplingBatch
 from pagedlm.spec_decode.rejection_sampler import (
     NO_DRAFT,
     SyntheticAcceptance,
@@ -289,3 +291,81 @@ def test_synthetic_refusals_emit_the_targets_own_draws() -> None:
     out = rejection_sample(logits, drafts, cu, 1, batch, synthetic=synthetic)
     refused = out.token_ids[out.num_accepted == 0, 0]
     assert _total_variation(refused, p[0]) < tv_tolerance(p[0], len(refused))
+
+
+_PENALTY = (1.4, 0.8, 0.6)  # repetition, frequency, presence
+_PROMPT, _OUTPUTS = [0, 1], [2, 2, 5]
+
+
+def _penalised(logits: torch.Tensor, prompt: list[int], outputs: list[int]) -> torch.Tensor:
+    """A plain reference of the penalties of _PENALTY over one row [V]."""
+    out = logits.clone()
+    for token in set(prompt + outputs):
+        value = out[token]
+        out[token] = value / _PENALTY[0] if value > 0 else value * _PENALTY[0]
+    for token in set(outputs):
+        out[token] -= _PENALTY[1] * outputs.count(token) + _PENALTY[2]
+    return out
+
+
+def _penalised_verify(with_drafts: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """k = 1, probabilistic drafts, a penalised request's history: the emitted tokens [R, 2]
+    and the raw target logits of both positions [2, V]. with_drafts=False: the bonus row's
+    penalties ignore the draft before it (the error the check must catch)."""
+    k, num_reqs = 1, 200_000
+    generator = torch.Generator().manual_seed(7)
+    base = torch.randn(k + 1, VOCAB, generator=generator) * 1.5  # [2, V]
+    p0 = torch.softmax(_penalised(base[0], _PROMPT, _OUTPUTS), dim=-1)
+    q = 0.5 * p0 + 0.5 * torch.softmax(torch.randn(VOCAB, generator=generator), dim=-1)
+    cu, request, position = _uniform_layout(num_reqs, k)
+    drafts = torch.multinomial(q, num_reqs, replacement=True, generator=generator)  # [D]
+    before = torch.full((len(request), k), NO_DRAFT, dtype=torch.int64)  # [T, 1]
+    if with_drafts:
+        before[1::2, 0] = drafts
+    tables = PenaltyTables(1, VOCAB, torch.device("cpu"))
+    tables.reset_row(0, _PROMPT, _OUTPUTS)
+    rows = torch.zeros(len(request), dtype=torch.int64)
+    token_ids, counts, has_history = tables.batch(np.zeros(1, np.int64), rows, before)
+    num_rows = len(request)
+    penalties = Penalties(
+        index=None,
+        rows=rows,
+        positions=rows,
+        token_ids=token_ids,
+        counts=counts,
+        repetition=torch.where(has_history, _PENALTY[0], 1.0),
+        frequency=torch.full((num_rows,), _PENALTY[1]),
+        presence=torch.full((num_rows,), _PENALTY[2]),
+    )
+    batch = _random_batch(request, position, seed=3)
+    batch.penalties = penalties
+    logits = base[torch.from_numpy(position)]  # [T, V]
+    out = rejection_sample(logits, drafts, cu, k, batch, q.expand(num_reqs, -1).contiguous())
+    return out.token_ids, base
+
+
+def _worst_conditional_tv(tokens: torch.Tensor, base: torch.Tensor) -> tuple[float, int]:
+    """Over first tokens v drawn often enough: max of TV(second | first = v) / its tolerance,
+    against the bonus row penalised with v among the outputs; and how many v were checked."""
+    worst, checked = 0.0, 0
+    for v in range(VOCAB):
+        second = tokens[(tokens[:, 0] == v) & (tokens[:, 1] >= 0), 1]
+        if len(second) < 5_000:
+            continue
+        p1 = torch.softmax(_penalised(base[1], _PROMPT, _OUTPUTS + [v]), dim=-1)
+        worst = max(worst, _total_variation(second, p1) / tv_tolerance(p1, len(second)))
+        checked += 1
+    return worst, checked
+
+
+def test_penalties_see_the_drafts_before_each_position() -> None:
+    """With penalties, token 0 ~ the penalised p of the history, and token 1 given token 0 = v
+    ~ the penalised p of the history and v: the bonus row's penalties count the accepted draft.
+    Without the draft in its history the same check fails."""
+    tokens, base = _penalised_verify(with_drafts=True)
+    p0 = torch.softmax(_penalised(base[0], _PROMPT, _OUTPUTS), dim=-1)
+    assert _total_variation(tokens[:, 0], p0) < tv_tolerance(p0, len(tokens))
+    worst, checked = _worst_conditional_tv(tokens, base)
+    assert checked >= 4 and worst < 1.0
+    tokens, base = _penalised_verify(with_drafts=False)
+    assert _worst_conditional_tv(tokens, base)[0] > 2.0

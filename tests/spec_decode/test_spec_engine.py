@@ -124,7 +124,7 @@ def test_greedy_logprobs_equal_plain(tiny_llama_dir: Path, plain: LLM) -> None:
 def test_random_sampling_is_seeded_and_bounded(tiny_llama_dir: Path) -> None:
     """Seeded random requests (temperature, top-k, top-p, min-p, min_tokens) give the same
     tokens run alone or in a batch, never more than max_tokens, and EOS is held off by
-    min_tokens; penalised requests (which decode without drafts) run beside them."""
+    min_tokens; a penalised one speculates beside them (test_spec_penalties.py: greedy)."""
     llm = _llm(tiny_llama_dir, speculative=True, num_gpu_blocks_override=64)
     prompts = _prompts(2, [25, 31, 14])
     params = [
