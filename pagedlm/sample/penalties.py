@@ -93,7 +93,7 @@ class PenaltyTables:
         """Append what verification steps emitted: rows [M] int64 (distinct), positions [M]
         (their lengths), token_ids [M, K + 1] int64 (NO_TOKEN past each row's emitted ones, so
         the slots past a row's length stay NO_TOKEN); max_end: the largest position + K + 1.
-        The host learns the counts later: lengths_np moves by add_lengths."""
+        The host learns the counts later: SamplingState.count_emitted moves lengths_np."""
         self._reserve(max_end)
         columns = torch.arange(token_ids.shape[1], device=rows.device)  # [K + 1]
         self.token_ids[rows[:, None], positions[:, None] + columns] = token_ids

@@ -214,10 +214,10 @@ class SamplingState:
         batch = self.make_batch(rows_np)
         output = sample_batch(logits.float(), batch, self._triton_device_types)
         self._num_sampled_np[rows_np] += 1
-        self.record_drawn(batch, rows_np, output.sampled_token_ids)
+        self._record_drawn(batch, rows_np, output.sampled_token_ids)
         return output
 
-    def record_drawn(
+    def _record_drawn(
         self, batch: SamplingBatch, rows_np: np.ndarray, sampled: torch.Tensor
     ) -> None:
         """The tokens sampled [N] by the batch made for rows [N] go into the histories of the

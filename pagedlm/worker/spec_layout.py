@@ -71,15 +71,12 @@ def spec_layout(
     )
 
 
-def drafts_before_index(num_drafts_np: np.ndarray, k: int) -> np.ndarray:
-    """[T_l, k] int64: per logits row (request r, offset j), the indices in the D drafts of
-    r's drafts before j, then D (past the drafts: no draft); num_drafts_np [N] as SpecLayout's."""
-    num_logits = num_drafts_np + 1  # [N]
+def drafts_before_index(num_drafts_np: np.ndarray, offsets_np: np.ndarray, k: int) -> np.ndarray:
+    """[T_l, k] int64: per logits row (its request r, its offset j in 0..n_r: offsets_np
+    [T_l]), the indices in the D drafts of r's drafts before j, then D (no draft);
+    num_drafts_np [N] as SpecLayout's."""
     first_draft = np.cumsum(num_drafts_np) - num_drafts_np  # [N]
-    request_of_row = np.repeat(np.arange(num_drafts_np.size), num_logits)  # [T_l]
-    offset = np.arange(int(num_logits.sum())) - np.repeat(
-        np.cumsum(num_logits) - num_logits, num_logits
-    )
+    first_draft = np.repeat(first_draft, num_drafts_np + 1)  # [T_l]
     columns = np.arange(k)[None, :]  # [1, k]
-    index = first_draft[request_of_row][:, None] + columns  # [T_l, k]
-    return np.where(columns < offset[:, None], index, int(num_drafts_np.sum())).astype(np.int64)
+    index = first_draft[:, None] + columns  # [T_l, k]
+    return np.where(columns < offsets_np[:, None], index, int(num_drafts_np.sum())).astype(np.int64)

@@ -7,7 +7,8 @@ Per step (ModelRunner calls, in order):
 - `sample_and_propose`: a step without drafts samples as without speculation (the runner's own
   `_sample`: graphs' argmax, grammar, every feature), one with drafts runs the rejection sampler
   over each sampling request's 1 + n logits rows with the request's parameters repeated (noise
-  keys and min_tokens counting the row's position); then the proposer gets the emitted tokens
+  keys and min_tokens counting the row's position, penalties and bad words reading the drafts
+  before it as outputs); then the proposer gets the emitted tokens
   (proposer.py) and proposes at most the k of the step's batch size (0: it only records them)
   and the next drafts go into the DraftStore; one copy brings [N, k + 3] to pinned
   host memory: the emitted tokens (k + 1 columns, -1 past the emitted), the accepted drafts,
@@ -15,7 +16,8 @@ Per step (ModelRunner calls, in order):
 
 Tokens sampled by rows without drafts are counted by the sampler at once (they may be in flight
 under async scheduling), those of rows with drafts when the host records the step (such requests
-are never scheduled while a step of theirs is in flight: core/spec_plan.py).
+are never scheduled while a step of theirs is in flight: core/spec_plan.py); the device
+histories of penalties and bad words take every row's emitted tokens at once.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from pagedlm.spec_decode.proposer import DraftStore, VerifiedStep, make_proposer
 from pagedlm.spec_decode.rejection_sampler import SyntheticAcceptance, rejection_sample
 from pagedlm.spec_decode.triton_scan import triton_accept_scan
 from pagedlm.worker.grammar_inputs import GrammarRows
-from pagedlm.worker.spec_layout import SpecLayout, drafts_before_index
+from pagedlm.worker.spec_layout import drafts_before_index
 from pagedlm.worker.step_plan import StepPlan
 
 if TYPE_CHECKING:
@@ -206,9 +208,9 @@ class SpecWorker:
         draft_ids = self.store.flat_ids.index_select(0, step.draft_src)  # [D]
         batch = SamplingBatch()
         if not sampler.is_greedy(rows_np):
-            drafts = (
-                self._drafts_before(draft_ids, spec) if sampler.reads_history(rows_np) else None
-            )
+            drafts = None
+            if sampler.reads_history(rows_np):
+                drafts = self._drafts_before(draft_ids, spec.num_drafts_np, offsets_np)
             batch = sampler.make_batch(row_rows_np, offsets_np, drafts)
         synthetic = None
         if self._rates is not None:
@@ -231,10 +233,12 @@ class SpecWorker:
         )
         return out.token_ids, out.num_accepted, out.logprobs
 
-    def _drafts_before(self, draft_ids: torch.Tensor, spec: SpecLayout) -> torch.Tensor:
+    def _drafts_before(
+        self, draft_ids: torch.Tensor, num_drafts_np: np.ndarray, offsets_np: np.ndarray
+    ) -> torch.Tensor:
         """[T_l, k] int64: each logits row's drafts before its position, NO_DRAFT after them
         (what penalties and bad words read as the outputs before that row's token)."""
-        index = upload(drafts_before_index(spec.num_drafts_np, self.k), self.device)
+        index = upload(drafts_before_index(num_drafts_np, offsets_np, self.k), self.device)
         padded = torch.cat([draft_ids, draft_ids.new_full((1,), NO_DRAFT)])  # [D + 1]
         return padded[index]
 

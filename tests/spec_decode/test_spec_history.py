@@ -13,6 +13,7 @@ import torch
 from pagedlm.sample import SamplingState
 from pagedlm.sample.sampler import process_logits
 from pagedlm.sampling_params import SamplingParams
+from pagedlm.worker.spec_layout import drafts_before_index
 
 VOCAB = 12
 K = 3
@@ -96,3 +97,11 @@ def test_verify_positions_see_the_drafts_before_them() -> None:
                 got[row], _plain_logits(params, prompt, outputs, logits[row])
             )
     assert num_banned_by_a_draft > 10  # the drafts changed what later positions see
+
+
+def test_drafts_before_index() -> None:
+    """Requests of 2, 0 and 1 drafts (D = 3), k = 2: each logits row's earlier drafts, then D."""
+    num_drafts_np = np.array([2, 0, 1])
+    offsets_np = np.array([0, 1, 2, 0, 0, 1])
+    index = drafts_before_index(num_drafts_np, offsets_np, 2)
+    assert index.tolist() == [[3, 3], [0, 3], [0, 1], [3, 3], [3, 3], [2, 3]]
