@@ -1,9 +1,10 @@
 """Speculative decoding (n-gram) against plain decoding: decode tok/s and mean acceptance length.
 
-    python benchmarks/spec_decode.py cpu [--batches 1,16] [--max-tokens 64]
+    python benchmarks/spec_decode.py cpu [--batches 1,16] [--max-tokens 64] [--penalties R,F,P]
         the default model (SmolLM2-135M, the CPU default dtype) on a copy/edit workload: each
         prompt holds a passage and asks for it back with an edit, so drafts come from the prompt;
-        real acceptance.
+        real acceptance. --penalties: every request's repetition, frequency and presence
+        penalties (verified per draft position).
     python benchmarks/spec_decode.py device [--batches 1,32] [--rates 0.5,0.7,0.9] [--ks 1,2,3,4,5]
             [--ab]
         dummy llama3-8b on CUDA, rejection_sample_method synthetic (every position accepted at
@@ -99,7 +100,14 @@ def run_cpu(args) -> list[Row]:
         torch.set_num_threads(args.threads)
     spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": 2,
             "prompt_lookup_max": 5}  # fmt: skip
-    params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+    repetition, frequency, presence = (float(x) for x in args.penalties.split(","))
+    params = SamplingParams(
+        temperature=0,
+        max_tokens=args.max_tokens,
+        repetition_penalty=repetition,
+        frequency_penalty=frequency,
+        presence_penalty=presence,
+    )
     rows = []
     engines = {"plain": LLM(), "ngram": LLM(speculative_config=spec)}
     for batch in args.batches:
@@ -261,6 +269,7 @@ def main() -> None:
     parser.add_argument("--rates", default="0.5,0.7,0.9", help="device: synthetic rates")
     parser.add_argument("--threads", type=int, default=0, help="cpu: torch threads (0: torch's)")
     parser.add_argument("--json", default=None, help="write the rows here")
+    parser.add_argument("--penalties", default="1,0,0", help="cpu: repetition,frequency,presence")
     parser.add_argument("--ab", action="store_true", help="device: full graphs vs piecewise")
     args = parser.parse_args()
     on_cpu = args.where == "cpu"
