@@ -1,7 +1,7 @@
 """The planner's side of speculative decoding (core/spec_plan.py) with hand-made runner outputs:
 1 + n positions for a decoding request holding n drafts, capped by max_tokens, max_model_len and
 the budget; the rollback over rejected drafts; a speculating request waits while its step is in
-flight; penalised requests never draft; the per-step counts reach the outputs and the counters."""
+flight, a penalised one too; the per-step counts reach the outputs and the counters."""
 
 from __future__ import annotations
 
@@ -81,21 +81,22 @@ def test_drafts_are_capped_by_max_tokens_max_model_len_and_budget() -> None:
         assert step.num_draft_tokens.get("a", 0) == expected, (max_tokens, max_model_len, budget)
 
 
-def test_a_speculating_request_waits_for_its_step_and_penalised_ones_never_draft() -> None:
+def test_a_speculating_request_waits_for_its_step_and_penalised_ones_draft_too() -> None:
     scheduler = _scheduler()
     scheduler.add_request(make_request("a", list(range(10)), max_tokens=20))
     scheduler.add_request(make_request("p", list(range(10)), max_tokens=20, presence_penalty=0.5))
     prefill = scheduler.schedule()
     scheduler.update_from_output(prefill, _output(prefill, {"a": [1], "p": [1]}, held=K))
     first = scheduler.schedule()
-    assert first.num_draft_tokens == {"a": K} and first.num_scheduled_tokens["p"] == 1
+    assert first.num_draft_tokens == {"a": K, "p": K}
     second = scheduler.schedule()  # async: `first` is in flight
-    assert second.num_scheduled_tokens == {"p": 1}  # "a" waits for its verdict; "p" goes on
-    scheduler.update_from_output(first, _output(first, {"a": [2, 3, 4, 5], "p": [2]}, held=K))
-    scheduler.update_from_output(second, _output(second, {"p": [3]}, held=K))
-    assert scheduler.requests["a"].num_computed_tokens == scheduler.requests["a"].num_tokens - 1
+    assert second.num_scheduled_tokens == {}  # both wait for their verdicts
+    scheduler.update_from_output(first, _output(first, {"a": [2, 3, 4, 5], "p": [2, 3]}, held=K))
+    for req_id in ("a", "p"):
+        request = scheduler.requests[req_id]
+        assert request.num_computed_tokens == request.num_tokens - 1
     third = scheduler.schedule()
-    assert third.num_draft_tokens == {"a": K}
+    assert third.num_draft_tokens == {"a": K, "p": K}
 
 
 def test_blocks_of_a_rejected_tail_go_back() -> None:
