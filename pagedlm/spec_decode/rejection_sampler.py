@@ -9,7 +9,8 @@ the bonus row. A draft id of NO_DRAFT (-1) is never accepted.
 - random rows (Leviathan et al. / Chen et al., arXiv 2211.17192): accept draft d with probability
   min(1, p(d) / q(d)); on a rejection emit a draw from the residual max(0, p - q), normalised; the
   bonus row emits a draw from p. p is the target's distribution after every filter the plain
-  sampler applies (masks, bias, penalties, temperature, min-p, top-k, top-p: sample/sampler.py);
+  sampler applies (masks, bias, penalties, temperature, min-p, top-k, top-p: sample/sampler.py;
+  penalties and bad words read the request's outputs and its drafts before the row, vLLM's way);
   q is the draft's (one-hot at d when draft_probs is None: n-gram or greedy drafts). The emitted
   tokens are then distributed exactly as p's own draws.
 - synthetic (benchmarking): draft j is accepted with probability rates[j] whatever it is; the first
