@@ -32,6 +32,12 @@ def may_speculate(request: Request) -> bool:
     return request.structured_output is None
 
 
+def _drafts_in_flight(request: Request) -> bool:
+    """Its steps in flight computed positions past the tokens they will sample (their drafts):
+    without drafts, num_computed_tokens == num_tokens + placeholders - 1 while decoding."""
+    return request.num_computed_tokens >= request.num_tokens + request.num_output_placeholders
+
+
 @dataclass(slots=True)
 class SpecPlanner:
     """The scheduler's speculative state: the drafts the worker holds per request and the
@@ -46,12 +52,12 @@ class SpecPlanner:
         self.counters = SpecDecodeCounters(self.config.num_speculative_tokens)
 
     def waits(self, request: Request, batch_size: int) -> bool:
-        """A request that may speculate waits while a step of it is in flight."""
-        return (
-            request.num_output_placeholders > 0
-            and self.config.num_spec_tokens_for_batch(batch_size) > 0
-            and may_speculate(request)
-        )
+        """A request that may speculate waits while a step of it is in flight; one whose step
+        in flight verifies drafts waits whatever this batch's k (its next position depends on
+        the verdict, even where the batch has grown past speculating)."""
+        if request.num_output_placeholders == 0 or not may_speculate(request):
+            return False
+        return _drafts_in_flight(request) or self.config.num_spec_tokens_for_batch(batch_size) > 0
 
     def num_drafts(self, request: Request, batch_size: int, token_budget: int) -> int:
         """The drafts `request` verifies this step if it decodes (module notes)."""

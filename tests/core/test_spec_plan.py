@@ -118,3 +118,39 @@ def test_blocks_of_a_rejected_tail_go_back() -> None:
     [cached] = again.cached_reqs
     assert cached.num_blocks == len(kv.get_block_ids("a")) == 3  # its tail taken again
     assert cached.new_block_ids == kv.get_block_ids("a")[2:]
+
+
+def test_a_drafted_step_in_flight_holds_its_request_when_the_batch_stops_speculating() -> None:
+    """k drops to 0 once a second request runs (per-batch-size k) while the first one's drafted
+    step is in flight: the first still waits for that step's verdict (its next position depends
+    on it) instead of being scheduled on positions that assume every draft accepted."""
+    speculative = SpeculativeConfig.from_user(
+        {
+            "method": "ngram",
+            "num_speculative_tokens": K,
+            "num_speculative_tokens_per_batch_size": [[1, 1, K], [2, 4, 0]],
+        }
+    )
+    scheduler = Scheduler(
+        SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64),
+        CacheConfig(block_size=8),
+        num_blocks=64,
+        max_model_len=64,
+        speculative=speculative,
+    )
+    first = make_request("a", list(range(10)), max_tokens=20)
+    scheduler.add_request(first)
+    prefill = scheduler.schedule()
+    scheduler.update_from_output(prefill, _output(prefill, {"a": [7]}, held=K))
+    drafted = scheduler.schedule()  # batch 1: a verifies K drafts, its step now in flight
+    assert drafted.num_draft_tokens == {"a": K}
+    scheduler.add_request(make_request("b", list(range(20, 30)), max_tokens=20))
+    admits = scheduler.schedule()  # b joins: from now on the batch is 2, k = 0
+    assert admits.num_scheduled_tokens == {"b": 10}
+    nxt = scheduler.schedule()  # a's drafted step still in flight
+    assert "a" not in nxt.num_scheduled_tokens
+    assert first.num_computed_tokens == 11 + K  # untouched until the verdict
+    scheduler.update_from_output(drafted, _output(drafted, {"a": [8, 9]}, held=0))
+    assert first.num_computed_tokens == first.num_tokens - 1 == 12
+    after = scheduler.schedule()
+    assert after.num_scheduled_tokens["a"] == 1 and "a" not in after.num_draft_tokens
