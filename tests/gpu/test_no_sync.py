@@ -39,6 +39,13 @@ ARRIVAL_EVERY = 6  # a new prompt every 6 steps: its prefill shares a step with 
 MAX_DRAIN_STEPS = 2000
 GREEDY = SamplingParams(temperature=0.0)
 RANDOM = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=7, logprobs=2)
+# penalties and bad words read each verify position's drafts (sample/state.py make_batch)
+PENALISED = SamplingParams(
+    temperature=0.0,
+    repetition_penalty=1.2,
+    frequency_penalty=0.3,
+    bad_words_token_ids=[[5], [7, 9]],
+)
 # a JSON string that never ends within max_tokens: a random model's tokens stay inside it
 NEVER_ENDS = StructuredOutputsParams(json={"type": "string", "minLength": 10_000})
 
@@ -81,15 +88,17 @@ class Workload:
     """Six requests at first (two outlive the test, one samples at random with logprobs), then a
     short greedy one every ARRIVAL_EVERY steps; records the tokens each request receives."""
 
-    def __init__(self, core: EngineCore, constrain: bool = False) -> None:
-        """constrain: every other request (the random one among them) under NEVER_ENDS."""
+    def __init__(self, core: EngineCore, constrain: bool = False, penalise: bool = False) -> None:
+        """constrain: every other request (the random one among them) under NEVER_ENDS;
+        penalise: requests 2 and 3 PENALISED."""
         self.core = core
         self.constrain = constrain
         self.max_tokens: dict[str, int] = {}
         self.received: dict[str, int] = {}
         self.num_steps = 0
         for i in range(6):
-            self._add(8 + 5 * i, 200 if i < 2 else 40 + 7 * i, RANDOM if i == 1 else GREEDY)
+            params = RANDOM if i == 1 else PENALISED if penalise and i in (2, 3) else GREEDY
+            self._add(8 + 5 * i, 200 if i < 2 else 40 + 7 * i, params)
 
     def _add(self, prompt_len: int, max_tokens: int, params: SamplingParams) -> None:
         index = len(self.max_tokens)
@@ -218,7 +227,7 @@ def test_steady_state_steps_make_no_sync(folder, folder_with_tokenizer, monkeypa
 def test_speculative_steps_make_no_sync(folder, synthetic: bool):
     """The same workload with n-gram speculation (k = 3, matches of one token: the random
     model's tokens recur): steps that verify drafts, mixed with prefills and plain decodes, make
-    no sync; every request gets exactly its max_tokens. synthetic: drafts every step, so the
+    no sync, penalised requests among them; every request gets exactly its max_tokens. synthetic: drafts every step, so the
     uniform steps replay their full graphs (worker/spec_graphs.py). (A speculating request waits
     for its step's output, so event waits may be exposed: not counted here.)"""
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
@@ -227,7 +236,7 @@ def test_speculative_steps_make_no_sync(folder, synthetic: bool):
         spec |= {"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": 0.6}
     core = _engine(folder, speculative_config=spec)
     replays = count_spec_replays(core.model_runner)
-    work = Workload(core)
+    work = Workload(core, penalise=True)
     for _ in range(WARMUP_STEPS):
         work.step()
     counters = core.scheduler.spec.counters
