@@ -20,7 +20,8 @@ large max_tokens soon reserves little. An allowance counts at most MAX_ESTIMATED
 fraction is still being learned. Preemption stays the safety net when the estimate is short.
 With a sliding window (every layer) a request's blocks are capped (core/sliding_window.py): its
 growth is the most it will hold (the rest of its prompt in one chunk beside its window, or its
-window once decoding) less what it holds now.
+window once decoding) less what it holds now. With several KV cache groups (core/kv_groups.py)
+the growth is the sum of each group's, counting what a group holds from the request's tokens.
 """
 
 from __future__ import annotations
@@ -42,11 +43,17 @@ class GrowthEstimate:
     """enabled=False reserves nothing (admission by the prompt alone; tests of preemption use it)."""
 
     def __init__(
-        self, max_model_len: int, enabled: bool = True, sliding_window: int | None = None
+        self,
+        max_model_len: int,
+        enabled: bool = True,
+        sliding_window: int | None = None,
+        group_windows: tuple[int | None, ...] | None = None,
     ) -> None:
+        """group_windows: each KV cache group's window (core/kv_groups.py), instead of the one
+        sliding_window of every layer."""
         self.max_model_len = max_model_len
         self.enabled = enabled
-        self.sliding_window = sliding_window
+        self.group_windows = (sliding_window,) if group_windows is None else group_windows
         self.fraction = INITIAL_FRACTION
         # speculative decoding's k: a request still generating may hold that many draft
         # positions past its known tokens (core/spec_plan.py)
@@ -76,8 +83,22 @@ class GrowthEstimate:
         """Blocks beyond the cdiv(num_kv_tokens, block_size) that hold its first num_kv_tokens.
         With a sliding window: beyond num_held, the blocks it holds, up to the most it will hold,
         during the rest of its prompt (in one chunk at worst) or once it has its expected tokens."""
+        if len(self.group_windows) > 1:  # each group's, from its own capped footprint
+            return sum(
+                self._blocks(request, num_kv_tokens, block_size, None, window)
+                for window in self.group_windows
+            )
+        return self._blocks(request, num_kv_tokens, block_size, num_held, self.group_windows[0])
+
+    def _blocks(
+        self,
+        request: Request,
+        num_kv_tokens: int,
+        block_size: int,
+        num_held: int | None,
+        window: int | None,
+    ) -> int:
         expected = math.ceil(num_kv_tokens + self.tokens(request, num_kv_tokens))
-        window = self.sliding_window
         if window is None:
             return max(cdiv(expected, block_size) - cdiv(num_kv_tokens, block_size), 0)
         peak = num_held_blocks(expected, window, block_size)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from pagedlm.core.block_hash import BlockHash, cache_salt_keys, hash_block
 from pagedlm.core.block_pool import NULL_BLOCK_ID, BlockPool
+from pagedlm.core.sched_output import GroupBlockUpdate
 from pagedlm.core.sliding_window import cdiv, num_skipped_blocks, num_window_blocks
 from pagedlm.request import Request
 
@@ -46,8 +47,12 @@ class KVCacheManager:
         block_size: int,
         enable_prefix_caching: bool,
         sliding_window: int | None = None,
+        pool: BlockPool | None = None,
+        cache_key_suffix: bytes = b"",
     ) -> None:
-        """sliding_window: the window of every layer (None: some layer attends to all keys)."""
+        """sliding_window: the window of every layer (None: some layer attends to all keys);
+        pool and cache_key_suffix: a KV cache group's share of a pool (core/kv_groups.py), its
+        prefix-cache entries keyed by block hash + suffix."""
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
         if sliding_window is not None and sliding_window < 1:
@@ -57,7 +62,8 @@ class KVCacheManager:
         self.sliding_window = sliding_window
         if sliding_window is not None:  # what a decoding request holds at most (module notes)
             self._max_decode_blocks = num_window_blocks(sliding_window, block_size) + 1
-        self.pool = BlockPool(num_blocks)
+        self.pool = BlockPool(num_blocks) if pool is None else pool
+        self._key_suffix = cache_key_suffix
         # per request, one entry per block of its tokens; the first num_null_blocks are NULL_BLOCK_ID
         self.req_to_blocks: dict[str, list[int]] = {}
         self.num_null_blocks: dict[str, int] = {}
@@ -84,6 +90,21 @@ class KVCacheManager:
     def num_held_blocks(self, req_id: str) -> int:
         """Blocks of the pool the request holds."""
         return len(self.get_block_ids(req_id)) - self.get_num_null_blocks(req_id)
+
+    # One KV cache group: what the scheduler asks of every manager (core/kv_groups.py has more)
+    @property
+    def group_windows(self) -> tuple[int | None, ...]:
+        return (self.sliding_window,)
+
+    def all_block_ids(self, req_id: str) -> list[int]:
+        """The request's block ids in every group."""
+        return self.get_block_ids(req_id)
+
+    def other_group_block_ids(self, req_id: str) -> tuple[list[int], ...]:
+        return ()
+
+    def group_updates(self, req_id: str) -> tuple[GroupBlockUpdate, ...]:
+        return ()
 
     def get_computed_blocks(
         self, request: Request, token_budget: int | None = None
@@ -120,7 +141,7 @@ class KVCacheManager:
         in `excluded` (NULL_BLOCK_ID below a window's reach: module notes)."""
 
         def cached(block_hash: BlockHash) -> int | None:
-            block_id = self.pool.lookup(block_hash)
+            block_id = self.pool.lookup(block_hash + self._key_suffix)
             return None if block_id in excluded else block_id
 
         if self.sliding_window is None:
@@ -156,16 +177,12 @@ class KVCacheManager:
         than `num_reserved_blocks` free blocks."""
         req_id = request.request_id
         held = self.req_to_blocks.get(req_id)
-        windowed = held is not None and self.sliding_window is not None
+        self.free_out_of_window(request, num_new_tokens)
         if held is not None and not computed_blocks:  # the common decode step: often no new block
             num_total_tokens = request.num_computed_tokens + num_new_tokens
             if num_total_tokens <= len(held) * self.block_size:
-                if windowed and self.num_held_blocks(req_id) > self._max_decode_blocks:
-                    self._free_skipped_blocks(req_id, request.num_computed_tokens)
                 self._cache_full_blocks(request, num_total_tokens, num_new_tokens == 1)
                 return []
-        if windowed:
-            self._free_skipped_blocks(req_id, request.num_computed_tokens)
         computed_blocks = computed_blocks or []
         is_first = held is None
         if computed_blocks and not is_first:
@@ -201,6 +218,18 @@ class KVCacheManager:
             for block_id in computed_blocks
             if block_id != NULL_BLOCK_ID and ref_cnts[block_id] == 0
         )
+
+    def free_out_of_window(self, request: Request, num_new_tokens: int) -> None:
+        """What allocate_slots frees before taking blocks for num_new_tokens more (module notes):
+        below the window when new blocks are needed or the request holds a decode's peak."""
+        req_id = request.request_id
+        held = self.req_to_blocks.get(req_id)
+        if held is None or self.sliding_window is None:
+            return
+        num_total_tokens = request.num_computed_tokens + num_new_tokens
+        takes_blocks = num_total_tokens > len(held) * self.block_size
+        if takes_blocks or self.num_held_blocks(req_id) > self._max_decode_blocks:
+            self._free_skipped_blocks(req_id, request.num_computed_tokens)
 
     def _free_skipped_blocks(self, req_id: str, first_query_pos: int) -> None:
         """Frees the blocks below the window of a step whose queries start at first_query_pos."""
@@ -274,7 +303,7 @@ class KVCacheManager:
             # a block freed out of the window before its tokens were known stays unregistered
             if block_ids[i] == NULL_BLOCK_ID:
                 continue
-            self.pool.cache_block(block_ids[i], request.block_hashes[i])
+            self.pool.cache_block(block_ids[i], request.block_hashes[i] + self._key_suffix)
             if one_token:
                 self._registered_this_step.add(block_ids[i])
         self.num_cached_blocks[req_id] = num_full

@@ -25,6 +25,15 @@ if TYPE_CHECKING:
 
 
 @dataclass(slots=True)
+class GroupBlockUpdate:
+    """A request's block table in KV cache group g >= 1 (core/kv_groups.py), as a diff."""
+
+    new_block_ids: list[int]  # appended once the table is cut to num_blocks - len(new_block_ids)
+    num_null_blocks: int  # its leading entries freed out of the group's sliding window
+    num_blocks: int  # its entries after this update
+
+
+@dataclass(slots=True)
 class NewRequestData:
     """A request the worker has not seen (or sees again after preemption): everything it needs."""
 
@@ -35,6 +44,9 @@ class NewRequestData:
     block_ids: list[int]
     num_computed_tokens: int  # tokens whose KV is already in the cache (prefix hit)
     prompt_embeds: torch.Tensor | None = None  # [num_prompt_tokens, hidden_size]
+    # Models with several KV cache groups: groups 1.. (block_ids is group 0's), NULL_BLOCK_ID
+    # where a group's window no longer needs a block
+    group_block_ids: tuple[list[int], ...] = ()
 
 
 @dataclass(slots=True)
@@ -50,6 +62,8 @@ class CachedRequestData:
     # Its blocks once new_block_ids are appended (None: as many as the worker's plus those): fewer
     # when a speculative step's rejected tail gave blocks back (KVCacheManager.trim).
     num_blocks: int | None = None
+    # Models with several KV cache groups: groups 1.. (the fields above are group 0's)
+    groups: tuple[GroupBlockUpdate, ...] = ()
 
 
 @dataclass(slots=True)

@@ -36,7 +36,7 @@ from pagedlm import envs
 from pagedlm.config import CacheConfig, SchedulerConfig
 from pagedlm.core.block_pool import NULL_BLOCK_ID
 from pagedlm.core.growth import AdmissionReserve, GrowthEstimate
-from pagedlm.core.kv_cache_manager import KVCacheManager
+from pagedlm.core.kv_groups import make_kv_cache_manager
 from pagedlm.core.prefill_spread import PrefillSpread
 from pagedlm.core.sched_output import (
     CachedRequestData,
@@ -102,16 +102,20 @@ class Scheduler:
         max_model_len: int,
         sliding_window: int | None = None,
         speculative: SpeculativeConfig | None = None,
+        group_windows: tuple[int | None, ...] | None = None,
     ) -> None:
         """sliding_window: every layer's window, if all have one (their blocks out of it are freed);
-        speculative: drafts verified by decoding requests (core/spec_plan.py)."""
+        speculative: drafts verified by decoding requests (core/spec_plan.py); group_windows:
+        instead of sliding_window, the window of each KV cache group (core/kv_groups.py)."""
         self.config = sched_config
         self.max_model_len = max_model_len
-        self.kv_cache_manager = KVCacheManager(
+        if group_windows is None:
+            group_windows = (sliding_window,)
+        self.kv_cache_manager = make_kv_cache_manager(
             num_blocks,
             cache_config.block_size,
             cache_config.enable_prefix_caching,
-            sliding_window,
+            group_windows,
         )
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.waiting: list[Request] = []
@@ -126,7 +130,7 @@ class Scheduler:
             int, dict[str, Request]
         ] = {}  # step_id -> its requests, until updated
         self.num_preemptions = 0
-        self.growth = GrowthEstimate(max_model_len, sliding_window=sliding_window)
+        self.growth = GrowthEstimate(max_model_len, group_windows=group_windows)
         self.spec = None if speculative is None else SpecPlanner(speculative, max_model_len)
         if speculative is not None:
             self.growth.num_draft_positions = speculative.num_speculative_tokens
@@ -361,6 +365,7 @@ class Scheduler:
                     None
                     if self.spec is None
                     else len(self.kv_cache_manager.get_block_ids(request.request_id)),
+                    self.kv_cache_manager.group_updates(request.request_id),
                 )
             )
             self._commit(request, num_new, plan, num_drafts)
@@ -431,7 +436,7 @@ class Scheduler:
         for num_victims, victim in enumerate(reversed(candidates)):
             if num_free >= num_needed:
                 return num_victims
-            for block_id in kv.get_block_ids(victim.request_id):
+            for block_id in kv.all_block_ids(victim.request_id):
                 if block_id == NULL_BLOCK_ID:
                     continue
                 num_holders[block_id] = num_holders.get(block_id, ref_cnts[block_id]) - 1
@@ -504,6 +509,7 @@ class Scheduler:
                     block_ids=list(kv.get_block_ids(request.request_id)),
                     num_computed_tokens=admission.num_hit_tokens,
                     prompt_embeds=request.prompt_embeds,
+                    group_block_ids=kv.other_group_block_ids(request.request_id),
                 )
             )
             self._commit(request, admission.num_new, plan)
