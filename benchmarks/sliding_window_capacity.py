@@ -3,6 +3,7 @@ without freeing the KV blocks below the sliding window, through the real Schedul
 
     python benchmarks/sliding_window_capacity.py [--requests 300] [--prompt 32000] [--output 768]
     python benchmarks/sliding_window_capacity.py --workload S1   (gpu_workloads.py's mix, modelled)
+    python benchmarks/sliding_window_capacity.py --full-layers 8   (8 of the 32 layers full)
 
 The block count is the engine's KV sizing for the shape: device memory x gpu_memory_utilization
 (0.9, the default) - the weights (14.5 GB in bf16) - the rest of start-up's reservation (the
@@ -13,6 +14,11 @@ request stays held, as before this change. Prefix caching off (distinct prompts)
 row: the blocks, the most requests decoding in one step, the most holding KV at once, the
 preemptions and the steps; with the per-step cost model of scheduler_sim.py (attention reads
 min(context, window) keys), the modelled output tok/s.
+
+With --full-layers N the shape mixes N full layers (spread evenly) with 32 - N windowed ones
+(Qwen2/3's layer_types): row "one group" keeps every block (the path before KV cache groups), row
+"groups" runs core/kv_groups.py's groups, whose block costs one group's layers (layer i of every
+group shares a KV tensor), so the same memory holds num_layers / group size times the blocks.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from scheduler_sim import (  # noqa: E402
 )
 
 from pagedlm.config import CacheConfig, SchedulerConfig  # noqa: E402
+from pagedlm.core.kv_groups import kv_cache_groups  # noqa: E402
 from pagedlm.core.sched_output import ModelRunnerOutput  # noqa: E402
 from pagedlm.core.scheduler import Scheduler  # noqa: E402
 from pagedlm.request import Request  # noqa: E402
@@ -64,20 +71,21 @@ def run(
     prompts: list[list[int]],
     max_tokens: list[int],
     num_blocks: int,
-    window: int | None,
+    group_windows: tuple[int | None, ...],
     max_model_len: int,
+    layer_windows: list[int | None],
 ) -> dict:
+    """layer_windows: each layer's window, for the attention reads of the cost model."""
     sched = Scheduler(
         SchedulerConfig(max_num_seqs=1024, max_num_batched_tokens=16384),
         CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=False),
         num_blocks,
         max_model_len,
-        window,
+        group_windows=group_windows,
     )
     for i, (prompt, num_out) in enumerate(zip(prompts, max_tokens)):
         params = SamplingParams(max_tokens=num_out, ignore_eos=True)
         sched.add_request(Request(str(i), prompt, params, max_tokens=num_out))
-    kv = sched.kv_cache_manager
     most_decoding = most_holding = num_steps = 0
     seconds = 0.0
     kv_bytes = kv_bytes_per_token(MODELS["mistral-7b"])
@@ -86,11 +94,12 @@ def run(
         num_steps += 1
         decoding = sum(1 for n in plan.num_scheduled_tokens.values() if n == 1)
         most_decoding = max(most_decoding, decoding)
-        most_holding = max(most_holding, len(kv.req_to_blocks))
+        most_holding = max(most_holding, len(sched.running))
         keys_read = sum(
             min(sched.requests[r].num_computed_tokens, window or max_model_len)
             for r in plan.num_scheduled_tokens
-        )
+            for window in layer_windows
+        ) / len(layer_windows)
         num_tokens = plan.total_num_scheduled_tokens
         seconds += max(
             num_tokens * GEMM_FLOPS_PER_TOKEN / PEAK_FLOPS, MISTRAL_7B_WEIGHTS / BANDWIDTH
@@ -114,6 +123,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=32000)
     parser.add_argument("--output", type=int, default=768)
     parser.add_argument("--workload", default=None, help="a gpu_workloads.py id instead (S1)")
+    parser.add_argument("--full-layers", type=int, default=0, help="of the 32; 0: Mistral's 0")
     args = parser.parse_args()
     shape = MODELS["mistral-7b"]
     if args.workload:
@@ -126,18 +136,43 @@ def main() -> None:
         max_model_len = shape["max_position_embeddings"]
         what = f"{args.requests} x {args.prompt} / {args.output}"
     num_blocks = h200_num_blocks(shape)
-    print(f"mistral-7b on the H200: {num_blocks} blocks of {BLOCK_SIZE}; {what}")
+    window, num_layers = shape["sliding_window"], shape["num_hidden_layers"]
+    print(f"mistral-7b on the H200: {num_blocks} blocks of {BLOCK_SIZE} (all layers); {what}")
     print(
-        f"{'KV':8} {'decoding at once':>16} {'holding KV':>10} {'preempt':>8} {'steps':>6} "
-        f"{'model out tok/s':>15}"
+        f"{'KV':10} {'blocks':>7} {'decoding at once':>16} {'holding KV':>10} {'preempt':>8} "
+        f"{'steps':>6} {'model out tok/s':>15}"
     )
-    for name, window in (("full", None), ("window", shape["sliding_window"])):
-        row = run(prompts, max_tokens, num_blocks, window, max_model_len)
+    for name, layer_windows, group_windows, blocks in rows(
+        args.full_layers, num_layers, window, num_blocks
+    ):
+        row = run(prompts, max_tokens, blocks, group_windows, max_model_len, layer_windows)
         print(
-            f"{name:8} {row['most_decoding']:16d} {row['most_holding']:10d} "
+            f"{name:10} {blocks:7d} {row['most_decoding']:16d} {row['most_holding']:10d} "
             f"{row['preemptions']:8d} {row['steps']:6d} {row['model_out_tok_s']:15.0f}",
             flush=True,
         )
+
+
+def rows(num_full: int, num_layers: int, window: int, num_blocks: int) -> list[tuple]:
+    """(name, layer windows, group windows, blocks) of each row (module notes)."""
+    if num_full == 0:
+        return [
+            ("full", [None] * num_layers, (None,), num_blocks),
+            ("window", [window] * num_layers, (window,), num_blocks),
+        ]
+    full = set(range(0, num_layers, num_layers // num_full)[:num_full])
+    layer_windows = [None if i in full else window for i in range(num_layers)]
+    groups = kv_cache_groups(layer_windows)
+    group_size = len(groups[0][1])
+    return [
+        ("one group", layer_windows, (None,), num_blocks),
+        (
+            f"{len(groups)} groups",
+            layer_windows,
+            tuple(w for w, _ in groups),
+            num_blocks * num_layers // group_size,
+        ),
+    ]
 
 
 if __name__ == "__main__":

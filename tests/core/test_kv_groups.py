@@ -210,8 +210,9 @@ def test_updates_carry_each_groups_table() -> None:
 @pytest.mark.parametrize("async_depth", [0, 1])
 def test_schedules_match_the_mixed_model(seed: int, async_depth: int, policy: str) -> None:
     """Random prompts several windows long, many sharing prefixes, a small pool (preemption), a
-    small token budget (chunked prefill): every request gets the tokens of the mixed model run
-    alone, the runner's checks hold every step, and the pool ends empty."""
+    small token budget (chunked prefill), the growth reserve on for odd seeds: every request gets
+    the tokens of the mixed model run alone, the runner's checks hold every step, and the pool
+    ends empty."""
     rng = random.Random(seed)
     prefixes = [[rng.randrange(VOCAB) for _ in range(rng.randint(30, 60))] for _ in range(3)]
     requests = []
@@ -223,6 +224,7 @@ def test_schedules_match_the_mixed_model(seed: int, async_depth: int, policy: st
     sched = mixed_scheduler(
         41, max_num_batched_tokens=40, max_model_len=256, max_num_seqs=8, policy=policy
     )
+    sched.growth.enabled = seed % 2 == 1
     for request in requests:
         sched.add_request(request)
     results = run_engine(sched, MixedRunner(BLOCK_SIZE), depth=async_depth)
@@ -230,8 +232,23 @@ def test_schedules_match_the_mixed_model(seed: int, async_depth: int, policy: st
         want = reference_output(request, 256, mixed_next_token)[0]
         assert results[request.request_id].token_ids == want
     kv = sched.kv_cache_manager
-    assert sched.num_preemptions > 0 and kv.prefix_cache_hits > 0
+    assert (sched.num_preemptions > 0 or sched.growth.enabled) and kv.prefix_cache_hits > 0
     assert kv.pool.num_free_blocks == kv.pool.num_usable_blocks
+
+
+def test_trim_and_free_reach_every_group() -> None:
+    """A speculative step's rejected tail goes back in every group; the update says so."""
+    kv = HybridKVCacheManager(64, BLOCK_SIZE, False, GROUPS)
+    request = make_request("a", list(range(30)), 60)
+    kv.allocate_slots(request, 30)
+    kv.other_group_block_ids("a")
+    kv.allocate_slots(request, 30 + 12 - request.num_computed_tokens)  # 30 tokens + drafts
+    kv.trim(request, 33)
+    assert [len(g.get_block_ids("a")) for g in kv.groups] == [5, 5]
+    (update,) = kv.group_updates("a")
+    assert update.num_blocks == 5 and update.new_block_ids == kv.groups[1].get_block_ids("a")[4:]
+    kv.free(request)
+    assert kv.pool.num_free_blocks == kv.pool.num_usable_blocks and not kv.all_block_ids("a")
 
 
 def test_groups_admit_more_long_requests() -> None:
