@@ -70,7 +70,7 @@ class KVCacheManager:
         self.num_cached_blocks: dict[str, int] = {}  # leading blocks of a request registered so far
         self.prefix_cache_queries = 0  # tokens looked up, counted when the lookup is allocated
         self.prefix_cache_hits = 0  # tokens found
-        self._registered_this_step: set[int] = set()  # block ids
+        self.registered_this_step: set[int] = set()  # block ids
 
     @property
     def usage(self) -> float:
@@ -112,29 +112,29 @@ class KVCacheManager:
         """Longest cached prefix of full blocks, leaving at least one token to compute; with the step's
         token_budget, none from a block this step writes if the request would then compute one token
         (module notes). Returns (block ids, number of tokens they hold). Nothing is taken yet."""
-        if not self._cacheable(request) or request.sampling_params.prompt_logprobs is not None:
+        if not self.cacheable(request) or request.sampling_params.prompt_logprobs is not None:
             return [], 0  # prompt logprobs need every prompt position computed
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
-        self._hash_full_blocks(request, max_hit_blocks)
+        self.hash_full_blocks(request, max_hit_blocks)
         hashes = request.block_hashes[:max_hit_blocks]
-        hit_blocks = self._longest_hit(hashes, frozenset())
+        hit_blocks = self.longest_hit(hashes, frozenset())
         num_new = request.num_tokens - len(hit_blocks) * self.block_size
         if token_budget is not None and min(num_new, token_budget) == 1:
-            hit_blocks = self._longest_hit(hashes, self._registered_this_step)
+            hit_blocks = self.longest_hit(hashes, self.registered_this_step)
         return hit_blocks, len(hit_blocks) * self.block_size
 
     def reset_prefix_cache(self) -> bool:
         """See BlockPool.reset_prefix_cache."""
         if not self.pool.reset_prefix_cache():
             return False
-        self._registered_this_step.clear()
+        self.registered_this_step.clear()
         return True
 
     def begin_step(self) -> None:
         """A new step's scheduling starts: blocks registered so far have their KV written by now."""
-        self._registered_this_step.clear()
+        self.registered_this_step.clear()
 
-    def _longest_hit(
+    def longest_hit(
         self, hashes: list[BlockHash], excluded: set[int] | frozenset[int]
     ) -> list[int]:
         """The block ids of the longest usable prefix of `hashes` whose blocks are cached and not
@@ -278,11 +278,11 @@ class KVCacheManager:
         if block_ids:
             self.pool.free(reversed(block_ids))  # the pool skips NULL_BLOCK_ID
 
-    def _cacheable(self, request: Request) -> bool:
+    def cacheable(self, request: Request) -> bool:
         return self.enable_prefix_caching and request.prompt_embeds is None
 
     def _count_lookup(self, request: Request, num_hit_blocks: int) -> None:
-        if self._cacheable(request):
+        if self.cacheable(request):
             self.prefix_cache_queries += request.num_tokens
             self.prefix_cache_hits += num_hit_blocks * self.block_size
 
@@ -290,14 +290,14 @@ class KVCacheManager:
         """Registers blocks that are full of known tokens once this allocation is computed; with
         one_token (the allocation computes a single token, so its step may be decode-only), also
         as registered in this step."""
-        if not self._cacheable(request):
+        if not self.cacheable(request):
             return
         req_id = request.request_id
         num_full = min(num_total_tokens, request.num_tokens) // self.block_size
         start = self.num_cached_blocks[req_id]
         if num_full <= start:
             return
-        self._hash_full_blocks(request, num_full)
+        self.hash_full_blocks(request, num_full)
         block_ids = self.req_to_blocks[req_id]
         for i in range(start, num_full):
             # a block freed out of the window before its tokens were known stays unregistered
@@ -305,10 +305,10 @@ class KVCacheManager:
                 continue
             self.pool.cache_block(block_ids[i], request.block_hashes[i] + self._key_suffix)
             if one_token:
-                self._registered_this_step.add(block_ids[i])
+                self.registered_this_step.add(block_ids[i])
         self.num_cached_blocks[req_id] = num_full
 
-    def _hash_full_blocks(self, request: Request, num_blocks: int) -> None:
+    def hash_full_blocks(self, request: Request, num_blocks: int) -> None:
         """Extends the request's hash chain to its first `num_blocks` blocks (all of known tokens)."""
         hashes = request.block_hashes
         if len(hashes) >= num_blocks:

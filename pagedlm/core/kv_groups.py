@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pagedlm.core.block_hash import BlockHash
 from pagedlm.core.block_pool import NULL_BLOCK_ID, BlockPool
 from pagedlm.core.kv_cache_manager import KVCacheManager
 from pagedlm.core.sched_output import GroupBlockUpdate
@@ -142,23 +143,25 @@ class HybridKVCacheManager:
     ) -> tuple[list[int], int]:
         """The longest prefix hit every group accepts (module notes), flat: k blocks a group."""
         first = self.groups[0]
-        if not first._cacheable(request) or request.sampling_params.prompt_logprobs is not None:
+        if not first.cacheable(request) or request.sampling_params.prompt_logprobs is not None:
             return [], 0
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
-        first._hash_full_blocks(request, max_hit_blocks)
+        first.hash_full_blocks(request, max_hit_blocks)
         hashes = request.block_hashes[:max_hit_blocks]
         hits = self._agreed_hit(hashes, frozenset())
         num_new = request.num_tokens - len(hits[0]) * self.block_size
         if token_budget is not None and min(num_new, token_budget) == 1:
-            excluded = set().union(*(group._registered_this_step for group in self.groups))
+            excluded = set().union(*(group.registered_this_step for group in self.groups))
             hits = self._agreed_hit(hashes, excluded)
         return [b for hit in hits for b in hit], len(hits[0]) * self.block_size
 
-    def _agreed_hit(self, hashes: list, excluded: set[int] | frozenset[int]) -> list[list[int]]:
+    def _agreed_hit(
+        self, hashes: list[BlockHash], excluded: set[int] | frozenset[int]
+    ) -> list[list[int]]:
         """Per group, the hit of the longest k every group accepts (0 if none)."""
         num_blocks = len(hashes)
         while True:
-            hits = [group._longest_hit(hashes[:num_blocks], excluded) for group in self.groups]
+            hits = [group.longest_hit(hashes[:num_blocks], excluded) for group in self.groups]
             shortest = min(len(hit) for hit in hits)
             if all(len(hit) == shortest for hit in hits):
                 return hits
