@@ -29,6 +29,9 @@ freed block that another request takes is never read for this one. A step in fli
 read a block this step frees: the block is only written again by a later step, which runs after
 it on the device's stream. A prefix hit of k blocks is usable iff the blocks its first query's
 window reaches are cached (the last num_window_blocks of them); the ones below are null in it.
+
+One manager is one KV cache group; core/kv_groups.py puts one per group of a model mixing full
+and sliding layers on a shared pool (`pool`, `cache_key_suffix`).
 """
 
 from __future__ import annotations

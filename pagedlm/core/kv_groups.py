@@ -183,6 +183,8 @@ class HybridKVCacheManager:
     ) -> list[int] | None:
         """KVCacheManager.allocate_slots in every group, or in none: the pool must hold what all
         groups take. Returns group 0's new block ids (None: nothing taken)."""
+        if computed_blocks and request.request_id in self.groups[0].req_to_blocks:
+            raise ValueError("computed_blocks: only a request that holds no blocks takes hits")
         hits = self._split(computed_blocks)
         for group in self.groups:
             group.free_out_of_window(request, num_new_tokens)

@@ -275,3 +275,16 @@ def test_groups_admit_more_long_requests() -> None:
         peaks[len(group_windows)] = peak
     # 400 tokens: 50 blocks of the full group and 3 (4 at a block's turn) of each sliding one
     assert peaks == {1: 1, 4: 4}, peaks
+
+
+def test_a_hit_for_a_request_holding_blocks_changes_nothing() -> None:
+    kv = HybridKVCacheManager(16, BLOCK_SIZE, True, GROUPS)
+    prompt = list(range(17))
+    kv.allocate_slots(make_request("a", prompt), 17)
+    hit, _ = kv.get_computed_blocks(make_request("b", prompt))
+    request = make_request("b", prompt)
+    kv.allocate_slots(request, 1)
+    ref_cnts = list(kv.pool.ref_cnts)
+    with pytest.raises(ValueError, match="computed_blocks"):
+        kv.allocate_slots(request, 1, hit)
+    assert kv.pool.ref_cnts == ref_cnts
