@@ -8,8 +8,8 @@ i.e. slot = block_id * block_size + offset.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
@@ -38,6 +38,12 @@ class AttentionMetadata:
     # A mixed batch (max_query_len > 1): its first num_decodes sequences have one query token each.
     # The Triton backend attends to them as a decode batch; 0 = none are marked (always correct).
     num_decodes: int = 0
+    # Models with several KV cache groups (core/kv_groups.py): groups 1..'s metadata, equal but
+    # for slot_mapping and block_table; a layer of group g reads and writes through groups[g - 1].
+    # None given: one table for every layer (each with a KV tensor of its own).
+    groups: tuple[AttentionMetadata, ...] = ()
+    # A backend's per-step plans (torch_batched: one per window), kept with the batch they plan
+    plans: dict[Any, Any] = field(default_factory=dict)
     # Query token i of sequence b sits at position seq_lens[b] - query_len[b] + i.
     # It sees key j iff j <= its position and (no window, or position - j < sliding_window).
 

@@ -140,8 +140,6 @@ class TorchBatchedAttentionBackend:
     """AttentionBackend for the CPU: reference prefill, bucketed batched decodes."""
 
     def __init__(self) -> None:
-        self._plan_meta: AttentionMetadata | None = None
-        self._plans: dict[int | None, StepPlan] = {}  # by sliding window, for _plan_meta
         self._scratch: torch.Tensor | None = None  # flat, grows to the largest bucket's blocks
 
     def _scratch_for(self, kv_cache: torch.Tensor, plan: StepPlan) -> torch.Tensor:
@@ -155,14 +153,11 @@ class TorchBatchedAttentionBackend:
     def _step_plan(
         self, meta: AttentionMetadata, block_size: int, sliding_window: int | None
     ) -> StepPlan:
-        """Every layer of a step sees the same meta object; layers differ at most by their window
-        (full and sliding layers mixed), so a plan is kept per window."""
-        if self._plan_meta is not meta:
-            self._plans = {}
-            self._plan_meta = meta
-        plan = self._plans.get(sliding_window)
+        """Every layer of a KV cache group sees the same meta object in a step; layers differ at
+        most by their window (full and sliding layers mixed), so a meta keeps a plan per window."""
+        plan = meta.plans.get(sliding_window)
         if plan is None:
-            plan = self._plans[sliding_window] = plan_step(meta, block_size, sliding_window)
+            plan = meta.plans[sliding_window] = plan_step(meta, block_size, sliding_window)
         return plan
 
     def attend(

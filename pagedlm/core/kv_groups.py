@@ -26,7 +26,7 @@ from pagedlm.core.block_hash import BlockHash
 from pagedlm.core.block_pool import NULL_BLOCK_ID, BlockPool
 from pagedlm.core.kv_cache_manager import KVCacheManager
 from pagedlm.core.sched_output import GroupBlockUpdate
-from pagedlm.core.sliding_window import cdiv
+from pagedlm.core.sliding_window import cdiv, uniform_window
 from pagedlm.request import Request
 
 Window = int | None  # None: full attention
@@ -45,6 +45,17 @@ def kv_cache_groups(layer_windows: Sequence[Window]) -> list[tuple[Window, list[
         for window in order
         for start in range(0, len(kinds[window]), group_size)
     ]
+
+
+def engine_kv_groups(
+    layer_windows: Sequence[Window], free_sliding_window: bool = True
+) -> list[tuple[Window, list[int]]]:
+    """The groups an engine runs: kv_cache_groups where layers mix windows; else one group of
+    every layer, with their window (None, every block kept, when not free_sliding_window)."""
+    if len(set(layer_windows)) == 1 or not free_sliding_window:
+        window = uniform_window(layer_windows) if free_sliding_window else None
+        return [(window, list(range(len(layer_windows))))]
+    return kv_cache_groups(layer_windows)
 
 
 def make_kv_cache_manager(

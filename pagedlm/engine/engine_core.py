@@ -21,7 +21,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from pagedlm import envs
 from pagedlm.config import EngineConfig
 from pagedlm.core.sched_output import EngineCoreOutput, SchedulerOutput
 from pagedlm.core.scheduler import SchedulerStats
@@ -81,21 +80,19 @@ class EngineCore:
 
     def _init_scheduler(self) -> None:
         from pagedlm.core.scheduler import Scheduler
-        from pagedlm.core.sliding_window import uniform_window
-        from pagedlm.model.llama import layer_sliding_window
+        from pagedlm.model.llama import model_kv_groups
 
-        model = self.config.model
-        max_model_len = model.max_model_len
-        window = uniform_window(layer_sliding_window(model, i) for i in range(model.num_layers))
-        if not envs.PAGEDLM_FREE_SLIDING_WINDOW:
-            window = None  # every block kept (the kernels still apply the window)
+        max_model_len = self.config.model.max_model_len
+        # one group, or several where full and sliding layers mix (core/kv_groups.py); with
+        # PAGEDLM_FREE_SLIDING_WINDOW=0 one group keeps every block (the kernels still window)
+        group_windows = tuple(window for window, _ in model_kv_groups(self.config.model))
         self.scheduler = Scheduler(
             self.config.scheduler,
             self.config.cache,
             self.num_blocks,
             max_model_len,
-            window,
             speculative=self.config.speculative,
+            group_windows=group_windows,
         )
         _check_kv_capacity(
             self.scheduler.kv_cache_manager.capacity_tokens, max_model_len, self.num_blocks

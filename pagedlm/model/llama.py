@@ -15,9 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagedlm import envs
 from pagedlm.attention.backend import AttentionBackend, AttentionMetadata
 from pagedlm.attention.prepare_qkv import prepare_qkv
 from pagedlm.config import ModelConfig
+from pagedlm.core.kv_groups import engine_kv_groups
 from pagedlm.distributed import collectives
 from pagedlm.distributed.parallel_state import TPGroup, get_tp_group
 from pagedlm.distributed.sharding import vocab_shard_rows
@@ -44,6 +46,13 @@ def layer_sliding_window(config: ModelConfig, layer: int) -> int | None:
     if config.sliding_window is None or not layer_types:
         return config.sliding_window
     return config.sliding_window if layer_types[layer] == "sliding_attention" else None
+
+
+def model_kv_groups(config: ModelConfig) -> list[tuple[int | None, list[int]]]:
+    """(window, layers) of each KV cache group the engine runs for the model (core/kv_groups.py;
+    one group unless full and sliding layers mix and PAGEDLM_FREE_SLIDING_WINDOW is on)."""
+    windows = [layer_sliding_window(config, i) for i in range(config.num_layers)]
+    return engine_kv_groups(windows, envs.PAGEDLM_FREE_SLIDING_WINDOW)
 
 
 def o_proj_bias(config: ModelConfig) -> bool:
@@ -78,6 +87,7 @@ class LlamaAttention(nn.Module):
         self.kv_size = config.num_kv_heads * config.head_dim
         self.scale = config.head_dim**-0.5
         self.sliding_window = layer_sliding_window(config, layer)
+        self.kv_group = 0  # its KV cache group (LlamaModel sets it)
         self.attn_backend = attn_backend
         self.rotary = rotary
         dtype = config.dtype
@@ -104,6 +114,8 @@ class LlamaAttention(nn.Module):
         attn_metadata: AttentionMetadata,
     ) -> torch.Tensor | ResidualSum:
         """o_proj's output, or its ResidualSum with residual (layers.Linear)."""
+        if self.kv_group and attn_metadata.groups:  # its group's slots and block table
+            attn_metadata = attn_metadata.groups[self.kv_group - 1]
         qkv = self.qkv_proj(hidden)  # [T, q_size + 2 * kv_size]
         qk_norm, eps = (
             (None, 0.0)
@@ -208,6 +220,9 @@ class LlamaModel(nn.Module):
             LlamaDecoderLayer(config, layer, attn_backend, rotary)
             for layer in range(config.num_layers)
         )
+        for group, (_, layer_ids) in enumerate(model_kv_groups(config)):
+            for layer in layer_ids:
+                self.layers[layer].self_attn.kv_group = group
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.dtype)
 
     def forward(

@@ -86,6 +86,7 @@ class BatchLayout:
     # (a uniform speculative step, laid out for spec_graphs.py); else 0
     uniform_query_len: int = 0
     sample_batch_idx_np: np.ndarray | None = None  # [num_samples]; None: every request samples
+    num_kv_groups: int = 1  # block tables per request (worker/group_tables.py)
 
     @property
     def num_samples(self) -> int:
@@ -99,7 +100,9 @@ class BatchLayout:
     @property
     def num_table_elems_to_copy(self) -> int:
         """Block-table entries the step copies: 0 when it reuses the device's."""
-        return 0 if self.reuse_block_table else self.num_seqs * self.num_block_cols
+        if self.reuse_block_table:
+            return 0
+        return self.num_kv_groups * self.num_seqs * self.num_block_cols
 
 
 @dataclass(slots=True)

@@ -67,7 +67,7 @@ import triton
 from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.attention.triton_backend import decode_kind
 from pagedlm.config import EngineConfig
-from pagedlm.model.llama import LlamaForCausalLM
+from pagedlm.model.llama import LlamaForCausalLM, model_kv_groups
 from pagedlm.ops.argmax import greedy_pick
 from pagedlm.ops.stage_in import stage_in
 from pagedlm.worker.sizes import MAX_LOGITS_ROWS, Moves, SizePolicy
@@ -79,11 +79,13 @@ TIMED_ROUNDS = 3  # replays per size; its time is the least of them
 
 def graphs_enabled(config: EngineConfig) -> bool:
     """Graphs run on CUDA with the Triton backend (auto picks it there), unless enforce_eager:
-    the torch reference reads host tensors, which a replay would not refresh."""
+    the torch reference reads host tensors, which a replay would not refresh; nor with several
+    KV cache groups (the graphs bind one block table)."""
     return (
         config.device.type == "cuda"
         and not config.enforce_eager
         and config.attention_backend in ("auto", "triton")
+        and len(model_kv_groups(config.model)) == 1
     )
 
 

@@ -61,6 +61,7 @@ class DummySteps:
             self._free_blocks[num_blocks:],
         )
         req_id = f"_dummy_{next(self._ids)}"
+        groups = self._runner.input_batch.group_tables  # the same blocks in every group
         new = NewRequestData(
             req_id=req_id,
             prompt_token_ids=[0] * num_prompt_tokens,
@@ -68,6 +69,7 @@ class DummySteps:
             sampling_params=params,
             block_ids=block_ids,
             num_computed_tokens=0,
+            group_block_ids=() if groups is None else (block_ids,) * groups.num_groups,
         )
         self._requests[req_id] = _Request(new, num_prompt_tokens, block_ids)
         return req_id

@@ -30,6 +30,7 @@ from pagedlm.worker.batch_layout import (
     StepKey,
     leading_decodes,
 )
+from pagedlm.worker.group_tables import GroupBlockTables
 from pagedlm.worker.prompt_logprobs import PromptLogprobsPlan, plan_prompt_logprobs
 from pagedlm.worker.spec_layout import SpecLayout, draft_token_mask, spec_layout
 from pagedlm.worker.step_buffers import StepBuffers
@@ -61,10 +62,12 @@ class InputBatch:
         block_size: int,
         spec_k: int = 0,
         uniform_bucket: Callable[[int, int], int] | None = None,
+        num_kv_groups: int = 1,
     ) -> None:
         """spec_k: the drafts a request may verify in a step (the DraftStore's width);
         uniform_bucket(graph_seqs, query_len): the token capacity of a uniform speculative step
-        (SizePolicy.uniform_tokens_bucket; None: such steps bucket as any other)."""
+        (SizePolicy.uniform_tokens_bucket; None: such steps bucket as any other); num_kv_groups:
+        block tables a request has (core/kv_groups.py; groups 1.. in group_tables)."""
         self.max_num_reqs = max_num_reqs
         self.spec_k = spec_k
         self._uniform_bucket = uniform_bucket
@@ -80,6 +83,9 @@ class InputBatch:
         self.num_blocks_np = np.zeros(num_rows, np.int32)
         # leading entries pointed to the null block (out of a sliding window), cached_reqs' count
         self.num_null_blocks_np = np.zeros(num_rows, np.int32)
+        self.group_tables = (
+            GroupBlockTables(num_kv_groups - 1, num_rows, num_cols) if num_kv_groups > 1 else None
+        )
         self.num_logprobs_np = np.full(num_rows, -1, np.int32)
         self.num_prompt_logprobs_np = np.full(num_rows, -1, np.int32)
         # the position a step in flight samples into (valid while >= num_tokens_np[row])
@@ -124,6 +130,10 @@ class InputBatch:
         self.num_blocks_np[row] = 0
         self.num_null_blocks_np[row] = 0
         self._append_blocks(row, new.block_ids)
+        if self.group_tables is not None:
+            for block_ids in new.group_block_ids:
+                self._check_blocks(new.req_id, 0, block_ids)
+            self.group_tables.add(row, new.group_block_ids)
         logprobs = new.sampling_params.logprobs
         self.num_logprobs_np[row] = -1 if logprobs is None else logprobs
         prompt_logprobs = new.sampling_params.prompt_logprobs
@@ -182,6 +192,11 @@ class InputBatch:
             self._trim_blocks(row, cached.num_blocks - len(cached.new_block_ids))
         if cached.new_block_ids:
             self._append_blocks(row, cached.new_block_ids)
+        if self.group_tables is not None and cached.groups:  # () changes nothing
+            for update in cached.groups:
+                self._check_blocks(cached.req_id, update.num_blocks, [])
+                self._check_blocks(cached.req_id, 0, update.new_block_ids)
+            self._blocks_version += self.group_tables.update(row, cached.groups)
         self.num_computed_tokens_np[row] = cached.num_computed_tokens
 
     def _null_blocks(self, row: int, num_null: int) -> None:
@@ -337,6 +352,7 @@ class InputBatch:
             spec=spec,
             sample_batch_idx_np=samples.batch_idx,
             uniform_query_len=query_len,
+            num_kv_groups=1 if self.group_tables is None else 1 + self.group_tables.num_groups,
         )
         self._fill(buf, layout, ragged, samples, placeholder_idx)
         self.pending_position_np[samples.rows_np] = samples.positions_np
@@ -494,12 +510,17 @@ class InputBatch:
             self.block_table_np[token_rows, positions // block_size] * block_size
             + positions % block_size
         )
+        groups = self.group_tables
+        if groups is not None:
+            groups.fill_slots(arrays["slot_mapping"], token_rows, positions, block_size)
         arrays["query_start_loc"][: num_seqs + 1] = ragged.query_start_loc
         arrays["seq_lens"][:num_seqs] = ragged.seq_lens
         if not layout.reuse_block_table:
             num_cols = layout.num_block_cols
             table = arrays["block_table"][: num_seqs * num_cols].reshape(num_seqs, num_cols)
             table[:] = self.block_table_np[ragged.rows, :num_cols]
+            if groups is not None:
+                groups.fill_tables(arrays["block_table"], ragged.rows, num_cols)
         if not layout.reuse_seq_sections:
             self._fill_seq_sections(buf, arrays, ragged, samples, placeholder_idx)
             if layout.num_decodes:

@@ -9,6 +9,7 @@ from typing import TypeVar
 import torch
 
 from pagedlm.config import EngineConfig, ModelConfig
+from pagedlm.model.llama import model_kv_groups
 from pagedlm.worker.input_batch import cdiv
 
 logger = logging.getLogger("pagedlm")
@@ -21,9 +22,11 @@ T = TypeVar("T")
 
 
 def kv_cache_bytes_per_block(model: ModelConfig, block_size: int) -> int:
-    """Keys and values of block_size tokens in every layer."""
+    """Keys and values of block_size tokens in every layer of a KV cache group (every layer
+    when there is one; layer i of each group shares a KV tensor: core/kv_groups.py)."""
+    num_layers = len(model_kv_groups(model)[0][1])  # the first group is never short
     dtype_size = torch.empty((), dtype=model.dtype).element_size()
-    return 2 * model.num_layers * block_size * model.num_kv_heads * model.head_dim * dtype_size
+    return 2 * num_layers * block_size * model.num_kv_heads * model.head_dim * dtype_size
 
 
 def pool_bytes_per_block(config: EngineConfig) -> int:

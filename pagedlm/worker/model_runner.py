@@ -56,7 +56,7 @@ from pagedlm.config import EngineConfig
 from pagedlm.core.block_pool import NULL_BLOCK_ID
 from pagedlm.core.sched_output import GrammarBitmask, NewRequestData, SchedulerOutput
 from pagedlm.distributed import tp_worker
-from pagedlm.model.llama import LlamaForCausalLM
+from pagedlm.model.llama import LlamaForCausalLM, model_kv_groups
 from pagedlm.model.loader import load_model
 from pagedlm.ops.jit_watch import compile_watch
 from pagedlm.sample.grammar_mask import apply_grammar_bitmask
@@ -68,6 +68,7 @@ from pagedlm.worker.batch_layout import BatchLayout
 from pagedlm.worker.cuda_graphs import DecodeGraphs, graphs_enabled
 from pagedlm.worker.dummy_steps import DummySteps
 from pagedlm.worker.grammar_inputs import GrammarInputs, GrammarRows
+from pagedlm.worker.group_tables import group_metadata
 from pagedlm.worker.input_batch import InputBatch
 from pagedlm.worker.kernel_warmup import warm_up_kernels
 from pagedlm.worker.lm_head import LMHead, PaddedLMHead, leading
@@ -125,12 +126,14 @@ class ModelRunner:
         self.graph_bytes = 0  # what the captured graphs take
         spec = config.speculative
         self.spec = None if spec is None else SpecWorker(config, NUM_STAGING_SETS)
+        self.kv_groups = model_kv_groups(config.model)  # (window, layers) per KV cache group
         self.input_batch = InputBatch(
             self.max_num_reqs,
             config.model.max_model_len,
             self.block_size,
             0 if spec is None else spec.num_speculative_tokens,
             None if spec is None else self.sizes.uniform_tokens_bucket,
+            len(self.kv_groups),
         )
         self._init_buffers()
         self._init_streams()
@@ -159,6 +162,7 @@ class ModelRunner:
         set_layout = dict(
             bucket=self.sizes.step_bucket,
             num_head_ids=self.max_num_reqs + self.sizes.max_decode_size,
+            num_kv_groups=len(self.kv_groups),
         )
         cpu = torch.device("cpu")
         self._staging = [
@@ -242,9 +246,12 @@ class ModelRunner:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self.graphs = self.piecewise = None  # graphs of a previous cache go first
         with self.pools.use("kv_cache"):
-            self.kv_caches = [
-                self._new_kv_cache(num_blocks) for _ in range(self.config.model.num_layers)
-            ]
+            # layer i of every KV cache group shares tensor i (core/kv_groups.py)
+            tensors = [self._new_kv_cache(num_blocks) for _ in self.kv_groups[0][1]]
+            tensor_of_layer = {
+                layer: i for _, layers in self.kv_groups for i, layer in enumerate(layers)
+            }
+            self.kv_caches = [tensors[tensor_of_layer[layer]] for layer in sorted(tensor_of_layer)]
         self.input_batch.num_kv_blocks = num_blocks
         if (draft := self._draft()) is not None:  # the same block ids
             draft.allocate_kv_cache(num_blocks)
@@ -598,7 +605,7 @@ class ModelRunner:
     def _attention_metadata(plan: StepPlan, block_table: torch.Tensor) -> AttentionMetadata:
         layout, inputs, staged = plan.layout, plan.inputs, plan.staged
         num_tokens, num_seqs = layout.num_tokens, layout.num_seqs
-        return AttentionMetadata(
+        meta = AttentionMetadata(
             num_tokens=num_tokens,
             num_seqs=num_seqs,
             max_query_len=layout.max_query_len,
@@ -614,6 +621,8 @@ class ModelRunner:
             else None,
             num_decodes=layout.num_decodes,
         )
+        meta.groups = group_metadata(meta, inputs, layout.num_kv_groups)
+        return meta
 
     def _forward(self, plan: StepPlan) -> torch.Tensor:
         """[num_tokens (graph_size when a decode graph replays), hidden_size]: the model over the batch."""

@@ -78,30 +78,36 @@ class PrefixViews:
 
 
 def _section_specs(
-    num_tokens: int, num_seqs: int, max_num_blocks_per_req: int
+    num_tokens: int, num_seqs: int, max_num_blocks_per_req: int, num_kv_groups: int
 ) -> list[tuple[str, int, torch.dtype]]:
-    """(name, capacity, dtype) of the sections A, B, C in layout order."""
+    """(name, capacity, dtype) of the sections A, B, C in layout order; slot_mapping and
+    block_table hold each KV cache group's in turn (worker/group_tables.py)."""
     return [
         ("input_ids", num_tokens, torch.int64),
         ("positions", num_tokens, torch.int64),
-        ("slot_mapping", num_tokens, torch.int64),
+        ("slot_mapping", num_kv_groups * num_tokens, torch.int64),
         ("seq_lens", num_seqs, torch.int32),
         ("query_start_loc", num_seqs + 1, torch.int32),
         ("decode_order", num_seqs, torch.int32),
         ("logits_indices", num_seqs, torch.int64),
         ("sample_rows", num_seqs, torch.int64),
         ("input_src", num_tokens, torch.int64),
-        ("block_table", num_seqs * max_num_blocks_per_req, torch.int32),
+        ("block_table", num_kv_groups * num_seqs * max_num_blocks_per_req, torch.int32),
     ]
 
 
 def _offsets(
-    num_head_ids: int, num_tokens: int, num_seqs: int, max_num_blocks_per_req: int
+    num_head_ids: int,
+    num_tokens: int,
+    num_seqs: int,
+    max_num_blocks_per_req: int,
+    num_kv_groups: int = 1,
 ) -> dict[str, tuple[int, int, torch.dtype]]:
     """name -> (first byte, byte past the last, dtype) of each section of one layout."""
     offsets = {}
     start = num_head_ids * 8
-    for name, size, dtype in _section_specs(num_tokens, num_seqs, max_num_blocks_per_req):
+    specs = _section_specs(num_tokens, num_seqs, max_num_blocks_per_req, num_kv_groups)
+    for name, size, dtype in specs:
         end = start + size * dtype.itemsize
         offsets[name] = (start, end, dtype)
         start = _align(end)
@@ -154,13 +160,19 @@ class StepBuffers:
         pin: bool,
         bucket: Callable[[int], int],
         num_head_ids: int = 0,
+        num_kv_groups: int = 1,
     ) -> None:
         self.max_num_reqs = max_num_reqs
+        self._num_kv_groups = num_kv_groups
         self.num_head_ids = num_head_ids = _align(num_head_ids * 8) // 8  # input_ids starts aligned
         self._max_num_blocks_per_req = max_num_blocks_per_req
         self.bucket = bucket  # few layouts: each new one costs ~0.1 ms of host per set to lay out
         largest = _offsets(
-            num_head_ids, bucket(max_num_tokens), bucket(max_num_reqs), max_num_blocks_per_req
+            num_head_ids,
+            bucket(max_num_tokens),
+            bucket(max_num_reqs),
+            max_num_blocks_per_req,
+            num_kv_groups,
         )
         self.flat = torch.zeros(
             largest["block_table"][1], dtype=torch.uint8, device=device, pin_memory=pin
@@ -192,7 +204,11 @@ class StepBuffers:
             if len(self._sections) >= MAX_CACHED_LAYOUTS:  # the oldest layout goes
                 del self._sections[next(iter(self._sections))]
             offsets = _offsets(
-                self.num_head_ids, num_tokens, num_seqs, self._max_num_blocks_per_req
+                self.num_head_ids,
+                num_tokens,
+                num_seqs,
+                self._max_num_blocks_per_req,
+                self._num_kv_groups,
             )
             sections = Sections(self.flat, self._flat_np, offsets, num_seqs)
             self._sections[key] = sections

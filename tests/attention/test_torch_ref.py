@@ -230,16 +230,16 @@ def test_decode_buckets_bound_padding(seed: int) -> None:
 
 def test_batched_plan_is_reused_within_a_step_only() -> None:
     """Every layer of one step with the same window shares the plan (a sliding layer of a mixed
-    model gets its own); a new step (a new meta) gets new ones."""
+    model gets its own); a new step, or another KV cache group (a new meta), gets new ones."""
     backend = TorchBatchedAttentionBackend()
     case = make_case(SCENARIOS["decodes_many_lengths"][0], 2, 16, torch.float32, seed=3)
     write_and_attend(backend, case, 0.25, None)
-    first = backend._plans[None]
+    first = case.meta.plans[None]
     write_and_attend(backend, case, 0.25, None)
-    assert backend._plans[None] is first
+    assert case.meta.plans[None] is first
     write_and_attend(backend, case, 0.25, 8)
-    assert backend._plans[None] is first and backend._plans[8] is not first
+    assert case.meta.plans[None] is first and case.meta.plans[8] is not first
     other = make_case(SCENARIOS["decode"][0], 2, 16, torch.float32, seed=4)
     write_and_attend(backend, other, 0.25, None)
-    assert backend._plans[None] is not first and len(backend._plans[None].buckets) >= 1
-    assert 8 not in backend._plans
+    assert other.meta.plans[None] is not first and len(other.meta.plans[None].buckets) >= 1
+    assert 8 not in other.meta.plans

@@ -1,7 +1,7 @@
 """End to end with sliding-window KV freeing: a tiny Mistral (window 32, blocks of 16) on prompts
 several windows long gives exactly transformers' greedy tokens with chunked prefill, prefix hits
-and preemption, while each decoding request holds at most W / B + 2 blocks; a Qwen2 mixing full
-and sliding layers keeps every block (no freeing) and matches too."""
+and preemption, while each decoding request holds at most W / B + 2 blocks. Models mixing full and
+sliding layers: tests/model/test_kv_groups_parity.py."""
 
 from __future__ import annotations
 
@@ -102,22 +102,3 @@ def test_freeing_can_be_switched_off_for_a_b_runs(mistral, monkeypatch) -> None:
     monkeypatch.setenv("PAGEDLM_FREE_SLIDING_WINDOW", "0")
     llm = LLM(str(mistral[0]), **BASE_ARGS, num_gpu_blocks_override=64)
     assert llm.llm_engine.engine_core.scheduler.kv_cache_manager.sliding_window is None
-
-
-def test_mixed_full_and_sliding_layers_keep_every_block(tmp_path: Path) -> None:
-    """Qwen2 with layer_types [full, sliding]: no freeing (the full layer reads every key), and
-    the sliding layer's decodes are windowed on their own (the CPU backend plans per window)."""
-    overrides = dict(
-        use_sliding_window=True,
-        sliding_window=16,
-        max_window_layers=1,
-        layer_types=["full_attention", "sliding_attention"],
-    )
-    model = save_tiny_model(tmp_path, "qwen2", config_overrides=overrides)
-    prompts = LONG_PROMPTS[:3]
-    llm = LLM(str(tmp_path), **BASE_ARGS, num_gpu_blocks_override=64, max_num_batched_tokens=40)
-    assert llm.llm_engine.engine_core.scheduler.kv_cache_manager.sliding_window is None
-    held = held_blocks_while_decoding(llm)
-    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in outputs] == hf_greedy(model, prompts, NUM_NEW_TOKENS)
-    assert max(held) == -(-(max(map(len, prompts)) + NUM_NEW_TOKENS - 1) // BLOCK_SIZE)

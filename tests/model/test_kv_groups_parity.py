@@ -1,0 +1,126 @@
+"""End to end with KV cache groups (core/kv_groups.py): a tiny Qwen2 of one full and three
+sliding layers (window 32, blocks of 16) runs four groups, each layer reading and writing through
+its own group's block table in a KV tensor shared with the other groups' layers; it gives exactly
+transformers' greedy tokens with chunked prefill, prefix hits and preemption, while the sliding
+groups free the blocks below their window and the full group keeps every block."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_hf_models import hf_greedy, random_prompts, save_tiny_model
+
+from pagedlm import LLM, SamplingParams
+from pagedlm.core.kv_groups import HybridKVCacheManager
+
+WINDOW, BLOCK_SIZE = 32, 16
+NUM_NEW_TOKENS = 40
+LAYER_TYPES = ["full_attention"] + ["sliding_attention"] * 3
+LONG_PROMPTS = random_prompts(6, 70, 150, seed=5)  # 2-5 windows
+(_PREFIX,) = random_prompts(1, 96, 96, seed=6)
+SHARED_PROMPTS = [_PREFIX + suffix for suffix in random_prompts(6, 1, 40, seed=7)]
+BASE_ARGS = dict(
+    dtype="float32",
+    skip_tokenizer_init=True,
+    block_size=BLOCK_SIZE,
+    device="cpu",
+    max_model_len=208,
+)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True)
+# scenario -> (prompts, engine arguments); 4 groups: a request's token costs 4 blocks at most
+SCENARIOS = {
+    "chunked": (LONG_PROMPTS, dict(max_num_batched_tokens=24, num_gpu_blocks_override=160)),
+    "prefix": (
+        SHARED_PROMPTS,
+        dict(enable_prefix_caching=True, max_num_seqs=2, num_gpu_blocks_override=160),
+    ),
+    # 52 usable blocks, the least that holds one max_model_len request in every group
+    "preempt": (LONG_PROMPTS, dict(num_gpu_blocks_override=53, max_num_batched_tokens=32)),
+}
+
+
+@pytest.fixture(scope="module")
+def mixed_qwen2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
+    folder = tmp_path_factory.mktemp("qwen2_mixed")
+    overrides = dict(
+        num_hidden_layers=len(LAYER_TYPES),
+        use_sliding_window=True,
+        sliding_window=WINDOW,
+        max_window_layers=1,
+        layer_types=LAYER_TYPES,
+    )
+    return folder, save_tiny_model(folder, "qwen2", config_overrides=overrides)
+
+
+@pytest.fixture(scope="module")
+def reference(mixed_qwen2) -> dict[str, list[list[int]]]:
+    _, model = mixed_qwen2
+    return {
+        "long": hf_greedy(model, LONG_PROMPTS, NUM_NEW_TOKENS),
+        "shared": hf_greedy(model, SHARED_PROMPTS, NUM_NEW_TOKENS),
+    }
+
+
+def record_held_blocks(llm: LLM) -> list[tuple[int, int]]:
+    """Wraps the scheduler: (full group's, a sliding group's) blocks of each decoding request."""
+    scheduler = llm.llm_engine.engine_core.scheduler
+    schedule, held = scheduler.schedule, []
+
+    def recording_schedule():
+        output = schedule()
+        full, sliding = scheduler.kv_cache_manager.groups[:2]
+        held.extend(
+            (full.num_held_blocks(req_id), sliding.num_held_blocks(req_id))
+            for req_id, num_tokens in output.num_scheduled_tokens.items()
+            if num_tokens == 1
+        )
+        return output
+
+    scheduler.schedule = recording_schedule
+    return held
+
+
+@pytest.mark.parametrize(
+    "scenario, async_scheduling",
+    [("chunked", True), ("prefix", False), ("preempt", True)],
+    ids=["chunked-async", "prefix-sync", "preempt-async"],
+)
+def test_groups_match_transformers(
+    mixed_qwen2, reference, scenario: str, async_scheduling: bool
+) -> None:
+    prompts, engine_args = SCENARIOS[scenario]
+    llm = LLM(str(mixed_qwen2[0]), **BASE_ARGS, **engine_args, async_scheduling=async_scheduling)
+    scheduler = llm.llm_engine.engine_core.scheduler
+    kv = scheduler.kv_cache_manager
+    assert isinstance(kv, HybridKVCacheManager) and kv.group_windows == (None,) + (WINDOW,) * 3
+    runner = llm.llm_engine.engine_core.model_runner
+    assert len({id(cache) for cache in runner.kv_caches}) == 1  # one tensor, 4 layers
+    if scenario == "preempt":  # admission by the prompt alone: the pool runs out
+        scheduler.growth.enabled = False
+    held = record_held_blocks(llm)
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    want = reference["shared" if scenario == "prefix" else "long"]
+    assert [o.outputs[0].token_ids for o in outputs] == want
+    assert len(held) >= len(prompts) * (NUM_NEW_TOKENS - 2)
+    assert max(sliding for _, sliding in held) <= WINDOW // BLOCK_SIZE + 2
+    longest = max(map(len, prompts)) + NUM_NEW_TOKENS - 1
+    assert max(full for full, _ in held) == -(-longest // BLOCK_SIZE)
+    if scenario == "prefix":
+        assert max(o.num_cached_tokens for o in outputs) >= 80
+    if scenario == "preempt":
+        assert llm.get_stats().num_preemptions > 0
+    assert kv.pool.num_free_blocks == kv.pool.num_usable_blocks
+
+
+def test_groups_can_be_switched_off(mixed_qwen2, reference, monkeypatch) -> None:
+    """PAGEDLM_FREE_SLIDING_WINDOW=0: one group keeping every block, a KV tensor per layer."""
+    monkeypatch.setenv("PAGEDLM_FREE_SLIDING_WINDOW", "0")
+    llm = LLM(str(mixed_qwen2[0]), **BASE_ARGS, num_gpu_blocks_override=64)
+    kv = llm.llm_engine.engine_core.scheduler.kv_cache_manager
+    assert not isinstance(kv, HybridKVCacheManager) and kv.sliding_window is None
+    runner = llm.llm_engine.engine_core.model_runner
+    assert len({id(cache) for cache in runner.kv_caches}) == len(LAYER_TYPES)
+    outputs = llm.generate(LONG_PROMPTS[:2], GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == reference["long"][:2]
