@@ -124,3 +124,19 @@ def test_groups_can_be_switched_off(mixed_qwen2, reference, monkeypatch) -> None
     assert len({id(cache) for cache in runner.kv_caches}) == len(LAYER_TYPES)
     outputs = llm.generate(LONG_PROMPTS[:2], GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == reference["long"][:2]
+
+
+def test_triton_reads_each_groups_table(mixed_qwen2, reference) -> None:
+    """The Triton backend (TRITON_INTERPRET=1 off CUDA: tests/conftest.py) on a short case: a
+    chunked prefill and decodes past the window, through the groups' tables."""
+    llm = LLM(
+        str(mixed_qwen2[0]),
+        **BASE_ARGS,
+        num_gpu_blocks_override=160,
+        max_num_batched_tokens=48,
+        attention_backend="triton",
+    )
+    assert isinstance(llm.llm_engine.engine_core.scheduler.kv_cache_manager, HybridKVCacheManager)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    (output,) = llm.generate(LONG_PROMPTS[:1], params, use_tqdm=False)
+    assert output.outputs[0].token_ids == reference["long"][0][:8]
