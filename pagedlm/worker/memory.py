@@ -21,21 +21,25 @@ CPU_KV_MAX_RAM_SHARE = 0.25
 T = TypeVar("T")
 
 
-def kv_cache_bytes_per_block(model: ModelConfig, block_size: int) -> int:
-    """Keys and values of block_size tokens in every layer of a KV cache group (every layer
-    when there is one; layer i of each group shares a KV tensor: core/kv_groups.py)."""
-    num_layers = len(model_kv_groups(model)[0][1])  # the first group is never short
+def kv_cache_bytes_per_block(
+    model: ModelConfig, block_size: int, num_layers: int | None = None
+) -> int:
+    """Keys and values of block_size tokens in num_layers layers (default: every layer)."""
+    num_layers = model.num_layers if num_layers is None else num_layers
     dtype_size = torch.empty((), dtype=model.dtype).element_size()
     return 2 * num_layers * block_size * model.num_kv_heads * model.head_dim * dtype_size
 
 
 def pool_bytes_per_block(config: EngineConfig) -> int:
-    """What one block of the pool costs: the target's KV and, with a draft model (speculative
-    decoding, spec_decode/draft_model.py), the draft's KV at the same block id."""
+    """What one block of the pool costs: the target's KV in one KV cache group's layers (all of
+    them when there is one group; layer i of every group shares a KV tensor: core/kv_groups.py)
+    and, with a draft model (speculative decoding, spec_decode/draft_model.py), the draft's KV at
+    the same block id."""
     block_size = config.cache.block_size
     draft = config.draft_model
     draft_bytes = 0 if draft is None else kv_cache_bytes_per_block(draft, block_size)
-    return kv_cache_bytes_per_block(config.model, block_size) + draft_bytes
+    num_tensors = len(model_kv_groups(config.model)[0][1])  # the first group is never short
+    return kv_cache_bytes_per_block(config.model, block_size, num_tensors) + draft_bytes
 
 
 def draft_scratch_bytes(config: EngineConfig) -> int:
@@ -99,6 +103,7 @@ def default_cpu_num_blocks(config: EngineConfig, bytes_per_block: int, ram_bytes
     wanted = cdiv(config.model.max_model_len, block_size) + cdiv(
         config.scheduler.max_num_batched_tokens, block_size
     )
+    wanted *= len(model_kv_groups(config.model))  # a token takes a block in every group
     return max(1, min(wanted, int(ram_bytes * CPU_KV_MAX_RAM_SHARE) // bytes_per_block))
 
 
@@ -170,10 +175,12 @@ def device_bytes_taken(device: torch.device, build: Callable[[], T]) -> tuple[T,
 def check_max_model_len_fits(config: EngineConfig, num_blocks: int) -> None:
     block_size = config.cache.block_size
     max_model_len = config.model.max_model_len
-    if num_blocks < cdiv(max_model_len, block_size):
+    num_groups = len(model_kv_groups(config.model))  # a token takes a block in every group
+    num_tokens = num_blocks // num_groups * block_size
+    if num_blocks < cdiv(max_model_len, block_size) * num_groups:
         raise ValueError(
             f"max_model_len={max_model_len} does not fit in the KV cache: {num_blocks} blocks of "
-            f"{block_size} tokens hold {num_blocks * block_size} tokens; lower max_model_len to at "
-            f"most {num_blocks * block_size} or give the cache more memory "
+            f"{block_size} tokens hold {num_tokens} tokens; lower max_model_len to at "
+            f"most {num_tokens} or give the cache more memory "
             "(gpu_memory_utilization, kv_cache_memory_gib or num_gpu_blocks_override)"
         )

@@ -261,7 +261,8 @@ def memory_footprint(runner: ModelRunner) -> dict[str, Any]:
     """collective_rpc("memory_footprint"): bytes held by the weights and the KV cache now, and on
     CUDA the device's allocated and free bytes."""
     weights = sum(p.numel() * p.element_size() for p in runner.model.parameters())
-    kv_cache = sum(c.numel() * c.element_size() for c in runner.kv_caches)
+    tensors = {id(c): c for c in runner.kv_caches}.values()  # KV cache groups' layers share
+    kv_cache = sum(c.numel() * c.element_size() for c in tensors)
     if runner.pools.asleep("weights"):  # kept addresses: the tensors stay, unmapped
         weights = 0
     if runner.pools.asleep("kv_cache"):

@@ -14,6 +14,7 @@ from tiny_hf_models import hf_greedy, random_prompts, save_tiny_model
 
 from pagedlm import LLM, SamplingParams
 from pagedlm.core.kv_groups import HybridKVCacheManager
+from pagedlm.worker.memory import kv_cache_bytes_per_block, pool_bytes_per_block
 
 WINDOW, BLOCK_SIZE = 32, 16
 NUM_NEW_TOKENS = 40
@@ -140,3 +141,14 @@ def test_triton_reads_each_groups_table(mixed_qwen2, reference) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     (output,) = llm.generate(LONG_PROMPTS[:1], params, use_tqdm=False)
     assert output.outputs[0].token_ids == reference["long"][0][:8]
+
+
+def test_a_block_costs_one_groups_layers(mixed_qwen2) -> None:
+    """Group size 1 (one full layer): a block is one layer's KV; the default CPU cache gives every
+    group room for max_model_len and a step, so the engine starts without an override."""
+    llm = LLM(str(mixed_qwen2[0]), **BASE_ARGS)
+    config = llm.llm_engine.config
+    one_layer = kv_cache_bytes_per_block(config.model, BLOCK_SIZE, num_layers=1)
+    assert pool_bytes_per_block(config) == one_layer
+    kv = llm.llm_engine.engine_core.scheduler.kv_cache_manager
+    assert kv.capacity_tokens >= config.model.max_model_len - 1
