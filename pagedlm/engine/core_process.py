@@ -49,8 +49,10 @@ class CoreAddresses:
     heartbeat: str
 
 
-def run_core(source: EngineConfig | EngineArgs, addresses: CoreAddresses, parent_pid: int) -> None:
-    """Process entry point."""
+def run_core(
+    source: EngineConfig | EngineArgs, addresses: CoreAddresses, parent_pid: int, dp_rank: int = 0
+) -> None:
+    """Process entry point; `dp_rank`: which of data_parallel_size cores this one is."""
     configure_logging()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)  # see the module's docstring
@@ -63,7 +65,7 @@ def run_core(source: EngineConfig | EngineArgs, addresses: CoreAddresses, parent
     heartbeat = HeartbeatSender(ctx, addresses.heartbeat)
     encoder = wire.encoder()
     try:
-        core = build_core(source)
+        core = build_core(source, dp_rank)
         heartbeat.start()
         outputs.send(encoder.encode(wire.Ready.of(core.config)))
         CoreLoop(core, core.config.model.eos_token_ids, inputs, outputs, parent_pid).run()
@@ -87,7 +89,7 @@ class InvalidEngineArgs(ValueError):
     """The engine arguments the core was started with do not make a config."""
 
 
-def build_core(source: EngineConfig | EngineArgs) -> EngineCore:
+def build_core(source: EngineConfig | EngineArgs, dp_rank: int = 0) -> EngineCore:
     """From EngineArgs the core builds its own config (as the front end does meanwhile, from the
     same arguments); the config and the weights share one parse of a GGUF file."""
     from pagedlm.engine.engine_core import EngineCore
@@ -95,14 +97,28 @@ def build_core(source: EngineConfig | EngineArgs) -> EngineCore:
     from pagedlm.model.gguf_loader import one_parse
 
     if isinstance(source, EngineConfig):
-        return EngineCore(source, load_tokenizer(source.model))
+        config = _place(source, dp_rank)
+        return EngineCore(config, load_tokenizer(config.model))
     with one_parse(source.model):
         try:
-            config = source.create_engine_config()
+            config = _place(source.create_engine_config(), dp_rank)
         except ValueError as exc:
             raise InvalidEngineArgs(str(exc)) from exc
         # the tokenizer for structured outputs' grammars, from the parse the config shares
         return EngineCore(config, load_tokenizer(config.model))
+
+
+def _place(config: EngineConfig, dp_rank: int) -> EngineConfig:
+    """dp rank `dp_rank`'s config: on CUDA its own GPU; on the CPU its share of the cores (the
+    data_parallel_size processes run side by side)."""
+    import torch
+
+    from pagedlm.engine.data_parallel import rank_config
+
+    size = config.parallel.data_parallel_size
+    if size > 1 and config.device.type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
+    return rank_config(config, dp_rank)
 
 
 def core_stats(core: Any) -> wire.CoreStats:

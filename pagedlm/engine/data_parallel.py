@@ -14,19 +14,22 @@ out of step(); shutdown() then stops every core.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from pagedlm.config import EngineConfig
 from pagedlm.core.sched_output import EngineCoreOutput
 from pagedlm.engine.engine_core import EngineCore, EngineStats
 from pagedlm.request import Request
 
+Stats = TypeVar("Stats")
+
 
 class DataParallelCores:
     def __init__(self, config: EngineConfig, tokenizer: Any = None) -> None:
         size = config.parallel.data_parallel_size
-        self.cores = [EngineCore(_rank_config(config, rank), tokenizer) for rank in range(size)]
+        self.cores = [EngineCore(rank_config(config, rank), tokenizer) for rank in range(size)]
         self._owner: dict[str, EngineCore] = {}  # unfinished request id -> its core
 
     def add_request(self, request: Request) -> None:
@@ -60,26 +63,12 @@ class DataParallelCores:
         return any(core.has_work() for core in self.cores)
 
     def call_utility(self, method: str, args: list | tuple = (), kwargs: dict | None = None) -> Any:
-        results = [core.call_utility(method, args, kwargs) for core in self.cores]
-        if method == "collective_rpc":
-            return [result for core_results in results for result in core_results]
-        if all(isinstance(result, bool) for result in results):
-            return all(results)
-        return results[0]
+        return combine_utility_results(
+            method, [core.call_utility(method, args, kwargs) for core in self.cores]
+        )
 
     def get_stats(self) -> EngineStats:
-        """Counts summed over the cores; the KV cache's usage their mean."""
-        every = [core.get_stats() for core in self.cores]
-        totals = {}
-        for f in dataclasses.fields(EngineStats):
-            values = [getattr(stats, f.name) for stats in every]
-            if f.name == "kv_cache_usage":
-                totals[f.name] = sum(values) / len(values)
-            elif isinstance(values[0], tuple):  # per draft position
-                totals[f.name] = tuple(map(sum, zip(*values, strict=False)))
-            else:
-                totals[f.name] = sum(values)
-        return EngineStats(**totals)
+        return sum_stats([core.get_stats() for core in self.cores])
 
     def shutdown(self) -> None:
         for core in self.cores:
@@ -101,7 +90,32 @@ class DataParallelCores:
         return outputs
 
 
-def _rank_config(config: EngineConfig, rank: int) -> EngineConfig:
+def combine_utility_results(method: str, results: list[Any]) -> Any:
+    """Every core's answer to one utility call (in dp-rank order) as one: collective_rpc's lists
+    joined; booleans true when all are; otherwise the first core's."""
+    if method == "collective_rpc":
+        return [result for core_results in results for result in core_results]
+    if all(isinstance(result, bool) for result in results):
+        return all(results)
+    return results[0]
+
+
+def sum_stats(every: list[Stats]) -> Stats:
+    """The cores' stats (EngineStats, or wire.CoreStats) as one: counts summed, per-position
+    counts summed per position, the KV cache's usage their mean."""
+    totals = {}
+    for f in dataclasses.fields(every[0]):
+        values = [getattr(stats, f.name) for stats in every]
+        if f.name == "kv_cache_usage":
+            totals[f.name] = sum(values) / len(values)
+        elif isinstance(values[0], tuple):  # per draft position
+            totals[f.name] = tuple(map(sum, itertools.zip_longest(*values, fillvalue=0)))
+        else:
+            totals[f.name] = sum(values)
+    return type(every[0])(**totals)
+
+
+def rank_config(config: EngineConfig, rank: int) -> EngineConfig:
     """dp rank `rank`'s config: on CUDA its own GPU."""
     import torch
 

@@ -45,12 +45,7 @@ class ProcessedRequest:
 class LLMEngine:
     def __init__(self, config: EngineConfig, engine_core: EngineCore | None = None) -> None:
         """engine_core: the in-process core by default; the server passes a proxy to its core
-        process (same add/abort/step interface)."""
-        if engine_core is not None and config.parallel.data_parallel_size > 1:
-            raise ValueError(
-                "data_parallel_size > 1 runs in the offline LLM only so far; the server runs one "
-                "engine core"
-            )
+        processes (same add/abort/step interface), which does the data parallelism itself."""
         self.config = config
         self.model_config = config.model
         self.tokenizer = load_tokenizer(config.model)

@@ -1,13 +1,14 @@
-"""AsyncLLM: the server's front end to an engine core running in its own process.
+"""AsyncLLM: the server's front end to the engine cores, each running in its own process (one at
+data_parallel_size 1; else one per dp rank, requests balanced over them by remote_core.py).
 
 Here: tokenisation and validation (LLMEngine.process_request), detokenisation, stop strings and
 the gathering of parallel samples (the engine's OutputProcessor), admission control, and one
 asyncio queue per request that a background task fills from the core's output socket.
 There: the EngineCore step loop (core_process.py). Messages go over ZeroMQ (ipc sockets).
 
-The core is watched: a process that exits, or that sends no heartbeat for HeartbeatTimeouts.dead_s,
-is declared dead (killed if still there): requests in flight get an error, the core's gauges go to
-0, and wait_until_dead() returns (the server then exits non-zero for its supervisor to restart it).
+Each core is watched: a process that exits, or that sends no heartbeat for HeartbeatTimeouts.dead_s,
+is declared dead and every core killed (one lost dp rank ends the server, as a lost single core
+does): requests in flight get an error, the cores' gauges go to 0, and wait_until_dead() returns (the server then exits non-zero for its supervisor to restart it).
 Silent for HeartbeatTimeouts.unhealthy_s, it is stalled: /health and new requests get 503 while
 those in flight wait for it."""
 
@@ -15,26 +16,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
-import os
 import shutil
 import tempfile
 import time
 import traceback
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from functools import partial
 
 import zmq
 import zmq.asyncio
 
 from pagedlm.config import EngineArgs, EngineConfig
 from pagedlm.engine import wire
-from pagedlm.engine.core_process import CoreAddresses, run_core
-from pagedlm.engine.heartbeat import HeartbeatMonitor, HeartbeatTimeouts
+from pagedlm.engine.data_parallel import sum_stats
+from pagedlm.engine.heartbeat import HeartbeatTimeouts
 from pagedlm.engine.llm_engine import LLMEngine, ProcessedRequest
 from pagedlm.engine.output_processor import core_request_ids
 from pagedlm.errors import InvalidRequest
 from pagedlm.outputs import RequestOutput
+from pagedlm.server.core_client import CoreClient, CoreGone
 from pagedlm.server.engine_control import EngineControl
 from pagedlm.server.metrics import ServerMetrics
 from pagedlm.server.remote_core import RemoteCore
@@ -90,7 +91,7 @@ class AsyncLLM(EngineControl):
         self.config = config if isinstance(config, EngineConfig) else None
         self.limits = limits
         self.heartbeat_timeouts = heartbeat
-        self.metrics = ServerMetrics(model_name)
+        self.metrics = ServerMetrics(model_name, _data_parallel_size(config))
         self._log_stats_interval_s = log_stats_interval_s
         self._queues: dict[str, asyncio.Queue] = {}
         self._num_samples: dict[str, int] = {}  # request id -> n
@@ -101,85 +102,81 @@ class AsyncLLM(EngineControl):
         self.stalled: str | None = None  # why the core counts as stalled, while it does
         self.shutting_down = False  # no new requests
         self._ready = False  # the core said Ready: from then on it beats
-        self._stopping = False  # shutdown() began: the core's exit is expected
-        self._proc: multiprocessing.process.BaseProcess | None = None  # set by start()
-        self._init_sockets()
+        self._stopping = False  # shutdown() began: the cores' exits are expected
+        self._started = False  # start() began: the core processes exist
+        self._init_sockets(self.metrics.num_engines)
+        self._core_stats = [wire.CoreStats() for _ in self._cores]  # the latest, per dp rank
         self._init_control()
-        self.core = RemoteCore(self._send, self.metrics)
+        self.core = RemoteCore(
+            [partial(self._send, client) for client in self._cores], self.metrics
+        )
         self.llm_engine: LLMEngine | None = None  # set by start(); its core is self.core
 
-    def _init_sockets(self) -> None:
+    def _init_sockets(self, num_cores: int) -> None:
         self._ipc_dir = tempfile.mkdtemp(prefix="pagedlm-")
-        self._addresses = CoreAddresses(
-            *(f"ipc://{self._ipc_dir}/{name}" for name in ("input", "output", "heartbeat"))
-        )
         self._ctx = zmq.Context()
-        self._input = self._ctx.socket(zmq.PUSH)
-        self._input.setsockopt(zmq.SNDHWM, 0)
-        self._input.bind(self._addresses.input)
-        self._heartbeat = HeartbeatMonitor(self._ctx, self._addresses.heartbeat)
         self._actx = zmq.asyncio.Context()
-        self._output = self._actx.socket(zmq.PULL)
-        self._output.setsockopt(zmq.RCVHWM, 0)
-        self._output.bind(self._addresses.output)
+        self._cores = [
+            CoreClient(rank, self._ipc_dir, self._ctx, self._actx) for rank in range(num_cores)
+        ]
 
-    def _send(self, data: bytes) -> None:
+    def _send(self, client: CoreClient, data: bytes) -> None:
         """Never blocks (no send limit); a core that is gone marks the engine dead instead."""
         if self.dead_error is not None:
             return
         try:
-            self._input.send(data, flags=zmq.NOBLOCK)
-        except zmq.Again:
-            self._on_core_dead("its input socket has no reader (the process is gone)")
+            client.send(data)
+        except CoreGone as exc:
+            self._on_core_dead(str(exc), client.rank)
 
     # ---- life cycle ----
 
     async def start(self) -> None:
-        """Starts the core process, builds the LLMEngine meanwhile (the tokenizer, and the config
-        from EngineArgs), waits until the core is ready. A bad engine argument raises ValueError
-        here; shutdown() then stops the core."""
-        spawn = multiprocessing.get_context("spawn")
-        self._proc = spawn.Process(
-            target=run_core,
-            name="pagedlm-engine-core",
-            daemon=True,
-            args=(self._config_source, self._addresses, os.getpid()),
-        )
-        self._proc.start()
+        """Starts the core processes, builds the LLMEngine meanwhile (the tokenizer, and the config
+        from EngineArgs), waits until every core is ready. A bad engine argument raises ValueError
+        here; shutdown() then stops the cores."""
+        self._started = True
+        for client in self._cores:  # they load side by side
+            client.start(self._config_source, len(self._cores))
         # Not in a thread: a signal during start-up (SystemExit) then stops the build at once.
         self.llm_engine = self._build_llm_engine()
         self.config = self.llm_engine.config
-        msg = await self._recv_or_core_exit()
-        if msg is None:
-            raise RuntimeError(
-                f"the engine-core process exited with code {self._proc.exitcode} "
-                "while starting (see its log above)"
-            )
-        if not isinstance(msg, wire.Ready):
-            raise RuntimeError(f"the engine core failed to start:\n{msg.error}")
-        check_same_config(msg, self.config)
-        self._heartbeat.restart()
+        for client in self._cores:
+            await self._wait_until_ready(client)
+        for client in self._cores:
+            client.heartbeat.restart()
         self._ready = True
         self._tasks = [
-            asyncio.create_task(self._output_loop(), name="pagedlm-outputs"),
+            *(
+                asyncio.create_task(
+                    self._output_loop(client), name=f"pagedlm-outputs-{client.rank}"
+                )
+                for client in self._cores
+            ),
             asyncio.create_task(self._watch_core(), name="pagedlm-core-watch"),
             asyncio.create_task(self._log_loop(), name="pagedlm-log-stats"),
         ]
+
+    async def _wait_until_ready(self, client: CoreClient) -> None:
+        name = self._core_name(client.rank)
+        msg = await client.first_message()
+        if msg is None:
+            raise RuntimeError(
+                f"the {name} process exited with code {client.proc.exitcode} "
+                "while starting (see its log above)"
+            )
+        if not isinstance(msg, wire.Ready):
+            raise RuntimeError(f"the {name} failed to start:\n{msg.error}")
+        check_same_config(msg, self.config)
+
+    def _core_name(self, rank: int) -> str:
+        return "engine core" if len(self._cores) == 1 else f"engine core {rank} (dp rank)"
 
     def _build_llm_engine(self) -> LLMEngine:
         source = self._config_source
         if isinstance(source, EngineConfig):
             return LLMEngine(source, self.core)
         return LLMEngine.from_engine_args(source, self.core)
-
-    async def _recv_or_core_exit(self) -> wire.FromCore | None:
-        recv = asyncio.ensure_future(self._output.recv())
-        while not recv.done():
-            await asyncio.wait([recv], timeout=0.5)
-            if not recv.done() and not self._proc.is_alive():
-                recv.cancel()
-                return None
-        return wire.from_core_decoder().decode(recv.result())
 
     def stop_accepting(self) -> None:
         """New requests get 503 (and /health); those in flight go on."""
@@ -202,40 +199,42 @@ class AsyncLLM(EngineControl):
         return self.dead_error
 
     async def shutdown(self) -> None:
-        """Aborts what is in flight, stops the core process, releases sockets."""
+        """Aborts what is in flight, stops the core processes, releases sockets."""
         self.stop_accepting()
         self.abort_all()
         self._stopping = True
         for task in self._tasks:
             task.cancel()
-        if self._proc is not None:
-            await self._stop_core(self._proc)
-        self._heartbeat.close()
-        self._input.close(linger=0)
-        self._output.close(linger=0)
+        if self._started:
+            await self._stop_cores()
+        for client in self._cores:
+            client.close()
         self._ctx.term()
         self._actx.term()
         shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
     def kill_core(self) -> None:
-        """Ends the core process at once (a signal while the server stops)."""
-        if self._proc is not None and self._proc.is_alive():
-            self._proc.kill()
+        """Ends every core process at once (a signal while the server stops)."""
+        for client in self._cores:
+            client.kill()
 
-    async def _stop_core(self, proc: multiprocessing.process.BaseProcess) -> None:
-        """A ready, live core is asked to stop; one still loading, or dead, is killed (it ignores
+    async def _stop_cores(self) -> None:
+        """Ready, live cores are asked to stop; one still loading, or dead, is killed (it ignores
         SIGTERM)."""
-        if not proc.is_alive():
-            return
         if self._ready and self.dead_error is None:
-            self.core.send(wire.Shutdown())
-            await asyncio.to_thread(proc.join, _CORE_EXIT_TIMEOUT_S)
-            if proc.is_alive():
-                logger.warning(
-                    "engine core did not stop in %.0f s; killing it", _CORE_EXIT_TIMEOUT_S
-                )
-        proc.kill()
-        await asyncio.to_thread(proc.join)
+            self.core.send_to_all(wire.Shutdown())
+            await asyncio.gather(
+                *(asyncio.to_thread(c.proc.join, _CORE_EXIT_TIMEOUT_S) for c in self._cores)
+            )
+            for client in self._cores:
+                if client.is_alive():
+                    logger.warning(
+                        "%s did not stop in %.0f s; killing it",
+                        self._core_name(client.rank),
+                        _CORE_EXIT_TIMEOUT_S,
+                    )
+        self.kill_core()
+        await asyncio.gather(*(asyncio.to_thread(c.proc.join) for c in self._cores))
 
     @property
     def health_problem(self) -> str | None:
@@ -292,14 +291,18 @@ class AsyncLLM(EngineControl):
             raise EngineDeadError(f"the engine core died: {self.dead_error}")
 
     def _check_core(self) -> None:
-        """Declares the core dead when its process has exited or it has been silent too long;
-        stalled while it has been silent a while."""
-        if self._proc is None or self.dead_error is not None or self._stopping:
-            return  # not started, already dead, or its exit is expected
-        if not self._proc.is_alive():
-            self._on_core_dead(f"the process exited with code {self._proc.exitcode}")
-        elif self._ready:
-            self._check_heartbeat(self._heartbeat.silent_s())
+        """Declares the cores dead when a process has exited or has been silent too long;
+        stalled while one has been silent a while."""
+        if not self._started or self.dead_error is not None or self._stopping:
+            return  # not started, already dead, or their exits are expected
+        for client in self._cores:
+            if not client.is_alive():
+                self._on_core_dead(
+                    f"the process exited with code {client.proc.exitcode}", client.rank
+                )
+                return
+        if self._ready:
+            self._check_heartbeat(max(client.heartbeat.silent_s() for client in self._cores))
 
     def _check_heartbeat(self, silent_s: float) -> None:
         timeouts = self.heartbeat_timeouts
@@ -377,23 +380,23 @@ class AsyncLLM(EngineControl):
 
     # ---- background tasks ----
 
-    async def _output_loop(self) -> None:
+    async def _output_loop(self, client: CoreClient) -> None:
         """Takes every message already there at once: when the front end fell behind, several
         steps' outputs become one output per request, and one event per stream. Then the
         streams write before the next batch: a ready socket's recv() completes without yielding
         to the event loop, so without the sleep a core that keeps up holds every stream back."""
         decoder = wire.from_core_decoder()
         while self.dead_error is None:
-            frames = [await self._output.recv()]
+            frames = [await client.output.recv()]
             while len(frames) < _MAX_MESSAGES_PER_BATCH:
                 try:
-                    frames.append(await self._output.recv(zmq.NOBLOCK))
+                    frames.append(await client.output.recv(zmq.NOBLOCK))
                 except zmq.Again:
                     break
-            self._on_messages([decoder.decode(frame) for frame in frames])
+            self._on_messages([decoder.decode(frame) for frame in frames], client.rank)
             await asyncio.sleep(0)
 
-    def _on_messages(self, messages: list[wire.FromCore]) -> None:
+    def _on_messages(self, messages: list[wire.FromCore], rank: int) -> None:
         """In order; each run of CoreOutputs as one (wire.join_outputs)."""
         run: list[wire.CoreOutputs] = []
         for msg in messages:
@@ -401,30 +404,34 @@ class AsyncLLM(EngineControl):
                 run.append(msg)
                 continue
             if run:
-                self._on_message(wire.join_outputs(run))
+                self._on_message(wire.join_outputs(run), rank)
                 run = []
-            self._on_message(msg)
+            self._on_message(msg, rank)
         if run:
-            self._on_message(wire.join_outputs(run))
+            self._on_message(wire.join_outputs(run), rank)
 
-    def _on_message(self, msg: wire.FromCore) -> None:
+    def _on_message(self, msg: wire.FromCore, rank: int = 0) -> None:
+        """`rank`: the dp rank of the core that sent it."""
         if self.dead_error is not None:  # sent before it was declared dead: news no longer
             return
         if isinstance(msg, wire.Dead):
-            self._on_core_dead(msg.error)
+            self._on_core_dead(msg.error, rank)
             return
         if isinstance(msg, wire.UtilityResult):
-            self._on_utility_result(msg)
+            self._on_utility_result(msg, rank)
             return
         try:
-            self._on_outputs(msg)
+            self._on_outputs(msg, rank)
         except Exception:  # else every request would hang while /health still said 200
             self._on_core_dead(
-                f"the server failed on the core's outputs:\n{traceback.format_exc()}"
+                f"the server failed on the core's outputs:\n{traceback.format_exc()}", rank
             )
 
-    def _on_outputs(self, msg: wire.CoreOutputs) -> None:
-        self.metrics.update_core_stats(msg.stats)
+    def _on_outputs(self, msg: wire.CoreOutputs, rank: int = 0) -> None:
+        self._core_stats[rank] = msg.stats
+        self.metrics.update_core_stats(
+            msg.stats if len(self._core_stats) == 1 else sum_stats(self._core_stats)
+        )
         self.core.on_outputs(msg)
         for core_id, error in msg.errors.items():
             request_id = self._core_to_request.get(core_id)
@@ -444,13 +451,17 @@ class AsyncLLM(EngineControl):
             await asyncio.sleep(_WATCH_INTERVAL_S)
             self._check_core()
 
-    def _on_core_dead(self, error: str) -> None:
-        """Logs the whole story; clients get its last line. A process still there (stalled) is
-        killed: nothing it would send is wanted, and it holds the accelerator."""
+    def _on_core_dead(self, error: str, rank: int = 0) -> None:
+        """Logs the whole story; clients get its last line. Every process still there (stalled,
+        or a live dp rank) is killed: nothing it would send is wanted, and it holds the
+        accelerator."""
         if self.dead_error is not None:
             return
-        logger.error("engine core died: %s", error)
+        name = self._core_name(rank)
+        logger.error("%s died: %s", name, error)
         self.dead_error = error.strip().splitlines()[-1]
+        if len(self._cores) > 1:
+            self.dead_error += f" ({name})"
         self.stalled = None
         self.metrics.clear_core_state()
         self.kill_core()
@@ -483,3 +494,9 @@ def check_same_config(ready: wire.Ready, config: EngineConfig) -> None:
         raise RuntimeError(
             f"the engine core's config differs from the server's: {ready} against {mine}"
         )
+
+
+def _data_parallel_size(config: EngineConfig | EngineArgs | None) -> int:
+    if isinstance(config, EngineConfig):
+        return config.parallel.data_parallel_size
+    return 1 if config is None else config.data_parallel_size

@@ -1,6 +1,8 @@
 """AsyncLLM's engine utilities over the core process (wire.UtilityCall / UtilityResult):
 collective_rpc, sleep / wake_up, pause / resume, reset_prefix_cache, with the offline LLM's
-names and rules (engine/lifecycle.py). Mode "wait" is done here: new requests get 503 while the
+names and rules (engine/lifecycle.py). At data_parallel_size > 1 a call goes to every core and
+their answers are combined as the offline engine's (data_parallel.combine_utility_results); the
+first core's error is the call's. Mode "wait" is done here: new requests get 503 while the
 requests in flight finish, then the core pauses or sleeps. While the engine is paused or asleep
 new requests get 503 (`admission_problem`)."""
 
@@ -8,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from dataclasses import dataclass, field
 from typing import Any
 
 from pagedlm.engine import wire
+from pagedlm.engine.data_parallel import combine_utility_results
 from pagedlm.engine.lifecycle import ENGINE_SLEEPING
 from pagedlm.errors import InvalidRequest
 from pagedlm.llm_lifecycle import ENGINE_PAUSED, PAUSE_MODES
@@ -19,12 +23,19 @@ from pagedlm.worker.rpc import WorkerMethodError
 _WAIT_POLL_S = 0.05
 
 
+@dataclass
+class _Call:
+    method: str
+    future: asyncio.Future
+    results: dict[int, Any] = field(default_factory=dict)  # dp rank -> its core's answer
+
+
 class EngineControl:
     """Mixed into AsyncLLM: needs its `core` (RemoteCore), `_queues` and `check_alive()`."""
 
     def _init_control(self) -> None:
         self._call_ids = itertools.count()
-        self._calls: dict[int, asyncio.Future] = {}
+        self._calls: dict[int, _Call] = {}
         self._paused = False
         self._sleeping = False
         self._waiting_to_pause = False  # mode "wait": the requests in flight are finishing
@@ -33,29 +44,34 @@ class EngineControl:
         """An engine-core utility; its error raised here (InvalidRequest for the caller's)."""
         self.check_alive()
         call_id = next(self._call_ids)
-        future = asyncio.get_running_loop().create_future()
-        self._calls[call_id] = future
+        call = _Call(method, asyncio.get_running_loop().create_future())
+        self._calls[call_id] = call
         try:
-            self.core.send(wire.UtilityCall(call_id, method, list(args), kwargs))
-            return await future
+            self.core.send_to_all(wire.UtilityCall(call_id, method, list(args), kwargs))
+            return await call.future
         finally:
             self._calls.pop(call_id, None)
 
-    def _on_utility_result(self, msg: wire.UtilityResult) -> None:
-        future = self._calls.get(msg.call_id)
-        if future is None or future.done():
+    def _on_utility_result(self, msg: wire.UtilityResult, rank: int = 0) -> None:
+        call = self._calls.get(msg.call_id)
+        if call is None or call.future.done():
             return
+        future = call.future
         if msg.error is None:
-            future.set_result(msg.result)
+            call.results[rank] = msg.result
+            num_cores = self.core.num_ranks
+            if len(call.results) == num_cores:
+                results = [call.results[r] for r in range(num_cores)]
+                future.set_result(combine_utility_results(call.method, results))
         elif msg.invalid:
             future.set_exception(InvalidRequest(msg.error, param=msg.param, code=msg.code))
         else:
             future.set_exception(WorkerMethodError(msg.error))
 
     def _fail_calls(self, error: Exception) -> None:
-        for future in self._calls.values():
-            if not future.done():
-                future.set_exception(error)
+        for call in self._calls.values():
+            if not call.future.done():
+                call.future.set_exception(error)
 
     @property
     def admission_problem(self) -> tuple[str, str] | None:

@@ -108,9 +108,11 @@ SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")  # by sleep level (
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, num_engines: int = 1) -> None:
+        """num_engines: the engine cores (data_parallel_size); their stats come summed."""
         self.registry = CollectorRegistry()
         self.model_name = model_name
+        self.num_engines = num_engines
         self._last = CoreStats()
         self._init_gauges_and_counters()
         self._init_histograms()
@@ -170,6 +172,11 @@ class ServerMetrics:
         self.rejected = counter(
             "num_requests_rejected", "Requests refused by admission control.", ("reason",)
         )
+        self.routed = counter(
+            "engine_requests_routed",
+            "Core requests (one per sample) the front end sent to each engine core (dp rank).",
+            ("engine",),
+        )
         self.sleep_state = Gauge(
             "pagedlm:engine_sleep_state",
             "1 for the engine's sleep state now (vLLM's: awake, weights_offloaded = level 1, "
@@ -201,6 +208,8 @@ class ServerMetrics:
             self.request_success.labels(model_name=self.model_name, finished_reason=reason)
         for reason in REJECT_REASONS:
             self.rejected.labels(model_name=self.model_name, reason=reason)
+        for engine in range(self.num_engines):
+            self.routed.labels(model_name=self.model_name, engine=str(engine))
 
     def _init_histograms(self) -> None:
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
@@ -265,6 +274,9 @@ class ServerMetrics:
                     model_name=self.model_name, position=str(position)
                 ).inc(now - before)
         self._last = stats
+
+    def observe_routed(self, engine: int) -> None:
+        self.routed.labels(model_name=self.model_name, engine=str(engine)).inc()
 
     def set_sleep_level(self, level: int) -> None:
         """0: awake; 1 or 2: the level of the sleep now."""

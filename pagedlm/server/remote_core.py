@@ -1,6 +1,9 @@
 """The engine core as LLMEngine calls it (add_request / abort_requests / finish_requests), living in
-another process: every call becomes a message. It also keeps, per core request, what admission
-control and the latency metrics need: in flight or not, still in prefill or not, and its times."""
+other processes: every call becomes a message. At data_parallel_size N there are N core
+processes (dp ranks): a new core request goes to the rank with the fewest core requests in flight
+(the first on ties, as vLLM's queue-length balancer), its abort or stop-string finish to that
+rank. It also keeps, per core request, what admission control and the latency metrics need: its
+rank, in flight or not, still in prefill or not, and its times."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from pagedlm.server.metrics import FinishedRequestTimes, ServerMetrics
 
 @dataclass(slots=True)
 class _CoreRequest:
+    rank: int
     num_prompt_tokens: int
     arrival: float
     first_scheduled: float | None = None
@@ -24,47 +28,71 @@ class _CoreRequest:
 
 
 class RemoteCore:
-    def __init__(self, send: Callable[[bytes], None], metrics: ServerMetrics) -> None:
-        self._send = send
+    def __init__(self, sends: list[Callable[[bytes], None]], metrics: ServerMetrics) -> None:
+        """sends: per dp rank, how a message reaches that core."""
+        self._sends = sends
         self._metrics = metrics
         self._encoder = wire.encoder()
         self._requests: dict[str, _CoreRequest] = {}  # core requests in flight
+        self.num_in_flight_per_rank = [0] * len(sends)
         self.num_prefill_tokens = 0  # prompt tokens of in-flight requests without a first token
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self._sends)
 
     @property
     def num_in_flight(self) -> int:
         return len(self._requests)
 
-    def send(self, msg: wire.ToCore) -> None:
-        self._send(self._encoder.encode(msg))
+    def send_to_all(self, msg: wire.ToCore) -> None:
+        data = self._encoder.encode(msg)
+        for send in self._sends:
+            send(data)
 
     def add_request(self, request: Request) -> None:
-        self.send(
-            wire.AddRequest(
-                request_id=request.request_id,
-                prompt_token_ids=request.prompt_token_ids,
-                sampling_params=request.sampling_params,
-                max_tokens=request.max_tokens,
-                arrival_time=request.arrival_time,
-                priority=request.priority,
-                cache_salt=request.cache_salt,
+        counts = self.num_in_flight_per_rank
+        rank = counts.index(min(counts))
+        self._sends[rank](
+            self._encoder.encode(
+                wire.AddRequest(
+                    request_id=request.request_id,
+                    prompt_token_ids=request.prompt_token_ids,
+                    sampling_params=request.sampling_params,
+                    max_tokens=request.max_tokens,
+                    arrival_time=request.arrival_time,
+                    priority=request.priority,
+                    cache_salt=request.cache_salt,
+                )
             )
         )
         self._requests[request.request_id] = _CoreRequest(
-            request.num_prompt_tokens, request.arrival_time
+            rank, request.num_prompt_tokens, request.arrival_time
         )
+        counts[rank] += 1
         self.num_prefill_tokens += request.num_prompt_tokens
+        self._metrics.observe_routed(rank)
 
     def abort_requests(self, request_ids: list[str]) -> None:
-        self.send(wire.AbortRequests(request_ids))
+        self._send_by_rank(request_ids, stopped=False)
         for req_id in request_ids:
             self._finish(req_id, "abort", time.time())
 
     def finish_requests(self, request_ids: list[str]) -> None:
         """Requests a stop string ended in the front end."""
-        self.send(wire.AbortRequests(request_ids, stopped=True))
+        self._send_by_rank(request_ids, stopped=True)
         for req_id in request_ids:
             self._finish(req_id, "stop", time.time())
+
+    def _send_by_rank(self, request_ids: list[str], stopped: bool) -> None:
+        """An AbortRequests to each rank that owns some of `request_ids` (the others are done)."""
+        by_rank: dict[int, list[str]] = {}
+        for req_id in request_ids:
+            request = self._requests.get(req_id)
+            if request is not None:
+                by_rank.setdefault(request.rank, []).append(req_id)
+        for rank, ids in by_rank.items():
+            self._sends[rank](self._encoder.encode(wire.AbortRequests(ids, stopped=stopped)))
 
     def on_outputs(self, msg: wire.CoreOutputs) -> None:
         now = time.time()
@@ -96,6 +124,7 @@ class RemoteCore:
         request = self._requests.pop(req_id, None)
         if request is None:
             return
+        self.num_in_flight_per_rank[request.rank] -= 1
         if request.first_token is None:
             self.num_prefill_tokens -= request.num_prompt_tokens
         self._metrics.observe_finished(

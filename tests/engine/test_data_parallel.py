@@ -1,6 +1,6 @@
 """data_parallel_size = 2 in the offline LLM: two engine cores behind one LLMEngine give dp = 1's
 greedy and seeded tokens, both cores take work (queue-length balancing), utilities reach both,
-a core that fails raises out of generate, and the server refuses dp > 1 with a clear error."""
+and a core that fails raises out of generate. The server's dp: test_data_parallel_http.py."""
 
 from __future__ import annotations
 
@@ -9,9 +9,7 @@ from pathlib import Path
 import pytest
 
 from pagedlm import LLM, SamplingParams
-from pagedlm.config import EngineArgs
 from pagedlm.engine.data_parallel import DataParallelCores
-from pagedlm.engine.llm_engine import LLMEngine
 
 ENGINE = dict(
     skip_tokenizer_init=True,
@@ -59,9 +57,3 @@ def test_a_failing_core_raises_out_of_generate(dp2: LLM, monkeypatch: pytest.Mon
     monkeypatch.setattr(failing, "step", step)
     with pytest.raises(RuntimeError, match="core 1 failed"):
         _tokens(dp2)
-
-
-def test_the_server_refuses_dp_above_1(tiny_llama_dir: Path) -> None:
-    config = EngineArgs(model=str(tiny_llama_dir), data_parallel_size=2, **ENGINE)
-    with pytest.raises(ValueError, match="data_parallel_size > 1 runs in the offline LLM only"):
-        LLMEngine(config.create_engine_config(), engine_core=object())

@@ -67,15 +67,21 @@ class ServerProcess:
         return total
 
     def core_process(self) -> psutil.Process:
-        """The engine-core process: the front end's child that multiprocessing spawned (the
-        other child is multiprocessing's resource tracker)."""
-        cores = [
-            child
-            for child in psutil.Process(self.proc.pid).children()
-            if "spawn_main" in " ".join(child.cmdline())
-        ]
-        assert len(cores) == 1, f"engine-core processes: {cores}"
-        return cores[0]
+        """The engine-core process (data_parallel_size 1)."""
+        (core,) = self.core_processes()
+        return core
+
+    def core_processes(self) -> list[psutil.Process]:
+        """The engine-core processes: the front end's children that multiprocessing spawned (the
+        other child is multiprocessing's resource tracker), in the order they started."""
+        return sorted(
+            (
+                child
+                for child in psutil.Process(self.proc.pid).children()
+                if "spawn_main" in " ".join(child.cmdline())
+            ),
+            key=lambda child: child.create_time(),
+        )
 
     def family(self) -> list[psutil.Process]:
         """The front end and every process below it."""

@@ -172,7 +172,7 @@ def test_core_loop_steps_reports_and_stops() -> None:
 def test_remote_core_accounting_and_metrics() -> None:
     sent: list[bytes] = []
     metrics = ServerMetrics("m")
-    core = RemoteCore(sent.append, metrics)
+    core = RemoteCore([sent.append], metrics)
     for req_id, num_prompt in (("a", 3), ("b", 5), ("c", 7)):
         core.add_request(
             Request(
@@ -224,7 +224,7 @@ def test_admission_caps_requests_and_prefill_tokens() -> None:
         model_name="m",
         limits=AdmissionLimits(max_num_queued_reqs=3, max_num_queued_tokens=10),
     )
-    engine.core = RemoteCore([].append, engine.metrics)  # never started: no core process
+    engine.core = RemoteCore([[].append], engine.metrics)  # never started: no core process
     try:
         engine.admit(num_requests=2, num_prompt_tokens=8)
         for req_id in ("a", "b"):
@@ -253,7 +253,7 @@ def test_a_failure_on_the_outputs_marks_the_engine_dead_and_fails_its_requests()
     try:
         queue = engine._queues["r"] = asyncio.Queue()
 
-        def broken(msg: wire.CoreOutputs) -> None:
+        def broken(msg: wire.CoreOutputs, rank: int) -> None:
             raise RuntimeError("boom")
 
         engine._on_outputs = broken

@@ -204,18 +204,18 @@ def test_the_output_loop_takes_bounded_batches_and_lets_streams_run_between(
     monkeypatch.setattr(async_engine, "_MAX_MESSAGES_PER_BATCH", 4)
     engine = AsyncLLM(config=None, model_name="m", limits=AdmissionLimits())
     seen: list[object] = []  # what _on_message got, and "stream" each time another task ran
-    monkeypatch.setattr(engine, "_on_message", seen.append)
+    monkeypatch.setattr(engine, "_on_message", lambda msg, rank: seen.append(msg))
     step = wire.CoreOutputs(outputs=[EngineCoreOutput("r", [1])], stats=wire.CoreStats())
     messages = [step, step, wire.UtilityResult(call_id=3), step, step, step, step, step]
 
     async def run() -> None:
         push = zmq.Context.instance().socket(zmq.PUSH)
-        push.connect(engine._addresses.output)
+        push.connect(engine._cores[0].addresses.output)
         encoder = wire.encoder()
         for msg in messages:
             push.send(encoder.encode(msg))
         await asyncio.sleep(0.3)  # every message is in the socket by then
-        loop = asyncio.create_task(engine._output_loop())
+        loop = asyncio.create_task(engine._output_loop(engine._cores[0]))
         for _ in range(6):
             seen.append("stream")
             await asyncio.sleep(0)
