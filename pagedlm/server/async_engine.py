@@ -170,7 +170,9 @@ class AsyncLLM(EngineControl):
         check_same_config(msg, self.config)
 
     def _core_name(self, rank: int) -> str:
-        return "engine core" if len(self._cores) == 1 else f"engine core {rank} (dp rank)"
+        return (
+            "engine core" if len(self._cores) == 1 else f"engine core {rank} of {len(self._cores)}"
+        )
 
     def _build_llm_engine(self) -> LLMEngine:
         source = self._config_source
@@ -461,7 +463,7 @@ class AsyncLLM(EngineControl):
         logger.error("%s died: %s", name, error)
         self.dead_error = error.strip().splitlines()[-1]
         if len(self._cores) > 1:
-            self.dead_error += f" ({name})"
+            self.dead_error += f" (dp rank {rank})"
         self.stalled = None
         self.metrics.clear_core_state()
         self.kill_core()

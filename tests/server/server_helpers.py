@@ -72,16 +72,13 @@ class ServerProcess:
         return core
 
     def core_processes(self) -> list[psutil.Process]:
-        """The engine-core processes: the front end's children that multiprocessing spawned (the
-        other child is multiprocessing's resource tracker), in the order they started."""
-        return sorted(
-            (
-                child
-                for child in psutil.Process(self.proc.pid).children()
-                if "spawn_main" in " ".join(child.cmdline())
-            ),
-            key=lambda child: child.create_time(),
-        )
+        """The engine-core processes (one per dp rank): the front end's children that
+        multiprocessing spawned (the other child is multiprocessing's resource tracker)."""
+        return [
+            child
+            for child in psutil.Process(self.proc.pid).children()
+            if "spawn_main" in " ".join(child.cmdline())
+        ]
 
     def family(self) -> list[psutil.Process]:
         """The front end and every process below it."""
