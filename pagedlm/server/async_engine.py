@@ -6,11 +6,13 @@ the gathering of parallel samples (the engine's OutputProcessor), admission cont
 asyncio queue per request that a background task fills from the core's output socket.
 There: the EngineCore step loop (core_process.py). Messages go over ZeroMQ (ipc sockets).
 
-Each core is watched: a process that exits, or that sends no heartbeat for HeartbeatTimeouts.dead_s,
-is declared dead and every core killed (one lost dp rank ends the server, as a lost single core
-does): requests in flight get an error, the cores' gauges go to 0, and wait_until_dead() returns (the server then exits non-zero for its supervisor to restart it).
-Silent for HeartbeatTimeouts.unhealthy_s, it is stalled: /health and new requests get 503 while
-those in flight wait for it."""
+Each core is watched: a process that exits, or that sends no heartbeat for
+HeartbeatTimeouts.dead_s, is declared dead and every core is killed (a lost dp rank ends the server
+as a lost single core does): requests in flight get an error, the cores' gauges go to 0, and
+wait_until_dead() returns (the server then exits non-zero for its supervisor to restart it).
+Silent for HeartbeatTimeouts.unhealthy_s, a core is stalled: /health and new requests get 503
+while those in flight wait for it. Metrics are summed over the cores (kv_cache_usage_perc: their
+mean), but for engine_requests_routed_total, labelled per core (`engine`, as vLLM's label)."""
 
 from __future__ import annotations
 
@@ -226,7 +228,7 @@ class AsyncLLM(EngineControl):
         if self._ready and self.dead_error is None:
             self.core.send_to_all(wire.Shutdown())
             await asyncio.gather(
-                *(asyncio.to_thread(c.proc.join, _CORE_EXIT_TIMEOUT_S) for c in self._cores)
+                *(asyncio.to_thread(c.join, _CORE_EXIT_TIMEOUT_S) for c in self._cores)
             )
             for client in self._cores:
                 if client.is_alive():
@@ -236,7 +238,7 @@ class AsyncLLM(EngineControl):
                         _CORE_EXIT_TIMEOUT_S,
                     )
         self.kill_core()
-        await asyncio.gather(*(asyncio.to_thread(c.proc.join) for c in self._cores))
+        await asyncio.gather(*(asyncio.to_thread(c.join) for c in self._cores))
 
     @property
     def health_problem(self) -> str | None:

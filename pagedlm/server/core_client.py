@@ -39,7 +39,7 @@ class CoreClient:
         self.proc: multiprocessing.process.BaseProcess | None = None  # set by start()
 
     def start(self, source: EngineConfig | EngineArgs, size: int) -> None:
-        """Starts the process of dp rank `self.rank` of `size`."""
+        """Starts the process of dp rank `self.rank` of `size` (data_parallel_size)."""
         self.proc = multiprocessing.get_context("spawn").Process(
             target=run_core,
             name=f"pagedlm-engine-core-{self.rank}" if size > 1 else "pagedlm-engine-core",
@@ -67,6 +67,10 @@ class CoreClient:
 
     def is_alive(self) -> bool:
         return self.proc is not None and self.proc.is_alive()
+
+    def join(self, timeout_s: float | None = None) -> None:
+        if self.proc is not None:
+            self.proc.join(timeout_s)
 
     def kill(self) -> None:
         if self.is_alive():
