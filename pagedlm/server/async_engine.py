@@ -432,10 +432,7 @@ class AsyncLLM(EngineControl):
             )
 
     def _on_outputs(self, msg: wire.CoreOutputs, rank: int = 0) -> None:
-        self._core_stats[rank] = msg.stats
-        self.metrics.update_core_stats(
-            msg.stats if len(self._core_stats) == 1 else sum_stats(self._core_stats)
-        )
+        self._on_stats(msg.stats, rank)
         self.core.on_outputs(msg)
         for core_id, error in msg.errors.items():
             request_id = self._core_to_request.get(core_id)
@@ -449,6 +446,13 @@ class AsyncLLM(EngineControl):
             queue = self._queues.get(output.request_id)
             if queue is not None:
                 queue.put_nowait(output)
+
+    def _on_stats(self, stats: wire.CoreStats, rank: int) -> None:
+        """The metrics show the sum over the cores."""
+        self._core_stats[rank] = stats
+        self.metrics.update_core_stats(
+            stats if len(self._core_stats) == 1 else sum_stats(self._core_stats)
+        )
 
     async def _watch_core(self) -> None:
         while self.dead_error is None:
