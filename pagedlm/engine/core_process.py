@@ -109,7 +109,8 @@ def build_core(source: EngineConfig | EngineArgs, dp_rank: int = 0) -> EngineCor
 
 
 def _place(config: EngineConfig, dp_rank: int) -> EngineConfig:
-    """dp rank `dp_rank`'s config: on CUDA its own GPU; on the CPU its share of the cores (the
+    """dp rank `dp_rank`'s config: on CUDA its own GPU (cuda:dp_rank, also the process's current
+    device, for whatever asks torch without naming one); on the CPU its share of the cores (the
     data_parallel_size processes run side by side)."""
     import torch
 
@@ -118,7 +119,10 @@ def _place(config: EngineConfig, dp_rank: int) -> EngineConfig:
     size = config.parallel.data_parallel_size
     if size > 1 and config.device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
-    return rank_config(config, dp_rank)
+    config = rank_config(config, dp_rank)
+    if size > 1 and config.device.type == "cuda":
+        torch.cuda.set_device(config.device)
+    return config
 
 
 def core_stats(core: Any) -> wire.CoreStats:
