@@ -347,9 +347,10 @@ class AsyncLLM(EngineControl):
         for core_id in core_request_ids(request_id, processed.params.n):
             self._core_to_request[core_id] = request_id
         try:
-            self.llm_engine.add_processed_request(
-                request_id, processed, priority, final_only=final_only
-            )
+            with self.core.one_rank():  # its samples share the prompt's blocks
+                self.llm_engine.add_processed_request(
+                    request_id, processed, priority, final_only=final_only
+                )
         except ValueError:
             self.release(request_id)
             raise

@@ -2,13 +2,15 @@
 other processes: every call becomes a message. At data_parallel_size N there are N core
 processes (dp ranks): a new core request goes to the rank with the fewest core requests in flight
 (the first on ties, as vLLM's queue-length balancer), its abort or stop-string finish to that
-rank. It also keeps, per core request, what admission control and the latency metrics need: its
+rank. The samples of one request (n > 1) go to one rank together (`one_rank`), where they share
+the prompt's KV blocks. It also keeps, per core request, what admission control and the latency metrics need: its
 rank, in flight or not, still in prefill or not, and its times."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from pagedlm.engine import wire
@@ -35,6 +37,7 @@ class RemoteCore:
         self._encoder = wire.encoder()
         self._requests: dict[str, _CoreRequest] = {}  # core requests in flight
         self.num_in_flight_per_rank = [0] * len(sends)
+        self._pinned_rank: int | None = None  # inside one_rank(): where every add goes
         self.num_prefill_tokens = 0  # prompt tokens of in-flight requests without a first token
 
     @property
@@ -50,9 +53,19 @@ class RemoteCore:
         for send in self._sends:
             send(data)
 
+    @contextmanager
+    def one_rank(self) -> Iterator[None]:
+        """The requests added inside go to one rank: the least loaded as it begins."""
+        counts = self.num_in_flight_per_rank
+        self._pinned_rank = counts.index(min(counts))
+        try:
+            yield
+        finally:
+            self._pinned_rank = None
+
     def add_request(self, request: Request) -> None:
         counts = self.num_in_flight_per_rank
-        rank = counts.index(min(counts))
+        rank = counts.index(min(counts)) if self._pinned_rank is None else self._pinned_rank
         self._sends[rank](
             self._encoder.encode(
                 wire.AddRequest(

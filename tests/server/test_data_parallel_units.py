@@ -1,6 +1,6 @@
 """The server's data parallelism without core processes: RemoteCore's routing (fewest core
-requests in flight, aborts and stop-string finishes to the owner), a utility's gathering over the
-cores, and the cores' stats summed into the metrics."""
+requests in flight, a request's samples together, aborts and stop-string finishes to the owner),
+a utility's gathering over the cores, and the cores' stats summed into the metrics."""
 
 from __future__ import annotations
 
@@ -47,11 +47,18 @@ def test_remote_core_routes_to_the_fewest_in_flight_and_aborts_to_the_owner() ->
     assert _decoded(sent[0]) == [wire.AbortRequests(["d"]), wire.AbortRequests(["c"], stopped=True)]
     assert _decoded(sent[1]) == [wire.AbortRequests(["b"])]
     assert core.num_in_flight_per_rank == [0, 0]
+    core.add_request(_request("e"))
+    with core.one_rank():  # the samples of one request: where the fewest are (rank 1)
+        for sample in ("f_0", "f_1", "f_2"):
+            core.add_request(_request(sample))
+    core.add_request(_request("g"))
+    assert core.num_in_flight_per_rank == [2, 3]
+    sent[0].clear(), sent[1].clear()
     core.send_to_all(wire.Shutdown())
     assert [_decoded(s) for s in sent][1][-1] == wire.Shutdown() == _decoded(sent[0])[-1]
     text = metrics.render().decode()
-    assert 'pagedlm:engine_requests_routed_total{engine="0",model_name="m"} 3.0' in text
-    assert 'pagedlm:engine_requests_routed_total{engine="1",model_name="m"} 1.0' in text
+    assert 'pagedlm:engine_requests_routed_total{engine="0",model_name="m"} 5.0' in text
+    assert 'pagedlm:engine_requests_routed_total{engine="1",model_name="m"} 4.0' in text
 
 
 @pytest.fixture
