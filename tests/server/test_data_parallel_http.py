@@ -109,15 +109,18 @@ def test_utilities_reach_both_cores(dp2: ServerProcess) -> None:
 def test_a_killed_core_ends_the_server_with_code_1(dp2: ServerProcess) -> None:
     family = dp2.family()
     cores = dp2.core_processes()
-    assert len(cores) == 2
+    assert len(cores) == 2, cores
     body = {"prompt": "Tell me everything.", "max_tokens": 400, "ignore_eos": True}
     streams = [StreamInBackground(dp2, "/v1/completions", body) for _ in range(4)]
     for stream in streams:
         stream.wait_for_events(2)
     cores[1].send_signal(signal.SIGKILL)
-    assert dp2.proc.wait(30) == 1
+    assert dp2.proc.wait(30) == 1, dp2.log()[-3000:]
     assert_gone(family)
     for stream in streams:
         error = stream.result(10)[-1]["error"]
-        assert error["code"] == "engine_dead" and "exited with code -9" in error["message"], error
+        assert error["code"] == "engine_dead" and "exited with code -9" in error["message"], (
+            error,
+            dp2.log()[-3000:],
+        )
     assert "exiting with code 1 (for a supervisor to restart the server)" in dp2.log()
