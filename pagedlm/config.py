@@ -655,6 +655,6 @@ _CLI_HELP = {  # one line per EngineArgs field
     "(default: uni at tensor_parallel_size 1, else mp)",
     "enable_batch_sharded_sampling": "tp > 1: each rank samples its share of the batch's rows from "
     "full-vocabulary logits (an all-to-all), instead of rank 0 sampling every row",
-    "data_parallel_size": "engine cores, each a model replica on its own GPU, new requests to the "
-    "least loaded (offline LLM only so far)",
+    "data_parallel_size": "engine cores, each a model replica on its own GPU (the server: one "
+    "process each), new requests to the least loaded",
 }
