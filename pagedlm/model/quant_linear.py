@@ -105,11 +105,13 @@ class Int4Matmul(nn.Module):
         self.register_buffer(
             "scales_and_zeros", torch.stack((weight.scales.t(), zeros.t()), dim=-1).to(dtype)
         )  # [G, N, 2]
-        # the same codes two to a byte (column 2j low, 2j + 1 high), for dequantize()
-        pairs = weight.codes.view(self.out_features, -1, 2)
-        self.register_buffer("nibbles", pairs[..., 0] | (pairs[..., 1] << 4))  # [N, K / 2]
-        self.register_buffer("scales", weight.scales.contiguous())  # [N, G] float32
-        self.register_buffer("mins", weight.mins.contiguous())  # [N, G] float32
+        # the same codes two to a byte for dequantize(), llama.cpp's order: byte j of a group holds
+        # column j in its low nibble and column j + 16 in its high one, so each nibble plane
+        # decodes into one contiguous half-group (no interleaving pass)
+        halves = weight.codes.view(self.out_features, -1, 2, GROUP_SIZE // 2)  # [N, G, 2, 16]
+        self.register_buffer("nibbles", halves[:, :, 0] | (halves[:, :, 1] << 4))  # [N, G, 16]
+        self.register_buffer("scales", weight.scales[..., None].contiguous())  # [N, G, 1] float32
+        self.register_buffer("mins", weight.mins[..., None].contiguous())  # [N, G, 1] float32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, K] -> [T, N] in x's dtype."""
@@ -120,14 +122,25 @@ class Int4Matmul(nn.Module):
         )
 
     def dequantize(self) -> torch.Tensor:
-        """[N, K] float32."""
-        codes = torch.stack((self.nibbles & 0x0F, self.nibbles >> 4), dim=-1)  # [N, K / 2, 2]
-        weight = codes.view(self.out_features, -1, GROUP_SIZE).float()  # [N, G, 32]
-        # scale in place through a [N, 32, G] view: torch broadcasts over a trailing dim of 32
-        # ~4x slower
-        by_column = weight.transpose(1, 2)
-        by_column.mul_(self.scales[:, None, :]).add_(self.mins[:, None, :])
+        """[N, K] float32 in the shared scratch: valid until the next Int4Matmul.dequantize."""
+        weight = _scratch(self.nibbles.numel() * 2).view(*self.nibbles.shape[:2], 2, -1)
+        weight[:, :, 0].copy_(self.nibbles & 0x0F)  # [N, G, 16] columns 0..15 of each group
+        weight[:, :, 1].copy_(self.nibbles >> 4)  # columns 16..31
+        by_group = weight.view(*self.nibbles.shape[:2], GROUP_SIZE)  # [N, G, 32]
+        by_group.mul_(self.scales).add_(self.mins)
         return weight.view(self.out_features, -1)
+
+
+_SCRATCH: list[torch.Tensor] = [torch.empty(0)]
+
+
+def _scratch(numel: int) -> torch.Tensor:
+    """A float32 buffer of numel elements, one for every layer: a dense matmul uses its weight
+    only within the call (CPU ops are synchronous), so one layer's weight overwrites the last's
+    instead of each call allocating (and page-faulting) a fresh one. Largest weight: 7 MB."""
+    if _SCRATCH[0].numel() < numel:
+        _SCRATCH[0] = torch.empty(numel)
+    return _SCRATCH[0][:numel]
 
 
 class Int8Matmul(nn.Module):

@@ -88,6 +88,22 @@ def test_packed_matmul_matches_a_float_product(bits: int, rows: int, num_tokens:
     assert (got.float() - want).abs().max() <= 2e-2 * want.abs().max()
 
 
+def test_int4_dense_weight_is_exact_from_a_poisoned_shared_scratch() -> None:
+    """The prefill's dense weight (nibble planes decoded into the one scratch buffer that every
+    layer shares) equals the codes' float32 dequantisation bit for bit, whichever layer wrote the
+    scratch last, and the dense matmul is the float32 product with it."""
+    from pagedlm.model import quant_linear
+
+    wide, narrow = random_weight(4, 96, 256, seed=3), random_weight(4, 32, 128, seed=4)
+    wide_module, narrow_module = pack(wide, torch.bfloat16), pack(narrow, torch.bfloat16)
+    quant_linear._scratch(96 * 256).fill_(float("nan"))
+    assert torch.equal(wide_module.dequantize(), wide.dequantize())
+    assert torch.equal(narrow_module.dequantize(), narrow.dequantize())
+    x = torch.randn(DENSE_MIN_ROWS, 256).to(torch.bfloat16)
+    want = (x.float() @ wide.dequantize().t()).to(torch.bfloat16)  # [T, 96]
+    assert torch.equal(wide_module(x), want)
+
+
 def test_rows_the_int4_kernel_cannot_take_go_to_int8() -> None:
     weight = random_weight(4, 40, 128, seed=1)  # 40 rows: not a multiple of 16
     module = pack(weight, torch.bfloat16)
