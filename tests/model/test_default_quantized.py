@@ -10,7 +10,7 @@ from paged_batch import make_cache, make_step
 from pagedlm.attention.torch_ref import TorchAttentionBackend
 from pagedlm.config import build_model_config
 from pagedlm.model import LlamaForCausalLM, load_model
-from pagedlm.model.quant_linear import DENSE_MIN_ROWS, Int4Matmul, Int8Matmul
+from pagedlm.model.quant_linear import Int4Matmul, Int8Matmul
 
 pytest.importorskip("gguf")
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ def logits(model: LlamaForCausalLM, ids: list[int]) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def models() -> tuple[LlamaForCausalLM, LlamaForCausalLM]:
     def build(dtype: str) -> LlamaForCausalLM:
-        config = build_model_config(None, "auto", dtype, CPU, 512, True)
+        config = build_model_config(None, "auto", dtype, CPU, 64, True)
         return load_model(config, TorchAttentionBackend(), CPU)
 
     return build("float32"), build("auto")
@@ -73,21 +73,3 @@ def test_weight_updates_need_the_dense_path(models) -> None:
     norm = quantized.model.norm.weight
     with pytest.raises(ValueError, match='dtype="float32"'):
         update_weights(quantized, [("model.norm.weight", torch.ones_like(norm))], "test")
-
-
-def test_a_prefill_runs_in_float32_activations_and_stays_close(models) -> None:
-    """From DENSE_MIN_ROWS rows on every matmul is a float32 GEMM of the dequantised weight, so
-    the whole step carries float32 activations (no bfloat16 round trip a layer). Measured: mean
-    |diff| 0.12, cosine >= 0.998 a position against the float32 path."""
-    exact, quantized = models
-    ids = torch.randint(
-        100, 49152, (DENSE_MIN_ROWS + 4,), generator=torch.Generator().manual_seed(1)
-    )
-    cache = make_cache(quantized.config, 1, len(ids), 16)
-    input_ids, positions, meta = make_step(cache, [(ids.tolist(), 0)])
-    with torch.no_grad():
-        hidden = quantized(input_ids, positions, cache.kv_caches, meta)
-    assert hidden.dtype == torch.float32
-    want, got = logits(exact, ids.tolist()), quantized.compute_logits(hidden)
-    assert (want - got).abs().mean() <= 0.6
-    assert torch.nn.functional.cosine_similarity(want, got, dim=-1).min() >= 0.98
