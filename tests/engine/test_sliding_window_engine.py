@@ -9,17 +9,23 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_hf_models import hf_greedy, random_prompts, save_tiny_model
+from sliding_window_cases import (
+    BLOCK_SIZE,
+    GREEDY,
+    LONG_PROMPTS,
+    NUM_NEW_TOKENS,
+    SCENARIO_IDS,
+    SCENARIO_RUNS,
+    SHARED_PROMPTS,
+    WINDOW,
+    hf_references,
+    record_decoding,
+)
+from tiny_hf_models import save_tiny_model
 
-from pagedlm import LLM, SamplingParams
+from pagedlm import LLM
 
-WINDOW, BLOCK_SIZE = 32, 16
-NUM_NEW_TOKENS = 40
-LONG_PROMPTS = random_prompts(6, 70, 150, seed=5)  # 2-5 windows
-(_PREFIX,) = random_prompts(1, 96, 96, seed=6)
-SHARED_PROMPTS = [_PREFIX + suffix for suffix in random_prompts(6, 1, 40, seed=7)]
 BASE_ARGS = dict(dtype="float32", skip_tokenizer_init=True, block_size=BLOCK_SIZE, device="cpu")
-GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True)
 # scenario -> (prompts, engine arguments)
 SCENARIOS = {
     "chunked": (LONG_PROMPTS, dict(max_num_batched_tokens=24, num_gpu_blocks_override=64)),
@@ -45,37 +51,10 @@ def mistral(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Mo
 
 @pytest.fixture(scope="module")
 def mistral_reference(mistral) -> dict[str, list[list[int]]]:
-    _, model = mistral
-    return {
-        "long": hf_greedy(model, LONG_PROMPTS, NUM_NEW_TOKENS),
-        "shared": hf_greedy(model, SHARED_PROMPTS, NUM_NEW_TOKENS),
-    }
+    return hf_references(mistral[1])
 
 
-def held_blocks_while_decoding(llm: LLM) -> list[int]:
-    """Wraps the scheduler: the blocks each request scheduled for one token holds, every step."""
-    scheduler = llm.llm_engine.engine_core.scheduler
-    schedule, held = scheduler.schedule, []
-
-    def recording_schedule():
-        output = schedule()
-        kv = scheduler.kv_cache_manager
-        held.extend(
-            kv.num_held_blocks(req_id)
-            for req_id, num_tokens in output.num_scheduled_tokens.items()
-            if num_tokens == 1
-        )
-        return output
-
-    scheduler.schedule = recording_schedule
-    return held
-
-
-@pytest.mark.parametrize(
-    "scenario, async_scheduling",
-    [("chunked", True), ("prefix", False), ("preempt", True)],
-    ids=["chunked-async", "prefix-sync", "preempt-async"],
-)
+@pytest.mark.parametrize("scenario, async_scheduling", SCENARIO_RUNS, ids=SCENARIO_IDS)
 def test_mistral_window_freeing_matches_transformers(
     mistral, mistral_reference, scenario: str, async_scheduling: bool
 ) -> None:
@@ -85,7 +64,7 @@ def test_mistral_window_freeing_matches_transformers(
     assert scheduler.kv_cache_manager.sliding_window == WINDOW
     if scenario == "preempt":  # admission by the prompt alone: the pool runs out
         scheduler.growth.enabled = False
-    held = held_blocks_while_decoding(llm)
+    held = record_decoding(llm, lambda kv, req_id: kv.num_held_blocks(req_id))
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
     want = mistral_reference["shared" if scenario == "prefix" else "long"]
     assert [o.outputs[0].token_ids for o in outputs] == want

@@ -10,18 +10,25 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_hf_models import hf_greedy, random_prompts, save_tiny_model
+from sliding_window_cases import (
+    BLOCK_SIZE,
+    GREEDY,
+    LONG_PROMPTS,
+    NUM_NEW_TOKENS,
+    SCENARIO_IDS,
+    SCENARIO_RUNS,
+    SHARED_PROMPTS,
+    WINDOW,
+    hf_references,
+    record_decoding,
+)
+from tiny_hf_models import save_tiny_model
 
 from pagedlm import LLM, SamplingParams
 from pagedlm.core.kv_groups import HybridKVCacheManager
 from pagedlm.worker.memory import kv_cache_bytes_per_block, pool_bytes_per_block
 
-WINDOW, BLOCK_SIZE = 32, 16
-NUM_NEW_TOKENS = 40
 LAYER_TYPES = ["full_attention"] + ["sliding_attention"] * 3
-LONG_PROMPTS = random_prompts(6, 70, 150, seed=5)  # 2-5 windows
-(_PREFIX,) = random_prompts(1, 96, 96, seed=6)
-SHARED_PROMPTS = [_PREFIX + suffix for suffix in random_prompts(6, 1, 40, seed=7)]
 BASE_ARGS = dict(
     dtype="float32",
     skip_tokenizer_init=True,
@@ -29,7 +36,6 @@ BASE_ARGS = dict(
     device="cpu",
     max_model_len=208,
 )
-GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True)
 # scenario -> (prompts, engine arguments); 4 groups: a request's token costs 4 blocks at most
 SCENARIOS = {
     "chunked": (LONG_PROMPTS, dict(max_num_batched_tokens=24, num_gpu_blocks_override=160)),
@@ -57,37 +63,16 @@ def mixed_qwen2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.n
 
 @pytest.fixture(scope="module")
 def reference(mixed_qwen2) -> dict[str, list[list[int]]]:
-    _, model = mixed_qwen2
-    return {
-        "long": hf_greedy(model, LONG_PROMPTS, NUM_NEW_TOKENS),
-        "shared": hf_greedy(model, SHARED_PROMPTS, NUM_NEW_TOKENS),
-    }
+    return hf_references(mixed_qwen2[1])
 
 
-def record_held_blocks(llm: LLM) -> list[tuple[int, int]]:
-    """Wraps the scheduler: (full group's, a sliding group's) blocks of each decoding request."""
-    scheduler = llm.llm_engine.engine_core.scheduler
-    schedule, held = scheduler.schedule, []
-
-    def recording_schedule():
-        output = schedule()
-        full, sliding = scheduler.kv_cache_manager.groups[:2]
-        held.extend(
-            (full.num_held_blocks(req_id), sliding.num_held_blocks(req_id))
-            for req_id, num_tokens in output.num_scheduled_tokens.items()
-            if num_tokens == 1
-        )
-        return output
-
-    scheduler.schedule = recording_schedule
-    return held
+def held_per_group(kv: HybridKVCacheManager, req_id: str) -> tuple[int, int]:
+    """(the full group's, a sliding group's) blocks of a request."""
+    full, sliding = kv.groups[:2]
+    return full.num_held_blocks(req_id), sliding.num_held_blocks(req_id)
 
 
-@pytest.mark.parametrize(
-    "scenario, async_scheduling",
-    [("chunked", True), ("prefix", False), ("preempt", True)],
-    ids=["chunked-async", "prefix-sync", "preempt-async"],
-)
+@pytest.mark.parametrize("scenario, async_scheduling", SCENARIO_RUNS, ids=SCENARIO_IDS)
 def test_groups_match_transformers(
     mixed_qwen2, reference, scenario: str, async_scheduling: bool
 ) -> None:
@@ -100,7 +85,7 @@ def test_groups_match_transformers(
     assert len({id(cache) for cache in runner.kv_caches}) == 1  # one tensor, 4 layers
     if scenario == "preempt":  # admission by the prompt alone: the pool runs out
         scheduler.growth.enabled = False
-    held = record_held_blocks(llm)
+    held = record_decoding(llm, held_per_group)
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
     want = reference["shared" if scenario == "prefix" else "long"]
     assert [o.outputs[0].token_ids for o in outputs] == want
