@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 from pagedlm.config import CacheConfig, SchedulerConfig
 from pagedlm.core.block_pool import NULL_BLOCK_ID
-from pagedlm.core.growth import GrowthEstimate
 from pagedlm.core.sched_output import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 from pagedlm.core.scheduler import Scheduler
 from pagedlm.engine.llm_engine import fit_context
@@ -80,15 +79,19 @@ def make_scheduler(
     policy: str = "fcfs",
     enable_prefix_caching: bool = True,
     growth_reserve: bool = False,
+    group_windows: tuple[int | None, ...] = (None,),
 ) -> Scheduler:
     """growth_reserve=False: admission by the prompt alone, so small pools preempt (what most tests
-    here exercise); the reserve has its own tests."""
+    here exercise); the reserve has its own tests. group_windows: each KV cache group's window
+    (one group of window None: full attention)."""
     sched_config = SchedulerConfig(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, policy=policy
     )
     cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
-    scheduler = Scheduler(sched_config, cache_config, num_blocks, max_model_len)
-    scheduler.growth = GrowthEstimate(max_model_len, enabled=growth_reserve)
+    scheduler = Scheduler(
+        sched_config, cache_config, num_blocks, max_model_len, group_windows=group_windows
+    )
+    scheduler.growth.enabled = growth_reserve
     return scheduler
 
 

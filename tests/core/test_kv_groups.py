@@ -10,7 +10,6 @@ import random
 
 import pytest
 
-from pagedlm.config import CacheConfig, SchedulerConfig
 from pagedlm.core.block_pool import NULL_BLOCK_ID
 from pagedlm.core.kv_cache_manager import KVCacheManager
 from pagedlm.core.kv_groups import HybridKVCacheManager, kv_cache_groups, make_kv_cache_manager
@@ -18,7 +17,15 @@ from pagedlm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagedlm.core.scheduler import Scheduler
 from pagedlm.core.sliding_window import cdiv
 
-from .fakes import VOCAB, FakeRunner, _Row, make_request, reference_output, run_engine
+from .fakes import (
+    VOCAB,
+    FakeRunner,
+    _Row,
+    make_request,
+    make_scheduler,
+    reference_output,
+    run_engine,
+)
 
 WINDOW = 20
 BLOCK_SIZE = 8
@@ -104,17 +111,16 @@ def mixed_scheduler(
     policy: str = "fcfs",
 ) -> Scheduler:
     """Admission by the prompt alone (no growth reserve), so small pools preempt."""
-    sched = Scheduler(
-        SchedulerConfig(
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, policy=policy
-        ),
-        CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=enable_prefix_caching),
+    return make_scheduler(
         num_blocks,
+        BLOCK_SIZE,
         max_model_len,
+        max_num_seqs,
+        max_num_batched_tokens,
+        policy,
+        enable_prefix_caching,
         group_windows=group_windows,
     )
-    sched.growth.enabled = False
-    return sched
 
 
 def test_layers_split_into_groups_of_equal_size() -> None:

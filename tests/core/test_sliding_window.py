@@ -9,7 +9,6 @@ import random
 
 import pytest
 
-from pagedlm.config import CacheConfig, SchedulerConfig
 from pagedlm.core.block_pool import NULL_BLOCK_ID
 from pagedlm.core.growth import GrowthEstimate
 from pagedlm.core.kv_cache_manager import KVCacheManager
@@ -22,7 +21,15 @@ from pagedlm.core.sliding_window import (
     uniform_window,
 )
 
-from .fakes import VOCAB, FakeRunner, _Row, make_request, reference_output, run_engine
+from .fakes import (
+    VOCAB,
+    FakeRunner,
+    _Row,
+    make_request,
+    make_scheduler,
+    reference_output,
+    run_engine,
+)
 
 WINDOW = 20
 BLOCK_SIZE = 8
@@ -88,17 +95,16 @@ def windowed_scheduler(
     policy: str = "fcfs",
 ) -> Scheduler:
     """Admission by the prompt alone (no growth reserve), so small pools preempt."""
-    sched = Scheduler(
-        SchedulerConfig(
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, policy=policy
-        ),
-        CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=enable_prefix_caching),
+    return make_scheduler(
         num_blocks,
+        BLOCK_SIZE,
         max_model_len,
-        window,
+        max_num_seqs,
+        max_num_batched_tokens,
+        policy,
+        enable_prefix_caching,
+        group_windows=(window,),
     )
-    sched.growth.enabled = False
-    return sched
 
 
 def test_block_counts() -> None:
