@@ -41,7 +41,7 @@ def broadcast_from_first(x: torch.Tensor, group: TPGroup) -> torch.Tensor:
 def all_gather_rows(x: torch.Tensor, group: TPGroup) -> torch.Tensor:
     """x [n, ...] (same n on every rank) -> [size, n, ...]."""
     out = torch.empty((group.size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-    dist.all_gather_single(out, x.contiguous(), group=group.device_group)
+    dist.all_gather_into_tensor(out, x.contiguous(), group=group.device_group)
     return out.view(group.size, *x.shape)
 
 
