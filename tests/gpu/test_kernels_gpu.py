@@ -238,7 +238,7 @@ def test_fused_ops_gpu(dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("vocab_size, hidden_size", [(151936, 1024), (128256, 4096)])
 def test_batch_1_logits_come_out_of_the_gemv_in_float32(vocab_size: int, hidden_size: int) -> None:
-    """compute_logits at one row (batch-1 decode): the Triton GEMV (gemv.prefer_gemv), float32 from
+    """compute_local_logits (compute_logits at tp = 1) at one row (batch-1 decode): the Triton GEMV (gemv.prefer_gemv), float32 from
     its fp32 accumulation, equal to the float32 product up to the accumulation order."""
     from types import SimpleNamespace
 
@@ -254,13 +254,13 @@ def test_batch_1_logits_come_out_of_the_gemv_in_float32(vocab_size: int, hidden_
         config=SimpleNamespace(tie_word_embeddings=False),
         lm_head=SimpleNamespace(weight=weight, quant=None),
     )
-    logits = LlamaForCausalLM.compute_logits(model, hidden)
+    logits = LlamaForCausalLM.compute_local_logits(model, hidden)
     assert logits.dtype == torch.float32 and logits.shape == (1, vocab_size)
     torch.testing.assert_close(logits, hidden.float() @ weight.float().T, rtol=1e-4, atol=1e-4)
 
 
 def test_logits_come_out_of_the_gemm_in_float32() -> None:
-    """compute_logits in bf16 on CUDA: float32 logits with the fp32 accumulation kept (no bf16
+    """compute_local_logits (compute_logits at tp = 1) in bf16 on CUDA: float32 logits with the fp32 accumulation kept (no bf16
     rounding in between), equal to the product in float32 up to the accumulation order."""
     from types import SimpleNamespace
 
@@ -272,7 +272,7 @@ def test_logits_come_out_of_the_gemm_in_float32() -> None:
         config=SimpleNamespace(tie_word_embeddings=False),
         lm_head=SimpleNamespace(weight=weight, quant=None),
     )
-    logits = LlamaForCausalLM.compute_logits(model, hidden)
+    logits = LlamaForCausalLM.compute_local_logits(model, hidden)
     assert logits.dtype == torch.float32 and logits.shape == (37, 5000)
     want = hidden.float() @ weight.float().T
     torch.testing.assert_close(
