@@ -15,19 +15,12 @@ import weakref
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "tests"))
+from gpu.test_sleep_mode import ENGINE  # noqa: E402  (the test's engine, as the question is its)
 from tiny_hf_models import save_tiny_model  # noqa: E402
 
 from pagedlm import LLM, SamplingParams  # noqa: E402
 from pagedlm.worker import cumem  # noqa: E402
 
-ENGINE = dict(
-    skip_tokenizer_init=True,
-    max_model_len=512,
-    max_num_seqs=32,
-    kv_cache_memory_gib=4.0,
-    enable_sleep_mode=True,
-    graph_size_timing=False,
-)
 MiB = 1 << 20
 
 

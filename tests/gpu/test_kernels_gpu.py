@@ -238,8 +238,9 @@ def test_fused_ops_gpu(dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("vocab_size, hidden_size", [(151936, 1024), (128256, 4096)])
 def test_batch_1_logits_come_out_of_the_gemv_in_float32(vocab_size: int, hidden_size: int) -> None:
-    """compute_local_logits (compute_logits at tp = 1) at one row (batch-1 decode): the Triton GEMV (gemv.prefer_gemv), float32 from
-    its fp32 accumulation, equal to the float32 product up to the accumulation order."""
+    """compute_local_logits (compute_logits at tp = 1) at one row (batch-1 decode): the Triton
+    GEMV (gemv.prefer_gemv), float32 from its fp32 accumulation, equal to the float32 product up to
+    the accumulation order."""
     from types import SimpleNamespace
 
     from pagedlm.model.llama import LlamaForCausalLM
@@ -260,8 +261,9 @@ def test_batch_1_logits_come_out_of_the_gemv_in_float32(vocab_size: int, hidden_
 
 
 def test_logits_come_out_of_the_gemm_in_float32() -> None:
-    """compute_local_logits (compute_logits at tp = 1) in bf16 on CUDA: float32 logits with the fp32 accumulation kept (no bf16
-    rounding in between), equal to the product in float32 up to the accumulation order."""
+    """compute_local_logits (compute_logits at tp = 1) in bf16 on CUDA: float32 logits with the
+    fp32 accumulation kept (no bf16 rounding in between), equal to the product in float32 up to the
+    accumulation order."""
     from types import SimpleNamespace
 
     from pagedlm.model.llama import LlamaForCausalLM

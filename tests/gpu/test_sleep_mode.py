@@ -58,8 +58,8 @@ def test_sleep_frees_the_memory_and_graphs_replay_after_wake(checkpoints, keep_a
     (footprint,) = llm.collective_rpc("memory_footprint")
     held = footprint["weights_bytes"] + footprint["kv_cache_bytes"]
     for level in (1, 2):
-        # weak: a graph's runner holds the KV cache it was captured on, so a strong reference
-        # here would keep the re-capture path's memory from going back
+        # weak: the graphs hold the KV cache they were captured on, so a strong reference here
+        # would keep the re-capture path's memory from going back
         graphs, piecewise = weakref.ref(runner.graphs), weakref.ref(runner.piecewise)
         free_awake = free_bytes()
         llm.sleep(level=level)
