@@ -3,6 +3,11 @@ request constrained (or none), each part of the step timed by wrapping its funct
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/probes/so_step_profile.py [--batch 64]
         [--output-len 16] [--schema long-string|object] [--unconstrained] [--async-scheduling]
+    PYTHONPATH=$PWD python3 benchmarks/probes/so_step_profile.py --device cuda \
+        --model qwen3-0.6b --batch 256 --input-len 128 --output-len 128 --async-scheduling
+
+(The second: dummy weights of that shape in bf16, structured_outputs_cost.py's build_llm; the
+parts then also include the launches, the wait for a step's output and the engine's whole step.)
 
 Parts: schedule, the matchers' advance (accept_token over the step's tokens), the bitmask fill
 (xgrammar's batch fill), its staging (numpy -> the pinned / device rows), the forward, the mask's
@@ -68,9 +73,11 @@ class PartTimer:
 
 def install(timer: PartTimer) -> None:
     from pagedlm.core import scheduler
+    from pagedlm.engine import llm_engine
+    from pagedlm.executor import uni
     from pagedlm.sample import state
     from pagedlm.structured_outputs import manager
-    from pagedlm.worker import grammar_inputs, model_runner
+    from pagedlm.worker import grammar_inputs, model_runner, runner_output
 
     fill_owner = manager.StructuredOutputManager  # `bitmask` before the overlap, then `fill`
     for owner, attr, part in [
@@ -82,6 +89,11 @@ def install(timer: PartTimer) -> None:
         (model_runner.ModelRunner, "_forward", "forward"),
         (model_runner, "apply_grammar_bitmask", "mask apply"),
         (state.SamplingState, "sample", "sample"),
+        (manager.StructuredOutputManager, "constrained_rows", "constrained rows"),
+        (uni.UniExecutor, "execute_forward", "launch forward"),
+        (uni.UniExecutor, "sample_tokens", "launch sampling"),
+        (runner_output.AsyncRunnerOutput, "get_output", "wait + read output"),
+        (llm_engine.LLMEngine, "step", "engine step (all)"),
     ]:
         if hasattr(owner, attr):
             timer.wrap(owner, attr, part)
@@ -96,8 +108,17 @@ def main() -> None:
     parser.add_argument("--unconstrained", action="store_true")
     parser.add_argument("--async-scheduling", action="store_true")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--model", default="default", choices=["default", "qwen3-0.6b", "llama3-8b"])
     args = parser.parse_args()
-    llm = LLM(device="cpu", seed=0, async_scheduling=args.async_scheduling)
+    if args.model == "default":
+        llm = LLM(device=args.device, seed=0, async_scheduling=args.async_scheduling)
+    else:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from structured_outputs_cost import build_llm
+
+        args.tokenizer = None
+        llm = build_llm(args)
     timer = PartTimer()
     install(timer)
     rng = random.Random(0)

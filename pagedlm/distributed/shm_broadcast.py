@@ -7,9 +7,10 @@ Chunk header: byte 0 `written`, bytes 1..n one `read` flag per reader, then at o
 payload size (u64; OVERSIZE: the payload is the reader's next ZeroMQ message). The writer takes a
 chunk once it was never written or every reader has read it; it clears `written`, then the read
 flags, writes the payload and size, and sets `written` last. A reader takes its next chunk once
-`written` is set and its flag is not, then sets its flag. Waiting spins briefly, then sleeps in
-doubling steps up to 1 ms (idle workers cost the host next to nothing; the 2-core CI machine runs
-them beside the engine). A lock's acquire / release around the flag writes orders the stores on
+`written` is set and its flag is not, then sets its flag. Waiting spins briefly, sleeps in the
+shortest steps for its first 50 ms (a serving engine's next message comes within a step's host
+time, milliseconds: a 1 ms sleep there delayed every step), then in doubling steps up to 1 ms
+(idle workers cost the host next to nothing; the 2-core CI machine runs them beside the engine). A lock's acquire / release around the flag writes orders the stores on
 weakly ordered CPUs (x86 keeps store order anyway).
 """
 
@@ -29,7 +30,9 @@ import zmq
 
 OVERSIZE = (1 << 64) - 1
 _SPINS = 64
+_MIN_SLEEP = 1e-5
 _MAX_SLEEP = 1e-3
+_HOT_S = 0.05  # how long a wait sleeps in the shortest steps before backing off
 _fence_lock = threading.Lock()
 
 
@@ -183,12 +186,15 @@ def _wait(
     for _ in range(_SPINS):
         if ready():
             return
-    deadline = None if timeout is None else time.monotonic() + timeout
-    pause = 1e-5
+    start = time.monotonic()
+    deadline = None if timeout is None else start + timeout
+    pause = _MIN_SLEEP
     while not ready():
-        if deadline is not None and time.monotonic() >= deadline:
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
             raise Timeout
         if alive is not None:
             alive()
         time.sleep(pause)
-        pause = min(pause * 2, _MAX_SLEEP)
+        if now - start >= _HOT_S:
+            pause = min(pause * 2, _MAX_SLEEP)

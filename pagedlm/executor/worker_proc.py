@@ -1,8 +1,10 @@
 """A TP worker process: joins the group, builds its rank's ModelRunner, then runs what the
 broadcast ring brings (steps, calls) until told to stop or its parent is gone. Rank 0 sends each
 step's output and each call's result to the executor; every rank reads its own outputs (the
-runner records the sampled tokens into its rows only once read). On CUDA one step's output waits
-while the next step launches, so the device never idles on the ring."""
+runner records the sampled tokens into its rows only once read). A step's output is sent once the
+device has finished it, found by polling while the worker waits on the ring, so the worker never
+blocks on the device: the next step's message is read, and its inputs prepared, while the one
+before still runs (a blocking read there left the device idle for that preparation)."""
 
 from __future__ import annotations
 
@@ -18,12 +20,10 @@ import zmq
 from pagedlm import envs
 from pagedlm.config import EngineConfig
 from pagedlm.core.sched_output import GrammarBitmask
-from pagedlm.distributed.shm_broadcast import BroadcastHandle, BroadcastReader, Timeout
+from pagedlm.distributed.shm_broadcast import BroadcastHandle, BroadcastReader
 
 if TYPE_CHECKING:
     from pagedlm.worker.model_runner import ModelRunner
-
-_NEXT_STEP_WAIT_S = 1e-3  # CUDA: how long a launched step's output waits for the next step
 
 
 class ParentGone(Exception):
@@ -116,39 +116,42 @@ class WorkerLoop:
     ) -> None:
         self.runner, self.reader, self.results, self.rank = runner, reader, results, rank
         self.parent = parent
-        self.pending: deque = deque()  # launched steps whose output is not sent yet
-        self.keep_pending = 1 if runner.use_cuda else 0  # a CPU step is done once launched
+        self.pending: deque = deque()  # launched steps whose output is not sent yet, oldest first
 
     def run(self) -> None:
         while True:
-            try:
-                message = self.reader.dequeue(
-                    _NEXT_STEP_WAIT_S if self.pending else None, self._check_parent
-                )
-            except Timeout:
-                self._flush(0)
-                continue
+            message = self.reader.dequeue(None, self._poll)
             if message[0] == "shutdown":
-                self._flush(0)
+                self._flush()
                 return
             if message[0] == "execute_forward":
                 self.runner.execute_forward(message[1])
             elif message[0] == "sample_tokens":
                 grammar = stage_grammar(self.runner, message[1])
                 self.pending.append(self.runner.sample_tokens(grammar))
-                self._flush(self.keep_pending)
+                self._send_done()
             else:
-                self._flush(0)
+                self._flush()
                 _send(self.results, run_call(self.runner, *message[1:]), self.rank)
 
-    def _flush(self, keep: int) -> None:
-        while len(self.pending) > keep:
-            output = self.pending.popleft().get_output()
-            _send(self.results, ("output", output), self.rank)
-
-    def _check_parent(self) -> None:
+    def _poll(self) -> None:
+        """While waiting on the ring: the parent still there, the finished steps' outputs sent."""
         if os.getppid() != self.parent:
             raise ParentGone
+        self._send_done()
+
+    def _send_done(self) -> None:
+        """The outputs of the oldest steps the device has finished (a CPU step is, once launched)."""
+        while self.pending and self.pending[0].is_done():
+            self._send_output(self.pending.popleft())
+
+    def _flush(self) -> None:
+        """Every launched step's output, waiting for the device (before a call or shutdown)."""
+        while self.pending:
+            self._send_output(self.pending.popleft())
+
+    def _send_output(self, pending: Any) -> None:
+        _send(self.results, ("output", pending.get_output()), self.rank)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,11 @@ class AsyncRunnerOutput:
             self._result = self._build()
         return self._result
 
+    def is_done(self) -> bool:
+        """Whether the step's work and host copies are complete: get_output() would not wait
+        (asks the device, never waits for it)."""
+        return self._event is None or self._event.query()
+
     @property
     def is_read(self) -> bool:
         """Whether get_output() was called (the step's host copies are complete)."""
