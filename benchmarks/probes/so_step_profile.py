@@ -4,7 +4,8 @@ request constrained (or none), each part of the step timed by wrapping its funct
     PYTHONPATH=$PWD .venv/bin/python benchmarks/probes/so_step_profile.py [--batch 64]
         [--output-len 16] [--schema long-string|object] [--unconstrained] [--async-scheduling]
     PYTHONPATH=$PWD python3 benchmarks/probes/so_step_profile.py --device cuda \
-        --model qwen3-0.6b --batch 256 --input-len 128 --output-len 128 --async-scheduling
+        --model qwen3-0.6b --batch 256 --input-len 128 --output-len 128 --async-scheduling \
+        --tokenizer .devtok   (SmolLM2's tokenizer saved by transformers: no GGUF there)
 
 (The second: dummy weights of that shape in bf16, structured_outputs_cost.py's build_llm; the
 parts then also include the launches, the wait for a step's output and the engine's whole step.)
@@ -110,6 +111,7 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--model", default="default", choices=["default", "qwen3-0.6b", "llama3-8b"])
+    parser.add_argument("--tokenizer", default=None, help="the dummy shapes' (default: SmolLM2's)")
     args = parser.parse_args()
     if args.model == "default":
         llm = LLM(device=args.device, seed=0, async_scheduling=args.async_scheduling)
@@ -117,7 +119,6 @@ def main() -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from structured_outputs_cost import build_llm
 
-        args.tokenizer = None
         llm = build_llm(args)
     timer = PartTimer()
     install(timer)

@@ -14,7 +14,7 @@ begin_step at each step's start).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 from pagedlm.sampling_params import SamplingParams
@@ -97,6 +97,27 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return self.total_num_scheduled_tokens == 0
+
+    def __reduce__(self) -> tuple:
+        """Pickled with its cached requests as columns (a list per field): TP's broadcast ring
+        pickles one a step in the engine core, and a 256-request decode step cost ~0.7 ms as
+        objects against ~0.1 ms as columns (2-core CPU)."""
+        values = [getattr(self, f.name) for f in fields(self)]
+        values[_CACHED_INDEX] = tuple(
+            [getattr(request, name) for request in self.cached_reqs] for name in _CACHED_FIELDS
+        )
+        return _from_columns, tuple(values)
+
+
+_CACHED_FIELDS = tuple(f.name for f in fields(CachedRequestData))
+_CACHED_INDEX = [f.name for f in fields(SchedulerOutput)].index("cached_reqs")
+
+
+def _from_columns(*values: object) -> SchedulerOutput:
+    """SchedulerOutput.__reduce__'s inverse."""
+    values = list(values)
+    values[_CACHED_INDEX] = [CachedRequestData(*row) for row in zip(*values[_CACHED_INDEX])]
+    return SchedulerOutput(*values)
 
 
 @dataclass(slots=True)
