@@ -110,7 +110,9 @@ def main() -> None:
     parser.add_argument("--async-scheduling", action="store_true")
     parser.add_argument("--json", default=None)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--model", default="default", choices=["default", "qwen3-0.6b", "llama3-8b"])
+    parser.add_argument(
+        "--model", default="default", choices=["default", "qwen3-0.6b", "llama3-8b"]
+    )
     parser.add_argument("--tokenizer", default=None, help="the dummy shapes' (default: SmolLM2's)")
     args = parser.parse_args()
     if args.model == "default":
