@@ -18,8 +18,10 @@ every size. Measured: benchmarks/RESULTS.md, "Measured choices".
 Every graph input is a static device buffer: the sections of the runner's device StepBuffers in
 the layout of that size (a decode step of n sequences is laid out at exactly these addresses:
 step_buffers.py), which the host fills and pads before the replay with one copy, and a block table
-of this module with a fixed width (max blocks per sequence), into which load_block_table copies the
-step's compact table when it changed (replays of the same table skip that copy).
+of this module with a fixed width (max blocks per sequence) per KV cache group, into which
+load_block_table copies the step's compact tables when they changed (replays of the same tables
+skip that copy). A model with several groups (sliding and full layers) reads each group's slots
+and table in its layers (worker/group_tables.py), its slots at the layout's group offsets.
 
 Each graph first gathers its input ids itself: input_ids[i] = ids_table[input_src[i]], the token
 the row sampled last (still on the device: async scheduling) or the one the host copied.
@@ -70,6 +72,7 @@ from pagedlm.config import EngineConfig
 from pagedlm.model.llama import LlamaForCausalLM, model_kv_groups
 from pagedlm.ops.argmax import greedy_pick
 from pagedlm.ops.stage_in import stage_in
+from pagedlm.worker.group_tables import group_metadata
 from pagedlm.worker.sizes import MAX_LOGITS_ROWS, Moves, SizePolicy
 from pagedlm.worker.spec_graphs import Shape, SpecDecodeGraphs
 from pagedlm.worker.step_buffers import StepBuffers
@@ -79,13 +82,11 @@ TIMED_ROUNDS = 3  # replays per size; its time is the least of them
 
 def graphs_enabled(config: EngineConfig) -> bool:
     """Graphs run on CUDA with the Triton backend (auto picks it there), unless enforce_eager:
-    the torch reference reads host tensors, which a replay would not refresh; nor with several
-    KV cache groups (the graphs bind one block table)."""
+    the torch reference reads host tensors, which a replay would not refresh."""
     return (
         config.device.type == "cuda"
         and not config.enforce_eager
         and config.attention_backend in ("auto", "triton")
-        and len(model_kv_groups(config.model)) == 1
     )
 
 
@@ -143,9 +144,16 @@ class DecodeGraphs:
         self._inputs = inputs
         self._staging, self._host_ids = list(staging), list(host_ids)
         device = config.device
-        self.block_table = torch.zeros(
-            self.max_size, max_num_blocks_per_req, dtype=torch.int32, device=device
-        )  # [max_size, max_blocks_per_req]
+        self._num_kv_groups = len(model_kv_groups(config.model))
+        # [G, max_size, max_blocks_per_req]: each KV cache group's (worker/group_tables.py)
+        self.block_tables = torch.zeros(
+            self._num_kv_groups,
+            self.max_size,
+            max_num_blocks_per_req,
+            dtype=torch.int32,
+            device=device,
+        )
+        self.block_table = self.block_tables[0]  # [max_size, max_blocks_per_req]: group 0's
         self.block_table_version: int | None = None  # the runner's table version it holds
         self.input_ids = torch.zeros(self.max_size, dtype=torch.int64, device=device)  # gathered
         # The host copies in the metadata describe the capture-time batch (all padding); the
@@ -161,7 +169,7 @@ class DecodeGraphs:
         self._argmax: dict[tuple[int, int | None], torch.Tensor] = {}
         self.spec = (
             SpecDecodeGraphs(
-                model, kv_caches, inputs, self.block_table, sizes, self._max_model_len, spec_shapes
+                model, kv_caches, inputs, self.block_tables, sizes, self._max_model_len, spec_shapes
             )
             if spec_shapes
             else None
@@ -236,12 +244,13 @@ class DecodeGraphs:
         if size > MAX_LOGITS_ROWS:
             self._model.compute_logits(self._outputs[size, None])
 
-    def load_block_table(self, block_table: torch.Tensor, version: int) -> None:
-        """block_table: [num_seqs, num_cols] device, a step's compact table, copied into the
-        graphs' fixed-width one (columns past num_cols are stale and unread: a sequence's blocks
-        all lie below num_cols); version: the runner's name for that table's content."""
-        num_seqs, num_cols = block_table.shape
-        self.block_table[:num_seqs, :num_cols].copy_(block_table)
+    def load_block_table(self, block_tables: torch.Tensor, version: int) -> None:
+        """block_tables: [G, num_seqs, num_cols] device, a step's compact table of each KV cache
+        group, copied into the graphs' fixed-width ones (columns past num_cols are stale and
+        unread: a sequence's blocks all lie below num_cols); version: the runner's name for
+        their content."""
+        _, num_seqs, num_cols = block_tables.shape
+        self.block_tables[:, :num_seqs, :num_cols].copy_(block_tables)
         self.block_table_version = version
 
     def replay(self, size: int, slot: int | None = None) -> torch.Tensor:
@@ -294,19 +303,21 @@ class DecodeGraphs:
             self._logits[size, slot], self._argmax[size, slot] = logits, argmax
 
     def _metadata(self, size: int, inputs: dict[str, torch.Tensor]) -> AttentionMetadata:
-        return AttentionMetadata(
+        meta = AttentionMetadata(
             num_tokens=size,
             num_seqs=size,
             max_query_len=1,
             max_seq_len=self._max_model_len,
             query_start_loc=inputs["query_start_loc"],
             seq_lens=inputs["seq_lens"],
-            slot_mapping=inputs["slot_mapping"],
+            slot_mapping=inputs["slot_mapping"][:size],
             block_table=self.block_table[:size],
             query_start_loc_cpu=self._query_start_loc_cpu[: size + 1],
             seq_lens_cpu=self._seq_lens_cpu[:size],
             decode_order=inputs["decode_order"],
         )
+        meta.groups = group_metadata(meta, inputs, self._num_kv_groups, self.block_tables[:, :size])
+        return meta
 
     def _fill_padding(self, size: int) -> None:
         """Every row of the layout of this size a padding row (see the module notes and

@@ -1,31 +1,39 @@
 """The block tables of KV cache groups 1.. (core/kv_groups.py) on the worker, one row per request
 as InputBatch's (which holds group 0's). A step writes each group's slot mapping and compact
 block table after group 0's in the same step-buffer sections: group g's slots at
-[g * T, (g + 1) * T) of slot_mapping, its table at [g * S * C, (g + 1) * S * C) of block_table
-(T tokens, S sequences, C columns of the step)."""
+[g * P, g * P + T) of slot_mapping, its table at [g * S * C, (g + 1) * S * C) of block_table
+(T tokens, S sequences, C columns of the step; P the layout's token capacity, so that a CUDA
+graph of P rows finds each group's slots where it was captured to read them)."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import numpy as np
+import torch
 
 from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.core.sched_output import GroupBlockUpdate
-from pagedlm.worker.step_buffers import Sections
 
 
 def group_metadata(
-    meta: AttentionMetadata, inputs: Sections, num_kv_groups: int
+    meta: AttentionMetadata,
+    sections: dict[str, torch.Tensor],
+    num_kv_groups: int,
+    tables: torch.Tensor | None = None,
 ) -> tuple[AttentionMetadata, ...]:
-    """Groups 1..'s metadata of a step whose group 0 is `meta`: their slots and tables (device)."""
+    """Groups 1..'s metadata of a step whose group 0 is `meta`: their slots (the layout's
+    `sections`, Sections.tensors) and tables ([G, S, C]; None: the step's compact ones there),
+    on the device."""
     if num_kv_groups == 1:
         return ()
     num_tokens, (num_seqs, num_cols) = meta.num_tokens, meta.block_table.shape
-    slots = inputs.tensors["slot_mapping"][: num_kv_groups * num_tokens]
-    tables = inputs.tensors["block_table"][: num_kv_groups * num_seqs * num_cols]
-    slots = slots.view(num_kv_groups, num_tokens)  # [G, T]
-    tables = tables.view(num_kv_groups, num_seqs, num_cols)  # [G, S, C]
+    slot_mapping = sections["slot_mapping"]
+    capacity = slot_mapping.shape[0] // num_kv_groups  # P
+    slots = slot_mapping.view(num_kv_groups, capacity)[:, :num_tokens]  # [G, T]
+    if tables is None:
+        tables = sections["block_table"][: num_kv_groups * num_seqs * num_cols]
+        tables = tables.view(num_kv_groups, num_seqs, num_cols)  # [G, S, C]
     return tuple(
         dataclasses.replace(meta, slot_mapping=slots[g], block_table=tables[g], plans={})
         for g in range(1, num_kv_groups)
@@ -64,14 +72,13 @@ class GroupBlockTables:
 
     def fill_slots(
         self,
-        slot_mapping: np.ndarray,  # [(1 + G) * T] int64: group 0's slots first
+        slot_mapping: np.ndarray,  # [(1 + G) * P] int64, the layout's section: group 0's first
         token_rows: np.ndarray,  # [T]
         positions: np.ndarray,  # [T]
         block_size: int,
     ) -> None:
-        num_tokens = positions.size
-        slots = slot_mapping[num_tokens : (1 + self.num_groups) * num_tokens]
-        slots = slots.reshape(self.num_groups, num_tokens)
+        num_tokens, capacity = positions.size, slot_mapping.size // (1 + self.num_groups)
+        slots = slot_mapping[capacity:].reshape(self.num_groups, capacity)[:, :num_tokens]
         slots[:] = self.tables_np[:, token_rows, positions // block_size] * block_size
         slots += positions % block_size
 

@@ -621,7 +621,7 @@ class ModelRunner:
             else None,
             num_decodes=layout.num_decodes,
         )
-        meta.groups = group_metadata(meta, inputs, layout.num_kv_groups)
+        meta.groups = group_metadata(meta, inputs.tensors, layout.num_kv_groups)
         return meta
 
     def _forward(self, plan: StepPlan) -> torch.Tensor:
@@ -631,9 +631,8 @@ class ModelRunner:
         graphs = self.graphs
         if plan.replays_decode_graph or plan.mode is StepMode.SPEC_GRAPH:
             if graphs.block_table_version != self._table_version:
-                graphs.load_block_table(
-                    inputs.prefix("block_table", num_seqs, num_cols), self._table_version
-                )
+                tables = inputs.prefix("block_table", layout.num_kv_groups, num_seqs, num_cols)
+                graphs.load_block_table(tables, self._table_version)
         if plan.replays_decode_graph:
             return graphs.replay(plan.graph_size, plan.stage_slot)
         if plan.mode is StepMode.SPEC_GRAPH:

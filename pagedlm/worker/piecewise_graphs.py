@@ -22,22 +22,25 @@ capture keep_fastest times each size's pieces and drops a size that the next kep
 markedly faster (the rule and timing of the decode graphs, sizes.fastest_sizes: cuBLAS picks a poor
 kernel at some row counts); --no-graph-size-timing keeps every size.
 
-Inputs: static ids, positions and slots of this module, filled for each replay (rows [n, P) get
-slot -1: prepare_qkv skips their KV write, so a padding row never touches the cache; their other
+Inputs: static ids, positions and slots (one row per KV cache group: a model of sliding and full
+layers writes each layer's KV through its group's slots, worker/group_tables.py) of this module,
+filled for each replay (rows [n, P) get slot -1: prepare_qkv skips their KV write, so a padding row never touches the cache; their other
 values are stale and their output rows are never read: every op inside a piece is row-independent).
-The attention reads the step's metadata and writes rows [0, n) of the static output.
+The attention reads the step's metadata of its layer's group and writes rows [0, n) of the
+static output.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 
 from pagedlm.attention.backend import AttentionBackend, AttentionMetadata
-from pagedlm.model.llama import LlamaAttention, LlamaForCausalLM
+from pagedlm.model.llama import LlamaAttention, LlamaForCausalLM, model_kv_groups
 from pagedlm.worker import cuda_graphs
 from pagedlm.worker.sizes import Moves, SizePolicy
 
@@ -50,6 +53,7 @@ class _Attention:
     kv_cache: torch.Tensor
     scale: float
     sliding_window: int | None
+    kv_group: int  # its layer's KV cache group: whose metadata the replay hands it
 
 
 @dataclass(slots=True)
@@ -64,8 +68,15 @@ class _Pieces:
 class _Cutter:
     """Every layer's attention backend while a size is warmed up or captured."""
 
-    def __init__(self, pieces: _Pieces, out: torch.Tensor, pool: tuple[int, int] | None) -> None:
+    def __init__(
+        self,
+        pieces: _Pieces,
+        out: torch.Tensor,
+        pool: tuple[int, int] | None,
+        group_of: Callable[[AttentionMetadata], int],
+    ) -> None:
         self._pieces, self._out, self._pool = pieces, out, pool  # pool None: the warm-up run
+        self._group_of = group_of  # the KV cache group of the metadata a layer hands over
 
     def attend(
         self,
@@ -77,7 +88,10 @@ class _Cutter:
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if self._pool is not None:
-            self._pieces.attentions.append(_Attention(_alias(q), kv_cache, scale, sliding_window))
+            group = self._group_of(meta)
+            self._pieces.attentions.append(
+                _Attention(_alias(q), kv_cache, scale, sliding_window, group)
+            )
             self._pieces.graphs[-1].capture_end()
             graph = torch.cuda.CUDAGraph()
             self._pieces.graphs.append(graph)
@@ -119,7 +133,9 @@ class PiecewiseGraphs:
         config = model.config
         self._ids = torch.zeros(self.max_size, dtype=torch.int64, device=device)  # [P_max]
         self._positions = torch.zeros(self.max_size, dtype=torch.int64, device=device)  # [P_max]
-        self._slots = torch.full((self.max_size,), -1, dtype=torch.int64, device=device)  # [P_max]
+        num_groups = len(model_kv_groups(config))
+        # [G, P_max]: each KV cache group's slots (worker/group_tables.py)
+        self._slots = torch.full((num_groups, self.max_size), -1, dtype=torch.int64, device=device)
         # [P_max, num_heads, head_dim]: every layer's attention output, which the next piece reads
         self._out = torch.zeros(
             self.max_size, config.num_heads, config.head_dim, dtype=config.dtype, device=device
@@ -132,10 +148,14 @@ class PiecewiseGraphs:
             max_seq_len=0,
             query_start_loc=torch.zeros(2, dtype=torch.int32, device=device),
             seq_lens=torch.zeros(1, dtype=torch.int32, device=device),
-            slot_mapping=self._slots,
+            slot_mapping=self._slots[0],
             block_table=torch.zeros(1, 1, dtype=torch.int32, device=device),
             query_start_loc_cpu=torch.zeros(2, dtype=torch.int32),
             seq_lens_cpu=torch.zeros(1, dtype=torch.int32),
+        )
+        self._capture_meta.groups = tuple(
+            dataclasses.replace(self._capture_meta, slot_mapping=slots, plans={})
+            for slots in self._slots[1:]
         )
         self._pieces: dict[int, _Pieces] = {}
 
@@ -151,10 +171,10 @@ class PiecewiseGraphs:
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream), _attention_swapped(self._model) as swap:
             for size in reversed(self.sizes):
-                swap(_Cutter(_Pieces([], []), self._out, None))
+                swap(_Cutter(_Pieces([], []), self._out, None, self._group_of))
                 self._run(size)  # warm-up: Triton compiles, cuBLAS's workspace on this stream
                 pieces = _Pieces([torch.cuda.CUDAGraph()], [])
-                swap(_Cutter(pieces, self._out, pool))
+                swap(_Cutter(pieces, self._out, pool, self._group_of))
                 pieces.graphs[0].capture_begin(pool=pool)
                 try:
                     pieces.hidden = self._run(size)
@@ -190,9 +210,11 @@ class PiecewiseGraphs:
         n = meta.num_tokens
         self._ids[:n].copy_(input_ids)
         self._positions[:n].copy_(positions)
-        self._slots[:n].copy_(meta.slot_mapping)
+        group_metas = (meta, *meta.groups)
+        for slots, group_meta in zip(self._slots, group_metas):
+            slots[:n].copy_(group_meta.slot_mapping)
         if n < size:
-            self._slots[n:size].fill_(-1)
+            self._slots[:, n:size].fill_(-1)
         out = self._out[:n]
         pieces = self._pieces[size]
         for graph, attention in zip(pieces.graphs, pieces.attentions):
@@ -200,7 +222,7 @@ class PiecewiseGraphs:
             self._backend.attend(
                 attention.q[:n],
                 attention.kv_cache,
-                meta,
+                group_metas[attention.kv_group],
                 attention.scale,
                 attention.sliding_window,
                 out=out,
@@ -211,8 +233,14 @@ class PiecewiseGraphs:
     def _run(self, size: int) -> torch.Tensor:
         """The model over the first `size` static rows (every slot -1 at capture: no KV write)."""
         meta = self._capture_meta
-        meta.num_tokens, meta.slot_mapping = size, self._slots[:size]
+        for group_meta, slots in zip((meta, *meta.groups), self._slots):
+            group_meta.num_tokens, group_meta.slot_mapping = size, slots[:size]
         return self._model(self._ids[:size], self._positions[:size], self._kv_caches, meta)
+
+    def _group_of(self, meta: AttentionMetadata) -> int:
+        """The KV cache group of one of the capture's metadata (the layers pick their group's)."""
+        groups = self._capture_meta.groups
+        return next((1 + g for g, group in enumerate(groups) if group is meta), 0)
 
 
 @contextlib.contextmanager

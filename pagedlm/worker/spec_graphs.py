@@ -10,7 +10,8 @@ in 2..1 + k (k: the most drafts a batch of that size takes), while S x q <= max_
 Inputs: the runner's device StepBuffers at the layout (SizePolicy.uniform_tokens_bucket(S, q), S),
 where InputBatch lays a uniform step out, with sequences [B, S) and tokens [B x q, S x q) as
 padding (StepBuffers.pad_decode with query_len q: slot -1, seq_len 0, no query); the decode graphs'
-fixed-width block table (DecodeGraphs.load_block_table); and this module's input ids [S x q],
+fixed-width block tables, one per KV cache group (DecodeGraphs.load_block_table); and this
+module's input ids [S x q],
 which the runner fills before the replay: the ids table gathered by input_src, then the drafts
 from the DraftStore (SpecWorker.write_draft_inputs). Padding tokens keep stale ids (valid tokens).
 
@@ -33,6 +34,7 @@ import torch
 from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.model.llama import LlamaForCausalLM
 from pagedlm.spec_decode.config import SpeculativeConfig
+from pagedlm.worker.group_tables import group_metadata
 from pagedlm.worker.sizes import SizePolicy
 from pagedlm.worker.step_buffers import StepBuffers
 
@@ -64,7 +66,7 @@ class SpecDecodeGraphs:
         model: LlamaForCausalLM,
         kv_caches: list[torch.Tensor],
         inputs: StepBuffers,
-        block_table: torch.Tensor,  # [max_size, max_blocks_per_req] int32, the decode graphs'
+        block_tables: torch.Tensor,  # [G, max_size, max_blocks_per_req] int32, the decode graphs'
         sizes: SizePolicy,
         max_model_len: int,
         shapes: Sequence[Shape],
@@ -72,9 +74,9 @@ class SpecDecodeGraphs:
         self.shapes = shapes
         self._shape_set = set(shapes)
         self._model, self._kv_caches, self._inputs = model, kv_caches, inputs
-        self._block_table, self._sizes, self._max_model_len = block_table, sizes, max_model_len
+        self._block_tables, self._sizes, self._max_model_len = block_tables, sizes, max_model_len
         max_tokens = max(s * q for s, q in shapes)
-        self._input_ids = torch.zeros(max_tokens, dtype=torch.int64, device=block_table.device)
+        self._input_ids = torch.zeros(max_tokens, dtype=torch.int64, device=block_tables.device)
         self._cpu_zeros = torch.zeros(max(s for s, _ in shapes) + 1, dtype=torch.int32)
         self._graphs: dict[Shape, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[Shape, torch.Tensor] = {}  # [S x q, hidden_size], in the pool
@@ -136,13 +138,15 @@ class SpecDecodeGraphs:
             query_start_loc=inputs["query_start_loc"],
             seq_lens=inputs["seq_lens"],
             slot_mapping=inputs["slot_mapping"][:num_tokens],
-            block_table=self._block_table[:num_seqs],
+            block_table=self._block_tables[0, :num_seqs],
             # host copies of the capture's batch: the Triton backend reads none of them here
             query_start_loc_cpu=self._cpu_zeros[: num_seqs + 1],
             seq_lens_cpu=self._cpu_zeros[:num_seqs],
             decode_order=None,
             num_decodes=0,
         )
+        num_groups = self._block_tables.shape[0]
+        meta.groups = group_metadata(meta, inputs, num_groups, self._block_tables[:, :num_seqs])
         self._outputs[shape] = self._model(
             self.input_ids(num_tokens), inputs["positions"][:num_tokens], self._kv_caches, meta
         )  # [S x q, hidden_size]

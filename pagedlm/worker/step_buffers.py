@@ -246,7 +246,7 @@ class StepBuffers:
         uniform speculative step, spec_graphs.py) as padding, for a CUDA graph of S =
         sections.num_seqs sequences (its tokens [num_seqs x query_len, S x query_len)): token 0
         (input_src points at its input_ids entry) at
-        position 0, slot -1 (no KV write), seq_len 0 and no query (query_start_loc stays at the
+        position 0, slot -1 in every KV cache group (no KV write), seq_len 0 and no query (query_start_loc stays at the
         real tokens' end): the attention kernels skip such a sequence; last in decode_order, as the
         shortest. Sampling entries past num_samples name the head's scratch entries
         (max_num_reqs + i), where a graph's in-graph write of its argmax ids leaves the padding
@@ -259,7 +259,8 @@ class StepBuffers:
         arange = self.arange
         rows["input_ids"][pad_tokens] = 0
         rows["positions"][pad_tokens] = 0
-        rows["slot_mapping"][pad_tokens] = -1
+        groups_slots = rows["slot_mapping"].reshape(self._num_kv_groups, -1)  # [G, P]
+        groups_slots[:, pad_tokens] = -1
         rows["seq_lens"][pad] = 0
         if not seq_sections:
             return

@@ -1,5 +1,6 @@
 """CUDA graphs for pure-decode batches, on the GPU with the Triton backend: tiny random Llama and
-Qwen3 in fp32 and bf16, decode batches whose sizes are mostly not capture sizes (padding rows).
+Qwen3 in fp32 and bf16 (and in fp32 a Qwen2 of sliding and full layers: KV cache groups), decode
+batches whose sizes are mostly not capture sizes (padding rows).
 
 - Every replay is checked against an eager forward of the same batch on the same inputs, run just
   before it (teacher-forced: the same KV history): logits close, greedy picks equal; the small
@@ -29,6 +30,7 @@ from tiny_hf_models import hf_greedy, random_prompts
 from pagedlm import LLM, SamplingParams
 from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.worker.cuda_graphs import MAX_LOGITS_ROWS, TIMED_ROUNDS, DecodeGraphs
+from pagedlm.worker.group_tables import group_metadata
 from pagedlm.worker.model_runner import ModelRunner
 
 pytestmark = pytest.mark.gpu
@@ -117,6 +119,8 @@ def _eager_decode(runner: ModelRunner, size: int, num_seqs: int) -> torch.Tensor
         query_start_loc_cpu=inputs["query_start_loc"][: num_seqs + 1].cpu(),
         seq_lens_cpu=seq_lens.cpu(),
     )
+    tables = runner.graphs.block_tables[:, :num_seqs]
+    meta.groups = group_metadata(meta, inputs, len(runner.kv_groups), tables)
     input_ids = inputs["ids_table"][inputs["input_src"][:num_seqs]]
     return runner.model(input_ids, inputs["positions"][:num_seqs], runner.kv_caches, meta)
 
@@ -189,8 +193,10 @@ def _assert_replays_match(run: Run, dtype: str) -> None:
         assert (same_pick | near_tie).all(), (step, check.num_seqs, check.size)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen2-mixed"])
 def test_fp32_graph_tokens_equal_eager_and_transformers(checkpoints, family):
+    """qwen2-mixed: four KV cache groups (conftest.MIXED_WINDOW), prompts and outputs past the
+    window, so the sliding layers attend within it through tables with freed blocks."""
     folder, hf_model = checkpoints[family]
     graphed = _generate(folder, "float32", enforce_eager=False)
     eager = _generate(folder, "float32", enforce_eager=True)

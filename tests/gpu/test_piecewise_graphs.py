@@ -1,5 +1,6 @@
 """Piecewise CUDA graphs (prefill and mixed steps) on the GPU with the Triton backend: tiny random
-Llama, Qwen3 and Mistral (sliding window), ragged prompts chunked over mixed steps with decodes.
+Llama, Qwen3, Mistral (sliding window) and a Qwen2 of sliding and full layers (KV cache groups),
+ragged prompts chunked over mixed steps with decodes.
 
 - Each replay is checked against an eager forward of the same step on the same inputs, run just
   before it: hidden states close (fp32 1e-4, bf16 2e-2 of the largest), with the pieces' output
@@ -117,8 +118,9 @@ def _assert_close(checks: list[ReplayCheck], dtype: str) -> None:
         assert error <= tolerance, (step, check.num_tokens, check.size, error, tolerance)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral", "qwen2-mixed"])
 def test_fp32_piecewise_tokens_equal_eager_and_transformers(checkpoints, family):
+    """qwen2-mixed: four KV cache groups, each layer's KV written through its group's slots."""
     folder, hf_model = checkpoints[family]
     tokens, checks = _generate(folder, "float32", "FULL_AND_PIECEWISE")
     eager_tokens, _ = _generate(folder, "float32", "FULL_DECODE_ONLY")

@@ -364,7 +364,7 @@ def test_small_graphs_compute_logits_and_argmax(tiny):
         inputs["seq_lens"][:] = 1
         inputs["decode_order"][:] = rows
         inputs["sample_rows"][:] = size - 1 - rows  # reversed: each row samples for another
-        graphs.load_block_table(rows[:, None].int(), version=size)
+        graphs.load_block_table(rows[None, :, None].int(), version=size)  # [G = 1, S, C = 1]
         hidden = graphs.replay(size)
         assert (
             graphs.input_ids[:size].tolist()
