@@ -70,6 +70,7 @@ from pagedlm.config import EngineConfig
 from pagedlm.model.llama import LlamaForCausalLM, model_kv_groups
 from pagedlm.ops.argmax import greedy_pick
 from pagedlm.ops.stage_in import stage_in
+from pagedlm.spec_decode.draft_graphs import DraftGraphs
 from pagedlm.worker.sizes import MAX_LOGITS_ROWS, Moves, SizePolicy
 from pagedlm.worker.spec_graphs import Shape, SpecDecodeGraphs
 from pagedlm.worker.step_buffers import StepBuffers
@@ -129,12 +130,14 @@ class DecodeGraphs:
         *,
         sizes: SizePolicy,
         spec_shapes: Sequence[Shape] = (),
+        draft: DraftGraphs | None = None,
     ) -> None:
         """staging, host_ids: per host staging set, the set and its pinned int64 output of sampled ids
         ([>= largest staged size]), for the staged graphs (none when empty); sizes: the runner's,
         whose decode sizes these graphs are (captured, then kept by keep_fastest); spec_shapes:
         the uniform speculative steps' graphs (spec_graphs.py), captured in the same pool over
-        the same block table."""
+        the same block table; draft: the draft model's single-step graphs (draft_graphs.py),
+        captured last in the same pool."""
         self._sizes = sizes
         self.max_size = sizes.max_decode_size
         self._max_model_len = config.model.max_model_len
@@ -166,6 +169,7 @@ class DecodeGraphs:
             if spec_shapes
             else None
         )
+        self.draft = draft
 
     @property
     def sizes(self) -> list[int]:
@@ -207,6 +211,8 @@ class DecodeGraphs:
                     self._graphs[size, slot] = graph
             if self.spec is not None:
                 self.spec.capture(pool)
+            if self.draft is not None:  # last: its replays write none of the above's outputs
+                self.draft.capture(pool)
         torch.cuda.current_stream(device).wait_stream(stream)
 
     def keep_fastest(self) -> Moves:
