@@ -21,6 +21,7 @@ import dataclasses
 
 import pytest
 import torch
+from test_draft_model_gpu import count_draft_replays
 from test_spec_decode_gpu import count_spec_replays
 from tiny_hf_models import random_prompts, save_tiny_model, save_tiny_model_with_tokenizer
 from torch.profiler import ProfilerActivity, profile
@@ -250,6 +251,31 @@ def test_speculative_steps_make_no_sync(folder, synthetic: bool):
     assert counters.num_drafts - drafts_before >= 10, counters
     if synthetic:
         assert len(replays) - replays_before >= 3, replays
+    work.drain()
+    assert work.received == work.max_tokens
+    assert counters.num_accepted_tokens > 0, counters
+
+
+def test_draft_model_steps_make_no_sync(folder):
+    """The workload with a draft model (the target itself, k = 3: every draft accepted): its
+    first forward (eager) and its single steps (replays of its graphs, draft_graphs.py) make no
+    sync beside the target's steps; every request gets exactly its max_tokens."""
+    spec = {"method": "draft_model", "model": str(folder), "num_speculative_tokens": 3}
+    core = _engine(folder, speculative_config=spec)
+    replays = count_draft_replays(core.model_runner.graphs.draft)
+    work = Workload(core, penalise=True)
+    for _ in range(WARMUP_STEPS):
+        work.step()
+    counters = core.scheduler.spec.counters
+    drafts_before, replays_before = counters.num_drafts, len(replays)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(STEADY_STEPS):
+            work.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert counters.num_drafts - drafts_before >= 10, counters
+    assert len(replays) - replays_before >= 20, replays
     work.drain()
     assert work.received == work.max_tokens
     assert counters.num_accepted_tokens > 0, counters
