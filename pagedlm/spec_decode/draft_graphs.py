@@ -24,7 +24,8 @@ writes the draws over the ids (DraftModelProposer.propose).
 
 Host ints fixed per size, as the target's decode graphs (worker/cuda_graphs.py): max_seq_len =
 max_model_len, so the split decode's split count is chosen at capture for the longest context;
-the kernels read the real seq_lens on the device. The eager path chooses it for the proposal's
+the kernels read the real seq_lens on the device. On the CPU (tests: the body runs without a
+capture) the host copies are the tensors themselves, as on the eager path. The eager path chooses it for the proposal's
 bounds, so its drafts agree with a replay's up to the float sums' order (and the GEMMs' row
 count when S < P).
 
@@ -80,7 +81,13 @@ class DraftGraphs:
         self._block_size, self._max_model_len = block_size, max_model_len
         self._keep_logits = keep_logits
         rows, device = self.sizes[-1], kv_caches[0].device
+        self._on_host = device.type == "cpu"  # host copies: the tensors themselves
         int64 = dict(dtype=torch.int64, device=device)
+        query_start_loc = torch.zeros(rows + 1, dtype=torch.int32, device=device)
+        # host copies of the capture's batch: the Triton backend reads none of them here
+        host_query_start_loc = (
+            query_start_loc if self._on_host else torch.zeros(rows + 1, dtype=torch.int32)
+        )
         self._ids = torch.zeros(rows, **int64)  # [P]: each row's last draft
         self._positions = torch.zeros(rows, **int64)  # [P]: the position of that draft
         self._arange = torch.arange(rows + 1, dtype=torch.int32, device=device)
@@ -88,10 +95,9 @@ class DraftGraphs:
             block_table=torch.zeros(rows, table_cols, dtype=torch.int32, device=device),
             cols_held=torch.zeros(rows, **int64),
             first_positions=self._positions,  # unread by the graphs (single_step_batch)
-            query_start_loc=torch.zeros(rows + 1, dtype=torch.int32, device=device),
+            query_start_loc=query_start_loc,
             max_seq_lens=torch.zeros(rows, **int64),
-            # host copies of the capture's batch: the Triton backend reads none of them here
-            host_query_start_loc=torch.zeros(rows + 1, dtype=torch.int32),
+            host_query_start_loc=host_query_start_loc,
             host_seq_len_bounds=np.zeros(rows, dtype=np.int64),
         )
         self._host_seq_lens = torch.zeros(rows, dtype=torch.int32)
@@ -162,7 +168,7 @@ class DraftGraphs:
             self._block_size,
             self._max_model_len,
             self._max_model_len,
-            self._host_seq_lens[:size],
+            None if self._on_host else self._host_seq_lens[:size],
         )
         hidden = self._model(batch.input_ids, batch.positions, self._kv_caches, batch.meta)
         logits = self._model.compute_logits(hidden)  # [size, V] float32
