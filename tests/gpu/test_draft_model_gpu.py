@@ -10,7 +10,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from spec_decode.test_draft_model import Chunk, K, spec_args, verified_step
+from spec_decode.test_draft_graphs import request_steps, two_request_steps
+from spec_decode.test_draft_model import K, spec_args, verified_step
 from tiny_hf_models import random_prompts, save_tiny_model
 
 from pagedlm.sample.noise import row_keys_np
@@ -51,21 +52,6 @@ def _on(step: ModelVerifiedStep, device: str, sampling: RandomParams | None) -> 
     )
 
 
-def _steps(prompts: list[list[int]]) -> list[list[Chunk]]:
-    p0, p1 = prompts
-    return [
-        [Chunk(0, p0, 0, 5), Chunk(1, p1, 0, 9)],
-        [
-            Chunk(0, [5, 70, 71, 72], len(p0), 17, num_drafts=3, num_rejected=2),
-            Chunk(1, [9, 80, 81, 82], len(p1), 33, num_drafts=3),
-        ],
-        [
-            Chunk(0, [17, 90, 91, 92], len(p0) + 2, 41, num_drafts=3, num_rejected=1),
-            Chunk(1, [33, 60, 61, 62], len(p1) + 4, 58, num_drafts=3, num_rejected=3),
-        ],
-    ]
-
-
 @pytest.mark.parametrize("method", ["greedy", "probabilistic"])
 def test_draft_model_proposals_make_no_sync(tmp_path, method: str) -> None:
     target, draft = tmp_path / "target", tmp_path / "draft"
@@ -80,7 +66,7 @@ def test_draft_model_proposals_make_no_sync(tmp_path, method: str) -> None:
     for proposer in (on_gpu, on_cpu):
         for row, prompt in enumerate(prompts):
             proposer.add_request(row, prompt)
-    for i, chunks in enumerate(_steps(prompts)):
+    for i, chunks in enumerate(two_request_steps(prompts)):
         step = verified_step(chunks, table)
         gpu_params = RandomParams(noise_keys=keys.cuda(), temperature=temperature.cuda())
         cpu_params = RandomParams(noise_keys=keys, temperature=temperature)
@@ -99,25 +85,6 @@ def test_draft_model_proposals_make_no_sync(tmp_path, method: str) -> None:
         assert drafts.num_drafts.tolist() == [K, K]
         if method == "probabilistic":
             torch.testing.assert_close(drafts.probs.cpu(), expected.probs, atol=1e-5, rtol=1e-4)
-
-
-def _three_steps(prompts: list[list[int]]) -> list[list[Chunk]]:
-    """Three sampling requests (a graph of 4 rows: one padding row): their prompts, a uniform
-    verify step (3 drafts each, some rejected), then another."""
-    p0, p1, p2 = prompts
-    return [
-        [Chunk(0, p0, 0, 5), Chunk(1, p1, 0, 9), Chunk(2, p2, 0, 11)],
-        [
-            Chunk(0, [5, 70, 71, 72], len(p0), 17, num_drafts=3, num_rejected=2),
-            Chunk(1, [9, 80, 81, 82], len(p1), 33, num_drafts=3),
-            Chunk(2, [11, 40, 41, 42], len(p2), 44, num_drafts=3, num_rejected=3),
-        ],
-        [
-            Chunk(0, [17, 90, 91, 92], len(p0) + 2, 41, num_drafts=3, num_rejected=1),
-            Chunk(1, [33, 60, 61, 62], len(p1) + 4, 58, num_drafts=3, num_rejected=3),
-            Chunk(2, [44, 50, 51, 52], len(p2) + 1, 21, num_drafts=3),
-        ],
-    ]
 
 
 def _captured(proposer: DraftModelProposer, sizes: list[int]) -> DraftGraphs:
@@ -155,7 +122,7 @@ def test_graph_replays_draft_as_the_eager_proposer(tmp_path, method: str, num_re
     for proposer in (eager, replayed):
         for row, prompt in enumerate(prompts):
             proposer.add_request(row, prompt)
-    steps = _steps(prompts) if num_requests == 2 else _three_steps(prompts)
+    steps = request_steps(num_requests, prompts)
     for i, (chunks, k) in enumerate(zip(steps, (K, K, 2), strict=True)):
         params = RandomParams(noise_keys=keys, temperature=temperature)
         step = _on(verified_step(chunks, table), "cuda", params)
