@@ -38,6 +38,7 @@ and sleep without kept addresses drop)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -46,6 +47,7 @@ import torch
 from pagedlm.model.llama import LlamaForCausalLM
 from pagedlm.spec_decode.config import SpeculativeConfig
 from pagedlm.spec_decode.draft_inputs import SingleSteps, single_step_batch
+from pagedlm.worker.graph_capture import warmed_up_graph
 from pagedlm.worker.sizes import smallest_at_least
 
 
@@ -138,14 +140,7 @@ class DraftGraphs:
         batch: no KV is read or written."""
         self._pad(0)
         for size in reversed(self.sizes):
-            self._run(size)  # warm-up
-            graph = torch.cuda.CUDAGraph()
-            graph.capture_begin(pool=pool)
-            try:
-                self._run(size)
-            finally:
-                graph.capture_end()
-            self._graphs[size] = graph
+            self._graphs[size] = warmed_up_graph(functools.partial(self._run, size), pool)
         self._pad(0)  # the capture's runs moved the positions
 
     def _run(self, size: int) -> None:

@@ -194,12 +194,7 @@ class DraftModelProposer:
         drafts, probs = [token_ids], [q]
         if k > 1:
             shared = single_steps(draft_step, first, self.max_model_len)
-            graphs = step.graphs
-            size = None if graphs is None else graphs.size(num_samples)
-            if size is None:
-                self._eager_steps(shared, step.sampling, drafts, probs, k)
-            else:
-                self._replayed_steps(shared, step.sampling, drafts, probs, k, graphs, size)
+            self._single_steps(shared, step, drafts, probs, k)
         token_ids = torch.stack(drafts, dim=1)  # [R, k]
         num_drafts = torch.full_like(token_ids[:, 0], k)  # [R]
         q = None if probs[0] is None else torch.stack(probs, 1)  # [R, k, V]
@@ -220,46 +215,50 @@ class DraftModelProposer:
             next_positions=step.first_positions + step.num_accepted,
         )
 
-    def _eager_steps(
+    def _single_steps(
         self,
         shared: SingleSteps,
-        sampling: RandomParams | None,
+        step: ModelVerifiedStep,
         drafts: list[torch.Tensor],
         probs: list[torch.Tensor | None],
         k: int,
     ) -> None:
-        """Drafts 2..k ([R] each, and q) appended to drafts and probs, eagerly."""
+        """Drafts 2..k ([R] each, and q) appended to drafts and probs: replays of the step's
+        draft graphs where one holds its R rows, else eager single steps."""
+        graphs, num_rows = step.graphs, drafts[0].shape[0]
+        size = None if graphs is None else graphs.size(num_rows)
+        if size is not None:
+            graphs.load(shared, drafts[0], size)
         for j in range(1, k):
-            batch = single_step_inputs(shared, drafts[-1], j, self.block_size, self.max_model_len)
-            token_ids, q = draw_drafts(self._logits(batch), sampling, j, self.probabilistic)
+            if size is None:
+                batch = single_step_inputs(
+                    shared, drafts[-1], j, self.block_size, self.max_model_len
+                )
+                logits = self._logits(batch)
+                token_ids, q = draw_drafts(logits, step.sampling, j, self.probabilistic)
+            else:
+                token_ids, q = self._replayed_step(graphs, size, num_rows, step.sampling, j)
             drafts.append(token_ids)
             probs.append(q)
 
-    def _replayed_steps(
+    def _replayed_step(
         self,
-        shared: SingleSteps,
-        sampling: RandomParams | None,
-        drafts: list[torch.Tensor],
-        probs: list[torch.Tensor | None],
-        k: int,
         graphs: DraftGraphs,
         size: int,
-    ) -> None:
-        """The same from replays of the graph of `size`: its argmax are the greedy drafts;
-        draws go over them, as the next replay's inputs."""
-        num_rows = drafts[0].shape[0]
-        graphs.load(shared, drafts[0], size)
-        for j in range(1, k):
-            logits = graphs.replay(size)  # [size, V] or None (greedy drafts)
-            greedy = graphs.ids(num_rows)  # [R]
-            rows = None if logits is None else logits[:num_rows]
-            token_ids, q = draw_drafts(rows, sampling, j, self.probabilistic, greedy)
-            if q is None:  # the argmax: the buffer's, until the next replay
-                token_ids = token_ids.clone()
-            else:
-                greedy.copy_(token_ids)
-            drafts.append(token_ids)
-            probs.append(q)
+        num_rows: int,
+        sampling: RandomParams | None,
+        j: int,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draft j + 1 [R] (and q) from a replay of the graph of `size`: its argmax are the
+        greedy drafts; draws go over them, as the next replay's inputs."""
+        logits = graphs.replay(size)  # [size, V] float32, or None (greedy drafts)
+        greedy = graphs.ids(num_rows)  # [R]
+        rows = None if logits is None else logits[:num_rows]
+        token_ids, q = draw_drafts(rows, sampling, j, self.probabilistic, greedy)
+        if q is None:  # the argmax: the buffer's, until the next replay
+            return token_ids.clone(), None
+        greedy.copy_(token_ids)
+        return token_ids, q
 
     def _forward(self, batch: DraftBatch) -> torch.Tensor:
         """[N, hidden_size]: the draft over one batch, its KV written at batch's slots."""

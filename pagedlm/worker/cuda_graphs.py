@@ -59,6 +59,7 @@ the kernels read the real per-sequence lengths from seq_lens on the device at ea
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -71,6 +72,7 @@ from pagedlm.model.llama import LlamaForCausalLM, model_kv_groups
 from pagedlm.ops.argmax import greedy_pick
 from pagedlm.ops.stage_in import stage_in
 from pagedlm.spec_decode.draft_graphs import DraftGraphs
+from pagedlm.worker.graph_capture import warmed_up_graph
 from pagedlm.worker.sizes import MAX_LOGITS_ROWS, Moves, SizePolicy
 from pagedlm.worker.spec_graphs import Shape, SpecDecodeGraphs
 from pagedlm.worker.step_buffers import StepBuffers
@@ -201,14 +203,8 @@ class DecodeGraphs:
                 self._fill_padding(size)
                 slots = range(len(self._staging)) if self.is_staged(size) else ()
                 for slot in (None, *slots):
-                    self._run(size, slot)  # warm-up
-                    graph = torch.cuda.CUDAGraph()
-                    graph.capture_begin(pool=pool)
-                    try:
-                        self._run(size, slot)
-                    finally:
-                        graph.capture_end()
-                    self._graphs[size, slot] = graph
+                    run = functools.partial(self._run, size, slot)
+                    self._graphs[size, slot] = warmed_up_graph(run, pool)
             if self.spec is not None:
                 self.spec.capture(pool)
             if self.draft is not None:  # last: its replays write none of the above's outputs

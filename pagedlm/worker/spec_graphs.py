@@ -25,6 +25,7 @@ the next replay of any of them); the rejection sampler reads rows [0, B x q) rig
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,7 @@ import torch
 from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.model.llama import LlamaForCausalLM
 from pagedlm.spec_decode.config import SpeculativeConfig
+from pagedlm.worker.graph_capture import warmed_up_graph
 from pagedlm.worker.sizes import SizePolicy
 from pagedlm.worker.step_buffers import StepBuffers
 
@@ -110,14 +112,7 @@ class SpecDecodeGraphs:
         all-padding batch: no KV is read or written."""
         for shape in sorted(self.shapes, key=lambda sq: (sq[0] * sq[1], sq), reverse=True):
             self._fill_padding(shape)
-            self._run(shape)
-            graph = torch.cuda.CUDAGraph()
-            graph.capture_begin(pool=pool)
-            try:
-                self._run(shape)
-            finally:
-                graph.capture_end()
-            self._graphs[shape] = graph
+            self._graphs[shape] = warmed_up_graph(functools.partial(self._run, shape), pool)
 
     def replay(self, shape: Shape) -> torch.Tensor:
         """[S x q, hidden_size]: the hidden states of the padded batch (the graph's tensor)."""
