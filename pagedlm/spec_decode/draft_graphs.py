@@ -5,8 +5,8 @@ replays one graph k - 1 times instead of launching the draft's layers eagerly ea
 Sizes (draft_graph_sizes): one graph per decode capture size P (SizePolicy.capture_sizes) that
 a proposal with single steps may pad to: a step of S sampling requests has at least S sequences
 and takes the k of its sequence count (SpeculativeConfig.num_spec_tokens_for_batch), so a size
-is kept while some batch of more requests than the size below it drafts k >= 2. A proposal of
-more requests than the largest size runs eagerly.
+is captured when some batch of more sequences than the next smaller size drafts k >= 2. A
+proposal of more requests than the largest size runs eagerly.
 
 Static inputs (load, before the first replay of a proposal): the ids [P] of each row's draft
 j, its position [P] (unclamped), and a SingleSteps of P rows: the sampling requests' rows of the
@@ -24,10 +24,10 @@ writes the draws over the ids (DraftModelProposer.propose).
 
 Host ints fixed per size, as the target's decode graphs (worker/cuda_graphs.py): max_seq_len =
 max_model_len, so the split decode's split count is chosen at capture for the longest context;
-the kernels read the real seq_lens on the device. On the CPU (tests: the body runs without a
-capture) the host copies are the tensors themselves, as on the eager path. The eager path chooses it for the proposal's
+the kernels read the real seq_lens on the device. The eager path chooses it for the proposal's
 bounds, so its drafts agree with a replay's up to the float sums' order (and the GEMMs' row
-count when S < P).
+count when S < P). On the CPU (tests: the body runs without a capture) the host copies are the
+tensors themselves, as on the eager path.
 
 Memory: the target's decode graphs' pool (DecodeGraphs.capture: after them, so no replay of a
 draft graph writes the target's live outputs); a replay's logits are valid until the next
