@@ -14,11 +14,11 @@
         piecewise ones in the same engine (run_graphs_ab).
     python benchmarks/spec_decode.py draft [--batches 1,32] [--rates 0.7] [--ks 3,5]
         dummy llama3-8b on CUDA with a dummy llama-shaped draft of its vocabulary
-        (gpu_workloads' llama3-draft-0.3b, method draft_model), synthetic acceptance at the rate (so the
-        acceptance is set while the draft's cost is real): plain decoding, then one speculating
-        engine, each configuration run with the draft's single steps replaying their CUDA
-        graphs ("graphs", spec_decode/draft_graphs.py) and eager ("eager": the runner's draft
-        graphs set aside), alternating, twice; the faster of each pair counts (run_draft).
+        (gpu_workloads' llama3-draft-0.3b, method draft_model), synthetic acceptance at the
+        rate (so the acceptance is set while the draft's cost is real): plain decoding, then
+        one speculating engine, each configuration run with the draft replaying its CUDA graphs
+        ("graphs", spec_decode/draft_graphs.py) and eager ("eager": the runner's draft graphs
+        set aside), alternating, twice; the faster of each pair counts (run_draft).
 
 Prints one table row per configuration and a JSON line per row (--json FILE writes them all).
 """

@@ -126,9 +126,9 @@ ENVIRONMENT_VARIABLES = {
             "PAGEDLM_DRAFT_GRAPHS",
             "1",
             _flag,
-            "0: the draft model of speculative decoding runs its single-token steps eagerly "
-            "instead of replaying CUDA graphs (spec_decode/draft_graphs.py; for A/B "
-            "measurements); read when the runner captures its graphs",
+            "0: the draft model of speculative decoding runs eagerly instead of replaying CUDA "
+            "graphs (spec_decode/draft_graphs.py; for A/B measurements); read when the runner "
+            "captures its graphs",
         ),
         EnvVar(
             "PAGEDLM_EXECUTE_MODEL_TIMEOUT_SECONDS",

@@ -7,9 +7,11 @@ and the scheduler knows nothing new: a request's draft positions past the blocks
 scratch blocks of the draft's own (draft_inputs.Scratch).
 
 After each target step is verified, `propose` records the emitted tokens and runs the draft's
-first forward over the step's inputs and each sampling request's next token (eagerly), then k - 1
-single-token steps, all on the device with fixed shapes (no host sync). On CUDA the single steps
-replay the draft's graphs (draft_graphs.py) where the runner holds them (the step's `graphs`). Drafts are the argmax
+first forward over the step's inputs and each sampling request's next token, then k - 1
+single-token steps, all on the device with fixed shapes (no host sync). On CUDA they replay the
+draft's graphs (draft_graphs.py) where the runner holds them (the step's `graphs`): the single
+steps, and the first forward of a uniform step (every request sampling, with as many inputs);
+a ragged first forward, or a shape with no graph, runs eagerly. Drafts are the argmax
 (`draft_sample_method` greedy, or a greedy request), or draws from q = softmax(draft logits /
 the request's temperature) (probabilistic, random requests): the rejection sampler then needs q
 at each draft (`Drafts.probs`).
@@ -40,7 +42,7 @@ from pagedlm.sample.noise import mix64_, to_int64
 from pagedlm.sample.sampler import RandomParams
 from pagedlm.sample.tables import upload
 from pagedlm.spec_decode.draft_config import draft_scratch_blocks
-from pagedlm.spec_decode.draft_graphs import DraftGraphs
+from pagedlm.spec_decode.draft_graphs import DraftGraphs, Shape
 from pagedlm.spec_decode.draft_inputs import (
     DraftBatch,
     DraftStep,
@@ -143,17 +145,17 @@ class DraftModelProposer:
         finally:
             self.kv_caches, self._pool_blocks = saved
 
-    def new_graphs(self, kv_caches: list[torch.Tensor] | None, sizes: list[int]) -> DraftGraphs:
-        """Uncaptured single-step graphs of these sizes over kv_caches (None: a trial cache of
-        one block, for the capture's bytes before the KV cache is sized: no graph reads or
-        writes it)."""
+    def new_graphs(self, kv_caches: list[torch.Tensor] | None, shapes: list[Shape]) -> DraftGraphs:
+        """Uncaptured graphs of these shapes (draft_graph_shapes) over kv_caches (None: a trial
+        cache of one block, for the capture's bytes before the KV cache is sized: no graph
+        reads or writes it)."""
         if kv_caches is None:
             kv_caches = [self._new_kv_cache(1)] * self.config.num_layers
         k = self.num_speculative_tokens
         return DraftGraphs(
             self.model,
             kv_caches,
-            sizes,
+            shapes,
             max_table_cols(self.max_model_len, self.block_size, k),
             self.block_size,
             self.max_model_len,
@@ -190,7 +192,13 @@ class DraftModelProposer:
         if not drafting:
             self._forward(first)
             return no_drafts(num_samples, width, step.token_ids.device)
-        token_ids, q = draw_drafts(self._logits(first), step.sampling, 0, self.probabilistic)
+        graphs = step.graphs
+        shape = None if graphs is None else graphs.first_shape(first, num_samples)
+        if shape is None:
+            token_ids, q = draw_drafts(self._logits(first), step.sampling, 0, self.probabilistic)
+        else:
+            graphs.load_first(first)
+            token_ids, q = self._replayed_step(graphs, shape, num_samples, step.sampling, 0)
         drafts, probs = [token_ids], [q]
         if k > 1:
             shared = single_steps(draft_step, first, self.max_model_len)
@@ -226,32 +234,32 @@ class DraftModelProposer:
         """Drafts 2..k ([R] each, and q) appended to drafts and probs: replays of the step's
         draft graphs where one holds its R rows, else eager single steps."""
         graphs, num_rows = step.graphs, drafts[0].shape[0]
-        size = None if graphs is None else graphs.size(num_rows)
-        if size is not None:
-            graphs.load(shared, drafts[0], size)
+        shape = None if graphs is None else graphs.single_shape(num_rows)
+        if shape is not None:
+            graphs.load_single(shared, drafts[0])
         for j in range(1, k):
-            if size is None:
+            if shape is None:
                 batch = single_step_inputs(
                     shared, drafts[-1], j, self.block_size, self.max_model_len
                 )
                 logits = self._logits(batch)
                 token_ids, q = draw_drafts(logits, step.sampling, j, self.probabilistic)
             else:
-                token_ids, q = self._replayed_step(graphs, size, num_rows, step.sampling, j)
+                token_ids, q = self._replayed_step(graphs, shape, num_rows, step.sampling, j)
             drafts.append(token_ids)
             probs.append(q)
 
     def _replayed_step(
         self,
         graphs: DraftGraphs,
-        size: int,
+        shape: Shape,
         num_rows: int,
         sampling: RandomParams | None,
         j: int,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Draft j + 1 [R] (and q) from a replay of the graph of `size`: its argmax are the
-        greedy drafts; draws go over them, as the next replay's inputs."""
-        logits = graphs.replay(size)  # [size, V] float32, or None (greedy drafts)
+        """Draft j + 1 [R] (and q) from a replay of the loaded graph of `shape`: its argmax
+        are the greedy drafts; draws go over them, as a single step's next inputs."""
+        logits = graphs.replay(shape)  # [P, V] float32, or None (greedy drafts)
         greedy = graphs.ids(num_rows)  # [R]
         rows = None if logits is None else logits[:num_rows]
         token_ids, q = draw_drafts(rows, sampling, j, self.probabilistic, greedy)

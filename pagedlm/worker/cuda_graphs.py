@@ -138,7 +138,7 @@ class DecodeGraphs:
         ([>= largest staged size]), for the staged graphs (none when empty); sizes: the runner's,
         whose decode sizes these graphs are (captured, then kept by keep_fastest); spec_shapes:
         the uniform speculative steps' graphs (spec_graphs.py), captured in the same pool over
-        the same block table; draft: the draft model's single-step graphs (draft_graphs.py),
+        the same block table; draft: the draft model's graphs (draft_graphs.py),
         captured last in the same pool."""
         self._sizes = sizes
         self.max_size = sizes.max_decode_size

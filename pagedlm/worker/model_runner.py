@@ -63,7 +63,7 @@ from pagedlm.ops.jit_watch import compile_watch
 from pagedlm.sample.grammar_mask import apply_grammar_bitmask
 from pagedlm.sample.sampler import SamplerOutput
 from pagedlm.sample.state import SamplingState
-from pagedlm.spec_decode.draft_graphs import DraftGraphs, draft_graph_sizes
+from pagedlm.spec_decode.draft_graphs import DraftGraphs, draft_graph_shapes
 from pagedlm.spec_decode.draft_model import DraftModelProposer, draft_proposer
 from pagedlm.worker import memory, sleep
 from pagedlm.worker.batch_layout import BatchLayout
@@ -381,15 +381,14 @@ class ModelRunner:
         return graphs
 
     def _new_draft_graphs(self, trial: bool) -> DraftGraphs | None:
-        """The draft model's single-step graphs (draft_graphs.py) over its KV cache (trial: a
-        one-block one); None without a draft model, where no batch size takes single steps, or
-        under PAGEDLM_DRAFT_GRAPHS=0."""
+        """The draft model's graphs (draft_graphs.py) over its KV cache (trial: a one-block
+        one); None without a draft model, where no batch size drafts, or under
+        PAGEDLM_DRAFT_GRAPHS=0."""
         draft = self._draft()
         if draft is None or not envs.PAGEDLM_DRAFT_GRAPHS:
             return None
-        spec, capture_sizes = self.config.speculative, self.sizes.capture_sizes
-        sizes = draft_graph_sizes(spec, self.max_num_reqs, capture_sizes)
-        return draft.new_graphs(None if trial else draft.kv_caches, sizes) if sizes else None
+        shapes = draft_graph_shapes(self.config.speculative, self.max_num_reqs, self.sizes)
+        return draft.new_graphs(None if trial else draft.kv_caches, shapes) if shapes else None
 
     def _new_piecewise_graphs(self, kv_caches: list[torch.Tensor]) -> PiecewiseGraphs | None:
         if self.config.cudagraph_mode != "FULL_AND_PIECEWISE":

@@ -44,15 +44,19 @@ if TYPE_CHECKING:
 Shape = tuple[int, int]  # (sequences S, query tokens a sequence q)
 
 
-def spec_graph_shapes(spec: SpeculativeConfig | None, sizes: SizePolicy) -> list[Shape]:
-    """(S, q) of each graph, ascending (module notes): for each capture size S, q in 2..1 + the
-    most drafts a batch of (previous capture size, S] requests takes, within max_num_tokens."""
+def spec_graph_shapes(
+    spec: SpeculativeConfig | None, sizes: SizePolicy, min_query_len: int = 2
+) -> list[Shape]:
+    """(S, q) of each graph, ascending (module notes): for each capture size S where a batch
+    of (previous capture size, S] requests drafts, q in min_query_len..1 + the most drafts it
+    takes, within max_num_tokens (min_query_len 1: its steps without drafts too)."""
     if spec is None:
         return []
     shapes, previous = [], 0
     for size in sizes.capture_sizes:
         k = max(spec.num_spec_tokens_for_batch(b) for b in range(previous + 1, size + 1))
-        shapes += [(size, q) for q in range(2, k + 2) if size * q <= sizes.max_num_tokens]
+        queries = range(min_query_len, k + 2) if k else ()
+        shapes += [(size, q) for q in queries if size * q <= sizes.max_num_tokens]
         previous = size
     return shapes
 

@@ -1,6 +1,6 @@
 """The draft_model proposer on CUDA (Triton attention, float32): no host sync in `propose`
 (set_sync_debug_mode("error")), the drafts of the CPU run over the same steps, and with its
-single-step CUDA graphs (draft_graphs.py) the eager proposer's drafts; the engine with the
+CUDA graphs (draft_graphs.py) the eager proposer's drafts; the engine with the
 draft's graphs gives the tokens of enforce_eager and of plain decoding."""
 
 from __future__ import annotations
@@ -10,7 +10,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from spec_decode.test_draft_graphs import request_steps, two_request_steps
+from spec_decode.test_draft_graphs import (
+    KS,
+    SHAPES,
+    count_draft_replays,
+    expected_replays,
+    request_steps,
+    two_request_steps,
+)
 from spec_decode.test_draft_model import K, spec_args, verified_step
 from tiny_hf_models import random_prompts, save_tiny_model
 
@@ -87,10 +94,10 @@ def test_draft_model_proposals_make_no_sync(tmp_path, method: str) -> None:
             torch.testing.assert_close(drafts.probs.cpu(), expected.probs, atol=1e-5, rtol=1e-4)
 
 
-def _captured(proposer: DraftModelProposer, sizes: list[int]) -> DraftGraphs:
-    """The proposer's single-step graphs over its cache, captured as the runner does (a side
+def _captured(proposer: DraftModelProposer, shapes: list[tuple[int, int]]) -> DraftGraphs:
+    """The proposer's graphs of these shapes over its cache, captured as the runner does (a side
     stream, inference mode)."""
-    graphs = proposer.new_graphs(proposer.kv_caches, sizes)
+    graphs = proposer.new_graphs(proposer.kv_caches, shapes)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.inference_mode(), torch.cuda.stream(stream):
@@ -102,16 +109,16 @@ def _captured(proposer: DraftModelProposer, sizes: list[int]) -> DraftGraphs:
 @pytest.mark.parametrize("method", ["greedy", "probabilistic"])
 @pytest.mark.parametrize("num_requests", [2, 3], ids=["unpadded", "padded"])
 def test_graph_replays_draft_as_the_eager_proposer(tmp_path, method: str, num_requests: int):
-    """Two proposers of the same draft over the same steps (ragged ones, then uniform ones; 2
-    requests replay the graph of 2 rows, 3 that of 4), k 3 then 2: the one replaying its graphs
-    drafts the eager one's tokens (and q), with no host sync after the first proposal; every
-    single step replays."""
+    """Two proposers of the same draft over the same steps (ragged ones, then uniform ones,
+    whose first forward replays too; 2 requests replay the graphs of 2 sequences, 3 those of
+    4), k 3, 3, 2, 3: the one replaying its graphs of SHAPES drafts the eager one's tokens (and
+    q), with no host sync after the first proposal; every single step replays."""
     target, draft = tmp_path / "target", tmp_path / "draft"
     save_tiny_model(target, "llama", seed=1)
     save_tiny_model(draft, "qwen3", seed=2)
     eager = _proposer(target, draft, "cuda", draft_sample_method=method)
     replayed = _proposer(target, draft, "cuda", draft_sample_method=method)
-    graphs = _captured(replayed, [1, 2, 4])
+    graphs = _captured(replayed, SHAPES)
     replays = count_draft_replays(graphs)
     prompts = random_prompts(num_requests, 6, 14, seed=3)
     table = torch.arange(1, 1 + num_requests * NUM_COLS, dtype=torch.int32)
@@ -123,7 +130,7 @@ def test_graph_replays_draft_as_the_eager_proposer(tmp_path, method: str, num_re
         for row, prompt in enumerate(prompts):
             proposer.add_request(row, prompt)
     steps = request_steps(num_requests, prompts)
-    for i, (chunks, k) in enumerate(zip(steps, (K, K, 2), strict=True)):
+    for i, (chunks, k) in enumerate(zip(steps, KS, strict=True)):
         params = RandomParams(noise_keys=keys, temperature=temperature)
         step = _on(verified_step(chunks, table), "cuda", params)
         expected = eager.propose(step, k)
@@ -139,20 +146,7 @@ def test_graph_replays_draft_as_the_eager_proposer(tmp_path, method: str, num_re
         assert torch.equal(drafts.num_drafts, expected.num_drafts), f"step {i}"
         if method == "probabilistic":
             torch.testing.assert_close(drafts.probs, expected.probs, atol=1e-5, rtol=1e-4)
-    size = 2 if num_requests == 2 else 4
-    assert replays == [size] * (2 * (K - 1) + 1), replays
-
-
-def count_draft_replays(graphs: DraftGraphs) -> list[int]:
-    """The sizes the draft's graphs replay from now on, appended."""
-    replays, replay = [], graphs.replay
-
-    def counted(size: int) -> torch.Tensor | None:
-        replays.append(size)
-        return replay(size)
-
-    graphs.replay = counted
-    return replays
+    assert replays == expected_replays(num_requests), replays
 
 
 def _tokens(llm, prompts, params) -> list[list[int]]:
@@ -161,11 +155,11 @@ def _tokens(llm, prompts, params) -> list[list[int]]:
 
 @pytest.mark.parametrize("draft_family", ["target", "qwen3"])
 def test_engine_with_draft_graphs_gives_eager_and_plain_tokens(tmp_path, draft_family: str):
-    """float32 on CUDA, k = 3, batches of 1 and 3 (the draft's graph of 4 rows): greedy tokens
+    """float32 on CUDA, k = 3, batches of 1 and 3 (the draft's graphs of 4 rows): greedy tokens
     with the draft's graphs equal those under enforce_eager and without speculation, with the
     same drafts accepted as the eager engine (the drafts are the same); the draft's graphs
     replay. draft "target": the target drafts for itself (every draft accepted: uniform
-    steps); "qwen3": another tiny model (most rejected: ragged steps)."""
+    steps); "qwen3": another tiny model (most rejected)."""
     from pagedlm import LLM, SamplingParams
 
     target = tmp_path / "target"
@@ -191,8 +185,8 @@ def test_engine_with_draft_graphs_gives_eager_and_plain_tokens(tmp_path, draft_f
         assert got == want, f"enforce_eager={eager}"
         counters = llm.llm_engine.engine_core.scheduler.spec.counters
         accepted[eager] = (counters.num_draft_tokens, counters.num_accepted_tokens)
-        if not eager:
-            assert {1, 4} <= set(replays), replays
+        if not eager:  # single steps and uniform first forwards, of 1 and 4 sequences
+            assert {(1, 1), (4, 1), (1, K + 2), (4, K + 2)} <= set(replays), replays
         llm.shutdown()
     assert accepted[False] == accepted[True], accepted
     if draft_family == "target":

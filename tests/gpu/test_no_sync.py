@@ -21,7 +21,7 @@ import dataclasses
 
 import pytest
 import torch
-from test_draft_model_gpu import count_draft_replays
+from spec_decode.test_draft_graphs import count_draft_replays
 from test_spec_decode_gpu import count_spec_replays
 from tiny_hf_models import random_prompts, save_tiny_model, save_tiny_model_with_tokenizer
 from torch.profiler import ProfilerActivity, profile
@@ -231,7 +231,7 @@ def test_speculative_steps_make_no_sync(folder, proposer: str):
     decodes, make no sync, penalised requests among them; every request gets exactly its
     max_tokens. synthetic: drafts every step, so the uniform steps replay their full graphs
     (worker/spec_graphs.py). draft_model: the target as its own draft (every draft accepted),
-    its first forward eager and its single steps replays of its graphs (draft_graphs.py). (A
+    its uniform first forwards and its single steps replays of its graphs (draft_graphs.py). (A
     speculating request waits for its step's output, so event waits may be exposed: not
     counted here.)"""
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
@@ -261,6 +261,7 @@ def test_speculative_steps_make_no_sync(folder, proposer: str):
         assert len(replays) - replays_before >= 3, replays
     if proposer == "draft_model":
         assert len(draft_replays) - draft_replays_before >= 20, draft_replays
+        assert any(r > 1 for _, r in draft_replays), draft_replays  # a first forward too
     work.drain()
     assert work.received == work.max_tokens
     assert counters.num_accepted_tokens > 0, counters
