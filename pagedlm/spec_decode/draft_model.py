@@ -72,7 +72,7 @@ class ModelVerifiedStep(VerifiedStep):
     attn_metadata: AttentionMetadata  # the target's step (device tensors and host copies)
     input_ids: torch.Tensor  # [T] int64: the step's inputs, right at least where none samples
     sampling: RandomParams | None = None  # the R requests' (probabilistic drafts; None: greedy)
-    graphs: DraftGraphs | None = None  # the draft's over its cache; None: eager single steps
+    graphs: DraftGraphs | None = None  # the draft's, over its cache; None: it runs eagerly
 
     @classmethod
     def of(
