@@ -1,4 +1,5 @@
-"""Speculative decoding (n-gram) against plain decoding: decode tok/s and mean acceptance length.
+"""Speculative decoding (n-gram, draft model) against plain decoding: decode tok/s and mean
+acceptance length.
 
     python benchmarks/spec_decode.py cpu [--batches 1,16] [--max-tokens 64] [--penalties R,F,P]
         the default model (SmolLM2-135M, the CPU default dtype) on a copy/edit workload: each
