@@ -1,4 +1,5 @@
-"""Speculative decoding (n-gram) against plain decoding: decode tok/s and mean acceptance length.
+"""Speculative decoding (n-gram, draft model) against plain decoding: decode tok/s and mean
+acceptance length.
 
     python benchmarks/spec_decode.py cpu [--batches 1,16] [--max-tokens 64] [--penalties R,F,P]
         the default model (SmolLM2-135M, the CPU default dtype) on a copy/edit workload: each
@@ -12,6 +13,13 @@
         serves every k (the per-batch-size k override) and rate (set between runs), one plain
         engine the baseline; --ab: no plain engine, the uniform steps' full graphs against the
         piecewise ones in the same engine (run_graphs_ab).
+    python benchmarks/spec_decode.py draft [--batches 1,32] [--rates 0.7] [--ks 3,5]
+        dummy llama3-8b on CUDA with a dummy llama-shaped draft of its vocabulary
+        (gpu_workloads' llama3-draft-0.3b, method draft_model), synthetic acceptance at the
+        rate (so the acceptance is set while the draft's cost is real): plain decoding, then
+        one speculating engine, each configuration run with the draft replaying its CUDA graphs
+        ("graphs", spec_decode/draft_graphs.py) and eager ("eager": the runner's draft graphs
+        set aside), alternating, twice; the faster of each pair counts (run_draft).
 
 Prints one table row per configuration and a JSON line per row (--json FILE writes them all).
 """
@@ -134,47 +142,77 @@ def run_cpu(args) -> list[Row]:
     return rows
 
 
-def run_device(args) -> list[Row]:
-    from gpu_workloads import model_dir, random_prompts
+@dataclasses.dataclass
+class DeviceRuns:
+    """What every device mode shares: the dummy target, the engine arguments, the prompts."""
 
-    from pagedlm import LLM, SamplingParams
-    from pagedlm.spec_decode.config import SpeculativeConfig
+    model: str
+    root: Path
+    common: dict
+    prompts_of: dict[int, list[dict]]
+    max_tokens: int
 
-    root = Path(tempfile.mkdtemp())
-    model = model_dir("llama3-8b", root)
-    rng = random.Random(0)
-    common = dict(
-        load_format="dummy",
-        skip_tokenizer_init=True,
-        max_num_seqs=max(args.batches),
-        max_num_batched_tokens=2048,
-        graph_size_timing=False,
-    )
-    k_max = max(args.ks)
-    prompts_of = {
-        b: [{"prompt_token_ids": p} for p in random_prompts(rng, b, 128)] for b in args.batches
-    }
+    @classmethod
+    def of(cls, args) -> DeviceRuns:
+        from gpu_workloads import model_dir, random_prompts
 
-    # the whole batch, a few tokens: s22's first run at each batch of 32 or more (k 1, rate 0.5)
-    # was ~0.7x of the k 1 runs after it, likely the allocator's first blocks of that size
-    warm_up = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+        root = Path(tempfile.mkdtemp())
+        rng = random.Random(0)
+        common = dict(
+            load_format="dummy",
+            skip_tokenizer_init=True,
+            max_num_seqs=max(args.batches),
+            max_num_batched_tokens=2048,
+            graph_size_timing=False,
+        )
+        prompts_of = {
+            b: [{"prompt_token_ids": p} for p in random_prompts(rng, b, 128)] for b in args.batches
+        }
+        return cls(model_dir("llama3-8b", root), root, common, prompts_of, args.max_tokens)
 
-    def params(batch: int) -> SamplingParams:
-        tokens = args.max_tokens if batch == 1 else args.max_tokens // 2
+    @staticmethod
+    def warm_up():
+        """The whole batch, a few tokens: s22's first run at each batch of 32 or more (k 1, rate
+        0.5) was ~0.7x of the k 1 runs after it, likely the allocator's first blocks of that
+        size."""
+        from pagedlm import SamplingParams
+
+        return SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
+    def params(self, batch: int):
+        from pagedlm import SamplingParams
+
+        tokens = self.max_tokens if batch == 1 else self.max_tokens // 2
         return SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
 
+    def plain(self, batches: list[int], rows: list[Row]) -> dict[int, float]:
+        """Batch -> plain decoding's tok/s (rows appended, printed)."""
+        from pagedlm import LLM
+
+        plain = LLM(self.model, **self.common)
+        tok_s = {}
+        for batch in batches:
+            plain.generate(self.prompts_of[batch], self.warm_up(), use_tqdm=False)
+            seconds, tokens = timed_generate(plain, self.prompts_of[batch], self.params(batch))
+            tok_s[batch] = tokens / seconds
+            rows.append(Row("plain", batch, 0, None, tok_s[batch], 1.0, None))
+            print(rows[-1].line(), flush=True)
+        plain.shutdown()
+        return tok_s
+
+
+def run_device(args) -> list[Row]:
+    from pagedlm import LLM
+    from pagedlm.spec_decode.config import SpeculativeConfig
+
+    runs = DeviceRuns.of(args)
+    model, common, prompts_of, params = runs.model, runs.common, runs.prompts_of, runs.params
+    warm_up = runs.warm_up()
+    k_max = max(args.ks)
     if args.ab:
         return run_graphs_ab(args, model, common, prompts_of, params, warm_up)
     rows: list[Row] = []
-    plain = LLM(model, **common)
-    plain_tok_s = {}
-    for batch in args.batches:
-        plain.generate(prompts_of[batch], warm_up, use_tqdm=False)  # the batch's allocations
-        seconds, tokens = timed_generate(plain, prompts_of[batch], params(batch))
-        plain_tok_s[batch] = tokens / seconds
-        rows.append(Row("plain", batch, 0, None, plain_tok_s[batch], 1.0, None))
-        print(rows[-1].line(), flush=True)
-    plain.shutdown()
+    plain_tok_s = runs.plain(args.batches, rows)
     # every batch size speculates (the crossover's question), so the runner captures the
     # uniform graphs of every size (worker/spec_graphs.py); each run then sets its k
     spec = {"method": "ngram", "num_speculative_tokens": k_max,
@@ -246,6 +284,69 @@ def run_graphs_ab(args, model, common, prompts_of, params, warm_up) -> list[Row]
     return rows
 
 
+def run_draft(args) -> list[Row]:
+    """Plain decoding, then one draft-model engine at k = max(ks) whose runs set their k (the
+    scheduler's and the worker's per-batch-size k) and rate; each configuration with the
+    draft's graphs and without, alternating, twice; the faster of each pair counts. speedup:
+    over plain."""
+    from gpu_workloads import model_dir
+
+    from pagedlm import LLM
+    from pagedlm.spec_decode.config import SpeculativeConfig
+
+    runs = DeviceRuns.of(args)
+    rows: list[Row] = []
+    plain_tok_s = runs.plain(args.batches, rows)
+    k_max = max(args.ks)
+    spec = {"method": "draft_model", "model": model_dir("llama3-draft-0.3b", runs.root),
+            "num_speculative_tokens": k_max, "rejection_sample_method": "synthetic",
+            "synthetic_acceptance_rates": args.rates[0],
+            "num_speculative_tokens_per_batch_size": [[1, 4096, k_max]]}  # fmt: skip
+    llm = LLM(runs.model, speculative_config=spec, **runs.common)
+    scheduler = llm.llm_engine.engine_core.scheduler
+    runner = llm.llm_engine.engine_core.model_runner
+    draft_graphs = {"graphs": runner.graphs.draft, "eager": None}
+    assert draft_graphs["graphs"] is not None, "no draft graphs (PAGEDLM_DRAFT_GRAPHS=0?)"
+    for batch in args.batches:
+        prompts = runs.prompts_of[batch]
+        llm.generate(prompts, runs.warm_up(), use_tqdm=False)  # the batch's allocations
+        for rate in args.rates:
+            runner.spec._rates.fill_(rate)
+            for k in args.ks:
+                config = SpeculativeConfig.from_user(
+                    {**spec, "num_speculative_tokens_per_batch_size": [[1, 4096, k]]}
+                )
+                scheduler.spec.config = config
+                runner.spec._k_for_batch = config.num_spec_tokens_for_batch  # the draft's k
+                best = dict.fromkeys(draft_graphs, 0.0)
+                acceptance = None
+                for _ in range(2):
+                    for mode, graphs in draft_graphs.items():
+                        runner.graphs.draft = graphs
+                        before = snapshot(llm)
+                        seconds, tokens = timed_generate(llm, prompts, runs.params(batch))
+                        best[mode] = max(best[mode], tokens / seconds)
+                        acceptance = acceptance_since(llm, before)
+                runner.graphs.draft = draft_graphs["graphs"]
+                for mode, tok_s in best.items():
+                    speedup = tok_s / plain_tok_s[batch]
+                    rows.append(Row(mode, batch, k, rate, tok_s, speedup, acceptance))
+                    print(rows[-1].line(), flush=True)
+    llm.shutdown()
+    return rows
+
+
+def draft_ratio_lines(rows: list[Row]) -> list[str]:
+    """Per batch, k and rate: the draft's graphs over its eager single steps."""
+    tok_s = {(r.mode, r.batch, r.k, r.rate): r.tok_s for r in rows}
+    return [
+        f"graphs/eager  batch {batch:3}  k {k}  rate {rate:.1f}  "
+        f"{tok_s['graphs', batch, k, rate] / tok_s['eager', batch, k, rate]:.2f}x"
+        for mode, batch, k, rate in tok_s
+        if mode == "graphs"
+    ]
+
+
 def best_k_lines(rows: list[Row]) -> list[str]:
     """Per batch and rate: the fastest k and its speedup (below 1: plain decoding is faster)."""
     lines = []
@@ -261,12 +362,12 @@ def best_k_lines(rows: list[Row]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("where", choices=("cpu", "device"))
+    parser.add_argument("where", choices=("cpu", "device", "draft"))
     parser.add_argument("--batches", default=None, help="comma-separated batch sizes")
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--k", type=int, default=4, help="cpu: num_speculative_tokens")
-    parser.add_argument("--ks", default="1,2,3,4,5", help="device: the k values")
-    parser.add_argument("--rates", default="0.5,0.7,0.9", help="device: synthetic rates")
+    parser.add_argument("--ks", default=None, help="device: the k values (1..5; draft: 3,5)")
+    parser.add_argument("--rates", default=None, help="synthetic rates (0.5,0.7,0.9; draft: 0.7)")
     parser.add_argument("--threads", type=int, default=0, help="cpu: torch threads (0: torch's)")
     parser.add_argument("--json", default=None, help="write the rows here")
     parser.add_argument("--penalties", default="1,0,0", help="cpu: repetition,frequency,presence")
@@ -275,11 +376,15 @@ def main() -> None:
     on_cpu = args.where == "cpu"
     args.batches = [int(b) for b in (args.batches or ("1,16" if on_cpu else "1,32")).split(",")]
     args.max_tokens = args.max_tokens or (64 if on_cpu else 256)
-    args.ks = [int(k) for k in args.ks.split(",")]
-    args.rates = [float(r) for r in args.rates.split(",")]
-    rows = run_cpu(args) if on_cpu else run_device(args)
+    draft = args.where == "draft"
+    args.ks = [int(k) for k in (args.ks or ("3,5" if draft else "1,2,3,4,5")).split(",")]
+    args.rates = [float(r) for r in (args.rates or ("0.7" if draft else "0.5,0.7,0.9")).split(",")]
+    run = {"cpu": run_cpu, "device": run_device, "draft": run_draft}[args.where]
+    rows = run(args)
     print("\n" + "\n".join(row.line() for row in rows))
-    if not on_cpu and not args.ab:
+    if draft:
+        print("\n" + "\n".join(draft_ratio_lines(rows)))
+    elif not on_cpu and not args.ab:
         print("\n" + "\n".join(best_k_lines(rows)))
     if args.json:
         Path(args.json).write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))

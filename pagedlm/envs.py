@@ -123,6 +123,14 @@ ENVIRONMENT_VARIABLES = {
             "for A/B measurements)",
         ),
         EnvVar(
+            "PAGEDLM_DRAFT_GRAPHS",
+            "1",
+            _flag,
+            "0: the draft model of speculative decoding runs eagerly instead of replaying CUDA "
+            "graphs (spec_decode/draft_graphs.py; for A/B measurements); read when the runner "
+            "captures its graphs",
+        ),
+        EnvVar(
             "PAGEDLM_EXECUTE_MODEL_TIMEOUT_SECONDS",
             "300",
             _positive_seconds,
@@ -160,6 +168,7 @@ if TYPE_CHECKING:
     PAGEDLM_SPLIT_LARGE_DECODE: bool
     PAGEDLM_PREFILL_SPREAD: bool
     PAGEDLM_SLEEP_KEEP_ADDRESSES: bool
+    PAGEDLM_DRAFT_GRAPHS: bool
     PAGEDLM_EXECUTE_MODEL_TIMEOUT_SECONDS: float
     PAGEDLM_TP_ONE_DEVICE: bool
     TRITON_INTERPRET: bool

@@ -176,17 +176,19 @@ def draft_block_table(
 
 @dataclass(slots=True)
 class SingleSteps:
-    """What the k - 1 single-token steps share: the sampling requests' rows of the table."""
+    """What the k - 1 single-token steps share: the sampling requests' rows of the table. A CUDA
+    graph's (draft_graphs.py) are static buffers of its padded size, rows [S, P) padding."""
 
     block_table: torch.Tensor  # [S, C'] int32
     cols_held: torch.Tensor  # [S] int64: the leading columns that hold each request's blocks
     first_positions: torch.Tensor  # [S] int64: where each request's next token landed
-    query_start_loc: torch.Tensor  # [S + 1] int32: one query each
+    query_start_loc: torch.Tensor  # [S + 1] int32: one query each (a padding row: none)
+    max_seq_lens: torch.Tensor  # [S] int64: max_model_len (a padding row: 0, it attends to nothing)
     host_query_start_loc: torch.Tensor  # [S + 1] int32, on the host
     host_seq_len_bounds: np.ndarray  # [S] int64: at least each next token's seq_len
 
 
-def single_steps(step: DraftStep, first: DraftBatch) -> SingleSteps:
+def single_steps(step: DraftStep, first: DraftBatch, max_model_len: int) -> SingleSteps:
     num_samples = step.sample_seqs_np.shape[0]
     device = first.positions.device
     host_seq_lens = first.meta.seq_lens_cpu.numpy()[step.sample_seqs_np]
@@ -195,6 +197,7 @@ def single_steps(step: DraftStep, first: DraftBatch) -> SingleSteps:
         cols_held=first.cols_held.index_select(0, step.sample_seqs),
         first_positions=first.positions.index_select(0, first.logits_rows),
         query_start_loc=torch.arange(num_samples + 1, dtype=torch.int32, device=device),
+        max_seq_lens=torch.full((num_samples,), max_model_len, dtype=torch.int64, device=device),
         host_query_start_loc=torch.arange(num_samples + 1, dtype=torch.int32),
         host_seq_len_bounds=host_seq_lens.astype(np.int64),
     )
@@ -204,30 +207,49 @@ def single_step_inputs(
     shared: SingleSteps, token_ids: torch.Tensor, j: int, block_size: int, max_model_len: int
 ) -> DraftBatch:
     """Draft j + 1 (1 <= j < k) of each sampling request from token_ids [S] (draft j), at the
-    next token's position + j."""
-    num_samples = token_ids.shape[0]
+    next token's position + j (the eager path; host copies of bounds, or on the CPU of the
+    device tensors themselves)."""
+    bounds = np.minimum(shared.host_seq_len_bounds + j, max_model_len)  # [S]
+    on_host = token_ids.device.type == "cpu"
+    host_seq_lens = None if on_host else torch.from_numpy(bounds.astype(np.int32))
     positions = shared.first_positions + j  # [S]
-    rows = torch.arange(num_samples, device=token_ids.device)
+    return single_step_batch(
+        shared, token_ids, positions, block_size, max_model_len, int(bounds.max()), host_seq_lens
+    )
+
+
+def single_step_batch(
+    shared: SingleSteps,
+    token_ids: torch.Tensor,
+    positions: torch.Tensor,
+    block_size: int,
+    max_model_len: int,
+    max_seq_len: int,
+    host_seq_lens: torch.Tensor | None,
+) -> DraftBatch:
+    """One single-token step: token_ids [S] at positions [S] (unclamped), device work only (a
+    CUDA graph's body too). max_seq_len, host_seq_lens: the host copies (None: seq_lens itself,
+    on the CPU)."""
+    num_rows = token_ids.shape[0]
+    rows = torch.arange(num_rows, device=token_ids.device)
     slots = slot_mapping(
         shared.block_table, shared.cols_held, rows, positions, block_size, max_model_len
     )
-    positions = positions.clamp(max=max_model_len - 1)
-    seq_lens = (positions + 1).to(torch.int32)  # [S]
-    bounds = np.minimum(shared.host_seq_len_bounds + j, max_model_len)  # [S]
-    on_host = token_ids.device.type == "cpu"
+    clamped = positions.clamp(max=max_model_len - 1)
+    seq_lens = torch.minimum(clamped + 1, shared.max_seq_lens).to(torch.int32)  # [S]
     meta = AttentionMetadata(
-        num_tokens=num_samples,
-        num_seqs=num_samples,
+        num_tokens=num_rows,
+        num_seqs=num_rows,
         max_query_len=1,
-        max_seq_len=int(bounds.max()),
+        max_seq_len=max_seq_len,
         query_start_loc=shared.query_start_loc,
         seq_lens=seq_lens,
         slot_mapping=slots,
         block_table=shared.block_table,
         query_start_loc_cpu=shared.host_query_start_loc,
-        seq_lens_cpu=seq_lens if on_host else torch.from_numpy(bounds.astype(np.int32)),
+        seq_lens_cpu=seq_lens if host_seq_lens is None else host_seq_lens,
     )
-    return DraftBatch(token_ids, positions, meta, rows, shared.cols_held)
+    return DraftBatch(token_ids, clamped, meta, rows, shared.cols_held)
 
 
 def slot_mapping(
@@ -247,3 +269,10 @@ def slot_mapping(
     slots = block * block_size + positions % block_size
     held = (col < cols_held[seq]) & (col < num_cols) & (block != NULL_BLOCK_ID)
     return torch.where(held & (positions < max_model_len), slots, -1)
+
+
+def max_table_cols(max_model_len: int, block_size: int, k: int) -> int:
+    """The widest table draft_block_table makes for proposals of at most k drafts: a request's
+    columns of max_model_len positions (the target's table), then the more of its scratch
+    columns and its extra row's one."""
+    return -(-max_model_len // block_size) + max(-(-k // block_size), 1)

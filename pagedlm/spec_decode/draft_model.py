@@ -8,7 +8,10 @@ scratch blocks of the draft's own (draft_inputs.Scratch).
 
 After each target step is verified, `propose` records the emitted tokens and runs the draft's
 first forward over the step's inputs and each sampling request's next token, then k - 1
-single-token steps, all on the device with fixed shapes (no host sync). Drafts are the argmax
+single-token steps, all on the device with fixed shapes (no host sync). On CUDA they replay the
+draft's graphs (draft_graphs.py) where the runner holds them (the step's `graphs`): the single
+steps, and the first forward of a uniform step (every request sampling, with as many inputs);
+a ragged first forward, or a shape with no graph, runs eagerly. Drafts are the argmax
 (`draft_sample_method` greedy, or a greedy request), or draws from q = softmax(draft logits /
 the request's temperature) (probabilistic, random requests): the rejection sampler then needs q
 at each draft (`Drafts.probs`).
@@ -39,11 +42,14 @@ from pagedlm.sample.noise import mix64_, to_int64
 from pagedlm.sample.sampler import RandomParams
 from pagedlm.sample.tables import upload
 from pagedlm.spec_decode.draft_config import draft_scratch_blocks
+from pagedlm.spec_decode.draft_graphs import DraftGraphs, Shape
 from pagedlm.spec_decode.draft_inputs import (
     DraftBatch,
     DraftStep,
     Scratch,
+    SingleSteps,
     first_forward_inputs,
+    max_table_cols,
     single_step_inputs,
     single_steps,
 )
@@ -66,6 +72,7 @@ class ModelVerifiedStep(VerifiedStep):
     attn_metadata: AttentionMetadata  # the target's step (device tensors and host copies)
     input_ids: torch.Tensor  # [T] int64: the step's inputs, right at least where none samples
     sampling: RandomParams | None = None  # the R requests' (probabilistic drafts; None: greedy)
+    graphs: DraftGraphs | None = None  # the draft's, over its cache; None: it runs eagerly
 
     @classmethod
     def of(
@@ -73,6 +80,7 @@ class ModelVerifiedStep(VerifiedStep):
         step: VerifiedStep,
         attn_metadata: AttentionMetadata,
         sampling: RandomParams | None = None,
+        graphs: DraftGraphs | None = None,
     ) -> ModelVerifiedStep:
         """The worker's VerifiedStep with the rest of the step; the input ids from its device
         inputs (step_buffers.py): a request that does not sample has no placeholder, so its ids
@@ -84,7 +92,13 @@ class ModelVerifiedStep(VerifiedStep):
             input_ids = inputs.tensors["ids_table"].index_select(0, src)
         else:
             input_ids = inputs.prefix("input_ids", num_tokens)
-        return cls(**base, attn_metadata=attn_metadata, input_ids=input_ids, sampling=sampling)
+        return cls(
+            **base,
+            attn_metadata=attn_metadata,
+            input_ids=input_ids,
+            sampling=sampling,
+            graphs=graphs,
+        )
 
 
 class DraftModelProposer:
@@ -131,6 +145,23 @@ class DraftModelProposer:
         finally:
             self.kv_caches, self._pool_blocks = saved
 
+    def new_graphs(self, kv_caches: list[torch.Tensor] | None, shapes: list[Shape]) -> DraftGraphs:
+        """Uncaptured graphs of these shapes (draft_graph_shapes) over kv_caches (None: a trial
+        cache of one block, for the capture's bytes before the KV cache is sized: no graph
+        reads or writes it)."""
+        if kv_caches is None:
+            kv_caches = [self._new_kv_cache(1)] * self.config.num_layers
+        k = self.num_speculative_tokens
+        return DraftGraphs(
+            self.model,
+            kv_caches,
+            shapes,
+            max_table_cols(self.max_model_len, self.block_size, k),
+            self.block_size,
+            self.max_model_len,
+            keep_logits=self.probabilistic,
+        )
+
     def _new_kv_cache(self, num_blocks: int) -> torch.Tensor:
         """[2, num_blocks + the scratch blocks, block_size, Hkv, D]."""
         config = self.config
@@ -161,16 +192,17 @@ class DraftModelProposer:
         if not drafting:
             self._forward(first)
             return no_drafts(num_samples, width, step.token_ids.device)
-        drafts, probs = [], []
-        batch, shared = first, single_steps(draft_step, first)
-        for j in range(k):
-            if j > 0:
-                batch = single_step_inputs(
-                    shared, drafts[-1], j, self.block_size, self.max_model_len
-                )
-            token_ids, q = draw_drafts(self._logits(batch), step.sampling, j, self.probabilistic)
-            drafts.append(token_ids)
-            probs.append(q)
+        graphs = step.graphs
+        shape = None if graphs is None else graphs.first_shape(first, num_samples)
+        if shape is None:
+            token_ids, q = draw_drafts(self._logits(first), step.sampling, 0, self.probabilistic)
+        else:
+            graphs.load_first(first)
+            token_ids, q = self._replayed_step(graphs, shape, num_samples, step.sampling, 0)
+        drafts, probs = [token_ids], [q]
+        if k > 1:
+            shared = single_steps(draft_step, first, self.max_model_len)
+            self._single_steps(shared, step, drafts, probs, k)
         token_ids = torch.stack(drafts, dim=1)  # [R, k]
         num_drafts = torch.full_like(token_ids[:, 0], k)  # [R]
         q = None if probs[0] is None else torch.stack(probs, 1)  # [R, k, V]
@@ -190,6 +222,51 @@ class DraftModelProposer:
             sample_seqs_np=sample_seqs_np,
             next_positions=step.first_positions + step.num_accepted,
         )
+
+    def _single_steps(
+        self,
+        shared: SingleSteps,
+        step: ModelVerifiedStep,
+        drafts: list[torch.Tensor],
+        probs: list[torch.Tensor | None],
+        k: int,
+    ) -> None:
+        """Drafts 2..k ([R] each, and q) appended to drafts and probs: replays of the step's
+        draft graphs where one holds its R rows, else eager single steps."""
+        graphs, num_rows = step.graphs, drafts[0].shape[0]
+        shape = None if graphs is None else graphs.single_shape(num_rows)
+        if shape is not None:
+            graphs.load_single(shared, drafts[0])
+        for j in range(1, k):
+            if shape is None:
+                batch = single_step_inputs(
+                    shared, drafts[-1], j, self.block_size, self.max_model_len
+                )
+                logits = self._logits(batch)
+                token_ids, q = draw_drafts(logits, step.sampling, j, self.probabilistic)
+            else:
+                token_ids, q = self._replayed_step(graphs, shape, num_rows, step.sampling, j)
+            drafts.append(token_ids)
+            probs.append(q)
+
+    def _replayed_step(
+        self,
+        graphs: DraftGraphs,
+        shape: Shape,
+        num_rows: int,
+        sampling: RandomParams | None,
+        j: int,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draft j + 1 [R] (and q) from a replay of the loaded graph of `shape`: its argmax
+        are the greedy drafts; draws go over them, as a single step's next inputs."""
+        logits = graphs.replay(shape)  # [P, V] float32, or None (greedy drafts)
+        greedy = graphs.ids(num_rows)  # [R]
+        rows = None if logits is None else logits[:num_rows]
+        token_ids, q = draw_drafts(rows, sampling, j, self.probabilistic, greedy)
+        if q is None:  # the argmax: the buffer's, until the next replay
+            return token_ids.clone(), None
+        greedy.copy_(token_ids)
+        return token_ids, q
 
     def _forward(self, batch: DraftBatch) -> torch.Tensor:
         """[N, hidden_size]: the draft over one batch, its KV written at batch's slots."""
@@ -226,12 +303,17 @@ def draft_proposer(proposer: object) -> DraftModelProposer | None:
 
 
 def draw_drafts(
-    logits: torch.Tensor, sampling: RandomParams | None, j: int, probabilistic: bool
+    logits: torch.Tensor | None,
+    sampling: RandomParams | None,
+    j: int,
+    probabilistic: bool,
+    greedy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Draft j + 1 of each request [S] from the draft's logits [S, V] float32 and, when
     probabilistic and some request draws at random, q [S, V] (normalised; greedy requests take
-    the argmax, their verification ignores q)."""
-    greedy = logits.argmax(dim=-1)  # [S]
+    the argmax, their verification ignores q). greedy: the logits' argmax [S] where known (a
+    graph's), returned as the drafts when q is None (logits may then be None)."""
+    greedy = logits.argmax(dim=-1) if greedy is None else greedy  # [S]
     if not probabilistic or sampling is None:
         return greedy, None
     temperature = sampling.temperature

@@ -61,6 +61,7 @@ the kernels read the real per-sequence lengths from seq_lens on the device at ea
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -72,6 +73,8 @@ from pagedlm.config import EngineConfig
 from pagedlm.model.llama import LlamaForCausalLM, model_kv_groups
 from pagedlm.ops.argmax import greedy_pick
 from pagedlm.ops.stage_in import stage_in
+from pagedlm.spec_decode.draft_graphs import DraftGraphs
+from pagedlm.worker.graph_capture import warmed_up_graph
 from pagedlm.worker.group_tables import group_metadata
 from pagedlm.worker.sizes import MAX_LOGITS_ROWS, Moves, SizePolicy
 from pagedlm.worker.spec_graphs import Shape, SpecDecodeGraphs
@@ -130,12 +133,14 @@ class DecodeGraphs:
         *,
         sizes: SizePolicy,
         spec_shapes: Sequence[Shape] = (),
+        draft: DraftGraphs | None = None,
     ) -> None:
         """staging, host_ids: per host staging set, the set and its pinned int64 output of sampled ids
         ([>= largest staged size]), for the staged graphs (none when empty); sizes: the runner's,
         whose decode sizes these graphs are (captured, then kept by keep_fastest); spec_shapes:
         the uniform speculative steps' graphs (spec_graphs.py), captured in the same pool over
-        the same block table."""
+        the same block table; draft: the draft model's graphs (draft_graphs.py),
+        captured last in the same pool."""
         self._sizes = sizes
         self.max_size = sizes.max_decode_size
         self._max_model_len = config.model.max_model_len
@@ -174,6 +179,7 @@ class DecodeGraphs:
             if spec_shapes
             else None
         )
+        self.draft = draft
 
     @property
     def sizes(self) -> list[int]:
@@ -205,16 +211,12 @@ class DecodeGraphs:
                 self._fill_padding(size)
                 slots = range(len(self._staging)) if self.is_staged(size) else ()
                 for slot in (None, *slots):
-                    self._run(size, slot)  # warm-up
-                    graph = torch.cuda.CUDAGraph()
-                    graph.capture_begin(pool=pool)
-                    try:
-                        self._run(size, slot)
-                    finally:
-                        graph.capture_end()
-                    self._graphs[size, slot] = graph
+                    run = functools.partial(self._run, size, slot)
+                    self._graphs[size, slot] = warmed_up_graph(run, pool)
             if self.spec is not None:
                 self.spec.capture(pool)
+            if self.draft is not None:  # last: its replays write none of the above's outputs
+                self.draft.capture(pool)
         torch.cuda.current_stream(device).wait_stream(stream)
 
     def keep_fastest(self) -> Moves:

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from pagedlm import envs
 from pagedlm.attention.backend import AttentionMetadata, get_attention_backend
 from pagedlm.config import EngineConfig
 from pagedlm.core.block_pool import NULL_BLOCK_ID
@@ -62,6 +63,7 @@ from pagedlm.ops.jit_watch import compile_watch
 from pagedlm.sample.grammar_mask import apply_grammar_bitmask
 from pagedlm.sample.sampler import SamplerOutput
 from pagedlm.sample.state import SamplingState
+from pagedlm.spec_decode.draft_graphs import DraftGraphs, draft_graph_shapes
 from pagedlm.spec_decode.draft_model import DraftModelProposer, draft_proposer
 from pagedlm.worker import memory, sleep
 from pagedlm.worker.batch_layout import BatchLayout
@@ -353,15 +355,16 @@ class ModelRunner:
         log_graph_sizes_kept(moved, moved_piecewise, time.perf_counter() - start)
 
     def _new_graphs(
-        self, kv_caches: list[torch.Tensor]
+        self, kv_caches: list[torch.Tensor], trial: bool = False
     ) -> tuple[DecodeGraphs, PiecewiseGraphs | None]:
         """The piecewise graphs first: captured after the decode graphs, they made every batch-1 decode
         step slower though the decode graphs are the same, likely from where their memory lands
-        (benchmarks/RESULTS.md, "Measured choices")."""
+        (benchmarks/RESULTS.md, "Measured choices"). trial: the draft's graphs over a trial
+        cache of its own."""
         piecewise = self._new_piecewise_graphs(kv_caches)
-        return self._new_decode_graphs(kv_caches), piecewise
+        return self._new_decode_graphs(kv_caches, trial), piecewise
 
-    def _new_decode_graphs(self, kv_caches: list[torch.Tensor]) -> DecodeGraphs:
+    def _new_decode_graphs(self, kv_caches: list[torch.Tensor], trial: bool) -> DecodeGraphs:
         graphs = DecodeGraphs(
             self.config,
             self.model,
@@ -372,9 +375,20 @@ class ModelRunner:
             self._sampled_cpu,
             sizes=self.sizes,
             spec_shapes=spec_graph_shapes(self.config.speculative, self.sizes),
+            draft=self._new_draft_graphs(trial),
         )
         graphs.capture(self._graph_stream)
         return graphs
+
+    def _new_draft_graphs(self, trial: bool) -> DraftGraphs | None:
+        """The draft model's graphs (draft_graphs.py) over its KV cache (trial: a one-block
+        one); None without a draft model, where no batch size drafts, or under
+        PAGEDLM_DRAFT_GRAPHS=0."""
+        draft = self._draft()
+        if draft is None or not envs.PAGEDLM_DRAFT_GRAPHS:
+            return None
+        shapes = draft_graph_shapes(self.config.speculative, self.max_num_reqs, self.sizes)
+        return draft.new_graphs(None if trial else draft.kv_caches, shapes) if shapes else None
 
     def _new_piecewise_graphs(self, kv_caches: list[torch.Tensor]) -> PiecewiseGraphs | None:
         if self.config.cudagraph_mode != "FULL_AND_PIECEWISE":
@@ -391,7 +405,7 @@ class ModelRunner:
         so they are captured once it exists."""
         trial_kv_caches = [self._new_kv_cache(1) for _ in range(self.config.model.num_layers)]
         graphs, num_bytes = memory.device_bytes_taken(
-            self.device, lambda: self._new_graphs(trial_kv_caches)
+            self.device, lambda: self._new_graphs(trial_kv_caches, trial=True)
         )
         del graphs
         torch.cuda.empty_cache()

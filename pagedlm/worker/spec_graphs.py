@@ -26,6 +26,7 @@ the next replay of any of them); the rejection sampler reads rows [0, B x q) rig
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,7 @@ import torch
 from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.model.llama import LlamaForCausalLM
 from pagedlm.spec_decode.config import SpeculativeConfig
+from pagedlm.worker.graph_capture import warmed_up_graph
 from pagedlm.worker.group_tables import group_metadata
 from pagedlm.worker.sizes import SizePolicy
 from pagedlm.worker.step_buffers import StepBuffers
@@ -44,15 +46,19 @@ if TYPE_CHECKING:
 Shape = tuple[int, int]  # (sequences S, query tokens a sequence q)
 
 
-def spec_graph_shapes(spec: SpeculativeConfig | None, sizes: SizePolicy) -> list[Shape]:
-    """(S, q) of each graph, ascending (module notes): for each capture size S, q in 2..1 + the
-    most drafts a batch of (previous capture size, S] requests takes, within max_num_tokens."""
+def spec_graph_shapes(
+    spec: SpeculativeConfig | None, sizes: SizePolicy, min_query_len: int = 2
+) -> list[Shape]:
+    """(S, q) of each graph, ascending (module notes): for each capture size S where a batch
+    of (previous capture size, S] requests drafts, q in min_query_len..1 + the most drafts it
+    takes, within max_num_tokens (min_query_len 1: its steps without drafts too)."""
     if spec is None:
         return []
     shapes, previous = [], 0
     for size in sizes.capture_sizes:
         k = max(spec.num_spec_tokens_for_batch(b) for b in range(previous + 1, size + 1))
-        shapes += [(size, q) for q in range(2, k + 2) if size * q <= sizes.max_num_tokens]
+        queries = range(min_query_len, k + 2) if k else ()
+        shapes += [(size, q) for q in queries if size * q <= sizes.max_num_tokens]
         previous = size
     return shapes
 
@@ -112,14 +118,7 @@ class SpecDecodeGraphs:
         all-padding batch: no KV is read or written."""
         for shape in sorted(self.shapes, key=lambda sq: (sq[0] * sq[1], sq), reverse=True):
             self._fill_padding(shape)
-            self._run(shape)
-            graph = torch.cuda.CUDAGraph()
-            graph.capture_begin(pool=pool)
-            try:
-                self._run(shape)
-            finally:
-                graph.capture_end()
-            self._graphs[shape] = graph
+            self._graphs[shape] = warmed_up_graph(functools.partial(self._run, shape), pool)
 
     def replay(self, shape: Shape) -> torch.Tensor:
         """[S x q, hidden_size]: the hidden states of the padded batch (the graph's tensor)."""

@@ -188,7 +188,9 @@ class SpecWorker:
         sampling = None
         if self.proposer.probabilistic and not runner.sampler.is_greedy(layout.sample_rows_np):
             sampling = runner.sampler.make_batch(layout.sample_rows_np).random
-        return ModelVerifiedStep.of(step, runner._attention_metadata(plan, table), sampling)
+        graphs = None if runner.graphs is None else runner.graphs.draft  # over the real cache
+        meta = runner._attention_metadata(plan, table)
+        return ModelVerifiedStep.of(step, meta, sampling, graphs)
 
     def _verify(
         self, runner: ModelRunner, hidden: torch.Tensor, plan: StepPlan, grammar: GrammarRows | None

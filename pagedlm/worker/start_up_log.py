@@ -28,6 +28,8 @@ def log_graphs_captured(
         else f"{len(piecewise.sizes)} token counts ({piecewise.sizes[0]}..{piecewise.max_size})"
     )
     spec = "" if graphs.spec is None else f", {len(graphs.spec.shapes)} uniform speculative"
+    if graphs.draft is not None:
+        spec += f", {len(graphs.draft.shapes)} draft"
     logger.info(
         "CUDA graphs: %d pure-decode batch sizes (%d..%d)%s, piecewise %s, captured in %.2f s; "
         "they take %.3f GiB (reserved before sizing the KV cache: %s)",

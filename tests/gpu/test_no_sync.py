@@ -21,6 +21,7 @@ import dataclasses
 
 import pytest
 import torch
+from spec_decode.test_draft_graphs import count_draft_replays
 from test_spec_decode_gpu import count_spec_replays
 from tiny_hf_models import random_prompts, save_tiny_model, save_tiny_model_with_tokenizer
 from torch.profiler import ProfilerActivity, profile
@@ -223,24 +224,32 @@ def test_steady_state_steps_make_no_sync(folder, folder_with_tokenizer, monkeypa
         assert monitor.num_masked >= STEADY_STEPS // 2, vars(monitor)
 
 
-@pytest.mark.parametrize("synthetic", [False, True])
-def test_speculative_steps_make_no_sync(folder, synthetic: bool):
-    """The same workload with n-gram speculation (k = 3, matches of one token: the random
-    model's tokens recur): steps that verify drafts, mixed with prefills and plain decodes, make
-    no sync, penalised requests among them; every request gets exactly its max_tokens. synthetic: drafts every step, so the
-    uniform steps replay their full graphs (worker/spec_graphs.py). (A speculating request waits
-    for its step's output, so event waits may be exposed: not counted here.)"""
+@pytest.mark.parametrize("proposer", ["ngram", "synthetic", "draft_model"])
+def test_speculative_steps_make_no_sync(folder, proposer: str):
+    """The same workload with speculation (k = 3): n-gram drafts (matches of one token: the
+    random model's tokens recur), steps that verify drafts, mixed with prefills and plain
+    decodes, make no sync, penalised requests among them; every request gets exactly its
+    max_tokens. synthetic: drafts every step, so the uniform steps replay their full graphs
+    (worker/spec_graphs.py). draft_model: the target as its own draft (every draft accepted),
+    its uniform first forwards and its single steps replays of its graphs (draft_graphs.py). (A
+    speculating request waits for its step's output, so event waits may be exposed: not
+    counted here.)"""
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
             "prompt_lookup_max": 2}  # fmt: skip
-    if synthetic:
+    if proposer == "synthetic":
         spec |= {"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": 0.6}
+    if proposer == "draft_model":
+        spec = {"method": "draft_model", "model": str(folder), "num_speculative_tokens": 3}
     core = _engine(folder, speculative_config=spec)
     replays = count_spec_replays(core.model_runner)
+    draft_graphs = core.model_runner.graphs.draft
+    draft_replays = [] if draft_graphs is None else count_draft_replays(draft_graphs)
     work = Workload(core, penalise=True)
     for _ in range(WARMUP_STEPS):
         work.step()
     counters = core.scheduler.spec.counters
     drafts_before, replays_before = counters.num_drafts, len(replays)
+    draft_replays_before = len(draft_replays)
     torch.cuda.set_sync_debug_mode("error")
     try:
         for _ in range(STEADY_STEPS):
@@ -248,8 +257,11 @@ def test_speculative_steps_make_no_sync(folder, synthetic: bool):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert counters.num_drafts - drafts_before >= 10, counters
-    if synthetic:
+    if proposer == "synthetic":
         assert len(replays) - replays_before >= 3, replays
+    if proposer == "draft_model":
+        assert len(draft_replays) - draft_replays_before >= 20, draft_replays
+        assert any(r > 1 for _, r in draft_replays), draft_replays  # a first forward too
     work.drain()
     assert work.received == work.max_tokens
     assert counters.num_accepted_tokens > 0, counters

@@ -2,8 +2,8 @@
 weights' and KV cache's bytes by torch.cuda.mem_get_info, and after wake-up the graphs replay to
 the same greedy tokens (level 1; level 2 after reload_weights): by default the very graphs
 captured at start-up (the cuMem pools keep the addresses), with PAGEDLM_SLEEP_KEEP_ADDRESSES=0
-graphs captured again. Three engines built and destroyed leave torch.cuda.memory_allocated where
-it started."""
+graphs captured again; a draft model's graphs follow the target's. Three engines built and
+destroyed leave torch.cuda.memory_allocated where it started."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import weakref
 
 import pytest
 import torch
+from spec_decode.test_draft_graphs import count_draft_replays
 from tiny_hf_models import random_prompts
 
 from pagedlm import LLM, SamplingParams
@@ -93,3 +94,24 @@ def test_three_engines_leave_no_device_memory(checkpoints) -> None:
         free_after.append(free_bytes())
     # the driver's view, past what the first engine loaded for good (kernels, cuBLAS's handle)
     assert free_after[0] - free_after[2] < 16 << 20, free_after
+
+
+def test_the_draft_graphs_follow_the_targets_over_sleep(checkpoints, keep_addresses) -> None:
+    """A draft model (the target itself, k = 3): after sleep level 1 and wake-up the draft's
+    graphs are those of start-up (kept addresses) or, as the target's, captured again, over the
+    draft's KV cache then in use, and they replay to the same greedy tokens."""
+    folder = checkpoints["llama"][0]
+    spec = {"method": "draft_model", "model": str(folder), "num_speculative_tokens": 3}
+    llm = LLM(str(folder), speculative_config=spec, **ENGINE)
+    runner = llm.llm_engine.engine_core.model_runner
+    before = greedy(llm)
+    draft_graphs = weakref.ref(runner.graphs.draft)  # weak: as the target's (above)
+    llm.sleep(level=1)
+    assert (runner.graphs is not None and runner.graphs.draft is draft_graphs()) == keep_addresses
+    llm.wake_up()
+    graphs = runner.graphs.draft
+    assert (graphs is draft_graphs()) == keep_addresses
+    assert graphs._kv_caches is runner._draft().kv_caches
+    replays = count_draft_replays(graphs)
+    assert greedy(llm) == before and replays
+    llm.shutdown()

@@ -34,15 +34,6 @@ MAX_MODEL_LEN = 64
 NUM_COLS = MAX_MODEL_LEN // BLOCK_SIZE
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    """(target folder, draft folder, the draft as a transformers model, the target as one)."""
-    target = tmp_path_factory.mktemp("target")
-    draft = tmp_path_factory.mktemp("draft")
-    hf_target = save_tiny_model(target, "llama", seed=1)
-    return target, draft, save_tiny_model(draft, "qwen3", seed=2), hf_target
-
-
 def spec_args(target, draft, **spec) -> EngineArgs:
     config = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": K, **spec}
     return EngineArgs(
