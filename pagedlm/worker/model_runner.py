@@ -216,8 +216,9 @@ class ModelRunner:
             )
         if self.use_cuda:
             self.weights_bytes = torch.cuda.memory_allocated(self.device) - before
-        if (draft := self._draft()) is not None:  # after the target's weights_bytes
-            draft.load_model()
+        if (draft := self.draft_model()) is not None:  # after the target's weights_bytes
+            with self.pools.use("weights"):
+                draft.load_model()
         # the most rows the LM head takes at once: a step's sampling rows (but a replay's where every
         # row samples, which runs at its graph size) or a chunk of prompt-logprob rows
         spec = self.config.speculative  # 1 + k logits rows a speculating request
@@ -254,9 +255,9 @@ class ModelRunner:
                 layer: i for _, layers in self.kv_groups for i, layer in enumerate(layers)
             }
             self.kv_caches = [tensors[tensor_of_layer[layer]] for layer in sorted(tensor_of_layer)]
+            if (draft := self.draft_model()) is not None:  # the same block ids
+                draft.allocate_kv_cache(num_blocks)
         self.input_batch.num_kv_blocks = num_blocks
-        if (draft := self._draft()) is not None:  # the same block ids
-            draft.allocate_kv_cache(num_blocks)
 
     def prepare_steps(self, start_up: bool = True) -> None:
         """Over the weights and KV cache now held: the graphs' capture, the kernels' warm-up. Not
@@ -302,7 +303,7 @@ class ModelRunner:
                 None,
             )
             first_block, cache_bytes = 0, cache.numel() * cache.element_size()
-        draft = self._draft()
+        draft = self.draft_model()
         draft_cache = (
             contextlib.nullcontext(0)
             if draft is None or kv_cache_blocks is None
@@ -322,7 +323,7 @@ class ModelRunner:
                     self.graphs, self.piecewise = saved[2:]
                     self.input_batch.forget_previous_step()
 
-    def _draft(self) -> DraftModelProposer | None:
+    def draft_model(self) -> DraftModelProposer | None:
         """The draft model of speculative decoding (spec_decode/draft_model.py), if any."""
         return None if self.spec is None else draft_proposer(self.spec.proposer)
 
@@ -384,7 +385,7 @@ class ModelRunner:
         """The draft model's graphs (draft_graphs.py) over its KV cache (trial: a one-block
         one); None without a draft model, where no batch size drafts, or under
         PAGEDLM_DRAFT_GRAPHS=0."""
-        draft = self._draft()
+        draft = self.draft_model()
         if draft is None or not envs.PAGEDLM_DRAFT_GRAPHS:
             return None
         shapes = draft_graph_shapes(self.config.speculative, self.max_num_reqs, self.sizes)

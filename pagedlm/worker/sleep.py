@@ -6,7 +6,9 @@ kept, they are host memory already); level 2 keeps only each weight's shape and 
 wake_up(["weights"]) gives them back uninitialised, to be filled by reload_weights or a weight
 update. The model's buffers (RoPE tables) stay either way. The KV
 cache is dropped whole and allocated again, zeroed, on wake_up(["kv_cache"]); the prefix cache
-that pointed into it is reset by the engine core first.
+that pointed into it is reset by the engine core first. A speculative draft model sleeps with
+them: its KV cache as the target's, its weights moved to host memory at either level (no
+weight update or reload reaches a draft, so level 2 could not give them back).
 
 The CUDA graphs bind the addresses of both. On CUDA, where worker/cumem.py works (MemoryPools),
 the addresses are kept: the weights and the KV cache live in cuMem pools, one per tag; sleep
@@ -57,6 +59,8 @@ class SleepingParts:
 
     weights: dict[str, _AsleepWeight] | None = None  # by parameter name, while weights sleep
     host_copy: HostCopy | None = None  # level 1 on CUDA: the buffer weights' host views are in
+    draft_weights: dict[str, _AsleepWeight] | None = None  # the draft model's, while they sleep
+    draft_host_copy: HostCopy | None = None
     num_kv_blocks: int | None = None  # while the KV cache sleeps
     kept: list[torch.Tensor] | None = None  # kept addresses: the tensors host_copy has values of
 
@@ -121,20 +125,27 @@ def release(runner: ModelRunner, parts: SleepingParts, level: int, tags: set[str
 
 def _free(runner: ModelRunner, parts: SleepingParts, level: int, tags: set[str]) -> None:
     runner.graphs = runner.piecewise = None  # they bind the addresses of both
+    draft = runner.draft_model()
     if "kv_cache" in tags:
         parts.num_kv_blocks = runner.input_batch.num_kv_blocks
         runner.kv_caches = []
+        if draft is not None:
+            draft.kv_caches = []
     if "weights" in tags:
         parts.weights, parts.host_copy = _release_weights(runner.model, keep_values=level == 1)
+        if draft is not None:
+            parts.draft_weights, parts.draft_host_copy = _release_weights(draft.model, True)
 
 
 def _unmap(runner: ModelRunner, parts: SleepingParts, level: int, tags: set[str]) -> None:
     torch.cuda.synchronize(runner.device)  # nothing may still read or write the pools
     if "weights" in tags:
-        model = runner.model
+        model, draft = runner.model, runner.draft_model()
         kept = [b for b in model.buffers() if b.device.type == "cuda"]
         if level == 1:
             kept += [p.data for p in model.parameters() if p.device.type == "cuda"]
+        if draft is not None:  # in the weights' pool too (ModelRunner.load_model)
+            kept += [t for t in _tensors(draft.model) if t.device.type == "cuda"]
         parts.kept, parts.host_copy = kept, HostCopy(kept) if kept else None
         runner.pools.sleep("weights")
         if level == 2:
@@ -159,9 +170,12 @@ def _reallocate(runner: ModelRunner, parts: SleepingParts, tags: set[str]) -> No
         if any(weight.host is None for weight in parts.weights.values()):
             logger.info("wake_up: the weights (level 2) are uninitialised until reload_weights")
         _restore_weights(runner.model, parts.weights, runner.device)
-        if parts.host_copy is not None:
-            parts.host_copy.free()
-        parts.weights = parts.host_copy = None
+        if parts.draft_weights is not None:
+            _restore_weights(runner.draft_model().model, parts.draft_weights, runner.device)
+        for host_copy in (parts.host_copy, parts.draft_host_copy):
+            if host_copy is not None:
+                host_copy.free()
+        parts.weights = parts.host_copy = parts.draft_weights = parts.draft_host_copy = None
     if "kv_cache" in tags:
         runner.allocate_kv_cache(parts.num_kv_blocks)
         parts.num_kv_blocks = None
@@ -180,8 +194,19 @@ def _remap(runner: ModelRunner, parts: SleepingParts, tags: set[str]) -> None:
         parts.kept = parts.host_copy = None
     if "kv_cache" in tags and runner.pools.asleep("kv_cache"):
         runner.pools.wake("kv_cache")
-        for cache in runner.kv_caches:  # new physical memory holds anything; padding reads it
+        for cache in _kv_caches(runner):  # new physical memory holds anything; padding reads it
             cache.zero_()
+
+
+def _tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.data for p in model.parameters()] + list(model.buffers())
+
+
+def _kv_caches(runner: ModelRunner) -> list[torch.Tensor]:
+    """The target's KV tensors and the draft model's (KV cache groups' layers share tensors)."""
+    draft = runner.draft_model()
+    caches = runner.kv_caches + ([] if draft is None else draft.kv_caches)
+    return list({id(cache): cache for cache in caches}.values())
 
 
 def _release_weights(
@@ -258,11 +283,12 @@ def _device_free_bytes(device: torch.device) -> int:
 
 
 def memory_footprint(runner: ModelRunner) -> dict[str, Any]:
-    """collective_rpc("memory_footprint"): bytes held by the weights and the KV cache now, and on
-    CUDA the device's allocated and free bytes."""
-    weights = sum(p.numel() * p.element_size() for p in runner.model.parameters())
-    tensors = {id(c): c for c in runner.kv_caches}.values()  # KV cache groups' layers share
-    kv_cache = sum(c.numel() * c.element_size() for c in tensors)
+    """collective_rpc("memory_footprint"): bytes held by the weights and the KV cache now (a
+    draft model's included), and on CUDA the device's allocated and free bytes."""
+    draft = runner.draft_model()
+    models = [runner.model] + ([] if draft is None else [draft.model])
+    weights = sum(p.numel() * p.element_size() for m in models for p in m.parameters())
+    kv_cache = sum(c.numel() * c.element_size() for c in _kv_caches(runner))
     if runner.pools.asleep("weights"):  # kept addresses: the tensors stay, unmapped
         weights = 0
     if runner.pools.asleep("kv_cache"):

@@ -97,8 +97,8 @@ def test_three_engines_leave_no_device_memory(checkpoints) -> None:
 
 
 def test_the_draft_graphs_follow_the_targets_over_sleep(checkpoints, keep_addresses) -> None:
-    """A draft model (the target itself, k = 3): after sleep level 1 and wake-up the draft's
-    graphs are those of start-up (kept addresses) or, as the target's, captured again, over the
+    """A draft model (the target itself, k = 3): asleep, its weights and KV cache are released
+    with the target's; after wake-up the draft's graphs are those of start-up (kept addresses) or, as the target's, captured again, over the
     draft's KV cache then in use, and they replay to the same greedy tokens."""
     folder = checkpoints["llama"][0]
     spec = {"method": "draft_model", "model": str(folder), "num_speculative_tokens": 3}
@@ -108,10 +108,12 @@ def test_the_draft_graphs_follow_the_targets_over_sleep(checkpoints, keep_addres
     draft_graphs = weakref.ref(runner.graphs.draft)  # weak: as the target's (above)
     llm.sleep(level=1)
     assert (runner.graphs is not None and runner.graphs.draft is draft_graphs()) == keep_addresses
+    footprint = llm.collective_rpc("memory_footprint")[0]  # the draft's weights and KV included
+    assert footprint["weights_bytes"] == 0 and footprint["kv_cache_bytes"] == 0, footprint
     llm.wake_up()
     graphs = runner.graphs.draft
     assert (graphs is draft_graphs()) == keep_addresses
-    assert graphs._kv_caches is runner._draft().kv_caches
+    assert graphs._kv_caches is runner.draft_model().kv_caches
     replays = count_draft_replays(graphs)
     assert greedy(llm) == before and replays
     llm.shutdown()

@@ -111,3 +111,32 @@ def test_sleep_needs_enable_sleep_mode(tiny_dir: Path) -> None:
     other = make_llm(tiny_dir, enable_sleep_mode=False, num_gpu_blocks_override=8)
     with pytest.raises(InvalidRequest, match="enable_sleep_mode"):
         other.sleep()
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_a_draft_model_sleeps_with_the_target(tiny_dir: Path, level: int) -> None:
+    """speculative_config draft_model (the target itself, so every greedy draft is accepted): its
+    KV cache goes and its weights stay on the host at either level (a reload or weight update
+    never reaches a draft), so it drafts as before once awake."""
+    spec = {"method": "draft_model", "model": str(tiny_dir), "num_speculative_tokens": 3}
+    llm = make_llm(tiny_dir, speculative_config=spec, num_gpu_blocks_override=32)
+    draft = runner(llm).draft_model()
+    outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    before = [out.outputs[0].token_ids for out in outputs]
+    draft_kv = weakref.ref(draft.kv_caches[0])
+    llm.sleep(level=level)
+    assert draft_kv() is None and draft.kv_caches == []
+    assert all(p.numel() == 0 for p in draft.model.parameters())
+    footprint = llm.collective_rpc("memory_footprint")[0]
+    assert footprint == {"weights_bytes": 0, "kv_cache_bytes": 0}
+    llm.wake_up(tags=["weights"])
+    if level == 2:  # the target's weights come back uninitialised
+        llm.collective_rpc("reload_weights", kwargs={"weights_path": str(tiny_dir)})
+    llm.wake_up(tags=["kv_cache"])
+    assert all(p.numel() > 0 for p in draft.model.parameters()) and draft.kv_caches
+    outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert [out.outputs[0].token_ids for out in outputs] == before
+    metrics = [out.outputs[0].spec_decode_metrics for out in outputs]
+    assert all(m is not None and m.num_draft_tokens > 0 for m in metrics), metrics
+    assert all(m.num_accepted_draft_tokens == m.num_draft_tokens for m in metrics), metrics
+    llm.shutdown()
