@@ -69,10 +69,10 @@ class CachedRequestData:
 @dataclass(slots=True)
 class GrammarBitmask:
     """The token bitmask of a step's constrained rows (structured outputs): bit j of row m allows
-    token j for the step's `sample_indices[m]`-th sampling request (in batch order). The arrays
+    token j for the step's `logits_rows[m]`-th sampling request (in batch order). The arrays
     are views of the worker's pinned staging rows for the step (ModelRunner.grammar_bitmask)."""
 
-    sample_indices: np.ndarray  # [M] int64, increasing
+    logits_rows: np.ndarray  # [M] int64, increasing
     bitmask: np.ndarray  # [M, ceil(vocab_size / 32)] int32
 
 
@@ -136,8 +136,11 @@ class ModelRunnerOutput:
     logprobs: list[list[Logprobs]] | None = None  # parallel to sampled_token_ids, when asked
     prompt_logprobs: dict[str, list[Logprobs | None]] = field(default_factory=dict)
     step_id: int = 0
-    # Speculative decoding: the drafts the worker now holds per request (parallel to req_ids)
+    # Speculative decoding: the drafts the worker now holds per request (parallel to req_ids),
+    # and their ids (a constrained request's are checked against its grammar before they are
+    # verified: core/spec_plan.py)
     num_draft_tokens: list[int] | None = None
+    draft_token_ids: list[list[int]] | None = None
 
 
 @dataclass(slots=True)

@@ -300,9 +300,13 @@ class Scheduler:
         the accepted drafts."""
         if self.spec is None:
             return 0
-        held = runner_output.num_draft_tokens
+        held, held_ids = runner_output.num_draft_tokens, runner_output.draft_token_ids
         return self.spec.verified(
-            request, num_drafts, len(token_ids), None if held is None else held[index]
+            request,
+            num_drafts,
+            len(token_ids),
+            None if held is None else held[index],
+            None if held_ids is None else held_ids[index],
         )
 
     def _new_prompt_logprobs(

@@ -16,7 +16,9 @@ for its token; other requests keep the pipeline full.
 
 Requests with penalties or bad words speculate: the worker's sampler reads each verify
 position's history as the outputs plus the drafts before it (sample/state.py make_batch).
-Constrained ones (the matcher would have to roll back) decode without drafts.
+Constrained ones (structured outputs) speculate too: their drafts come back with each output, the
+longest prefix the grammar accepts is verified (the rest would be rejected anyway), and the engine
+core fills a bitmask row for each of its positions (structured_outputs/manager.py).
 """
 
 from __future__ import annotations
@@ -26,10 +28,6 @@ from dataclasses import dataclass, field
 from pagedlm.request import Request, RequestStatus
 from pagedlm.spec_decode.config import SpeculativeConfig
 from pagedlm.spec_decode.metrics import SpecDecodeCounters
-
-
-def may_speculate(request: Request) -> bool:
-    return request.structured_output is None
 
 
 def _drafts_in_flight(request: Request) -> bool:
@@ -47,6 +45,7 @@ class SpecPlanner:
     max_model_len: int
     counters: SpecDecodeCounters = field(init=False)
     _num_drafts: dict[str, int] = field(default_factory=dict)  # drafts the worker holds
+    _draft_ids: dict[str, list[int]] = field(default_factory=dict)  # theirs, constrained requests
 
     def __post_init__(self) -> None:
         self.counters = SpecDecodeCounters(self.config.num_speculative_tokens)
@@ -55,7 +54,7 @@ class SpecPlanner:
         """A request that may speculate waits while a step of it is in flight; one whose step
         in flight verifies drafts waits whatever this batch's k (its next position depends on
         the verdict, even where the batch has grown past speculating)."""
-        if request.num_output_placeholders == 0 or not may_speculate(request):
+        if request.num_output_placeholders == 0:
             return False
         return _drafts_in_flight(request) or self.config.num_spec_tokens_for_batch(batch_size) > 0
 
@@ -66,10 +65,9 @@ class SpecPlanner:
             held == 0
             or request.num_output_placeholders
             or request.num_computed_tokens != request.num_tokens - 1
-            or not may_speculate(request)
         ):
             return 0
-        return max(
+        num = max(
             min(
                 held,
                 self.config.num_spec_tokens_for_batch(batch_size),
@@ -79,13 +77,25 @@ class SpecPlanner:
             ),
             0,
         )
+        grammar = request.structured_output
+        if grammar is not None and num:  # the drafts its grammar accepts (the bitmask's rows)
+            num = grammar.schedule_drafts(self._draft_ids[request.request_id][:num])
+        return num
 
     def verified(
-        self, request: Request, num_drafts: int, num_emitted: int, num_held_next: int | None
+        self,
+        request: Request,
+        num_drafts: int,
+        num_emitted: int,
+        num_held_next: int | None,
+        held_ids: list[int] | None = None,
     ) -> int:
         """A step of `request` verified num_drafts drafts and emitted num_emitted tokens; the
-        worker now holds num_held_next drafts for it (None: none). Returns the accepted drafts."""
+        worker now holds num_held_next drafts for it (None: none), held_ids (kept for a
+        constrained request). Returns the accepted drafts."""
         self._num_drafts[request.request_id] = num_held_next or 0
+        if request.structured_output is not None and num_held_next:
+            self._draft_ids[request.request_id] = held_ids or []  # none known: none verified
         if num_drafts == 0:
             return 0
         num_accepted = num_emitted - 1
@@ -101,3 +111,4 @@ class SpecPlanner:
     def forget(self, req_id: str) -> None:
         """The request left the worker (finished or preempted): its drafts are gone."""
         self._num_drafts.pop(req_id, None)
+        self._draft_ids.pop(req_id, None)

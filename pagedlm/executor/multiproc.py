@@ -33,7 +33,6 @@ import weakref
 from collections import deque
 from typing import Any
 
-import numpy as np
 import zmq
 
 from pagedlm import envs
@@ -42,6 +41,7 @@ from pagedlm.core.sched_output import GrammarBitmask, ModelRunnerOutput, Schedul
 from pagedlm.distributed.shm_broadcast import BroadcastWriter, Timeout
 from pagedlm.distributed.weight_shards import split_update_call
 from pagedlm.executor.base import WorkerFailed
+from pagedlm.worker.grammar_inputs import new_grammar_rows
 
 logger = logging.getLogger(__name__)
 
@@ -112,12 +112,8 @@ class MultiprocExecutor:
         self._launched_step_id = sched.step_id
 
     def grammar_bitmask(self, num_words: int) -> GrammarBitmask:
-        """Rows [max_num_seqs, num_words] here (each rank copies the filled ones into its own
-        pinned rows)."""
-        rows = self.config.scheduler.max_num_seqs
-        return GrammarBitmask(
-            np.zeros(rows, dtype=np.int64), np.zeros((rows, num_words), dtype=np.int32)
-        )
+        """Host rows here (each rank copies the filled ones into its own pinned rows)."""
+        return new_grammar_rows(self.config, num_words)
 
     def sample_tokens(self, grammar: GrammarBitmask | None) -> RemoteOutput:
         self._enqueue_step(("sample_tokens", grammar), self._launched_step_id)

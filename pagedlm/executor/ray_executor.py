@@ -23,13 +23,12 @@ import logging
 import socket
 from typing import Any
 
-import numpy as np
-
 from pagedlm import envs
 from pagedlm.config import EngineConfig
 from pagedlm.core.sched_output import GrammarBitmask, ModelRunnerOutput, SchedulerOutput
 from pagedlm.distributed.weight_shards import split_update_call
 from pagedlm.executor.base import WorkerFailed
+from pagedlm.worker.grammar_inputs import new_grammar_rows
 
 logger = logging.getLogger(__name__)
 
@@ -133,10 +132,8 @@ class RayExecutor:
         self._launched_step_id = sched.step_id
 
     def grammar_bitmask(self, num_words: int) -> GrammarBitmask:
-        rows = self.config.scheduler.max_num_seqs
-        return GrammarBitmask(
-            np.zeros(rows, dtype=np.int64), np.zeros((rows, num_words), dtype=np.int32)
-        )
+        """Host rows here (each rank copies the filled ones into its own pinned rows)."""
+        return new_grammar_rows(self.config, num_words)
 
     def sample_tokens(self, grammar: GrammarBitmask | None) -> RayOutput:
         import ray

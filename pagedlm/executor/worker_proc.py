@@ -85,8 +85,8 @@ def stage_grammar(runner: ModelRunner, grammar: GrammarBitmask | None) -> Gramma
         return None
     num_rows, num_words = grammar.bitmask.shape
     rows = runner.grammar_bitmask(num_words)
-    staged = GrammarBitmask(rows.sample_indices[:num_rows], rows.bitmask[:num_rows])
-    staged.sample_indices[:] = grammar.sample_indices
+    staged = GrammarBitmask(rows.logits_rows[:num_rows], rows.bitmask[:num_rows])
+    staged.logits_rows[:] = grammar.logits_rows
     staged.bitmask[:] = grammar.bitmask
     return staged
 

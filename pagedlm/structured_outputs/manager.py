@@ -9,7 +9,14 @@ only when nothing else can run, and counts each such wait.
 
 A step's bitmask is filled after its forward is launched (engine_core.py): `constrained_rows` when
 it is scheduled, `fill` once the steps before it are collected (their tokens advance the matchers),
-straight into the worker's pinned staging rows, while the device runs the forward."""
+straight into the worker's pinned staging rows, while the device runs the forward.
+
+Speculative decoding: a constrained request verifies only the drafts its grammar accepts
+(GrammarState.schedule_drafts, from the scheduler), and has a bitmask row at each of its 1 + n
+logits rows: row j masks the target's distribution after drafts 1..j, so the rejection sampler
+verifies and resamples within the grammar (exactly: the target's masked distribution is what it
+samples from). The fill advances the matchers over the drafts and rolls them back; the emitted
+tokens advance them when the step is collected, as any token."""
 
 from __future__ import annotations
 
@@ -21,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -55,11 +62,14 @@ class StructuredOutputStats:
 
 @dataclass(slots=True)
 class ConstrainedRows:
-    """A step's constrained sampling rows: their positions among its sampling rows (batch order)
-    and their requests' grammars."""
+    """A step's constrained logits rows (one per sampling request, or 1 + n for one that
+    verifies n drafts; the step's logits rows are its sampling requests' in batch order), and
+    their requests' grammars and drafts."""
 
-    sample_indices: np.ndarray  # [M] int64, increasing
-    states: list[GrammarState]
+    logits_rows: np.ndarray  # [M] int64, increasing
+    states: list[GrammarState]  # [C] the constrained requests'
+    drafts: list[list[int]]  # [C] each one's drafts verified this step
+    first_rows: list[int]  # [C] each one's first row among the M
 
 
 @dataclass(slots=True, eq=False)
@@ -70,6 +80,7 @@ class GrammarState:
     deadline: float  # time.monotonic() past which a compile still running fails the request
     matcher: xgr.GrammarMatcher | None = None
     error: str | None = None
+    drafts: list[int] = field(default_factory=list)  # verified by its next step (speculation)
 
     def is_ready(self) -> bool:
         if self.matcher is None and self.error is None and self.future.done():
@@ -90,6 +101,20 @@ class GrammarState:
             logger.warning("structured outputs: token %d is outside the grammar", token_id)
             return True
         return self.matcher.is_terminated()
+
+    def schedule_drafts(self, drafts: list[int]) -> int:
+        """How many of `drafts` the next step verifies: the longest prefix the grammar accepts
+        (a draft past one that ends it, or that it refuses, would be rejected anyway: the
+        target's masked distribution gives it no mass); kept for the step's bitmask (fill)."""
+        num = 0
+        for token_id in drafts:
+            if self.matcher.is_terminated() or not self.matcher.accept_token(token_id):
+                break
+            num += 1
+        if num:
+            self.matcher.rollback(num)
+        self.drafts = drafts[:num]
+        return num
 
 
 class StructuredOutputManager:
@@ -157,29 +182,56 @@ class StructuredOutputManager:
     ) -> ConstrainedRows | None:
         """The step's constrained sampling rows, taken when it is scheduled (a request may finish
         before its bitmask is filled); None when it has none."""
-        positions, states = [], []
-        for position, req_id in enumerate(_sampling_order(sched.num_scheduled_tokens, sched)):
+        logits_rows, states, drafts, first_rows = [], [], [], []
+        drafted, next_row = sched.num_draft_tokens, 0
+        for req_id in _sampling_order(sched.num_scheduled_tokens, sched):
+            num_rows = 1 + drafted.get(req_id, 0)
             state = requests[req_id].structured_output
             if state is not None:
-                positions.append(position)
+                step_drafts = state.drafts if num_rows > 1 else []  # else stale, or none
+                assert len(step_drafts) == num_rows - 1, "drafts not scheduled by the grammar"
+                first_rows.append(len(logits_rows))
+                logits_rows.extend(range(next_row, next_row + num_rows))
                 states.append(state)
+                drafts.append(step_drafts)
+            next_row += num_rows
         if not states:
             return None
-        return ConstrainedRows(np.array(positions, dtype=np.int64), states)
+        return ConstrainedRows(np.array(logits_rows, dtype=np.int64), states, drafts, first_rows)
 
     def fill(self, rows: ConstrainedRows, out: GrammarBitmask) -> GrammarBitmask:
-        """The rows' sampling positions and bitmask, written into the first M rows of `out` (the
-        worker's staging rows, `num_words` wide: no copy on the host). Every matcher must have seen all its request's
-        tokens but this step's (the engine core collects the steps before first). A matcher that
-        ended meanwhile (its request finished: this step's token is dropped) allows every token."""
-        num_rows = len(rows.states)
-        filled = GrammarBitmask(out.sample_indices[:num_rows], out.bitmask[:num_rows])
-        filled.sample_indices[:] = rows.sample_indices
-        live = [i for i, state in enumerate(rows.states) if not state.matcher.is_terminated()]
-        if len(live) < num_rows:
-            filled.bitmask[:] = -1
-        matchers = [rows.states[i].matcher for i in live]
-        self._batch_matcher().batch_fill_next_token_bitmask(matchers, filled.bitmask, live)
+        """The rows' logits rows and bitmask, written into the first M rows of `out` (the
+        worker's staging rows, `num_words` wide: no copy on the host). Every matcher must have
+        seen all its request's tokens but this step's (the engine core collects the steps before
+        first). Draft j + 1's row is filled after the matcher took drafts 1..j (round j; every
+        request's row of a round in one batch fill), then the drafts are rolled back. A matcher
+        that ended (its request finished: this step's tokens are dropped; or at a draft that
+        ends the grammar: what follows is dropped) allows every token."""
+        num_rows = len(rows.logits_rows)
+        filled = GrammarBitmask(out.logits_rows[:num_rows], out.bitmask[:num_rows])
+        filled.logits_rows[:] = rows.logits_rows
+        matchers = [state.matcher for state in rows.states]
+        active = [c for c, matcher in enumerate(matchers) if not matcher.is_terminated()]
+        unfilled = np.ones(num_rows, dtype=bool)
+        num_taken = [0] * len(matchers)  # drafts each matcher took here, to roll back
+        filler, j = self._batch_matcher(), 0
+        while active:
+            row_indices = [rows.first_rows[c] + j for c in active]
+            filler.batch_fill_next_token_bitmask(
+                [matchers[c] for c in active], filled.bitmask, row_indices
+            )
+            unfilled[row_indices] = False
+            active = [c for c in active if j < len(rows.drafts[c])]
+            for c in active:  # schedule_drafts took none past one that ends the grammar
+                matchers[c].accept_token(rows.drafts[c][j])
+                num_taken[c] += 1
+            active = [c for c in active if not matchers[c].is_terminated()]
+            j += 1
+        for matcher, num in zip(matchers, num_taken):
+            if num:
+                matcher.rollback(num)
+        if unfilled.any():
+            filled.bitmask[unfilled] = -1
         return filled
 
     def _batch_matcher(self) -> xgr.BatchGrammarMatcher:

@@ -4,19 +4,38 @@ non-blocking copy each takes it into the device pair the sampler's mask reads.""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import numpy as np
 import torch
 
 from pagedlm.core.sched_output import GrammarBitmask
 
-GrammarRows = tuple[torch.Tensor, torch.Tensor]  # indices [M] int64, bitmask [M, W] int32
-# (the staging pairs: indices [max_num_reqs], bitmask flat [max_num_reqs * ceil(vocab / 32)])
+if TYPE_CHECKING:
+    from pagedlm.config import EngineConfig
+
+GrammarRows = tuple[torch.Tensor, torch.Tensor]  # logits rows [M] int64, bitmask [M, W] int32
+# (the staging pairs: rows [max_rows], bitmask flat [max_rows * ceil(vocab / 32)])
+
+
+def max_grammar_rows(config: EngineConfig) -> int:
+    """The most constrained logits rows a step has: one a request, 1 + k where it speculates."""
+    max_num_seqs, spec = config.scheduler.max_num_seqs, config.speculative
+    return max_num_seqs if spec is None else spec.max_logits_rows(max_num_seqs)
+
+
+def new_grammar_rows(config: EngineConfig, num_words: int) -> GrammarBitmask:
+    """Plain host rows [max_grammar_rows, num_words] for the engine core to fill (an executor
+    whose workers copy them into their own pinned rows)."""
+    rows = max_grammar_rows(config)
+    return GrammarBitmask(
+        np.zeros(rows, dtype=np.int64), np.zeros((rows, num_words), dtype=np.int32)
+    )
 
 
 class GrammarInputs:
-    def __init__(
-        self, max_num_reqs: int, vocab_size: int, device: torch.device, num_sets: int
-    ) -> None:
-        self.max_num_reqs = max_num_reqs
+    def __init__(self, max_rows: int, vocab_size: int, device: torch.device, num_sets: int) -> None:
+        self.max_rows = max_rows
         self.num_words = (vocab_size + 31) // 32
         self.device = device
         self.num_sets = num_sets
@@ -24,14 +43,14 @@ class GrammarInputs:
         self._device: GrammarRows | None = None
 
     def host_rows(self, slot: int, num_words: int) -> GrammarBitmask:
-        """The staging set's pinned pair as numpy arrays, the bitmask [max_num_reqs, num_words]
+        """The staging set's pinned pair as numpy arrays, the bitmask [max_rows, num_words]
         (num_words at most the vocabulary's: the words past it ban their tokens): the engine core
         fills the first M rows, then `stage` sends them."""
         assert num_words <= self.num_words, (num_words, self.num_words)
         if self._host is None:
             self._allocate()
         indices, bitmask = self._host[slot]
-        rows = bitmask[: self.max_num_reqs * num_words].view(self.max_num_reqs, num_words)
+        rows = bitmask[: self.max_rows * num_words].view(self.max_rows, num_words)
         return GrammarBitmask(indices.numpy(), rows.numpy())  # sync-ok: host memory
 
     def stage(self, mask: GrammarBitmask | None, slot: int) -> GrammarRows | None:
@@ -57,7 +76,7 @@ class GrammarInputs:
 
     def _allocate(self) -> None:
         pin = self.device.type == "cuda"
-        rows = self.max_num_reqs
+        rows = self.max_rows
 
         def pair(device: torch.device, pin_memory: bool) -> GrammarRows:
             return (

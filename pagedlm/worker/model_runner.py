@@ -69,7 +69,7 @@ from pagedlm.worker import memory, sleep
 from pagedlm.worker.batch_layout import BatchLayout
 from pagedlm.worker.cuda_graphs import DecodeGraphs, graphs_enabled
 from pagedlm.worker.dummy_steps import DummySteps
-from pagedlm.worker.grammar_inputs import GrammarInputs, GrammarRows
+from pagedlm.worker.grammar_inputs import GrammarInputs, GrammarRows, max_grammar_rows
 from pagedlm.worker.group_tables import group_metadata
 from pagedlm.worker.input_batch import InputBatch
 from pagedlm.worker.kernel_warmup import warm_up_kernels
@@ -144,7 +144,7 @@ class ModelRunner:
             self.max_num_reqs, config.model.vocab_size, self.device, config.seed
         )
         self.grammar_inputs = GrammarInputs(
-            self.max_num_reqs, config.model.vocab_size, self.device, NUM_STAGING_SETS
+            max_grammar_rows(config), config.model.vocab_size, self.device, NUM_STAGING_SETS
         )
         self.tp_sampler = (
             None if self.tp is None else self.tp.sampler(self.sampler, NUM_STAGING_SETS)
@@ -433,7 +433,7 @@ class ModelRunner:
             self._launched = self._execute_forward(sched)
 
     def grammar_bitmask(self, num_words: int) -> GrammarBitmask:
-        """The launched step's pinned bitmask rows [max_num_reqs, num_words] (grammar_inputs.py):
+        """The launched step's pinned bitmask rows [max_grammar_rows, num_words] (grammar_inputs.py):
         fill the first M, pass them to sample_tokens."""
         return self.grammar_inputs.host_rows(self._launched.plan.slot, num_words)
 

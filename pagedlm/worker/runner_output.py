@@ -67,8 +67,7 @@ class AsyncRunnerOutput:
         if layout is None or layout.num_samples == 0:
             return None
         if self._spec is not None:
-            host_np = self._spec.host_np
-            return layout, host_np[:, :-2], host_np[:, -2] + 1
+            return layout, self._spec.emitted_np, self._spec.num_accepted_np + 1
         return layout, self._sampled_np[: layout.num_samples]
 
     def _build(self) -> ModelRunnerOutput:
@@ -86,18 +85,21 @@ class AsyncRunnerOutput:
             return result
         result.req_ids = layout.sampling_req_ids
         if self._spec is not None:
-            self._build_spec(result, self._spec.host_np)
+            self._build_spec(result, self._spec)
             return result
         token_ids_np = self._sampled_np[: layout.num_samples]  # host memory, copy complete
         result.sampled_token_ids = [[t] for t in token_ids_np.tolist()]  # sync-ok: host memory
         result.logprobs = self._logprobs()
         return result
 
-    def _build_spec(self, result: ModelRunnerOutput, host_np: np.ndarray) -> None:
-        """host_np [N, k + 3]: the emitted tokens, the accepted drafts, the drafts held next."""
-        rows = host_np.tolist()  # sync-ok: host memory, event waited
-        result.sampled_token_ids = [row[: row[-2] + 1] for row in rows]
-        result.num_draft_tokens = [row[-1] for row in rows]
+    def _build_spec(self, result: ModelRunnerOutput, spec: SpecOutput) -> None:
+        """spec.host_np [N, 2k + 3]: the emitted tokens, the accepted drafts, the drafts held
+        next and their ids."""
+        k = spec.k
+        rows = spec.host_np.tolist()  # sync-ok: host memory, event waited
+        result.sampled_token_ids = [row[: row[k + 1] + 1] for row in rows]
+        result.num_draft_tokens = [row[k + 2] for row in rows]
+        result.draft_token_ids = [row[k + 3 : k + 3 + row[k + 2]] for row in rows]
         if self._logprobs_cpu is None:
             return
         ids_np, logprobs_np, ranks_np = (t.numpy() for t in self._logprobs_cpu)  # sync-ok: host

@@ -53,9 +53,25 @@ if TYPE_CHECKING:
 class SpecOutput:
     """A step's results on their way to the host (runner_output.py reads them)."""
 
-    host_np: np.ndarray  # [N, k + 3] int64 (pinned): tokens [k + 1], num_accepted, num_drafts
+    # [N, 2k + 3] int64 (pinned): tokens [k + 1], num_accepted, num_drafts held next, those
+    # drafts [k] (NO_DRAFT past them: the engine core checks a constrained request's against
+    # its grammar before it verifies them, structured_outputs/manager.py)
+    host_np: np.ndarray
     logprobs: Logprobs | None  # over the logits rows (device)
     logits_start_np: np.ndarray  # [N]: each request's first logits row
+
+    @property
+    def k(self) -> int:
+        return (self.host_np.shape[1] - 3) // 2
+
+    @property
+    def emitted_np(self) -> np.ndarray:
+        """[N, k + 1] the tokens; the first num_accepted + 1 of each row emitted."""
+        return self.host_np[:, : self.k + 1]
+
+    @property
+    def num_accepted_np(self) -> np.ndarray:
+        return self.host_np[:, self.k + 1]
 
 
 @dataclass(slots=True)
@@ -88,7 +104,7 @@ class SpecWorker:
         self._zeros = torch.zeros(max_num_reqs, dtype=torch.int64, device=self.device)
         pin = self.device.type == "cuda"
         self._host = [
-            torch.zeros(max_num_reqs * (self.k + 3), dtype=torch.int64, pin_memory=pin)
+            torch.zeros(max_num_reqs * (2 * self.k + 3), dtype=torch.int64, pin_memory=pin)
             for _ in range(num_staging_sets)
         ]
         self._step: _StepTensors | None = None
@@ -174,8 +190,10 @@ class SpecWorker:
         # the next step's k, at this step's batch size (the scheduler's is its running requests)
         drafts = self.proposer.propose(step, self._k_for_batch(layout.num_seqs))
         self.store.store(rows, drafts)
-        packed = torch.cat([token_ids, num_accepted[:, None], drafts.num_drafts[:, None]], dim=1)
-        host = self._host[slot][: packed.numel()].view(num_samples, self.k + 3)
+        packed = torch.cat(
+            [token_ids, num_accepted[:, None], drafts.num_drafts[:, None], drafts.token_ids], dim=1
+        )
+        host = self._host[slot][: packed.numel()].view(num_samples, 2 * self.k + 3)
         host.copy_(packed, non_blocking=True)
         return SpecOutput(host.numpy(), logprobs, logits_start_np)  # sync-ok: pinned host view
 
@@ -199,9 +217,8 @@ class SpecWorker:
         accepted drafts [N], logprobs of the rows' tokens."""
         layout, step, spec = plan.layout, self._step, plan.layout.spec
         logits = runner.lm_head.gathered(runner.model.compute_logits, hidden, step.logits_idx)
-        if grammar is not None:  # constrained requests never draft: one row each
-            indices, bitmask = grammar
-            apply_grammar_bitmask(logits, step.logits_start.index_select(0, indices), bitmask)
+        if grammar is not None:  # the rows of each constrained request's positions
+            apply_grammar_bitmask(logits, *grammar)
         rows_np = layout.sample_rows_np
         num_rows_np = spec.num_drafts_np + 1  # [N]
         row_rows_np = np.repeat(rows_np, num_rows_np)  # [T_l]
