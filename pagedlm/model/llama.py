@@ -236,9 +236,9 @@ class LlamaModel(nn.Module):
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden, residual = layer(positions, hidden, residual, kv_cache, attn_metadata)
         normed, _ = self.norm(hidden, residual)
-        return (
-            normed.materialize() if isinstance(normed, PendingNorm) else normed
-        )  # [T, hidden_size]
+        normed = normed.materialize() if isinstance(normed, PendingNorm) else normed
+        # in the model's dtype even when a CPU quantized prefill ran in float32 (quant_linear.py)
+        return normed.to(self.norm.weight.dtype)  # [T, hidden_size]
 
 
 class LlamaForCausalLM(nn.Module):
