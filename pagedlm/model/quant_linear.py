@@ -1,7 +1,10 @@
 """Weight-only quantized matmuls for the CPU, through the packed kernels torch ships:
 `_weight_int4pack_mm_for_cpu` (4-bit codes in groups of 32 columns, a scale and a zero per group)
 and `_weight_int8pack_mm` (int8 codes, one scale per output row). Both read activations in
-bfloat16 (in float32 they fall back to a loop ~30x slower) and write the activation dtype.
+bfloat16 (in float32 they fall back to a loop ~30x slower): a float32 input is cast for them.
+From DENSE_MIN_ROWS rows on a matmul is a float32 GEMM of the dequantised weight, and the
+embedding rows of such a step come out in float32, so a prefill carries float32 activations
+through every layer instead of converting to and from bfloat16 around each GEMM.
 
 A weight arrives as a QuantizedTensor (the GGUF loader maps each llama.cpp block type to one of
 the two, pagedlm/model/gguf_quant.py); `pack` turns it into the module a Linear or Embedding calls.
@@ -117,9 +120,10 @@ class Int4Matmul(nn.Module):
         """x [T, K] -> [T, N] in x's dtype."""
         if x.shape[0] >= DENSE_MIN_ROWS:
             return F.linear(x.float(), self.dequantize()).to(x.dtype)
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x, self.packed, GROUP_SIZE, self.scales_and_zeros
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.to(self.scales_and_zeros.dtype), self.packed, GROUP_SIZE, self.scales_and_zeros
         )
+        return y.to(x.dtype)
 
     def dequantize(self) -> torch.Tensor:
         """[N, K] float32 in the shared scratch: valid until the next Int4Matmul.dequantize."""
@@ -159,11 +163,15 @@ class Int8Matmul(nn.Module):
         if x.shape[0] >= DENSE_MIN_ROWS:
             weight = self.codes.float() * self.scales.float()[:, None]  # [N, K]
             return F.linear(x.float(), weight).to(x.dtype)
-        return torch.ops.aten._weight_int8pack_mm(x, self.codes, self.scales)
+        return torch.ops.aten._weight_int8pack_mm(
+            x.to(self.scales.dtype), self.codes, self.scales
+        ).to(x.dtype)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids [T] -> W[ids] [T, K] in the scales' dtype."""
-        return self.codes[ids].to(self.scales.dtype) * self.scales[ids, None]
+        """ids [T] -> W[ids] [T, K]: in float32 for a dense step (DENSE_MIN_ROWS rows on), else in
+        the scales' dtype."""
+        dtype = torch.float32 if ids.shape[0] >= DENSE_MIN_ROWS else self.scales.dtype
+        return self.codes[ids].to(dtype) * self.scales[ids, None]
 
 
 def pack(weight: QuantizedTensor, dtype: torch.dtype) -> Int4Matmul | Int8Matmul:

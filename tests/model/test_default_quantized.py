@@ -10,7 +10,7 @@ from paged_batch import make_cache, make_step
 from pagedlm.attention.torch_ref import TorchAttentionBackend
 from pagedlm.config import build_model_config
 from pagedlm.model import LlamaForCausalLM, load_model
-from pagedlm.model.quant_linear import Int4Matmul, Int8Matmul
+from pagedlm.model.quant_linear import DENSE_MIN_ROWS, Int4Matmul, Int8Matmul
 
 pytest.importorskip("gguf")
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ def logits(model: LlamaForCausalLM, ids: list[int]) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def models() -> tuple[LlamaForCausalLM, LlamaForCausalLM]:
     def build(dtype: str) -> LlamaForCausalLM:
-        config = build_model_config(None, "auto", dtype, CPU, 64, True)
+        config = build_model_config(None, "auto", dtype, CPU, 512, True)
         return load_model(config, TorchAttentionBackend(), CPU)
 
     return build("float32"), build("auto")
