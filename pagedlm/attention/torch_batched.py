@@ -129,11 +129,13 @@ def attend_bucket(
     # key's value still meets its 0 weight (0 x NaN = NaN)
     kv.view(2, -1, num_kv_heads, head_dim).index_fill_(1, bucket.stale_keys, 0.0)
     keys, values = kv.transpose(2, 3)  # [b, num_kv_heads, kv_len, head_dim] views
-    queries = q.index_select(0, bucket.rows)[:, :, None, :]  # [b, num_heads, 1, head_dim]
+    # [b, num_heads, 1, head_dim] in the cache's dtype: a step of float32 activations (a large
+    # quantized prefill's, model/quant_linear.py) may carry decode rows too
+    queries = q.index_select(0, bucket.rows).to(kv_cache.dtype)[:, :, None, :]
     out = F.scaled_dot_product_attention(
         queries, keys, values, attn_mask=bucket.visible, scale=scale, enable_gqa=True
     )  # [b, num_heads, 1, head_dim]
-    return out[:, :, 0]
+    return out[:, :, 0].to(q.dtype)
 
 
 class TorchBatchedAttentionBackend:

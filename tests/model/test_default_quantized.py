@@ -107,3 +107,19 @@ def test_a_long_prompt_through_the_engine_matches_float32_greedy() -> None:
         tokens.append(llm.generate([{"prompt_token_ids": ids}], params)[0].outputs[0].token_ids)
         del llm
     assert len(tokens[0]) == 4 and tokens[0] == tokens[1]
+
+
+def test_a_mixed_step_of_float32_activations_carries_decode_rows() -> None:
+    """A step of DENSE_MIN_ROWS rows and more runs in float32 activations; when it also holds a
+    decode row, that row's query meets the cache in its dtype (the CPU decode attention casts
+    it): chunked prefill of an 800-token prompt beside a decoding short one."""
+    from pagedlm import LLM, SamplingParams
+
+    long_ids = torch.randint(100, 49152, (800,), generator=torch.Generator().manual_seed(3))
+    prompts = [{"prompt_token_ids": PROMPT_IDS}, {"prompt_token_ids": long_ids.tolist()}]
+    params = SamplingParams(max_tokens=8, temperature=0)
+    llm = LLM(max_model_len=1024, max_num_batched_tokens=512)  # step 2: 1 decode + 296 rows
+    together = llm.generate(prompts, params, use_tqdm=False)
+    alone = llm.generate(prompts[:1], params, use_tqdm=False)
+    assert [len(out.outputs[0].token_ids) for out in together] == [8, 8]
+    assert together[0].outputs[0].token_ids == alone[0].outputs[0].token_ids
