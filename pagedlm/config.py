@@ -548,9 +548,7 @@ class EngineArgs:
                 f"cudagraph_mode must be one of {', '.join(CUDAGRAPH_MODES)}; got {self.cudagraph_mode!r}"
             )
         parallel = build_parallel_config(self, model, device, max_num_seqs)
-        speculative, draft = _speculative_config(
-            self.speculative_config, model, device, parallel.tensor_parallel_size
-        )
+        speculative, draft = _speculative_config(self.speculative_config, model, device, parallel)
         return EngineConfig(
             model=model,
             cache=cache,
@@ -575,18 +573,18 @@ class EngineArgs:
 
 
 def _speculative_config(
-    value: dict | str | None, target: ModelConfig, device: torch.device, tensor_parallel_size: int
+    value: dict | str | None, target: ModelConfig, device: torch.device, parallel: ParallelConfig
 ) -> tuple[SpeculativeConfig | None, ModelConfig | None]:
     """Parsed and validated, and for draft_model the draft's config (it must share the target's
-    vocabulary: spec_decode/draft_config.py). Not with tensor parallelism yet (the verify step
-    samples from full-vocabulary logits on one rank)."""
+    vocabulary: spec_decode/draft_config.py). At tp > 1 every rank verifies every row (its own
+    drafts, the same on every rank), so batch-sharded sampling does not apply."""
     if value is None:
         return None, None
     spec = SpeculativeConfig.from_user(value)
-    if tensor_parallel_size > 1:
+    if parallel.enable_batch_sharded_sampling:
         raise ValueError(
-            "speculative_config: not supported with tensor_parallel_size > 1 yet "
-            f"(got {tensor_parallel_size})"
+            "enable_batch_sharded_sampling does not combine with speculative_config: at tp > 1 "
+            "every rank verifies every row"
         )
     if spec.method != "draft_model":
         return spec, None

@@ -4,6 +4,8 @@ KV cache's size). At tp = 1 nothing is initialised and every layer builds as it 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +58,18 @@ def init_from_env(device: torch.device) -> TPGroup:
     launched = launcher_env()
     assert launched is not None, "external_launcher without RANK / WORLD_SIZE"
     return init_tp_group(launched.rank, launched.world_size, device)
+
+
+@contextlib.contextmanager
+def single_rank() -> Iterator[None]:
+    """Layers built inside take no TP group: a model replicated whole on every rank (a
+    speculative draft model at tp > 1), whose layers run no collectives."""
+    global _group
+    saved, _group = _group, _SINGLE
+    try:
+        yield
+    finally:
+        _group = saved
 
 
 def destroy_tp_group() -> None:

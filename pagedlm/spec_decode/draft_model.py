@@ -35,6 +35,7 @@ import torch
 
 from pagedlm.attention.backend import AttentionMetadata, get_attention_backend
 from pagedlm.config import EngineConfig, ModelConfig
+from pagedlm.distributed.parallel_state import single_rank
 from pagedlm.model.llama import LlamaForCausalLM
 from pagedlm.model.loader import load_model
 from pagedlm.sample.gumbel import gumbel_draw
@@ -123,8 +124,10 @@ class DraftModelProposer:
         self.kv_caches: list[torch.Tensor] = []  # per draft layer [2, blocks, B, Hkv, D]
 
     def load_model(self) -> None:
+        """Whole on every rank at tp > 1 (replicated: each rank drafts the same by itself)."""
         backend = get_attention_backend(self.attention_backend, self.device)
-        self.model = load_model(self.config, backend, self.device)
+        with single_rank():
+            self.model = load_model(self.config, backend, self.device)
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """Beside the target's cache of num_blocks blocks (the same block ids), and the scratch

@@ -146,8 +146,13 @@ class ModelRunner:
         self.grammar_inputs = GrammarInputs(
             max_grammar_rows(config), config.model.vocab_size, self.device, NUM_STAGING_SETS
         )
+        # tp > 1: sampling from the ranks' vocabulary shards (distributed/sampling.py), but with
+        # speculative decoding, where every rank samples and verifies the all-gathered logits of
+        # every row itself, so that all hold the same tokens, drafts and sampling state
         self.tp_sampler = (
-            None if self.tp is None else self.tp.sampler(self.sampler, NUM_STAGING_SETS)
+            None
+            if self.tp is None or config.speculative is not None
+            else self.tp.sampler(self.sampler, NUM_STAGING_SETS)
         )
         self._num_steps = 0
         self._launched: LaunchedForward | None = None  # between execute_forward and sample_tokens

@@ -177,9 +177,18 @@ def test_a_draft_with_another_vocabulary_is_refused(
     assert EngineArgs(model=target, speculative_config=same).create_engine_config().speculative
 
 
-def test_tensor_parallelism_is_refused(tiny_llama_with_tokenizer_dir) -> None:
-    args = EngineArgs(
-        model=str(tiny_llama_with_tokenizer_dir), speculative_config=BASE, tensor_parallel_size=2
+def test_tensor_parallelism_takes_it_but_not_batch_sharded_sampling(
+    tiny_llama_with_tokenizer_dir,
+) -> None:
+    """At tp > 1 every rank verifies every row (tests/distributed/test_tp_spec_decode.py)."""
+    model = str(tiny_llama_with_tokenizer_dir)
+    args = EngineArgs(model=model, speculative_config=BASE, tensor_parallel_size=2)
+    assert args.create_engine_config().speculative is not None
+    sharded = EngineArgs(
+        model=model,
+        speculative_config=BASE,
+        tensor_parallel_size=2,
+        enable_batch_sharded_sampling=True,
     )
-    with pytest.raises(ValueError, match="speculative_config: not supported with tensor_para"):
-        args.create_engine_config()
+    with pytest.raises(ValueError, match="enable_batch_sharded_sampling does not combine"):
+        sharded.create_engine_config()
