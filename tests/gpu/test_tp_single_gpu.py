@@ -6,7 +6,8 @@
   min of 3); benchmarks/tp_executor_cost.py measures it per batch size.
 - tp = 2 with both ranks on the one GPU over gloo (PAGEDLM_TP_ONE_DEVICE=1; NCCL refuses two ranks
   on one device), float32: greedy tokens identical to tp = 1 and logprobs within 1e-3, with
-  rank-0 and batch-sharded sampling. Every collective then runs on CUDA tensors through gloo.
+  rank-0 and batch-sharded sampling, and with n-gram speculation. Every collective then runs on
+  CUDA tensors through gloo.
 """
 
 from __future__ import annotations
@@ -88,3 +89,15 @@ def test_tp2_on_one_gpu_over_gloo_gives_tp1_tokens(
     )
     _assert_same(reference, tp, 1e-3)
     print(f"\ntp = 2 on one GPU over gloo: {step * 1e3:.3f} ms per decode step")
+
+
+def test_tp2_speculation_on_one_gpu_gives_tp1_tokens(
+    llama_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """n-gram speculation at tp = 2 (every rank verifies every row on CUDA): tp = 1's tokens."""
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+            "prompt_lookup_max": 3}  # fmt: skip
+    reference, _ = _run(llama_dir, dtype="float32", speculative_config=spec)
+    monkeypatch.setenv("PAGEDLM_TP_ONE_DEVICE", "1")
+    tp, _ = _run(llama_dir, dtype="float32", tensor_parallel_size=2, speculative_config=spec)
+    _assert_same(reference, tp, 1e-3)
