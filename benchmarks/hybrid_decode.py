@@ -18,10 +18,12 @@ import random
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tp_executor_cost import least_generate_seconds  # noqa: E402
 
 NUM_LAYERS = 28
 SHAPE = {
@@ -49,7 +51,7 @@ SHAPE = {
 
 
 def measure(args: argparse.Namespace, eager: bool) -> list[dict]:
-    from pagedlm import LLM, SamplingParams
+    from pagedlm import LLM
 
     folder = Path(tempfile.mkdtemp())
     (folder / "config.json").write_text(json.dumps(SHAPE))
@@ -63,19 +65,9 @@ def measure(args: argparse.Namespace, eager: bool) -> list[dict]:
     )
     groups = len(llm.llm_engine.engine_core.model_runner.kv_groups)
     rng = random.Random(0)
-    params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
     rows = []
     for batch in args.batches:
-        prompts = [
-            {"prompt_token_ids": [rng.randrange(100, 30000) for _ in range(args.input_len)]}
-            for _ in range(batch)
-        ]
-        llm.generate(prompts, params, use_tqdm=False)  # warm-up
-        best = float("inf")
-        for _ in range(2):
-            start = time.perf_counter()
-            llm.generate(prompts, params, use_tqdm=False)
-            best = min(best, time.perf_counter() - start)
+        best = least_generate_seconds(llm, rng, batch, args.input_len, args.output_len, 2)
         tok_s = batch * args.output_len / best
         rows.append({"eager": eager, "kv_groups": groups, "batch": batch, "tok_s": round(tok_s, 1)})
     return rows

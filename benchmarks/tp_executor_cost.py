@@ -21,16 +21,38 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def least_generate_seconds(
+    llm: Any, rng: random.Random, batch: int, input_len: int, output_len: int, repeats: int
+) -> float:
+    """The least wall seconds of `repeats` greedy generates of `batch` random prompts (ignore_eos,
+    output_len tokens each), after a warm-up one."""
+    from pagedlm import SamplingParams
+
+    params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+    prompts = [
+        {"prompt_token_ids": [rng.randrange(100, 20000) for _ in range(input_len)]}
+        for _ in range(batch)
+    ]
+    llm.generate(prompts, params, use_tqdm=False)  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def measure(args: argparse.Namespace, backend: str) -> list[dict]:
     """In this process: one engine of `backend`, every batch size."""
     from gpu_workloads import model_dir
 
-    from pagedlm import LLM, SamplingParams
+    from pagedlm import LLM
 
     llm = LLM(
         model_dir(args.shape, Path(tempfile.mkdtemp())),
@@ -41,19 +63,11 @@ def measure(args: argparse.Namespace, backend: str) -> list[dict]:
         distributed_executor_backend=backend,
     )
     rng = random.Random(0)
-    params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
     rows = []
     for batch in args.batch_sizes:
-        prompts = [
-            {"prompt_token_ids": [rng.randrange(100, 20000) for _ in range(args.input_len)]}
-            for _ in range(batch)
-        ]
-        llm.generate(prompts, params, use_tqdm=False)  # warm-up
-        best = float("inf")
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            llm.generate(prompts, params, use_tqdm=False)
-            best = min(best, time.perf_counter() - start)
+        best = least_generate_seconds(
+            llm, rng, batch, args.input_len, args.output_len, args.repeats
+        )
         step_ms = best / args.output_len * 1e3
         rows.append({"backend": backend, "batch": batch, "step_ms": round(step_ms, 4)})
     llm.shutdown()
