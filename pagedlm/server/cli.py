@@ -9,7 +9,7 @@ from pagedlm.config import EngineArgs
 from pagedlm.engine.heartbeat import HeartbeatTimeouts
 
 # The names of pagedlm/server/tool_parsers' parsers (importing it would import pydantic here).
-TOOL_PARSER_NAMES = ("hermes", "llama3_json")
+TOOL_PARSER_NAMES = ("hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder")
 # Parsing a body this large takes well under a second of the pool's time (a 16 MiB one stalled
 # /health ~2.4 s on the 2-core CI machine); a max_model_len prompt is a few hundred KiB at most.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -140,7 +140,10 @@ def _seconds(text: str) -> float:
 
 def run_serve(args: argparse.Namespace) -> None:
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
-        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json)")
+        raise ValueError(
+            "--enable-auto-tool-choice needs --tool-call-parser "
+            f"({', '.join(sorted(TOOL_PARSER_NAMES))})"
+        )
     if args.model_tag is not None:
         if args.model is not None and args.model != args.model_tag:
             raise ValueError(

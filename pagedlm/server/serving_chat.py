@@ -47,7 +47,7 @@ from pagedlm.server.serving import (
     usage,
 )
 from pagedlm.server.stream_chunks import ChunkStream, chat_choice, chat_delta
-from pagedlm.server.tool_parsers import ToolParser, new_tool_call_id
+from pagedlm.server.tool_parsers import ToolParser
 from pagedlm.server.tool_parsers.stream import ToolCallStream
 from pagedlm.server.tools import tool_use
 
@@ -61,6 +61,8 @@ async def create_chat_completion(
     max_tokens = body.max_completion_tokens or body.max_tokens
     constraint = constraint_of(body)
     tools = tool_use(body, ctx.tool_parser, constrained=constraint is not None)
+    if tools.keeps_special_tokens:  # the calls start with one (vLLM's mistral parser's rule)
+        body = body.model_copy(update={"skip_special_tokens": False})
     if tools.constraint is not None:
         constraint = Constraint(tools.constraint, "tools")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
@@ -203,10 +205,11 @@ class _ChatWriter:
     def _message(self, text: str) -> ChatMessageOut:
         if self.new_parser is None:
             return ChatMessageOut(content=text)
-        parsed = self.new_parser().parse(text, final=True)
+        parser = self.new_parser()
+        parsed = parser.parse(text, final=True)
         calls = [
             ToolCall(
-                id=new_tool_call_id(),
+                id=parser.new_call_id(),
                 function=FunctionCall(name=call.name, arguments=call.arguments),
             )
             for call in parsed.calls

@@ -48,6 +48,9 @@ class ToolParser(ABC):
     stream sends from it is never taken back. Finished, it is the answer: every call complete
     with valid JSON arguments, or (vLLM's rule) no calls and the whole text as content."""
 
+    # The calls start with a special token, which the text must keep (skip_special_tokens off)
+    keeps_special_tokens = False
+
     def __init__(
         self, max_calls: int | None = None, tools: Mapping[str, Any] | None = None
     ) -> None:
