@@ -10,6 +10,8 @@ from pagedlm.engine.heartbeat import HeartbeatTimeouts
 
 # The names of pagedlm/server/tool_parsers' parsers (importing it would import pydantic here).
 TOOL_PARSER_NAMES = ("hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder")
+# pagedlm/server/reasoning.py's parsers, by name.
+REASONING_PARSER_NAMES = ("deepseek_r1", "qwen3")
 # Parsing a body this large takes well under a second of the pool's time (a 16 MiB one stalled
 # /health ~2.4 s on the 2-core CI machine); a max_model_len prompt is a few hundred KiB at most.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -106,6 +108,14 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         choices=sorted(TOOL_PARSER_NAMES),
         default=None,
         help='the format of the model\'s tool calls, for tool_choice "auto"',
+    )
+    group.add_argument(
+        "--reasoning-parser",
+        choices=sorted(REASONING_PARSER_NAMES),
+        default=None,
+        help="split the model's <think>...</think> out of chat answers into "
+        "message.reasoning_content (streamed: delta.reasoning_content); deepseek_r1: the "
+        "output may start inside the block, qwen3: only an output opening with <think> reasons",
     )
     group.add_argument(
         "--uvicorn-log-level",

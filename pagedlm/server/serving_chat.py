@@ -26,6 +26,7 @@ from pagedlm.server.protocol import (
     TopLogprob,
 )
 from pagedlm.server.protocol_tools import FunctionCall, ToolCall
+from pagedlm.server.reasoning import REASONING_PARSERS, ReasoningParser, ReasoningStream
 from pagedlm.server.serving import (
     GENERATION_ERRORS,
     SSE_DONE,
@@ -72,7 +73,12 @@ async def create_chat_completion(
     )
     admit(ctx, [processed], body.n)
     request_id = new_request_id(raw, body)
-    writer = _ChatWriter(ctx, body, f"chatcmpl-{request_id}", tools.new_parser)
+    # A constraint shapes the output from its first token (the engine does not wait for the
+    # think block's end to apply it, as vLLM's reasoning-aware structured outputs do): no split.
+    reasoning = None
+    if ctx.reasoning_parser is not None and constraint is None:
+        reasoning = REASONING_PARSERS[ctx.reasoning_parser]
+    writer = _ChatWriter(ctx, body, f"chatcmpl-{request_id}", tools.new_parser, reasoning)
     generation = Generation(ctx, raw, request_id, [processed], body)
     if body.stream:
         return StreamingResponse(writer.stream(generation), media_type="text/event-stream")
@@ -172,9 +178,11 @@ class _ChatWriter:
         body: ChatCompletionRequest,
         response_id: str,
         new_parser: Callable[[], ToolParser] | None,
+        reasoning: ReasoningParser | None,
     ) -> None:
         self.body = body
         self.new_parser = new_parser  # None: the output is content
+        self.reasoning = reasoning  # None: no think block is split out
         self.response_id = response_id
         self.model_name = ctx.model_name
         self.created = int(time.time())
@@ -203,8 +211,13 @@ class _ChatWriter:
         )
 
     def _message(self, text: str) -> ChatMessageOut:
+        reasoning = None
+        if self.reasoning is not None:
+            reasoning, text = self.reasoning.split(text, final=True)
         if self.new_parser is None:
-            return ChatMessageOut(content=text)
+            return ChatMessageOut(
+                content=(text or None) if reasoning else text, reasoning_content=reasoning or None
+            )
         parser = self.new_parser()
         parsed = parser.parse(text, final=True)
         calls = [
@@ -214,8 +227,10 @@ class _ChatWriter:
             )
             for call in parsed.calls
         ]
-        content = (parsed.content or None) if calls else parsed.content  # OpenAI's null
-        return ChatMessageOut(content=content, tool_calls=calls)
+        content = (parsed.content or None) if calls or reasoning else parsed.content  # null
+        return ChatMessageOut(
+            content=content, tool_calls=calls, reasoning_content=reasoning or None
+        )
 
     def _logprobs(
         self, choice: CompletionOutput, start: int, end: int
@@ -235,17 +250,19 @@ class _ChatWriter:
         )
         final: RequestOutput | None = None
         calls: dict[int, ToolCallStream] = {}  # choice index -> its calls so far
+        thinking: dict[int, ReasoningStream] = {}  # choice index -> its split so far
         try:
             async for _, final in generation:
                 for choice in final.outputs:
                     delta = tracker.delta(choice.index, choice)
                     if delta is not None:
                         stream = self._calls(calls, choice.index)
+                        split = self._thinking(thinking, choice.index)
                         # one event per choice update, as OpenAI sends them
                         usage_info = usage([final]) if self.body.continuous_usage else None
                         yield "".join(
                             chunks.event([update], usage_info)
-                            for update in self._stream_choices(choice, delta, stream)
+                            for update in self._stream_choices(choice, delta, stream, split)
                         )
             if self.body.include_usage:
                 yield chunks.event([], usage([final]), response_metrics([final]))
@@ -261,27 +278,50 @@ class _ChatWriter:
             streams[index] = ToolCallStream(self.new_parser())
         return streams[index]
 
+    def _thinking(self, streams: dict[int, ReasoningStream], index: int) -> ReasoningStream | None:
+        """Choice `index`'s reasoning split; None where no think block is split out."""
+        if self.reasoning is None:
+            return None
+        if index not in streams:
+            streams[index] = ReasoningStream(self.reasoning)
+        return streams[index]
+
     def _stream_choices(
-        self, choice: CompletionOutput, delta: Delta, calls: ToolCallStream | None
+        self,
+        choice: CompletionOutput,
+        delta: Delta,
+        calls: ToolCallStream | None,
+        split: ReasoningStream | None,
     ) -> list[dict[str, Any]]:
-        """A role chunk first for a new choice, then its content or tool-call deltas (and end,
-        if it came); each a ChatStreamChoice's fields (stream_chunks.chat_choice)."""
+        """A role chunk first for a new choice, then its reasoning, content or tool-call deltas
+        (and end, if it came); each a ChatStreamChoice's fields (stream_chunks.chat_choice). The
+        tool-call parser reads the content part only."""
         result = []
         if delta.first:
             result.append(chat_choice(choice.index, chat_delta(role="assistant", content="")))
         content, call_deltas, finish_reason = delta.text, [], delta.finish_reason
+        reasoning = ""
+        if split is not None:
+            reasoning, content = split.feed(content)
+            if finish_reason is not None:
+                more_reasoning, more_content = split.finish()
+                reasoning, content = reasoning + more_reasoning, content + more_content
         if calls is not None:
-            content, call_deltas = calls.feed(delta.text)
+            content, call_deltas = calls.feed(content)
             if finish_reason is not None:
                 more_content, more_deltas = calls.finish()
                 content, call_deltas = content + more_content, call_deltas + more_deltas
                 finish_reason = _with_calls(finish_reason) if calls.called else finish_reason
         new_logprobs = choice.logprobs is not None and delta.token_end > delta.token_start
-        if content or call_deltas or finish_reason is not None or new_logprobs:
+        if content or reasoning or call_deltas or finish_reason is not None or new_logprobs:
             result.append(
                 chat_choice(
                     choice.index,
-                    chat_delta(content=content or None, tool_calls=call_deltas or None),
+                    chat_delta(
+                        content=content or None,
+                        tool_calls=call_deltas or None,
+                        reasoning_content=reasoning or None,
+                    ),
                     self._logprobs(choice, delta.token_start, delta.token_end),
                     finish_reason,
                     choice.stop_reason,
