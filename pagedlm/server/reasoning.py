@@ -7,6 +7,11 @@ rest is the content, which the tool-call parser then reads.
   dropped.
 - qwen3: only an output that opens with <think> reasons; any other output is content.
 
+Under a constraint (structured outputs, a required or named tool choice) both read as qwen3
+does: the constraint writes the output from its first token (the engine does not hold it back
+until the block ends, as vLLM's reasoning-aware structured outputs do), so no block the template
+opened comes before it; a grammar that writes <think>...</think> itself is still split.
+
 Like a tool parser's reading (tool_parsers/base.py), a split is a pure function of the text so
 far whose parts only grow, so a stream sends what each reading adds and adds up to the whole
 answer."""
@@ -23,6 +28,10 @@ START, END = "<think>", "</think>"
 @dataclass(frozen=True, slots=True)
 class ReasoningParser:
     opened_by_template: bool  # the output may start inside the think block
+
+    def constrained(self) -> ReasoningParser:
+        """How a constrained output is read (the module's docstring)."""
+        return ReasoningParser(opened_by_template=False)
 
     def split(self, text: str, final: bool) -> tuple[str, str]:
         """(reasoning, content) as far as the text goes; unfinished, what may be the start of a

@@ -73,11 +73,10 @@ async def create_chat_completion(
     )
     admit(ctx, [processed], body.n)
     request_id = new_request_id(raw, body)
-    # A constraint shapes the output from its first token (the engine does not wait for the
-    # think block's end to apply it, as vLLM's reasoning-aware structured outputs do): no split.
     reasoning = None
-    if ctx.reasoning_parser is not None and constraint is None:
+    if ctx.reasoning_parser is not None:
         reasoning = REASONING_PARSERS[ctx.reasoning_parser]
+        reasoning = reasoning if constraint is None else reasoning.constrained()
     writer = _ChatWriter(ctx, body, f"chatcmpl-{request_id}", tools.new_parser, reasoning)
     generation = Generation(ctx, raw, request_id, [processed], body)
     if body.stream:

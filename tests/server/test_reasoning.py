@@ -68,3 +68,10 @@ def test_tool_calls_are_read_from_the_content_part() -> None:
 
 def test_the_cli_offers_every_parser() -> None:
     assert sorted(REASONING_PARSER_NAMES) == sorted(REASONING_PARSERS)
+
+
+def test_a_constrained_output_reasons_only_after_an_explicit_tag() -> None:
+    """The constraint writes the output from its first token: no block was opened before it."""
+    parser = REASONING_PARSERS["deepseek_r1"].constrained()
+    assert parser.split('{"a": 1}', final=True) == ("", '{"a": 1}')
+    assert parser.split("<think>x</think>{}", final=True) == ("x", "{}")

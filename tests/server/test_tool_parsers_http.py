@@ -1,7 +1,7 @@
 """tool_choice "auto" through the real `openai` client for each --tool-call-parser other than
-hermes (test_structured_outputs_http.py's), on a tiny random model whose output a grammar
-writes: the whole answer and the stream's deltas must give the same content and calls, with
-finish_reason "tool_calls" and vLLM's ids."""
+hermes (test_structured_outputs_http.py's), and --reasoning-parser, on a tiny random model whose
+output a grammar writes: the whole answer and the stream's deltas must give the same reasoning,
+content and calls, with finish_reason "tool_calls" and vLLM's ids."""
 
 from __future__ import annotations
 
@@ -46,14 +46,23 @@ OUTPUTS = {
 }
 
 
+# Qwen3-Coder's server also splits Qwen3's think blocks: outputs without one are content.
+REASONING = {"qwen3_coder": "qwen3", "hermes": "deepseek_r1"}
+
+
+def _server(tiny_model_dir: Path, log_path: Path, parser: str) -> ServerProcess:
+    args = ["--max-model-len", "512", "--enable-auto-tool-choice", "--tool-call-parser", parser]
+    if parser in REASONING:
+        args += ["--reasoning-parser", REASONING[parser]]
+    return start_server(tiny_server_args(tiny_model_dir, *args), log_path)
+
+
 @pytest.fixture(scope="module", params=sorted(OUTPUTS))
 def parser_server(
     request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, ServerProcess]]:
     name = request.param
-    log_path = tmp_path_factory.mktemp(f"tools_{name}") / "server.log"
-    args = ["--max-model-len", "512", "--enable-auto-tool-choice", "--tool-call-parser", name]
-    server = start_server(tiny_server_args(tiny_model_dir, *args), log_path)
+    server = _server(tiny_model_dir, tmp_path_factory.mktemp(f"tools_{name}") / "log", name)
     yield name, server
     server.stop()
 
@@ -79,13 +88,16 @@ def chat(server: ServerProcess, stream: bool, output: str, **kwargs: Any) -> dic
             (c.id, c.function.name, c.function.arguments) for c in choice.message.tool_calls or []
         ]
         return {
+            "reasoning": choice.message.reasoning_content,  # an extra field to the client
             "content": choice.message.content,
             "tool_calls": calls,
             "finish_reason": choice.finish_reason,
         }
-    content, streamed, finish_reason = None, {}, None
+    reasoning, content, streamed, finish_reason = None, None, {}, None
     for chunk in client.chat.completions.create(stream=True, **kwargs):
         delta = chunk.choices[0].delta
+        if getattr(delta, "reasoning_content", None):
+            reasoning = (reasoning or "") + delta.reasoning_content
         if delta.content:
             content = (content or "") + delta.content
         for call in delta.tool_calls or []:
@@ -97,6 +109,7 @@ def chat(server: ServerProcess, stream: bool, output: str, **kwargs: Any) -> dic
             streamed[call.index][2] += call.function.arguments or ""
         finish_reason = chunk.choices[0].finish_reason or finish_reason
     return {
+        "reasoning": reasoning,
         "content": content,
         "tool_calls": [tuple(call) for call in streamed.values()],
         "finish_reason": finish_reason,
@@ -138,3 +151,46 @@ def test_a_malformed_call_is_content(
             streamed["tool_calls"], EXPECTED_CALLS, strict=False
         ):  # what was sent before the cut stands: a start of the call
             assert name == expected_name and expected.startswith(arguments)
+
+
+THOUGHT = "\nThe user wants {weather}; </think is not the end.\n"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_qwen3_thinks_then_calls(parser_server: tuple[str, ServerProcess], stream: bool) -> None:
+    """The think block is reasoning_content; the calls are read from what follows it."""
+    name, server = parser_server
+    if name not in REASONING:
+        pytest.skip("this parser's server splits no think blocks")
+    output, content, _ = OUTPUTS[name]
+    answer = chat(server, stream, f"<think>{THOUGHT}</think>\n\n{output}")
+    assert answer["reasoning"] == THOUGHT
+    assert answer["content"] == "\n\n" + content
+    assert [call[1:] for call in answer["tool_calls"]] == EXPECTED_CALLS
+
+
+@pytest.fixture(scope="module")
+def deepseek_r1_server(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    server = _server(tiny_model_dir, tmp_path_factory.mktemp("deepseek_r1") / "log", "hermes")
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_deepseek_r1_splits_the_think_block(
+    deepseek_r1_server: ServerProcess, stream: bool
+) -> None:
+    """(The output that starts inside the block, which the template opened, is in
+    test_reasoning.py: here a grammar writes the output, and under a constraint only an explicit
+    <think> opens the block.)"""
+    answer = chat(deepseek_r1_server, stream, f"<think>{THOUGHT}</think>\n\nIt is sunny.")
+    assert (answer["reasoning"], answer["content"]) == (THOUGHT, "\n\nIt is sunny.")
+    assert answer["tool_calls"] == [] and answer["finish_reason"] == "stop"
+    cut = chat(
+        deepseek_r1_server, stream, f"<think>{THOUGHT}</think>\n\nIt is sunny.", max_tokens=6
+    )
+    assert THOUGHT.startswith(cut["reasoning"]) and cut["content"] is None  # still thinking
+    plain = chat(deepseek_r1_server, stream, f"{THOUGHT}</think>It is sunny.")
+    assert (plain["reasoning"], plain["content"]) == (None, f"{THOUGHT}</think>It is sunny.")
