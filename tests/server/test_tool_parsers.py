@@ -134,6 +134,8 @@ CASES = {
         "",
         [("f", '{"s": "a)\\n\\"b\\",", "n": -1.5, "t": [1, true], "u": "Zürich"}')],
     ),
+    "pythonic_bad_empty_list_is_content": ("pythonic", " []", " []", []),
+    "mistral_bad_empty_array_is_content": ("mistral", "A [TOOL_CALLS][]", "A [TOOL_CALLS][]", []),
     "pythonic_content": ("pythonic", "[1] Smith et al. (2020)", "[1] Smith et al. (2020)", []),
     "pythonic_bad_call_is_content": (
         "pythonic",

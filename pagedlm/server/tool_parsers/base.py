@@ -73,8 +73,8 @@ class ToolParser(ABC):
                 return Parsed(text)
             parsed = exc.partial
         parsed.calls = parsed.calls[: self.max_calls]
-        if final and parsed.calls and not all(map(_valid, parsed.calls)):
-            return Parsed(text)
+        if final and not (parsed.calls and all(map(_valid, parsed.calls))):
+            return Parsed(text)  # also an empty list of calls, such as "[]"
         return parsed
 
 
