@@ -341,3 +341,36 @@ def test_truncated_forced_output_is_content() -> None:
 
 def test_the_cli_offers_every_parser() -> None:
     assert sorted(TOOL_PARSER_NAMES) == sorted(TOOL_PARSERS)
+
+
+def mutated(rng: random.Random, text: str, pieces: list[str]) -> str:
+    """The text, or it cut short, with a character gone, or with a piece of the format put in."""
+    at = rng.randint(0, len(text))
+    return rng.choice(
+        [text, text[:at], text[:at] + text[at + 1 :], text[:at] + rng.choice(pieces) + text[at:]]
+    )
+
+
+@pytest.mark.parametrize("name", sorted(TOOL_PARSERS))
+def test_mangled_outputs_never_raise_and_streams_match_valid_calls(name: str) -> None:
+    """The cases' outputs mangled at random, up to three times: every reading of every prefix
+    returns (a model's bad output is content, never a 500), and where the finished output is
+    calls, the stream fed a character at a time gives exactly them."""
+    rng = random.Random(name)
+    texts = [text for parser, text, _, _ in CASES.values() if parser == name]
+    pieces = sorted({piece for text in texts for piece in re.findall(r"<[^<>]*>|\[\w+\]|\W", text)})
+    results = {True: 0, False: 0}  # whether the finished output was calls
+    for _ in range(400):
+        text = rng.choice(texts)
+        for _ in range(rng.randint(0, 3)):
+            text = mutated(rng, text, pieces)
+        final = parser_named(name).parse(text, final=True)
+        got = streamed(parser_named(name), list(text))
+        results[bool(final.calls)] += 1
+        if final.calls:
+            assert got == Parsed(final.content, [(c.name, c.arguments) for c in final.calls]), text
+            for call in final.calls:
+                json.loads(call.arguments)
+        else:
+            assert final.content == text
+    assert min(results.values()) > 20, results  # both kinds were tried

@@ -79,7 +79,7 @@ class ToolParser(ABC):
 
 
 def _valid(call: CallSoFar) -> bool:
-    if not call.complete or not isinstance(call.name, str):
+    if not call.complete or not isinstance(call.name, str) or not call.name:
         return False
     try:
         json.loads(call.arguments)
@@ -105,8 +105,10 @@ def read_call(text: str, pos: int, content: str, calls: list[CallSoFar]) -> int 
             arguments = _value_text(text, member)
     if end is not None and arguments is None:
         arguments = "{}"  # a call without arguments takes none
-    calls.append(
-        CallSoFar(name if isinstance(name, str) else None, arguments or "", end is not None)
+    calls.append(  # an empty name names no function: such a call is never announced
+        CallSoFar(
+            name if isinstance(name, str) and name else None, arguments or "", end is not None
+        )
     )
     return end
 

@@ -69,7 +69,7 @@ def _read_piece(piece: str, content: str, calls: list[CallSoFar]) -> int | None:
 def _read_named(piece: str, pos: int, content: str, calls: list[CallSoFar]) -> int | None:
     name_end = _NAME.match(piece, pos).end()  # type: ignore[union-attr] - it matches ""
     rest = piece[name_end:]
-    if not rest.startswith(ARGS):
+    if not rest.startswith(ARGS) or name_end == pos:
         if ARGS.startswith(rest) and name_end > pos:
             return None  # the name may go on, or [ARGS] is coming
         raise Incomplete(f"expected a function name and {ARGS}", Parsed(content, calls))
