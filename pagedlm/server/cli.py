@@ -9,7 +9,14 @@ from pagedlm.config import EngineArgs
 from pagedlm.engine.heartbeat import HeartbeatTimeouts
 
 # The names of pagedlm/server/tool_parsers' parsers (importing it would import pydantic here).
-TOOL_PARSER_NAMES = ("hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder")
+TOOL_PARSER_NAMES = (
+    "hermes",
+    "llama3_json",
+    "llama4_pythonic",
+    "mistral",
+    "pythonic",
+    "qwen3_coder",
+)
 # pagedlm/server/reasoning.py's parsers, by name.
 REASONING_PARSER_NAMES = ("deepseek_r1", "qwen3")
 # Parsing a body this large takes well under a second of the pool's time (a 16 MiB one stalled

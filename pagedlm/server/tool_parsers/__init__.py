@@ -16,6 +16,7 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "llama3_json": Llama3JsonToolParser,
     "mistral": MistralToolParser,
     "pythonic": PythonicToolParser,
+    "llama4_pythonic": PythonicToolParser,  # vLLM's name for Llama 4's (python_start/end tags)
     "qwen3_coder": Qwen3CoderToolParser,
 }
 
