@@ -213,20 +213,19 @@ class _ChatWriter:
         reasoning = None
         if self.reasoning is not None:
             reasoning, text = self.reasoning.split(text, final=True)
-        if self.new_parser is None:
-            return ChatMessageOut(
-                content=(text or None) if reasoning else text, reasoning_content=reasoning or None
-            )
-        parser = self.new_parser()
-        parsed = parser.parse(text, final=True)
-        calls = [
-            ToolCall(
-                id=parser.new_call_id(),
-                function=FunctionCall(name=call.name, arguments=call.arguments),
-            )
-            for call in parsed.calls
-        ]
-        content = (parsed.content or None) if calls or reasoning else parsed.content  # null
+        calls = []
+        if self.new_parser is not None:
+            parser = self.new_parser()
+            parsed = parser.parse(text, final=True)
+            text = parsed.content
+            calls = [
+                ToolCall(
+                    id=parser.new_call_id(),
+                    function=FunctionCall(name=call.name, arguments=call.arguments),
+                )
+                for call in parsed.calls
+            ]
+        content = (text or None) if calls or reasoning else text  # OpenAI's null beside them
         return ChatMessageOut(
             content=content, tool_calls=calls, reasoning_content=reasoning or None
         )
