@@ -4,8 +4,10 @@ on the content part, and the chunks' JSON."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
-from test_tool_parsers import cuts
+from test_tool_parsers import cuts, mutated
 
 from pagedlm.server.cli import REASONING_PARSER_NAMES
 from pagedlm.server.reasoning import REASONING_PARSERS, ReasoningStream
@@ -75,3 +77,19 @@ def test_a_constrained_output_reasons_only_after_an_explicit_tag() -> None:
     parser = REASONING_PARSERS["deepseek_r1"].constrained()
     assert parser.split('{"a": 1}', final=True) == ("", '{"a": 1}')
     assert parser.split("<think>x</think>{}", final=True) == ("x", "{}")
+
+
+@pytest.mark.parametrize("name", sorted(REASONING_PARSERS))
+def test_mangled_outputs_stream_as_they_split(name: str) -> None:
+    """The cases' outputs mangled at random: a stream fed a character at a time adds up to the
+    finished split, whose content is the end of the text."""
+    rng = random.Random(name)
+    texts = [text for _, text, _, _ in CASES.values()]
+    pieces = ["<think>", "</think>", "<", "/", ">", "\n", " "]
+    for _ in range(400):
+        text = rng.choice(texts)
+        for _ in range(rng.randint(0, 3)):
+            text = mutated(rng, text, pieces)
+        reasoning, content = REASONING_PARSERS[name].split(text, final=True)
+        assert streamed(name, list(text)) == (reasoning, content), text
+        assert len(reasoning) + len(content) <= len(text) and text.endswith(content)
