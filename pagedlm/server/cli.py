@@ -9,7 +9,16 @@ from pagedlm.config import EngineArgs
 from pagedlm.engine.heartbeat import HeartbeatTimeouts
 
 # The names of pagedlm/server/tool_parsers' parsers (importing it would import pydantic here).
-TOOL_PARSER_NAMES = ("hermes", "llama3_json")
+TOOL_PARSER_NAMES = (
+    "hermes",
+    "llama3_json",
+    "llama4_pythonic",
+    "mistral",
+    "pythonic",
+    "qwen3_coder",
+)
+# pagedlm/server/reasoning.py's parsers, by name.
+REASONING_PARSER_NAMES = ("deepseek_r1", "qwen3")
 # Parsing a body this large takes well under a second of the pool's time (a 16 MiB one stalled
 # /health ~2.4 s on the 2-core CI machine); a max_model_len prompt is a few hundred KiB at most.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -108,6 +117,14 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         help='the format of the model\'s tool calls, for tool_choice "auto"',
     )
     group.add_argument(
+        "--reasoning-parser",
+        choices=sorted(REASONING_PARSER_NAMES),
+        default=None,
+        help="split the model's <think>...</think> out of chat answers into "
+        "message.reasoning_content (streamed: delta.reasoning_content); deepseek_r1: the "
+        "output may start inside the block, qwen3: only an output opening with <think> reasons",
+    )
+    group.add_argument(
         "--uvicorn-log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug", "trace"],
@@ -140,7 +157,10 @@ def _seconds(text: str) -> float:
 
 def run_serve(args: argparse.Namespace) -> None:
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
-        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json)")
+        raise ValueError(
+            "--enable-auto-tool-choice needs --tool-call-parser "
+            f"({', '.join(sorted(TOOL_PARSER_NAMES))})"
+        )
     if args.model_tag is not None:
         if args.model is not None and args.model != args.model_tag:
             raise ValueError(

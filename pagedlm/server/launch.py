@@ -136,7 +136,7 @@ async def serve(
         await engine.start()
         tool_parser = args.tool_call_parser if args.enable_auto_tool_choice else None
         app = build_app(
-            ServingContext(engine, name, tool_parser),
+            ServingContext(engine, name, tool_parser, args.reasoning_parser),
             args.api_key,
             args.max_request_body_bytes,
             dev_endpoints=args.enable_dev_endpoints,

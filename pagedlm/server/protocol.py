@@ -345,6 +345,7 @@ class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
     tool_calls: list[ToolCall] = Field(default_factory=list)
+    reasoning_content: str | None = None  # --reasoning-parser's think block (vLLM 0.x's name)
 
 
 class ChatChoice(BaseModel):
@@ -367,6 +368,7 @@ class ChatCompletionResponse(_WithMetrics):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")

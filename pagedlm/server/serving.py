@@ -160,6 +160,8 @@ class ServingContext:
     model_name: str
     # --tool-call-parser where --enable-auto-tool-choice is on: tool_choice "auto" reads calls
     tool_parser: str | None = None
+    # --reasoning-parser: chat answers' think block goes to reasoning_content
+    reasoning_parser: str | None = None
     # Parsing, chat templates and tokenisation run here, off the event loop.
     pool: TokenizerPool = field(init=False)
     # Refuses a text too long for max_model_len before it is tokenized (None: no bound holds).

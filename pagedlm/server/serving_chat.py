@@ -26,6 +26,7 @@ from pagedlm.server.protocol import (
     TopLogprob,
 )
 from pagedlm.server.protocol_tools import FunctionCall, ToolCall
+from pagedlm.server.reasoning import REASONING_PARSERS, ReasoningParser, ReasoningStream
 from pagedlm.server.serving import (
     GENERATION_ERRORS,
     SSE_DONE,
@@ -47,7 +48,7 @@ from pagedlm.server.serving import (
     usage,
 )
 from pagedlm.server.stream_chunks import ChunkStream, chat_choice, chat_delta
-from pagedlm.server.tool_parsers import ToolParser, new_tool_call_id
+from pagedlm.server.tool_parsers import ToolParser
 from pagedlm.server.tool_parsers.stream import ToolCallStream
 from pagedlm.server.tools import tool_use
 
@@ -61,6 +62,8 @@ async def create_chat_completion(
     max_tokens = body.max_completion_tokens or body.max_tokens
     constraint = constraint_of(body)
     tools = tool_use(body, ctx.tool_parser, constrained=constraint is not None)
+    if tools.keeps_special_tokens:  # the calls start with one (vLLM's mistral parser's rule)
+        body = body.model_copy(update={"skip_special_tokens": False})
     if tools.constraint is not None:
         constraint = Constraint(tools.constraint, "tools")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
@@ -70,7 +73,11 @@ async def create_chat_completion(
     )
     admit(ctx, [processed], body.n)
     request_id = new_request_id(raw, body)
-    writer = _ChatWriter(ctx, body, f"chatcmpl-{request_id}", tools.new_parser)
+    reasoning = None
+    if ctx.reasoning_parser is not None:
+        reasoning = REASONING_PARSERS[ctx.reasoning_parser]
+        reasoning = reasoning if constraint is None else reasoning.constrained()
+    writer = _ChatWriter(ctx, body, f"chatcmpl-{request_id}", tools.new_parser, reasoning)
     generation = Generation(ctx, raw, request_id, [processed], body)
     if body.stream:
         return StreamingResponse(writer.stream(generation), media_type="text/event-stream")
@@ -170,9 +177,11 @@ class _ChatWriter:
         body: ChatCompletionRequest,
         response_id: str,
         new_parser: Callable[[], ToolParser] | None,
+        reasoning: ReasoningParser | None,
     ) -> None:
         self.body = body
         self.new_parser = new_parser  # None: the output is content
+        self.reasoning = reasoning  # None: no think block is split out
         self.response_id = response_id
         self.model_name = ctx.model_name
         self.created = int(time.time())
@@ -201,18 +210,25 @@ class _ChatWriter:
         )
 
     def _message(self, text: str) -> ChatMessageOut:
-        if self.new_parser is None:
-            return ChatMessageOut(content=text)
-        parsed = self.new_parser().parse(text, final=True)
-        calls = [
-            ToolCall(
-                id=new_tool_call_id(),
-                function=FunctionCall(name=call.name, arguments=call.arguments),
-            )
-            for call in parsed.calls
-        ]
-        content = (parsed.content or None) if calls else parsed.content  # OpenAI's null
-        return ChatMessageOut(content=content, tool_calls=calls)
+        reasoning = None
+        if self.reasoning is not None:
+            reasoning, text = self.reasoning.split(text, final=True)
+        calls = []
+        if self.new_parser is not None:
+            parser = self.new_parser()
+            parsed = parser.parse(text, final=True)
+            text = parsed.content
+            calls = [
+                ToolCall(
+                    id=parser.new_call_id(),
+                    function=FunctionCall(name=call.name, arguments=call.arguments),
+                )
+                for call in parsed.calls
+            ]
+        content = (text or None) if calls or reasoning else text  # OpenAI's null beside them
+        return ChatMessageOut(
+            content=content, tool_calls=calls, reasoning_content=reasoning or None
+        )
 
     def _logprobs(
         self, choice: CompletionOutput, start: int, end: int
@@ -232,17 +248,19 @@ class _ChatWriter:
         )
         final: RequestOutput | None = None
         calls: dict[int, ToolCallStream] = {}  # choice index -> its calls so far
+        thinking: dict[int, ReasoningStream] = {}  # choice index -> its split so far
         try:
             async for _, final in generation:
                 for choice in final.outputs:
                     delta = tracker.delta(choice.index, choice)
                     if delta is not None:
                         stream = self._calls(calls, choice.index)
+                        split = self._thinking(thinking, choice.index)
                         # one event per choice update, as OpenAI sends them
                         usage_info = usage([final]) if self.body.continuous_usage else None
                         yield "".join(
                             chunks.event([update], usage_info)
-                            for update in self._stream_choices(choice, delta, stream)
+                            for update in self._stream_choices(choice, delta, stream, split)
                         )
             if self.body.include_usage:
                 yield chunks.event([], usage([final]), response_metrics([final]))
@@ -258,27 +276,50 @@ class _ChatWriter:
             streams[index] = ToolCallStream(self.new_parser())
         return streams[index]
 
+    def _thinking(self, streams: dict[int, ReasoningStream], index: int) -> ReasoningStream | None:
+        """Choice `index`'s reasoning split; None where no think block is split out."""
+        if self.reasoning is None:
+            return None
+        if index not in streams:
+            streams[index] = ReasoningStream(self.reasoning)
+        return streams[index]
+
     def _stream_choices(
-        self, choice: CompletionOutput, delta: Delta, calls: ToolCallStream | None
+        self,
+        choice: CompletionOutput,
+        delta: Delta,
+        calls: ToolCallStream | None,
+        split: ReasoningStream | None,
     ) -> list[dict[str, Any]]:
-        """A role chunk first for a new choice, then its content or tool-call deltas (and end,
-        if it came); each a ChatStreamChoice's fields (stream_chunks.chat_choice)."""
+        """A role chunk first for a new choice, then its reasoning, content or tool-call deltas
+        (and end, if it came); each a ChatStreamChoice's fields (stream_chunks.chat_choice). The
+        tool-call parser reads the content part only."""
         result = []
         if delta.first:
             result.append(chat_choice(choice.index, chat_delta(role="assistant", content="")))
         content, call_deltas, finish_reason = delta.text, [], delta.finish_reason
+        reasoning = ""
+        if split is not None:
+            reasoning, content = split.feed(content)
+            if finish_reason is not None:
+                more_reasoning, more_content = split.finish()
+                reasoning, content = reasoning + more_reasoning, content + more_content
         if calls is not None:
-            content, call_deltas = calls.feed(delta.text)
+            content, call_deltas = calls.feed(content)
             if finish_reason is not None:
                 more_content, more_deltas = calls.finish()
                 content, call_deltas = content + more_content, call_deltas + more_deltas
                 finish_reason = _with_calls(finish_reason) if calls.called else finish_reason
         new_logprobs = choice.logprobs is not None and delta.token_end > delta.token_start
-        if content or call_deltas or finish_reason is not None or new_logprobs:
+        if content or reasoning or call_deltas or finish_reason is not None or new_logprobs:
             result.append(
                 chat_choice(
                     choice.index,
-                    chat_delta(content=content or None, tool_calls=call_deltas or None),
+                    chat_delta(
+                        content=content or None,
+                        tool_calls=call_deltas or None,
+                        reasoning_content=reasoning or None,
+                    ),
                     self._logprobs(choice, delta.token_start, delta.token_end),
                     finish_reason,
                     choice.stop_reason,

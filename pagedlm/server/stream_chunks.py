@@ -73,7 +73,10 @@ def chat_choice(
 
 
 def chat_delta(
-    role: str | None = None, content: str | None = None, tool_calls: list[BaseModel] | None = None
+    role: str | None = None,
+    content: str | None = None,
+    tool_calls: list[BaseModel] | None = None,
+    reasoning_content: str | None = None,
 ) -> dict[str, Any]:
     """A DeltaMessage: only the fields it brings, in its order."""
     delta: dict[str, Any] = {}
@@ -81,6 +84,8 @@ def chat_delta(
         delta["role"] = role
     if content is not None:
         delta["content"] = content
+    if reasoning_content is not None:
+        delta["reasoning_content"] = reasoning_content
     if tool_calls is not None:
         delta["tool_calls"] = [call.model_dump() for call in tool_calls]
     return delta

@@ -33,6 +33,7 @@ class ToolUse:
     template_tools: list[dict[str, Any]] | None  # what the chat template gets as `tools`
     constraint: dict[str, Any] | None  # StructuredOutputsParams' fields for required / named
     new_parser: Callable[[], ToolParser] | None  # one per choice; None: the output is content
+    keeps_special_tokens: bool = False  # the parser reads special tokens in the text
 
 
 def tool_use(body: ChatCompletionRequest, auto_parser: str | None, constrained: bool) -> ToolUse:
@@ -55,7 +56,13 @@ def tool_use(body: ChatCompletionRequest, auto_parser: str | None, constrained: 
                 param="tool_choice",
             )
         parser_class = TOOL_PARSERS[auto_parser]
-        return ToolUse(template_tools, None, lambda: parser_class(max_calls))
+        schemas = {tool.function.name: tool.function.parameters for tool in tools}
+        return ToolUse(
+            template_tools,
+            None,
+            lambda: parser_class(max_calls, schemas),
+            parser_class.keeps_special_tokens,
+        )
     if constrained:
         raise APIError(
             400,

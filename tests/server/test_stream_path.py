@@ -99,6 +99,8 @@ CALLS = [
     [
         (dict(role="assistant", content=""), None, None, None),
         (dict(content="¿qué?"), CHAT_LOGPROBS, None, None),
+        (dict(reasoning_content="hmm"), None, None, None),
+        (dict(content="4", reasoning_content="so"), None, None, None),
         (dict(tool_calls=CALLS), None, "tool_calls", None),
         ({}, None, "stop", 2),  # the last chunk may bring nothing but its end
     ],

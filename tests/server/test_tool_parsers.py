@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 
@@ -77,11 +78,149 @@ CASES = {
         '{"name": "f", "parameters": {}} junk',
         [],
     ),
+    "mistral_array_two_calls": (
+        "mistral",
+        f'Sure.\n[TOOL_CALLS][{{"name": "get_weather", "arguments": {WEATHER}}}, '
+        '{"arguments": {}, "name": "get_time"}]',
+        "Sure.",
+        [("get_weather", WEATHER), ("get_time", "{}")],
+    ),
+    "mistral_v11_two_calls": (
+        "mistral",
+        f"[TOOL_CALLS]get_weather[ARGS]{WEATHER}[TOOL_CALLS]get_time[ARGS]{{}}\n",
+        "",
+        [("get_weather", WEATHER), ("get_time", "{}")],
+    ),
+    "mistral_unicode": (
+        "mistral",
+        'Voilà [TOOL_CALLS]get_weather[ARGS]{"city": "Zürich ☃ \\u00e9"}',
+        "Voilà",
+        [("get_weather", '{"city": "Zürich ☃ \\u00e9"}')],
+    ),
+    "mistral_no_call_keeps_the_text": (
+        "mistral",
+        "[TOOL] calls [ARGS] {x}",
+        "[TOOL] calls [ARGS] {x}",
+        [],
+    ),
+    "mistral_bad_json_is_content": (
+        "mistral",
+        '[TOOL_CALLS][{"name": oops}]',
+        '[TOOL_CALLS][{"name": oops}]',
+        [],
+    ),
+    "mistral_bad_name_is_content": (
+        "mistral",
+        "[TOOL_CALLS]get weather[ARGS]{}",
+        "[TOOL_CALLS]get weather[ARGS]{}",
+        [],
+    ),
+    "mistral_truncated_call_is_content": (
+        "mistral",
+        '[TOOL_CALLS]f[ARGS]{"a": ',
+        '[TOOL_CALLS]f[ARGS]{"a": ',
+        [],
+    ),
+    "pythonic_two_calls": (
+        "pythonic",
+        """[get_weather(city="Paris \\"centre\\" {x}", days=[1, {'n': None}], unit='c'), """
+        "get_time()]",
+        "",
+        [("get_weather", WEATHER), ("get_time", "{}")],
+    ),
+    "pythonic_llama4_literals": (
+        "pythonic",
+        '<|python_start|>[f(s="""a)\n"b",""", n=-1.5, t=(1, True), u=\'Zürich\',)]<|python_end|>',
+        "",
+        [("f", '{"s": "a)\\n\\"b\\",", "n": -1.5, "t": [1, true], "u": "Zürich"}')],
+    ),
+    "pythonic_bad_empty_list_is_content": ("pythonic", " []", " []", []),
+    "mistral_bad_empty_array_is_content": ("mistral", "A [TOOL_CALLS][]", "A [TOOL_CALLS][]", []),
+    "pythonic_content": ("pythonic", "[1] Smith et al. (2020)", "[1] Smith et al. (2020)", []),
+    "pythonic_bad_call_is_content": (
+        "pythonic",
+        '[f(x=open("/etc/passwd"))]',
+        '[f(x=open("/etc/passwd"))]',
+        [],
+    ),
+    "pythonic_bad_positional_is_content": ("pythonic", "[f(1)]", "[f(1)]", []),
+    "pythonic_bad_tail_is_content": ("pythonic", "[f(x=1)] and", "[f(x=1)] and", []),
+    "pythonic_truncated_call_is_content": (
+        "pythonic",
+        "[f(x=1), g(y=",
+        "[f(x=1), g(y=",
+        [],
+    ),
+    "qwen3_coder_two_calls": (
+        "qwen3_coder",
+        "Let me look.\n<tool_call>\n<function=get_weather>\n"
+        '<parameter=city>\nParis "centre" {x}\n</parameter>\n'
+        '<parameter=days>\n[1, {"n": null}]\n</parameter>\n'
+        "<parameter=unit>\nc\n</parameter>\n</function>\n</tool_call>\n"
+        "<tool_call>\n<function=get_time>\n</function>\n</tool_call>",
+        "Let me look.",
+        [("get_weather", WEATHER), ("get_time", "{}")],
+    ),
+    "qwen3_coder_typed_values": (
+        "qwen3_coder",
+        "<tool_call>\n<function=typed>\n<parameter=n>\n-3\n</parameter>\n"
+        "<parameter=x>\n2.5\n</parameter>\n<parameter=ok>\nTrue\n</parameter>\n"
+        "<parameter=opt>\nnull\n</parameter>\n<parameter=code>\nif a < b:\n    "
+        "return '</function>'\n</parameter>\n<parameter=extra>\n7\n</parameter>\n"
+        "</function>\n</tool_call>",
+        "",
+        [
+            (
+                "typed",
+                '{"n": -3, "x": 2.5, "ok": true, "opt": null, '
+                '"code": "if a < b:\\n    return \'</function>\'", "extra": "7"}',
+            )
+        ],
+    ),
+    "qwen3_coder_no_call_keeps_the_text": (
+        "qwen3_coder",
+        "a <function=b> c\n",
+        "a <function=b> c\n",
+        [],
+    ),
+    "qwen3_coder_bad_call_is_content": (
+        "qwen3_coder",
+        "<tool_call>\n<parameter=x>1</parameter>\n</tool_call>",
+        "<tool_call>\n<parameter=x>1</parameter>\n</tool_call>",
+        [],
+    ),
+    "qwen3_coder_truncated_call_is_content": (
+        "qwen3_coder",
+        "<tool_call>\n<function=f>\n<parameter=a>\n1",
+        "<tool_call>\n<function=f>\n<parameter=a>\n1",
+        [],
+    ),
+}
+# The tools' parameters, which qwen3_coder types its values by.
+SCHEMAS = {
+    "get_weather": {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "days": {"type": "array"},
+            "unit": {"enum": ["c", "f"]},
+        },
+    },
+    "typed": {
+        "type": "object",
+        "properties": {
+            "n": {"type": "integer"},
+            "x": {"type": "number"},
+            "ok": {"type": "boolean"},
+            "opt": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+            "code": {"type": "string"},
+        },
+    },
 }
 
 
 def parser_named(name: str, max_calls: int | None = None) -> ToolParser:
-    return TOOL_PARSERS[name](max_calls)
+    return TOOL_PARSERS[name](max_calls, SCHEMAS)
 
 
 def streamed(parser: ToolParser, pieces: list[str]) -> Parsed:
@@ -134,19 +273,47 @@ def test_streams_add_up_to_the_finished_output_at_every_cut(case: str) -> None:
         assert (got.content, got.calls) == (content, calls), pieces
 
 
-def test_a_stream_whose_call_turns_out_bad_keeps_what_it_sent() -> None:
-    """Text that cannot be a call never reaches the client as arguments; content stays content."""
-    name, text, _, _ = CASES["hermes_bad_json_is_content"]
+@pytest.mark.parametrize(
+    "case",
+    [
+        "hermes_bad_json_is_content",
+        "mistral_bad_json_is_content",
+        "mistral_bad_name_is_content",
+        "pythonic_content",
+        "qwen3_coder_bad_call_is_content",
+    ],
+)
+def test_a_stream_whose_call_turns_out_bad_keeps_what_it_sent(case: str) -> None:
+    """Text that cannot be a call never reaches the client as a call; content stays content."""
+    name, text, content, _ = CASES[case]
     for pieces in cuts(text):
-        assert streamed(parser_named(name), pieces).calls == []
+        got = streamed(parser_named(name), pieces)
+        assert got.calls == [], pieces
+        assert content.startswith(got.content), pieces
 
 
-def test_parallel_tool_calls_false_keeps_the_first_call() -> None:
-    parsed = parser_named("hermes", max_calls=1).parse(HERMES_TWO_CALLS, final=True)
-    assert [c.name for c in parsed.calls] == ["get_weather"]
-    assert streamed(parser_named("hermes", max_calls=1), list(HERMES_TWO_CALLS)).calls == [
-        ("get_weather", WEATHER)
-    ]
+@pytest.mark.parametrize("case", [c for c in CASES if c.endswith("_two_calls")])
+def test_parallel_tool_calls_false_keeps_the_first_call(case: str) -> None:
+    name, text, _, calls = CASES[case]
+    parsed = parser_named(name, max_calls=1).parse(text, final=True)
+    assert [(c.name, c.arguments) for c in parsed.calls] == calls[:1]
+    assert streamed(parser_named(name, max_calls=1), list(text)).calls == calls[:1]
+
+
+def test_call_ids_take_vllms_format_per_parser() -> None:
+    """Mistral's tokenizer refuses ids other than 9 letters and digits."""
+    formats = {
+        "hermes": r"chatcmpl-tool-[0-9a-f]{32}",
+        "llama3_json": r"chatcmpl-tool-[0-9a-f]{32}",
+        "pythonic": r"chatcmpl-tool-[0-9a-f]{32}",
+        "llama4_pythonic": r"chatcmpl-tool-[0-9a-f]{32}",
+        "mistral": r"[A-Za-z0-9]{9}",
+        "qwen3_coder": r"call_[0-9a-f]{24}",
+    }
+    assert sorted(formats) == sorted(TOOL_PARSERS)
+    for name, pattern in formats.items():
+        ids = {parser_named(name).new_call_id() for _ in range(20)}
+        assert len(ids) == 20 and all(re.fullmatch(pattern, i) for i in ids), ids
 
 
 def test_required_array_and_named_arguments() -> None:
@@ -175,3 +342,36 @@ def test_truncated_forced_output_is_content() -> None:
 
 def test_the_cli_offers_every_parser() -> None:
     assert sorted(TOOL_PARSER_NAMES) == sorted(TOOL_PARSERS)
+
+
+def mutated(rng: random.Random, text: str, pieces: list[str]) -> str:
+    """The text, or it cut short, with a character gone, or with a piece of the format put in."""
+    at = rng.randint(0, len(text))
+    return rng.choice(
+        [text, text[:at], text[:at] + text[at + 1 :], text[:at] + rng.choice(pieces) + text[at:]]
+    )
+
+
+@pytest.mark.parametrize("name", sorted({parser for parser, *_ in CASES.values()}))
+def test_mangled_outputs_never_raise_and_streams_match_valid_calls(name: str) -> None:
+    """The cases' outputs mangled at random, up to three times: every reading of every prefix
+    returns (a model's bad output is content, never a 500), and where the finished output is
+    calls, the stream fed a character at a time gives exactly them."""
+    rng = random.Random(name)
+    texts = [text for parser, text, _, _ in CASES.values() if parser == name]
+    pieces = sorted({piece for text in texts for piece in re.findall(r"<[^<>]*>|\[\w+\]|\W", text)})
+    results = {True: 0, False: 0}  # whether the finished output was calls
+    for _ in range(400):
+        text = rng.choice(texts)
+        for _ in range(rng.randint(0, 3)):
+            text = mutated(rng, text, pieces)
+        final = parser_named(name).parse(text, final=True)
+        got = streamed(parser_named(name), list(text))
+        results[bool(final.calls)] += 1
+        if final.calls:
+            assert got == Parsed(final.content, [(c.name, c.arguments) for c in final.calls]), text
+            for call in final.calls:
+                json.loads(call.arguments)
+        else:
+            assert final.content == text
+    assert min(results.values()) > 20, results  # both kinds were tried

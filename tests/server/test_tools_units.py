@@ -72,6 +72,15 @@ def test_auto_needs_the_server_flags() -> None:
         args.func(args)
 
 
+def test_auto_parsers_get_the_tools_and_mistral_keeps_special_tokens() -> None:
+    """qwen3_coder types values by the tools' schemas; [TOOL_CALLS] is a special token, which
+    the mistral parser must see (vLLM turns skip_special_tokens off for it too)."""
+    qwen = tool_use(request(), "qwen3_coder", False)
+    assert qwen.new_parser().tools["get_weather"] == CITY and not qwen.keeps_special_tokens
+    assert tool_use(request(), "mistral", False).keeps_special_tokens
+    assert not tool_use(request(tool_choice="none"), "mistral", False).keeps_special_tokens
+
+
 def test_tools_with_conflicting_defs_under_required() -> None:
     other = {"type": "object", "$defs": {"name": {"type": "integer"}}}
     tools = [TOOLS[0], {"type": "function", "function": {"name": "f", "parameters": other}}]

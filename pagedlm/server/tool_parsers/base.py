@@ -6,9 +6,17 @@ from __future__ import annotations
 import json
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from pagedlm.server.tool_parsers.json_scan import Member, NotJson, loads, object_members
+from pagedlm.server.tool_parsers.json_scan import (
+    Member,
+    NotJson,
+    loads,
+    object_members,
+    skip_whitespace,
+)
 
 ARGUMENT_KEYS = ("arguments", "parameters")
 
@@ -40,8 +48,18 @@ class ToolParser(ABC):
     stream sends from it is never taken back. Finished, it is the answer: every call complete
     with valid JSON arguments, or (vLLM's rule) no calls and the whole text as content."""
 
-    def __init__(self, max_calls: int | None = None) -> None:
+    # The calls start with a special token, which the text must keep (skip_special_tokens off)
+    keeps_special_tokens = False
+
+    def __init__(
+        self, max_calls: int | None = None, tools: Mapping[str, Any] | None = None
+    ) -> None:
         self.max_calls = max_calls  # 1 when parallel_tool_calls is false
+        self.tools = tools or {}  # function name -> its parameters' JSON schema (or None)
+
+    def new_call_id(self) -> str:
+        """A call's id, in the format vLLM's parser of this name gives."""
+        return new_tool_call_id()
 
     @abstractmethod
     def scan(self, text: str, final: bool) -> Parsed:
@@ -55,13 +73,13 @@ class ToolParser(ABC):
                 return Parsed(text)
             parsed = exc.partial
         parsed.calls = parsed.calls[: self.max_calls]
-        if final and parsed.calls and not all(map(_valid, parsed.calls)):
-            return Parsed(text)
+        if final and not (parsed.calls and all(map(_valid, parsed.calls))):
+            return Parsed(text)  # also an empty list of calls, such as "[]"
         return parsed
 
 
 def _valid(call: CallSoFar) -> bool:
-    if not call.complete or not isinstance(call.name, str):
+    if not call.complete or not isinstance(call.name, str) or not call.name:
         return False
     try:
         json.loads(call.arguments)
@@ -87,8 +105,10 @@ def read_call(text: str, pos: int, content: str, calls: list[CallSoFar]) -> int 
             arguments = _value_text(text, member)
     if end is not None and arguments is None:
         arguments = "{}"  # a call without arguments takes none
-    calls.append(
-        CallSoFar(name if isinstance(name, str) else None, arguments or "", end is not None)
+    calls.append(  # an empty name names no function: such a call is never announced
+        CallSoFar(
+            name if isinstance(name, str) and name else None, arguments or "", end is not None
+        )
     )
     return end
 
@@ -97,6 +117,67 @@ def _value_text(text: str, member: Member) -> str:
     """An unfinished value runs to the end of the text (an object's inner whitespace included:
     the finished value holds it too)."""
     return text[member.start : member.end]
+
+
+def read_call_array(text: str, pos: int, content: str, calls: list[CallSoFar]) -> int | None:
+    """Appends the calls of the JSON array of call objects whose "[" is text[pos]; the position
+    past its "]", None while it is open. Raises Incomplete (content, calls so far)."""
+    if text[pos] != "[":
+        raise Incomplete("expected a JSON array of tool calls", Parsed(content, calls))
+    pos = skip_whitespace(text, pos + 1)
+    while pos < len(text) and text[pos] != "]":
+        end = read_call(text, pos, content, calls)
+        if end is None:
+            return None
+        pos = skip_whitespace(text, end)
+        if pos < len(text) and text[pos] == ",":
+            pos = skip_whitespace(text, pos + 1)
+        elif pos < len(text) and text[pos] != "]":
+            raise Incomplete("expected ',' or ']' after a call", Parsed(content, calls))
+    return pos + 1 if pos < len(text) else None
+
+
+# Reads the body of one tagged call (the text between its start and end tags, or to the end of
+# the text while the end tag has not come) into `calls`; raises Incomplete.
+BodyReader = Callable[[str, str, list[CallSoFar]], None]
+
+
+def scan_tagged(text: str, final: bool, start: str, end: str, read_body: BodyReader) -> Parsed:
+    """Calls each between a `start` and an `end` tag (the last one may lack its end tag), the
+    rest content. Content beside calls loses its trailing whitespace (the newlines around the
+    tags); while the text is unfinished, trailing whitespace and what may be the start of a tag
+    wait."""
+    content: list[str] = []
+    calls: list[CallSoFar] = []
+    pos = 0
+    while pos < len(text) and (tag := text.find(start, pos)) != -1:
+        content.append(text[pos:tag])
+        close = text.find(end, tag)
+        read_body(
+            text[tag + len(start) : len(text) if close == -1 else close],
+            "".join(content).rstrip(),
+            calls,
+        )
+        pos = len(text) if close == -1 else close + len(end)
+    tail = text[pos:]
+    content.append(tail if final else tail[: len(tail) - held_back(tail, start)])
+    if final and not calls:
+        return Parsed(text)
+    return Parsed("".join(content).rstrip(), calls)
+
+
+def arguments_text(members: list[tuple[str, object]], complete: bool) -> str:
+    """The JSON text of arguments read as values (not JSON text) so far, each member whole:
+    every reading is a prefix of the next, and the complete one is json.dumps of the object."""
+    keys = [key for key, _ in members]
+    if len(set(keys)) < len(keys):
+        raise ValueError("an argument is given twice")
+    body = ", ".join(f"{_dumps(key)}: {_dumps(value)}" for key, value in members)
+    return "{" + body + ("}" if complete else "")
+
+
+def _dumps(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
 
 
 def held_back(text: str, marker: str) -> int:

@@ -4,7 +4,7 @@ function's arguments object alone."""
 
 from __future__ import annotations
 
-from pagedlm.server.tool_parsers.base import CallSoFar, Incomplete, Parsed, ToolParser, read_call
+from pagedlm.server.tool_parsers.base import CallSoFar, Parsed, ToolParser, read_call_array
 from pagedlm.server.tool_parsers.json_scan import skip_whitespace
 
 
@@ -25,18 +25,6 @@ class RequiredToolParser(ToolParser):
     def scan(self, text: str, final: bool) -> Parsed:
         calls: list[CallSoFar] = []
         pos = skip_whitespace(text, 0)
-        if pos == len(text):
-            return Parsed("")
-        if text[pos] != "[":
-            raise Incomplete("expected a JSON array of tool calls", Parsed(""))
-        pos = skip_whitespace(text, pos + 1)
-        while pos < len(text) and text[pos] != "]":
-            end = read_call(text, pos, "", calls)
-            if end is None:
-                break
-            pos = skip_whitespace(text, end)
-            if pos < len(text) and text[pos] == ",":
-                pos = skip_whitespace(text, pos + 1)
-            elif pos < len(text) and text[pos] != "]":
-                raise Incomplete("expected ',' or ']' after a call", Parsed("", calls))
+        if pos < len(text):
+            read_call_array(text, pos, "", calls)
         return Parsed("", calls)

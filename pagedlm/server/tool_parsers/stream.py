@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from pagedlm.server.protocol_tools import DeltaFunctionCall, DeltaToolCall
-from pagedlm.server.tool_parsers.base import Parsed, ToolParser, new_tool_call_id
+from pagedlm.server.tool_parsers.base import Parsed, ToolParser
 
 logger = logging.getLogger("pagedlm.server")
 
@@ -45,7 +45,7 @@ class ToolCallStream:
             if index == len(self.call_ids):
                 if call.name is None:
                     break  # announced in order, each with its name
-                self.call_ids.append(new_tool_call_id())
+                self.call_ids.append(self._parser.new_call_id())
                 self._arguments_sent.append(0)
                 deltas.append(
                     DeltaToolCall(
