@@ -1,4 +1,10 @@
-"""The CPU attention backend: the torch reference for prefill chunks, and decodes batched.
+"""The CPU attention backend: prefill chunks through torch's fused attention, decodes batched.
+
+A prefill chunk attends in tiles of PREFILL_TILE query rows, each one scaled_dot_product_attention
+call in float32 against its keys up to the tile's last row, with the causal (and window) mask:
+the reference's result (torch_ref.attend_sequence, two batched matmuls and a masked softmax) in
+~0.4x of its CPU time a call (512 rows, SmolLM2's heads, 2 threads: 8.0 against 19.1 ms; 256
+rows after 256 cached: 5.3 against 13.4 ms), the default model's 512-token TTFT 0.97x (RESULTS).
 
 A decode row (one query) costs the reference several torch calls and two copies of its keys
 (the gather, then the permute inside einsum) for a few microseconds of arithmetic; with 64
@@ -20,9 +26,15 @@ import torch
 import torch.nn.functional as F
 
 from pagedlm.attention.backend import AttentionMetadata
-from pagedlm.attention.torch_ref import attend_sequence, check_heads, first_visible_key
+from pagedlm.attention.torch_ref import (
+    attention_mask,
+    check_heads,
+    first_visible_key,
+    gather_kv,
+)
 
 BUCKET_GROWTH = 1.25  # a bucket's longest context (in blocks) is at most this × its shortest
+PREFILL_TILE = 512  # query rows a fused prefill call takes: bounds its [rows, keys] mask
 
 
 @dataclass(slots=True)
@@ -138,8 +150,47 @@ def attend_bucket(
     return out[:, :, 0].to(q.dtype)
 
 
+def attend_prefill(
+    q: torch.Tensor,  # [T, num_heads, head_dim]
+    kv_cache: torch.Tensor,
+    block_row: torch.Tensor,
+    seq_len: int,
+    rows: tuple[int, int],
+    sliding_window: int | None,
+    scale: float,
+    out: torch.Tensor,
+) -> None:
+    """out[start:end] = attention of one sequence's query rows [start, end) to its first seq_len
+    cached tokens (torch_ref.attend_sequence's contract; the module notes). No block below the
+    first query's window is read (it may be freed)."""
+    start, end = rows
+    first_pos = seq_len - (end - start)  # position of query row `start`
+    block_size = kv_cache.shape[2]
+    first_block = first_visible_key(first_pos, sliding_window) // block_size
+    base = first_block * block_size  # position of the first key gathered
+    num_blocks = -(-seq_len // block_size)
+    keys, values = gather_kv(kv_cache, block_row[first_block:num_blocks], seq_len - base)
+    # [1, Hkv, S, D]: 4-d, or torch takes its unfused path (4x slower at 512 rows)
+    keys, values = (t.float().transpose(0, 1)[None] for t in (keys, values))
+    for first in range(0, end - start, PREFILL_TILE):
+        last = min(first + PREFILL_TILE, end - start)
+        query_pos = (first_pos + first, first_pos + last)
+        key_pos = (first_visible_key(query_pos[0], sliding_window), query_pos[1])
+        mask = attention_mask(query_pos, key_pos, sliding_window, q.device)  # [rows, keys]
+        lo, hi = key_pos[0] - base, key_pos[1] - base
+        tile = F.scaled_dot_product_attention(
+            q[start + first : start + last].float().transpose(0, 1)[None],  # [1, H, rows, D]
+            keys[:, :, lo:hi],
+            values[:, :, lo:hi],
+            attn_mask=mask,
+            scale=scale,
+            enable_gqa=True,  # query head h reads kv head h // (H / Hkv), as the reference
+        )  # [1, H, rows, D]
+        out[start + first : start + last] = tile[0].transpose(0, 1).to(q.dtype)
+
+
 class TorchBatchedAttentionBackend:
-    """AttentionBackend for the CPU: reference prefill, bucketed batched decodes."""
+    """AttentionBackend for the CPU: fused prefill tiles, bucketed batched decodes."""
 
     def __init__(self) -> None:
         self._scratch: torch.Tensor | None = None  # flat, grows to the largest bucket's blocks
@@ -180,7 +231,7 @@ class TorchBatchedAttentionBackend:
         for bucket in plan.buckets:
             out.index_copy_(0, bucket.rows, attend_bucket(q, kv_cache, bucket, scale, scratch))
         for seq, seq_len, rows in plan.prefills:
-            attend_sequence(
+            attend_prefill(
                 q, kv_cache, meta.block_table[seq], seq_len, rows, sliding_window, scale, out
             )
         return out

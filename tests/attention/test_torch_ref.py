@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from pagedlm.attention import torch_ref
+from pagedlm.attention import torch_batched, torch_ref
 from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.attention.torch_batched import (
     BUCKET_GROWTH,
@@ -167,9 +167,11 @@ def test_matches_dense_reference(
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_query_tiles_match_dense_reference(backend: str, scenario: str, monkeypatch) -> None:
-    """Chunks longer than QUERY_TILE go in tiles; tiles of 8 rows split every scenario's chunks
-    (inside blocks, across the window) and must change nothing."""
+    """Chunks longer than a tile (QUERY_TILE, the batched backend's PREFILL_TILE) go in tiles;
+    tiles of 8 rows split every scenario's chunks (inside blocks, across the window) and must
+    change nothing."""
     monkeypatch.setattr(torch_ref, "QUERY_TILE", 8)
+    monkeypatch.setattr(torch_batched, "PREFILL_TILE", 8)
     seqs, window = SCENARIOS[scenario]
     case = make_case(seqs, 2, 16, torch.float32, seed=list(SCENARIOS).index(scenario) + 100)
     scale = HEAD_DIM**-0.5
