@@ -27,10 +27,10 @@ import torch.nn.functional as F
 
 from pagedlm.attention.backend import AttentionMetadata
 from pagedlm.attention.torch_ref import (
-    attention_mask,
     check_heads,
     first_visible_key,
-    gather_kv,
+    query_tiles,
+    visible_kv,
 )
 
 BUCKET_GROWTH = 1.25  # a bucket's longest context (in blocks) is at most this × its shortest
@@ -165,19 +165,12 @@ def attend_prefill(
     first query's window is read (it may be freed)."""
     start, end = rows
     first_pos = seq_len - (end - start)  # position of query row `start`
-    block_size = kv_cache.shape[2]
-    first_block = first_visible_key(first_pos, sliding_window) // block_size
-    base = first_block * block_size  # position of the first key gathered
-    num_blocks = -(-seq_len // block_size)
-    keys, values = gather_kv(kv_cache, block_row[first_block:num_blocks], seq_len - base)
+    keys, values, base = visible_kv(kv_cache, block_row, seq_len, first_pos, sliding_window)
     # [1, Hkv, S, D]: 4-d, or torch takes its unfused path (4x slower at 512 rows)
     keys, values = (t.float().transpose(0, 1)[None] for t in (keys, values))
-    for first in range(0, end - start, PREFILL_TILE):
-        last = min(first + PREFILL_TILE, end - start)
-        query_pos = (first_pos + first, first_pos + last)
-        key_pos = (first_visible_key(query_pos[0], sliding_window), query_pos[1])
-        mask = attention_mask(query_pos, key_pos, sliding_window, q.device)  # [rows, keys]
-        lo, hi = key_pos[0] - base, key_pos[1] - base
+    tiles = query_tiles(first_pos, end - start, PREFILL_TILE, sliding_window, q.device)
+    for first, last, (key_lo, key_hi), mask in tiles:  # mask [rows, keys]
+        lo, hi = key_lo - base, key_hi - base
         tile = F.scaled_dot_product_attention(
             q[start + first : start + last].float().transpose(0, 1)[None],  # [1, H, rows, D]
             keys[:, :, lo:hi],

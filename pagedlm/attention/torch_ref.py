@@ -6,6 +6,8 @@ against this file (attention_backend="torch_ref" selects it in the engine).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from pagedlm.attention.backend import AttentionMetadata
@@ -103,6 +105,41 @@ def check_heads(num_heads: int, num_kv_heads: int) -> None:
         )
 
 
+def visible_kv(
+    kv_cache: torch.Tensor,
+    block_row: torch.Tensor,
+    seq_len: int,
+    first_pos: int,
+    sliding_window: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Keys and values [seq_len - base, num_kv_heads, D] of one sequence (block_row: its
+    block-table row) from position `base`, the start of the block holding the first key a query
+    at first_pos or later may see: no block below the window is read (it may be freed)."""
+    block_size = kv_cache.shape[2]
+    first_block = first_visible_key(first_pos, sliding_window) // block_size
+    base = first_block * block_size
+    num_blocks = -(-seq_len // block_size)
+    keys, values = gather_kv(kv_cache, block_row[first_block:num_blocks], seq_len - base)
+    return keys, values, base
+
+
+def query_tiles(
+    first_pos: int,
+    num_rows: int,
+    tile_rows: int,
+    sliding_window: int | None,
+    device: torch.device,
+) -> Iterator[tuple[int, int, tuple[int, int], torch.Tensor | None]]:
+    """Per tile of at most tile_rows of a chunk's num_rows query rows (the first at first_pos):
+    its rows [first, last) within the chunk, the key positions it sees (up to its last row:
+    causality skips the rest) and its mask."""
+    for first in range(0, num_rows, tile_rows):
+        last = min(first + tile_rows, num_rows)
+        query_pos = (first_pos + first, first_pos + last)
+        key_pos = (first_visible_key(query_pos[0], sliding_window), query_pos[1])
+        yield first, last, key_pos, attention_mask(query_pos, key_pos, sliding_window, device)
+
+
 def attend_sequence(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -115,24 +152,17 @@ def attend_sequence(
 ) -> None:
     """out[start:end] = attention of one sequence's query rows [start, end) to its first
     seq_len cached tokens; block_row is its block-table row. Long chunks go in tiles of
-    QUERY_TILE rows, each against the keys up to its last row only (causality skips the rest).
-    With a window, no block below the first query's window is read (it may be freed)."""
+    QUERY_TILE rows (query_tiles). With a window, no block below the first query's window is
+    read (visible_kv)."""
     start, end = rows
     first_pos = seq_len - (end - start)  # position of query row `start`
-    block_size = kv_cache.shape[2]
-    first_block = first_visible_key(first_pos, sliding_window) // block_size
-    base = first_block * block_size  # position of the first key gathered
-    num_blocks = -(-seq_len // block_size)
-    keys, values = gather_kv(kv_cache, block_row[first_block:num_blocks], seq_len - base)
-    for first in range(0, end - start, QUERY_TILE):
-        last = min(first + QUERY_TILE, end - start)
-        query_pos = (first_pos + first, first_pos + last)
-        key_pos = (first_visible_key(query_pos[0], sliding_window), query_pos[1])
-        mask = attention_mask(query_pos, key_pos, sliding_window, q.device)
+    keys, values, base = visible_kv(kv_cache, block_row, seq_len, first_pos, sliding_window)
+    tiles = query_tiles(first_pos, end - start, QUERY_TILE, sliding_window, q.device)
+    for first, last, (key_lo, key_hi), mask in tiles:
         out[start + first : start + last] = attend(
             q[start + first : start + last],
-            keys[key_pos[0] - base : key_pos[1] - base],
-            values[key_pos[0] - base : key_pos[1] - base],
+            keys[key_lo - base : key_hi - base],
+            values[key_lo - base : key_hi - base],
             mask,
             scale,
         ).to(q.dtype)
